@@ -1,0 +1,23 @@
+"""relaxtune: per-task tuning of relaxed speculative decoding.
+
+The decoding core: ``relaxtune.methods`` (the relaxed rules and their registry),
+``relaxtune.sampling`` (the sampling transform), ``relaxtune.decoding`` (one
+verification round) and ``relaxtune.speed`` (the speed model).
+"""
+
+from .decoding import BatchRoundResult, RoundResult, verify_round, verify_rounds
+from .methods import METHODS, MethodSpec, get_method
+from .sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METHODS",
+    "MethodSpec",
+    "get_method",
+    "SamplingParams",
+    "verify_round",
+    "verify_rounds",
+    "RoundResult",
+    "BatchRoundResult",
+]

@@ -1,0 +1,406 @@
+"""Relaxed speculative sampling rules: one pure function per method, and the registry.
+
+Every method defines, per drafted position, relaxed targets ``pi_rej`` (used by
+the accept test ``u < pi_rej(x) / q(x)``) and ``pi_res`` (the residual is
+``norm((pi_res - q)+)``); the round takes its bonus token from ``p`` or, for
+``spec_cont_dec``, from the method's own ``pi``. With ``pi_rej = pi_res = p`` this
+is Leviathan et al. (2023) / Chen et al. (2023) speculative sampling.
+
+Source of every rule: Xia, Ribar and Balanca, "A Practical Investigation of
+Training-free Relaxed Speculative Decoding" (arXiv 2607.08690, 2026), the unified
+table reproduced in ``shared/docs/relaxed-methods.md``. Methods never see a
+model: only probability rows (and raw logits for the two methods that need them).
+
+Shapes: ``p`` and ``q`` are ``[..., V]`` probability rows after the sampling
+transform; ``x`` is ``[...]`` (the drafted token at each row); ``z_p`` / ``z_q``
+are raw logits ``[..., V]``. Every function returns ``Targets`` with
+``pi_rej`` and ``pi_res`` of shape ``[..., V]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "Rows",
+    "Targets",
+    "Needs",
+    "MethodSpec",
+    "METHODS",
+    "get_method",
+    "js_divergence",
+]
+
+JS_FLOOR = 1e-30  # floor inside the logs of the JS divergence (the paper's code)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The inputs a method sees at a set of positions.
+
+    Attributes:
+        p: verifier probabilities ``[..., V]`` (after the sampling transform).
+        q: drafter probabilities ``[..., V]`` (same transform).
+        x: drafted token ids ``[...]`` (int64), or None at the bonus position.
+        z_p: raw verifier logits ``[..., V]`` (only for methods that need them).
+        z_q: raw drafter logits ``[..., V]`` (only ``spec_cont_dec``).
+        temperature: the transform's T (only ``spec_cont_dec``).
+    """
+
+    p: torch.Tensor
+    q: torch.Tensor
+    x: torch.Tensor | None = None
+    z_p: torch.Tensor | None = None
+    z_q: torch.Tensor | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Relaxed targets ``pi_rej`` and ``pi_res``, each ``[..., V]``.
+
+    ``pi_rej`` need not be a distribution (``mentored`` scales ``p`` up); ``pi_res``
+    is one for every method.
+    """
+
+    pi_rej: torch.Tensor
+    pi_res: torch.Tensor
+
+
+class Needs(enum.Flag):
+    """What a method needs from the backends beyond ``p(x)`` and ``q(x)``."""
+
+    NONE = 0
+    FULL_ROWS = enum.auto()  # full p and q rows at every drafted position
+    VERIFIER_LOGITS = enum.auto()  # raw verifier logits z_p
+    DRAFTER_LOGITS = enum.auto()  # raw drafter logits z_q
+    EXTRA_DRAFTER_STEP = enum.auto()  # drafter row at position N+1 after a full accept
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def strict(rows: Rows, knob: float | None = None) -> Targets:
+    """Strict speculative sampling: ``pi_rej = pi_res = p`` (Leviathan et al. 2023, Alg. 1)."""
+    return Targets(rows.p, rows.p)
+
+
+def always_accept(rows: Rows, knob: float | None = None) -> Targets:
+    """Accept every draft: ``pi_rej = q`` (ratio 1). A draft with ``q(x) = 0`` (never
+    sampled from q) is rejected and the residual falls back to ``pi_res = q``.
+    The bonus token still comes from ``p``."""
+    return Targets(rows.q, rows.q)
+
+
+def ens(rows: Rows, alpha: float) -> Targets:
+    """Ensemble target ``pi = w p + (1 - w) q`` with verifier weight ``w = 1 - alpha``.
+
+    ``pi_rej = pi_res = pi``, so emitted tokens follow ``pi`` exactly; the residual
+    ``norm((pi - q)+) = norm((p - q)+)``. ``alpha = 0`` is strict, ``alpha = 1`` is
+    ``always_accept``. Paper grid: w in {0.95, 0.9, 0.8}.
+    """
+    w = 1.0 - alpha
+    pi = rows.p * w + rows.q * alpha
+    return Targets(pi, pi)
+
+
+def mentored(rows: Rows, alpha: float) -> Targets:
+    """Mentored decoding: accept ``x`` w.p. ``min(1, p(x) / ((1 - alpha) q(x)))``,
+    residual from ``p``: ``pi_rej = p / (1 - alpha)``, ``pi_res = p``.
+
+    Closed form (one position, drafts ``x ~ q``): acceptance rate
+    ``beta = sum_x min(q(x), p(x) / (1 - alpha))`` and emitted distribution
+    ``P(y) = min(q(y), p(y) / (1 - alpha)) + (1 - beta) norm((p - q)+)(y)``.
+    ``alpha = 0`` is strict. Paper grid: {0.3, 0.7, 0.95}.
+    """
+    return Targets(rows.p / (1.0 - alpha), rows.p)
+
+
+def cactus_h(p_x: torch.Tensor, delta: float) -> torch.Tensor:
+    """CACTUS boosted probability of the drafted token,
+    ``h = min(1, p(x) + sqrt(2 delta p(x) (1 - p(x))))`` (shape of ``p_x``)."""
+    return (p_x + (2.0 * delta * p_x * (1.0 - p_x)).clamp_min(0.0).sqrt()).clamp(0.0, 1.0)
+
+
+def cactus(rows: Rows, delta: float) -> Targets:
+    """CACTUS: boost only the drafted token to ``h`` and shrink the rest of ``p``.
+
+    ``H_x(x) = h``, ``H_x(y) = p(y) (1 - h) / (1 - p(x))`` for ``y != x`` (scale 1
+    when ``p(x) = 1``), clipped to [0, 1]; ``pi_rej = pi_res = H_x``. Since
+    ``h = 0`` whenever ``p(x) = 0``, a token the verifier excludes is never
+    accepted. The CACTUS paper swaps the letters (their q is the verifier).
+
+    Closed form (one position): acceptance ``beta = sum_x min(q(x), h_x)``,
+    emitted ``P(y) = min(q(y), h_y) + sum_x (q(x) - min(q(x), h_x)) norm((H_x - q)+)(y)``.
+    ``delta = 0`` is strict. Paper grid: {0.1, 0.25, 1, 10}.
+    """
+    if rows.x is None:
+        raise ValueError("cactus needs the drafted token x")
+    p_x = rows.p.gather(-1, rows.x.unsqueeze(-1))
+    h = cactus_h(p_x, delta)
+    denom = 1.0 - p_x
+    # scale first, so delta = 0 gives (1 - p(x)) / (1 - p(x)) = 1 exactly (bit-identical strict)
+    scale = torch.where(denom > 0, (1.0 - h) / denom.clamp_min(torch.finfo(denom.dtype).tiny), torch.ones_like(h))
+    big_h = (rows.p * scale).scatter(-1, rows.x.unsqueeze(-1), h).clamp_(0.0, 1.0)
+    return Targets(big_h, big_h)
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence in nats, ``[..., V] -> [...]``, with a 1e-30 floor
+    inside the logs; zero entries contribute 0. Bounded by ln 2."""
+    m = 0.5 * (p + q)
+    log_m = m.clamp_min(JS_FLOOR).log()
+    kl_pm = (p * (p.clamp_min(JS_FLOOR).log() - log_m)).sum(-1)
+    kl_qm = (q * (q.clamp_min(JS_FLOOR).log() - log_m)).sum(-1)
+    return (0.5 * (kl_pm + kl_qm)).clamp_min(0.0)
+
+
+def _switch(use_q: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> Targets:
+    pi = torch.where(use_q.unsqueeze(-1), q, p)
+    return Targets(pi, pi)
+
+
+def r_fuzzy(rows: Rows, tau: float) -> Targets:
+    """Probabilistic fuzzy speculative decoding: ``pi = q`` if ``JS(p, q) <= tau``
+    (nats) else ``p``. ``tau < 0`` is strict. Paper grid: {0.05, 0.2, 0.3}."""
+    return _switch(js_divergence(rows.p, rows.q) <= tau, rows.p, rows.q)
+
+
+def spec_casc_opt(rows: Rows, alpha: float) -> Targets:
+    """Speculative cascade, OPT deferral (Narasimhan et al. 2025):
+    ``pi = q`` if ``max q >= max p - alpha TV(p, q)`` else ``p``, ``TV = sum (p - q)+``.
+    Strict only as ``alpha -> -inf`` (``alpha = 0`` is NOT strict).
+    Paper grid: {-0.1, 0, 0.05}."""
+    if alpha == float("-inf"):
+        use_q = torch.zeros(rows.p.shape[:-1], dtype=torch.bool, device=rows.p.device)
+    else:
+        tv = (rows.p - rows.q).clamp_min(0.0).sum(-1)
+        use_q = rows.q.amax(-1) >= rows.p.amax(-1) - alpha * tv
+    return _switch(use_q, rows.p, rows.q)
+
+
+def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
+    """Speculative cascade, token-level deferral:
+    ``pi = q 1[v in A] + eta p`` with
+    ``A = {v : softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)}`` (raw verifier
+    logits, no temperature) and ``eta = sum_{v not in A} q(v)``. A proper
+    distribution. ``A`` is empty (strict) for ``alpha < 0``; ``alpha = 0`` gives
+    ``A = argmax`` and is NOT strict. Paper grid: {0, 0.35, 0.8}."""
+    if alpha < 0:
+        return Targets(rows.p, rows.p)
+    if rows.z_p is None:
+        raise ValueError("spec_casc_tok needs the raw verifier logits z_p")
+    raw = rows.z_p.float().softmax(-1)
+    in_a = raw >= (1.0 - alpha) * raw.amax(-1, keepdim=True)
+    q_in = rows.q * in_a
+    eta = 1.0 - q_in.sum(-1, keepdim=True)
+    pi = q_in + eta.clamp_min(0.0) * rows.p
+    return Targets(pi, pi)
+
+
+def spec_cont_dec(rows: Rows, beta: float) -> Targets:
+    """Speculative contrastive decoding (Yuan et al. 2023):
+    ``pi = softmax over G of ((1 + beta) z_p - beta z_q) / T``, ``G = supp(p)``.
+    ``pi_rej = pi_res = pi``; the bonus token is drawn from ``pi`` at N+1, which
+    costs one extra drafter step per fully accepted round. ``beta = 0`` is
+    exactly ``p`` (strict). Paper grid: {0.1, 0.5, 1}."""
+    if beta == 0.0:
+        return Targets(rows.p, rows.p)
+    if rows.z_p is None or rows.z_q is None or not rows.temperature:
+        raise ValueError("spec_cont_dec needs raw logits z_p, z_q and a temperature > 0")
+    z = ((1.0 + beta) * rows.z_p.float() - beta * rows.z_q.float()) / rows.temperature
+    pi = z.masked_fill(rows.p <= 0, float("-inf")).softmax(-1)
+    return Targets(pi, pi)
+
+
+# --------------------------------------------------------------------- point forms
+# pi_rej(x) from p(x) and q(x) alone, for methods whose accept test needs no full row.
+
+
+def _strict_at(p_x: torch.Tensor, q_x: torch.Tensor, knob: float | None) -> torch.Tensor:
+    return p_x
+
+
+def _always_at(p_x: torch.Tensor, q_x: torch.Tensor, knob: float | None) -> torch.Tensor:
+    return q_x
+
+
+def _ens_at(p_x: torch.Tensor, q_x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return p_x * (1.0 - alpha) + q_x * alpha
+
+
+def _mentored_at(p_x: torch.Tensor, q_x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return p_x / (1.0 - alpha)
+
+
+def _cactus_at(p_x: torch.Tensor, q_x: torch.Tensor, delta: float) -> torch.Tensor:
+    return cactus_h(p_x, delta)
+
+
+# ------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method's contract.
+
+    Attributes:
+        id: method id (``METHODS`` key).
+        targets: ``(Rows, knob) -> Targets`` over full rows.
+        point: ``(p_x, q_x, knob) -> pi_rej(x)`` (shape of ``p_x``) when the accept
+            test needs only ``p(x), q(x)``; then full rows are needed only at the
+            rejected position. None for full-row methods.
+        knob: the knob's name in the paper (``None`` for knob-less methods); the
+            tuner calls it alpha.
+        low, high: the valid knob range; ``high_open`` excludes ``high``.
+        strict_point: the knob value that gives strict sampling exactly (None
+            when no value does).
+        grid: the paper's grid, as knob values.
+        search: ``(low, high, log)`` range for the tuner.
+        needs: what the backends must supply.
+        bonus_from_pi: draw the bonus token from the method's pi at N+1
+            (``spec_cont_dec``) instead of ``p``.
+        strict_below_zero: every negative knob is strict too (an empty switch set).
+        refuses_greedy: T = 0 makes the method collapse to strict.
+        description: one line for listings.
+    """
+
+    id: str
+    targets: Callable[..., Targets]
+    point: Callable[..., torch.Tensor] | None
+    knob: str | None
+    low: float = 0.0
+    high: float = 0.0
+    high_open: bool = False
+    strict_point: float | None = None
+    grid: tuple[float, ...] = ()
+    search: tuple[float, float, bool] | None = None
+    needs: Needs = Needs.NONE
+    bonus_from_pi: bool = False
+    strict_below_zero: bool = False
+    refuses_greedy: bool = False
+    description: str = ""
+
+    @property
+    def has_knob(self) -> bool:
+        """False for ``strict`` and ``always_accept``."""
+        return self.knob is not None
+
+    def check_knob(self, knob: float | None) -> float | None:
+        """Validate a knob value and return it as a float (None for knob-less methods).
+
+        Raises:
+            ValueError: knob missing, given to a knob-less method, NaN, or outside
+                ``[low, high]`` (``[low, high)`` when ``high_open``).
+        """
+        if not self.has_knob:
+            if knob is not None:
+                raise ValueError(f"method {self.id!r} has no knob, got {knob!r}")
+            return None
+        if knob is None:
+            raise ValueError(f"method {self.id!r} needs its knob {self.knob!r} (alpha)")
+        value = float(knob)
+        upper_ok = value < self.high if self.high_open else value <= self.high
+        if math.isnan(value) or value < self.low or not upper_ok:
+            close = ")" if self.high_open else "]"
+            raise ValueError(
+                f"{self.knob} = {knob!r} is outside the valid range of {self.id!r}: "
+                f"[{self.low}, {self.high}{close}"
+            )
+        return value
+
+    def check_temperature(self, temperature: float | None) -> None:
+        """Refuse T = 0 for methods that collapse to strict under greedy sampling.
+
+        Raises:
+            ValueError: naming the reason.
+        """
+        if temperature == 0.0 and self.refuses_greedy:
+            raise ValueError(
+                f"method {self.id!r} collapses to strict at temperature 0: the verifier row is "
+                f"one-hot, so {self.knob} changes nothing and tuning it only burns compute; "
+                "use temperature > 0 or a method that mixes in q (ens, r_fuzzy, spec_casc_*)"
+            )
+
+    def is_strict(self, knob: float | None) -> bool:
+        """True when ``knob`` is a value at which the method is exactly strict."""
+        if self.id == "strict":
+            return True
+        if self.strict_point is None or knob is None:
+            return False
+        return knob == self.strict_point or (self.strict_below_zero and knob < 0)
+
+
+_INF = float("inf")
+_LN2 = math.log(2.0)
+
+METHODS: dict[str, MethodSpec] = {
+    spec.id: spec
+    for spec in (
+        MethodSpec(
+            "strict", strict, _strict_at, None,
+            description="Leviathan/Chen speculative sampling (lossless)",
+        ),
+        MethodSpec(
+            "always_accept", always_accept, _always_at, None,
+            description="accept every draft; bonus from p (upper bound on acceptance)",
+        ),
+        MethodSpec(
+            "ens", ens, _ens_at, "alpha", 0.0, 1.0, strict_point=0.0, grid=(0.05, 0.1, 0.2),
+            search=(0.0, 0.5, False),
+            description="ensemble pi = (1-alpha) p + alpha q (alpha = 1 - verifier weight w)",
+        ),
+        MethodSpec(
+            "mentored", mentored, _mentored_at, "alpha", 0.0, 1.0, high_open=True, strict_point=0.0,
+            grid=(0.3, 0.7, 0.95), search=(0.0, 0.99, False), refuses_greedy=True,
+            description="accept w.p. min(1, p(x)/((1-alpha) q(x))), residual from p",
+        ),
+        MethodSpec(
+            "cactus", cactus, _cactus_at, "delta", 0.0, _INF, strict_point=0.0, grid=(0.1, 0.25, 1.0, 10.0),
+            search=(0.01, 100.0, True), refuses_greedy=True,
+            description="boost p(x) to min(1, p + sqrt(2 delta p (1-p))); verifier-anchored",
+        ),
+        MethodSpec(
+            "r_fuzzy", r_fuzzy, None, "tau", -_INF, _LN2, strict_point=-_INF, grid=(0.05, 0.2, 0.3),
+            search=(0.01, _LN2, True), needs=Needs.FULL_ROWS, strict_below_zero=True,
+            description="use q where JS(p, q) <= tau nats, else p",
+        ),
+        MethodSpec(
+            "spec_casc_opt", spec_casc_opt, None, "alpha", -_INF, 1.0, strict_point=-_INF,
+            grid=(-0.1, 0.0, 0.05), search=(-0.5, 0.5, False), needs=Needs.FULL_ROWS,
+            description="use q where max q >= max p - alpha TV(p, q) (alpha = 0 is not strict)",
+        ),
+        MethodSpec(
+            "spec_casc_tok", spec_casc_tok, None, "alpha", -_INF, 1.0, strict_point=-_INF,
+            grid=(0.0, 0.35, 0.8), search=(0.0, 1.0, False), strict_below_zero=True,
+            needs=Needs.FULL_ROWS | Needs.VERIFIER_LOGITS,
+            description="q on the verifier's near-argmax set A, p elsewhere (alpha = 0 is not strict)",
+        ),
+        MethodSpec(
+            "spec_cont_dec", spec_cont_dec, None, "beta", 0.0, _INF, strict_point=0.0, grid=(0.1, 0.5, 1.0),
+            search=(0.01, 2.0, True),
+            needs=Needs.FULL_ROWS | Needs.VERIFIER_LOGITS | Needs.DRAFTER_LOGITS | Needs.EXTRA_DRAFTER_STEP,
+            bonus_from_pi=True, refuses_greedy=True,
+            description="contrastive pi = softmax_G(((1+beta) z_p - beta z_q)/T), bonus from pi",
+        ),
+    )
+}
+
+
+def get_method(method: str | MethodSpec) -> MethodSpec:
+    """Look up a method by id.
+
+    Raises:
+        ValueError: for an unknown id, listing the known ones.
+    """
+    if isinstance(method, MethodSpec):
+        return method
+    try:
+        return METHODS[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; known methods: {', '.join(METHODS)}") from None

@@ -1,0 +1,42 @@
+"""Shared helpers for the statistical tests: exact goodness-of-fit checks with fixed seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+P_FLOOR = 1e-4  # a correct sampler passes at this level; the fixed seeds make it deterministic
+
+
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of integer ``samples`` against ``probs`` [V],
+    pooling cells whose expected count is below 5. A sample in a zero-probability
+    cell gives p-value 0."""
+    probs = np.asarray(probs, dtype=np.float64)
+    probs = probs / probs.sum()
+    counts = np.bincount(np.asarray(samples).ravel(), minlength=len(probs)).astype(np.float64)
+    n = counts.sum()
+    if (counts[probs == 0] > 0).any():
+        return 0.0
+    expected = probs * n
+    big = expected >= 5
+    obs = list(counts[big])
+    exp = list(expected[big])
+    if (~big).any() and expected[~big].sum() > 0:
+        obs.append(counts[~big].sum())
+        exp.append(expected[~big].sum())
+    if len(obs) < 2:
+        return 1.0
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+def random_rows(g: torch.Generator, *shape: int, scale: float = 1.5, dtype=torch.float32) -> torch.Tensor:
+    """Random probability rows ``[*shape]`` (softmax of scaled Gaussians)."""
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).softmax(-1).to(dtype)
