@@ -10,6 +10,8 @@ Source of every rule: Xia, Ribar and Balanca, "A Practical Investigation of
 Training-free Relaxed Speculative Decoding" (arXiv 2607.08690, 2026), the unified
 table reproduced in ``shared/docs/relaxed-methods.md``. Methods never see a
 model: only probability rows (and raw logits for the two methods that need them).
+Each method also has a ``rej_at`` form giving ``pi_rej(x)`` alone, which is all
+the accept test reads; full target rows are built only at the rejected position.
 
 Shapes: ``p`` and ``q`` are ``[..., V]`` probability rows after the sampling
 transform; ``x`` is ``[...]`` (the drafted token at each row); ``z_p`` / ``z_q``
@@ -153,11 +155,14 @@ def cactus(rows: Rows, delta: float) -> Targets:
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Jensen-Shannon divergence in nats, ``[..., V] -> [...]``, with a 1e-30 floor
     inside the logs; zero entries contribute 0. Bounded by ln 2."""
-    m = 0.5 * (p + q)
-    log_m = m.clamp_min(JS_FLOOR).log()
-    kl_pm = (p * (p.clamp_min(JS_FLOOR).log() - log_m)).sum(-1)
-    kl_qm = (q * (q.clamp_min(JS_FLOOR).log() - log_m)).sum(-1)
+    log_m = (p + q).clamp_min_(2 * JS_FLOOR).log_().sub_(math.log(2.0))
+    kl_pm = torch.linalg.vecdot(p, p.clamp_min(JS_FLOOR).log_().sub_(log_m))
+    kl_qm = torch.linalg.vecdot(q, q.clamp_min(JS_FLOOR).log_().sub_(log_m))
     return (0.5 * (kl_pm + kl_qm)).clamp_min(0.0)
+
+
+def _never(rows: Rows) -> torch.Tensor:
+    return torch.zeros(rows.p.shape[:-1], dtype=torch.bool, device=rows.p.device)
 
 
 def _switch(use_q: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> Targets:
@@ -165,10 +170,23 @@ def _switch(use_q: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> Targets:
     return Targets(pi, pi)
 
 
+def _r_fuzzy_uses_q(rows: Rows, tau: float) -> torch.Tensor:
+    if tau < 0:  # JS >= 0 > tau: never switches (no need to compute it)
+        return _never(rows)
+    return js_divergence(rows.p, rows.q) <= tau
+
+
 def r_fuzzy(rows: Rows, tau: float) -> Targets:
     """Probabilistic fuzzy speculative decoding: ``pi = q`` if ``JS(p, q) <= tau``
     (nats) else ``p``. ``tau < 0`` is strict. Paper grid: {0.05, 0.2, 0.3}."""
-    return _switch(js_divergence(rows.p, rows.q) <= tau, rows.p, rows.q)
+    return _switch(_r_fuzzy_uses_q(rows, tau), rows.p, rows.q)
+
+
+def _casc_opt_uses_q(rows: Rows, alpha: float) -> torch.Tensor:
+    if alpha == float("-inf"):
+        return _never(rows)
+    tv = (rows.p - rows.q).clamp_min_(0.0).sum(-1)
+    return rows.q.amax(-1) >= rows.p.amax(-1) - alpha * tv
 
 
 def spec_casc_opt(rows: Rows, alpha: float) -> Targets:
@@ -176,12 +194,20 @@ def spec_casc_opt(rows: Rows, alpha: float) -> Targets:
     ``pi = q`` if ``max q >= max p - alpha TV(p, q)`` else ``p``, ``TV = sum (p - q)+``.
     Strict only as ``alpha -> -inf`` (``alpha = 0`` is NOT strict).
     Paper grid: {-0.1, 0, 0.05}."""
-    if alpha == float("-inf"):
-        use_q = torch.zeros(rows.p.shape[:-1], dtype=torch.bool, device=rows.p.device)
-    else:
-        tv = (rows.p - rows.q).clamp_min(0.0).sum(-1)
-        use_q = rows.q.amax(-1) >= rows.p.amax(-1) - alpha * tv
-    return _switch(use_q, rows.p, rows.q)
+    return _switch(_casc_opt_uses_q(rows, alpha), rows.p, rows.q)
+
+
+def _casc_tok_set(rows: Rows, alpha: float) -> torch.Tensor:
+    """Indicator of ``A`` as 0./1. ``[..., V]``, in the logit domain:
+    ``softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)`` iff
+    ``z_p(v) >= max z_p + log(1 - alpha)``."""
+    if rows.z_p is None:
+        raise ValueError("spec_casc_tok needs the raw verifier logits z_p")
+    z = rows.z_p.float()
+    shift = math.log1p(-alpha) if alpha < 1 else -math.inf
+    thr = z.amax(-1, keepdim=True) + shift
+    # 1 where z >= thr: sign(z - thr) + 1 in {0, 1, 2}, capped at 1 (faster than a bool mask)
+    return (z - thr).sign_().add_(1.0).clamp_max_(1.0)
 
 
 def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
@@ -193,14 +219,20 @@ def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
     ``A = argmax`` and is NOT strict. Paper grid: {0, 0.35, 0.8}."""
     if alpha < 0:
         return Targets(rows.p, rows.p)
-    if rows.z_p is None:
-        raise ValueError("spec_casc_tok needs the raw verifier logits z_p")
-    raw = rows.z_p.float().softmax(-1)
-    in_a = raw >= (1.0 - alpha) * raw.amax(-1, keepdim=True)
-    q_in = rows.q * in_a
-    eta = 1.0 - q_in.sum(-1, keepdim=True)
-    pi = q_in + eta.clamp_min(0.0) * rows.p
+    q_in = rows.q * _casc_tok_set(rows, alpha)
+    eta = (1.0 - q_in.sum(-1, keepdim=True)).clamp_min_(0.0)
+    pi = q_in + eta * rows.p
     return Targets(pi, pi)
+
+
+def _cont_dec_scores(rows: Rows, beta: float) -> torch.Tensor:
+    """``(1 + beta) log p - beta z_q / T`` ``[..., V]``: on ``G = supp(p)`` this is
+    ``((1 + beta) z_p - beta z_q) / T`` up to a per-row constant (there
+    ``log p = z_p / T - log Z_G``), and ``-inf`` outside G, so a plain softmax of it
+    is the softmax over G."""
+    if rows.z_q is None or not rows.temperature:
+        raise ValueError("spec_cont_dec needs the raw drafter logits z_q and a temperature > 0")
+    return rows.p.log().mul_(1.0 + beta).sub_(rows.z_q.float(), alpha=beta / rows.temperature)
 
 
 def spec_cont_dec(rows: Rows, beta: float) -> Targets:
@@ -208,38 +240,64 @@ def spec_cont_dec(rows: Rows, beta: float) -> Targets:
     ``pi = softmax over G of ((1 + beta) z_p - beta z_q) / T``, ``G = supp(p)``.
     ``pi_rej = pi_res = pi``; the bonus token is drawn from ``pi`` at N+1, which
     costs one extra drafter step per fully accepted round. ``beta = 0`` is
-    exactly ``p`` (strict). Paper grid: {0.1, 0.5, 1}."""
+    exactly ``p`` (strict). Computed from ``p`` and ``z_q`` (``_cont_dec_scores``):
+    the verifier's raw logits are not needed. Paper grid: {0.1, 0.5, 1}."""
     if beta == 0.0:
         return Targets(rows.p, rows.p)
-    if rows.z_p is None or rows.z_q is None or not rows.temperature:
-        raise ValueError("spec_cont_dec needs raw logits z_p, z_q and a temperature > 0")
-    z = ((1.0 + beta) * rows.z_p.float() - beta * rows.z_q.float()) / rows.temperature
-    pi = z.masked_fill(rows.p <= 0, float("-inf")).softmax(-1)
+    pi = _cont_dec_scores(rows, beta).softmax(-1)
     return Targets(pi, pi)
 
 
-# --------------------------------------------------------------------- point forms
-# pi_rej(x) from p(x) and q(x) alone, for methods whose accept test needs no full row.
+# ------------------------------------------------------------ pi_rej at the draft
+# ``(Rows, knob) -> pi_rej(x)`` of shape ``[...]``: what the accept test needs,
+# without building full target rows. Point methods read only p(x) and q(x).
 
 
-def _strict_at(p_x: torch.Tensor, q_x: torch.Tensor, knob: float | None) -> torch.Tensor:
-    return p_x
+def _at(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return t.gather(-1, x.unsqueeze(-1)).squeeze(-1)
 
 
-def _always_at(p_x: torch.Tensor, q_x: torch.Tensor, knob: float | None) -> torch.Tensor:
-    return q_x
+def _strict_at(rows: Rows, knob: float | None) -> torch.Tensor:
+    return _at(rows.p, rows.x)
 
 
-def _ens_at(p_x: torch.Tensor, q_x: torch.Tensor, alpha: float) -> torch.Tensor:
-    return p_x * (1.0 - alpha) + q_x * alpha
+def _always_at(rows: Rows, knob: float | None) -> torch.Tensor:
+    return _at(rows.q, rows.x)
 
 
-def _mentored_at(p_x: torch.Tensor, q_x: torch.Tensor, alpha: float) -> torch.Tensor:
-    return p_x / (1.0 - alpha)
+def _ens_at(rows: Rows, alpha: float) -> torch.Tensor:
+    return _at(rows.p, rows.x) * (1.0 - alpha) + _at(rows.q, rows.x) * alpha
 
 
-def _cactus_at(p_x: torch.Tensor, q_x: torch.Tensor, delta: float) -> torch.Tensor:
-    return cactus_h(p_x, delta)
+def _mentored_at(rows: Rows, alpha: float) -> torch.Tensor:
+    return _at(rows.p, rows.x) / (1.0 - alpha)
+
+
+def _cactus_at(rows: Rows, delta: float) -> torch.Tensor:
+    return cactus_h(_at(rows.p, rows.x), delta)
+
+
+def _r_fuzzy_at(rows: Rows, tau: float) -> torch.Tensor:
+    return torch.where(_r_fuzzy_uses_q(rows, tau), _at(rows.q, rows.x), _at(rows.p, rows.x))
+
+
+def _casc_opt_at(rows: Rows, alpha: float) -> torch.Tensor:
+    return torch.where(_casc_opt_uses_q(rows, alpha), _at(rows.q, rows.x), _at(rows.p, rows.x))
+
+
+def _casc_tok_at(rows: Rows, alpha: float) -> torch.Tensor:
+    if alpha < 0:
+        return _at(rows.p, rows.x)
+    in_a = _casc_tok_set(rows, alpha)
+    eta = (1.0 - torch.linalg.vecdot(rows.q, in_a)).clamp_min_(0.0)
+    return _at(rows.q, rows.x) * _at(in_a, rows.x) + eta * _at(rows.p, rows.x)
+
+
+def _cont_dec_at(rows: Rows, beta: float) -> torch.Tensor:
+    if beta == 0.0:
+        return _at(rows.p, rows.x)
+    s = _cont_dec_scores(rows, beta)
+    return (_at(s, rows.x) - s.logsumexp(-1)).exp()
 
 
 # ------------------------------------------------------------------------ registry
@@ -252,9 +310,9 @@ class MethodSpec:
     Attributes:
         id: method id (``METHODS`` key).
         targets: ``(Rows, knob) -> Targets`` over full rows.
-        point: ``(p_x, q_x, knob) -> pi_rej(x)`` (shape of ``p_x``) when the accept
-            test needs only ``p(x), q(x)``; then full rows are needed only at the
-            rejected position. None for full-row methods.
+        rej_at: ``(Rows, knob) -> pi_rej(x)`` ``[...]``, the accept test's input,
+            computed without building full target rows (equal to gathering
+            ``targets(...).pi_rej`` at x).
         knob: the knob's name in the paper (``None`` for knob-less methods); the
             tuner calls it alpha.
         low, high: the valid knob range; ``high_open`` excludes ``high``.
@@ -272,7 +330,7 @@ class MethodSpec:
 
     id: str
     targets: Callable[..., Targets]
-    point: Callable[..., torch.Tensor] | None
+    rej_at: Callable[..., torch.Tensor]
     knob: str | None
     low: float = 0.0
     high: float = 0.0
@@ -285,6 +343,12 @@ class MethodSpec:
     strict_below_zero: bool = False
     refuses_greedy: bool = False
     description: str = ""
+
+    @property
+    def pointwise(self) -> bool:
+        """True when the accept test reads only p(x) and q(x) (full rows are then
+        needed only at the rejected position)."""
+        return Needs.FULL_ROWS not in self.needs
 
     @property
     def has_knob(self) -> bool:
@@ -366,25 +430,25 @@ METHODS: dict[str, MethodSpec] = {
             description="boost p(x) to min(1, p + sqrt(2 delta p (1-p))); verifier-anchored",
         ),
         MethodSpec(
-            "r_fuzzy", r_fuzzy, None, "tau", -_INF, _LN2, strict_point=-_INF, grid=(0.05, 0.2, 0.3),
+            "r_fuzzy", r_fuzzy, _r_fuzzy_at, "tau", -_INF, _LN2, strict_point=-_INF, grid=(0.05, 0.2, 0.3),
             search=(0.01, _LN2, True), needs=Needs.FULL_ROWS, strict_below_zero=True,
             description="use q where JS(p, q) <= tau nats, else p",
         ),
         MethodSpec(
-            "spec_casc_opt", spec_casc_opt, None, "alpha", -_INF, 1.0, strict_point=-_INF,
+            "spec_casc_opt", spec_casc_opt, _casc_opt_at, "alpha", -_INF, 1.0, strict_point=-_INF,
             grid=(-0.1, 0.0, 0.05), search=(-0.5, 0.5, False), needs=Needs.FULL_ROWS,
             description="use q where max q >= max p - alpha TV(p, q) (alpha = 0 is not strict)",
         ),
         MethodSpec(
-            "spec_casc_tok", spec_casc_tok, None, "alpha", -_INF, 1.0, strict_point=-_INF,
+            "spec_casc_tok", spec_casc_tok, _casc_tok_at, "alpha", -_INF, 1.0, strict_point=-_INF,
             grid=(0.0, 0.35, 0.8), search=(0.0, 1.0, False), strict_below_zero=True,
             needs=Needs.FULL_ROWS | Needs.VERIFIER_LOGITS,
             description="q on the verifier's near-argmax set A, p elsewhere (alpha = 0 is not strict)",
         ),
         MethodSpec(
-            "spec_cont_dec", spec_cont_dec, None, "beta", 0.0, _INF, strict_point=0.0, grid=(0.1, 0.5, 1.0),
+            "spec_cont_dec", spec_cont_dec, _cont_dec_at, "beta", 0.0, _INF, strict_point=0.0, grid=(0.1, 0.5, 1.0),
             search=(0.01, 2.0, True),
-            needs=Needs.FULL_ROWS | Needs.VERIFIER_LOGITS | Needs.DRAFTER_LOGITS | Needs.EXTRA_DRAFTER_STEP,
+            needs=Needs.FULL_ROWS | Needs.DRAFTER_LOGITS | Needs.EXTRA_DRAFTER_STEP,
             bonus_from_pi=True, refuses_greedy=True,
             description="contrastive pi = softmax_G(((1+beta) z_p - beta z_q)/T), bonus from pi",
         ),

@@ -18,6 +18,8 @@ randomness is consumed: one uniform per sampled token, whatever the row holds.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -144,11 +146,24 @@ def sparse_to_dense(ids: torch.Tensor, probs: torch.Tensor, vocab_size: int) -> 
     return out.scatter_add_(-1, ids.long(), probs)
 
 
+@functools.lru_cache(maxsize=64)
+def _block_size(v: int) -> int:
+    """A block size near sqrt(V) that divides V (no padding copy), else sqrt(V)."""
+    root = math.isqrt(v)
+    for d in range(root, max(16, root // 8) - 1, -1):
+        if v % d == 0:
+            return d
+    return max(16, root + 1)
+
+
 def sample_from_rows(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling from non-negative, possibly unnormalised rows.
 
-    Token ``y`` is returned when ``u * sum(row)`` falls in ``[cdf(y-1), cdf(y))``
-    (cumulative sums in float64), so a token of zero mass is never returned.
+    Token ``y`` is returned when ``u * sum(row)`` falls in ``[cdf(y-1), cdf(y))``, so
+    a token of zero mass is never returned. Two levels: the block (about sqrt(V)
+    tokens) is found from the cumulative block sums (float64), then the token
+    inside it from the block's own float64 cumulative sum, at the same fraction
+    of the block's mass; one pass over the row instead of a full-length cumsum.
 
     Args:
         rows: ``[R, V]`` non-negative weights, each row with positive sum.
@@ -157,10 +172,24 @@ def sample_from_rows(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[R]`` int64 token ids.
     """
-    cdf = rows.to(torch.float64).cumsum(-1)
-    target = (u.to(torch.float64) * cdf[:, -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return idx.clamp_max_(rows.shape[-1] - 1)
+    r, v = rows.shape
+    block = _block_size(v)
+    nb = -(-v // block)
+    if nb * block != v:
+        rows = torch.nn.functional.pad(rows, (0, nb * block - v))
+    blocks = rows.contiguous().view(r * nb, block)
+    mass = blocks.sum(-1).view(r, nb).to(torch.float64)  # [R, nb]
+    cdf = mass.cumsum(-1)
+    target = u.to(torch.float64) * cdf[:, -1]
+    b = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1).clamp_max_(nb - 1)
+    # the target's position inside its block, as a fraction of the block's mass
+    frac = (target - (cdf.gather(-1, b.unsqueeze(-1)).squeeze(-1) - mass.gather(-1, b.unsqueeze(-1)).squeeze(-1)))
+    frac = frac / mass.gather(-1, b.unsqueeze(-1)).squeeze(-1)
+    inner = blocks.index_select(0, torch.arange(r) * nb + b).to(torch.float64).cumsum_(-1)  # [R, block]
+    i = torch.searchsorted(inner, (frac * inner[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    # float error can leave the fraction a hair over 1: take the block's last positive token
+    last_pos = (inner < inner[:, -1:]).sum(-1)
+    return b * block + torch.minimum(i, last_pos)
 
 
 def draw_uniforms(shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:

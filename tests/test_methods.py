@@ -38,7 +38,7 @@ def test_registry_holds_the_papers_methods():
     assert METHODS["ens"].grid == (0.05, 0.1, 0.2)  # w = 0.95, 0.9, 0.8
     assert METHODS["cactus"].search[2] is True  # the grid spans decades: log scale
     assert Needs.EXTRA_DRAFTER_STEP in METHODS["spec_cont_dec"].needs
-    assert METHODS["cactus"].point is not None and METHODS["r_fuzzy"].point is None
+    assert METHODS["cactus"].pointwise and not METHODS["r_fuzzy"].pointwise
 
 
 def test_unknown_method_lists_known_ones():
@@ -88,15 +88,23 @@ def test_residual_targets_are_distributions(method):
         assert torch.allclose(t.pi_res.sum(-1), torch.ones(len(rows.p)), atol=1e-5)
 
 
-@pytest.mark.parametrize("method", [m for m in PAPER_IDS if METHODS[m].point is not None])
-def test_point_form_equals_full_rows(method):
+@pytest.mark.parametrize("method", PAPER_IDS)
+def test_rej_at_equals_full_rows_at_the_draft(method):
     spec = METHODS[method]
     rows = _rows(seed=1)
-    p_x = rows.p.gather(-1, rows.x[:, None]).squeeze(-1)
-    q_x = rows.q.gather(-1, rows.x[:, None]).squeeze(-1)
-    for knob in spec.grid or (None,):
+    for knob in (spec.grid + (spec.search[1],)) if spec.has_knob else (None,):
         full = spec.targets(rows, knob).pi_rej.gather(-1, rows.x[:, None]).squeeze(-1)
-        assert torch.allclose(spec.point(p_x, q_x, knob), full, atol=1e-7)
+        assert torch.allclose(spec.rej_at(rows, knob), full, rtol=1e-5, atol=1e-7), knob
+
+
+@pytest.mark.parametrize("method", [m for m in PAPER_IDS if METHODS[m].pointwise])
+def test_pointwise_methods_read_only_the_drafted_entries(method):
+    spec = METHODS[method]
+    rows = _rows(seed=4)
+    keep = torch.zeros_like(rows.p).scatter_(-1, rows.x[:, None], 1.0)
+    sparse = Rows(rows.p * keep, rows.q * keep, rows.x)  # everything but p(x), q(x) wiped
+    for knob in spec.grid or (None,):
+        assert torch.equal(spec.rej_at(sparse, knob), spec.rej_at(rows, knob))
 
 
 def test_ens_mixes_and_mentored_scales():
@@ -154,8 +162,8 @@ def test_spec_casc_tok_at_zero_defers_on_the_argmax():
 
 
 def test_spec_cont_dec_contrasts_on_the_verifier_support():
-    p = torch.tensor([[0.7, 0.3, 0.0]])
     z_p = torch.tensor([[1.0, 0.0, -1.0]])
+    p = torch.tensor([[2.0, 0.0, -math.inf]]).softmax(-1)  # z_p / T = [2, 0, -2], top-k = 2
     z_q = torch.tensor([[1.0, -1.0, 3.0]])
     pi = METHODS["spec_cont_dec"].targets(Rows(p, p, None, z_p, z_q, 0.5), 1.0).pi_res
     # (2 z_p - z_q) / T on G = {0, 1}: [2, 2] -> uniform
