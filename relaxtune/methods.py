@@ -154,11 +154,15 @@ def cactus(rows: Rows, delta: float) -> Targets:
 
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Jensen-Shannon divergence in nats, ``[..., V] -> [...]``, with a 1e-30 floor
-    inside the logs; zero entries contribute 0. Bounded by ln 2."""
-    log_m = (p + q).clamp_min_(2 * JS_FLOOR).log_().sub_(math.log(2.0))
-    kl_pm = torch.linalg.vecdot(p, p.clamp_min(JS_FLOOR).log_().sub_(log_m))
-    kl_qm = torch.linalg.vecdot(q, q.clamp_min(JS_FLOOR).log_().sub_(log_m))
-    return (0.5 * (kl_pm + kl_qm)).clamp_min(0.0)
+    inside the logs; zero entries contribute 0. Bounded by ln 2.
+
+    ``JS = 0.5 KL(p || m) + 0.5 KL(q || m)``, ``m = (p + q) / 2``, computed as
+    ``0.5 sum p (log p - log(p + q)) + 0.5 sum q (log q - log(p + q)) + ln 2``.
+    """
+    log_s = (p + q).clamp_min_(2 * JS_FLOOR).log_()
+    kl_p = torch.linalg.vecdot(p, p.clamp_min(JS_FLOOR).log_().sub_(log_s))
+    kl_q = torch.linalg.vecdot(q, q.clamp_min(JS_FLOOR).log_().sub_(log_s))
+    return (0.5 * (kl_p + kl_q) + math.log(2.0)).clamp_min_(0.0)
 
 
 def _never(rows: Rows) -> torch.Tensor:
