@@ -1,0 +1,216 @@
+"""In-process transformers backend: drafter and verifier with KV caches.
+
+Each sequence owns one ``DynamicCache`` per model and remembers which tokens each
+cache holds. A forward feeds only the tokens a cache lacks. After a round,
+``commit`` crops both caches back to the longest prefix they share with the
+committed sequence (never recomputing from scratch), keeping at least the last
+committed token uncached so the next forward has a query. The drafter therefore
+feeds the previous round's last draft together with the new token when a round
+accepted everything.
+
+Models are loaded once per process (``load_pair`` is cached on ids, dtype and
+threads). Batching over prompts is not done here: on a CPU a forward pass is
+compute-bound, so batching buys little; SGLang batches on GPU hosts.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Sequence
+
+import torch
+
+from .base import DraftResult, Pick, SequenceState
+
+__all__ = ["HFBackend", "load_pair", "resolve_model_path"]
+
+
+def _crop(cache, length: int) -> None:
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
+    n = min(len(a), len(b))
+    i = min(start, n)
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class HFBackend:
+    """A transformers drafter/verifier pair (CPU or one GPU).
+
+    Args:
+        drafter: a causal LM (or None for AR-only use).
+        verifier: a causal LM with the same vocabulary width as the drafter.
+        tokenizer: the shared tokenizer (used for ``decode`` and EOS ids).
+        name: description for records (model ids).
+
+    Raises:
+        ValueError: when the two models' logit widths differ.
+    """
+
+    def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf") -> None:
+        self.drafter = drafter.eval() if drafter is not None else None
+        self.verifier = verifier.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = int(verifier.get_output_embeddings().weight.shape[0])
+        if drafter is not None:
+            width = int(drafter.get_output_embeddings().weight.shape[0])
+            if width != self.vocab_size:
+                raise ValueError(
+                    f"drafter and verifier must share a vocabulary: logit widths {width} vs {self.vocab_size}"
+                )
+        eos = set()
+        for source in (verifier.generation_config, verifier.config, tokenizer):
+            ids = getattr(source, "eos_token_id", None) if source is not None else None
+            if ids is not None:
+                eos.update([ids] if isinstance(ids, int) else ids)
+        self.eos_token_ids = frozenset(int(i) for i in eos)
+        self.device = next(verifier.parameters()).device
+
+    # ---------------------------------------------------------------- protocol
+
+    def start(self, prompt_ids: Sequence[int]) -> SequenceState:
+        """A fresh state with empty caches (the first forward prefills the prompt).
+
+        Raises:
+            ValueError: empty prompt.
+        """
+        from transformers import DynamicCache
+
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt must hold at least one token")
+        state = SequenceState(tokens=[int(t) for t in prompt_ids], prompt_len=len(prompt_ids))
+        state.extra["v_cache"] = DynamicCache(config=self.verifier.config)
+        state.extra["v_fed"] = []
+        if self.drafter is not None:
+            state.extra["d_cache"] = DynamicCache(config=self.drafter.config)
+            state.extra["d_fed"] = []
+        return state
+
+    def _forward(self, model, cache, ids: list[int], keep: int) -> torch.Tensor:
+        with torch.inference_mode():
+            out = model(
+                input_ids=torch.tensor([ids], device=self.device), cache=cache, use_cache=True, logits_to_keep=keep
+            )
+        return out.logits[0, -keep:].float()
+
+    def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
+        """Draft ``n`` tokens, one drafter forward each (the first also feeds any
+        committed tokens the cache lacks); ``extra_step`` adds the row after the
+        last draft. Returns ids and raw logits ``[n(+1), V]`` (float32)."""
+        if self.drafter is None:
+            raise RuntimeError("this backend has no drafter (AR only)")
+        cache, fed = state.extra["d_cache"], state.extra["d_fed"]
+        feed = state.tokens[len(fed) :]
+        ids: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(n + int(extra_step)):
+            t0 = time.perf_counter()
+            row = self._forward(self.drafter, cache, feed, 1)[0]
+            state.draft_seconds += time.perf_counter() - t0
+            state.draft_forwards += 1
+            state.draft_tokens_fed += len(feed)
+            fed.extend(feed)
+            rows.append(row)
+            if i < n:
+                ids.append(int(pick(row)))
+                feed = [ids[-1]]
+        return DraftResult(ids, torch.stack(rows))
+
+    def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
+        """Verifier raw logits ``[N+1, V]`` (float32) in one forward pass."""
+        cache, fed = state.extra["v_cache"], state.extra["v_fed"]
+        feed = state.tokens[len(fed) :] + [int(t) for t in draft_ids]
+        t0 = time.perf_counter()
+        logits = self._forward(self.verifier, cache, feed, len(draft_ids) + 1)
+        state.verify_seconds += time.perf_counter() - t0
+        state.verify_forwards += 1
+        state.verify_tokens_fed += len(feed)
+        fed.extend(feed)
+        return logits
+
+    def step(self, state: SequenceState) -> torch.Tensor:
+        """Verifier raw logits ``[V]`` (float32) for the next token."""
+        return self.score(state, [])[0]
+
+    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
+        """Append ``tokens``; crop each cache to the prefix it shares with the
+        sequence, leaving the last token uncached."""
+        before = len(state.tokens)
+        state.tokens.extend(int(t) for t in tokens)
+        limit = len(state.tokens) - 1
+        for cache_key, fed_key in (("v_cache", "v_fed"), ("d_cache", "d_fed")):
+            if cache_key not in state.extra:
+                continue
+            fed = state.extra[fed_key]
+            keep = min(_common_prefix(fed, state.tokens, before), limit)
+            del fed[keep:]
+            _crop(state.extra[cache_key], keep)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+# ------------------------------------------------------------------- loading
+
+
+def resolve_model_path(model_id: str) -> str:
+    """A loadable path for ``model_id``: an embedded model name (converted once
+    into the cache), else the id itself (local folder or hub id)."""
+    from ..embedded import EMBEDDED, ensure_converted
+
+    if model_id in EMBEDDED:
+        return str(ensure_converted(EMBEDDED[model_id]))
+    return model_id
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> HFBackend:
+    """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
+
+    Args:
+        drafter: model id or path, an embedded name, or None (AR only).
+        verifier: model id or path, or an embedded name.
+        dtype: torch dtype name ("bfloat16" is fastest on CPUs measured so far;
+            "float32" for exact comparisons).
+
+    Raises:
+        ValueError: when the two tokenizers differ (speculative decoding needs the
+            same token ids), or the dtype is unknown.
+    """
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
+    v_path = resolve_model_path(verifier)
+    tok = _tokenizer(v_path)
+    d_model = None
+    if drafter is not None:
+        d_path = resolve_model_path(drafter)
+        if d_path != v_path and _tokenizer(d_path).get_vocab() != tok.get_vocab():
+            raise ValueError(
+                f"drafter {drafter!r} and verifier {verifier!r} have different tokenizers; "
+                "speculative decoding needs a shared vocabulary"
+            )
+        d_model = _load(d_path, dtype)
+    return HFBackend(d_model, _load(v_path, dtype), tok, name=f"{drafter}->{verifier}")

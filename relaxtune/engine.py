@@ -1,0 +1,210 @@
+"""Whole responses: the speculative generation loop over a backend, the AR
+baseline through the same loop, and per-response statistics.
+
+Per round: draft N tokens from ``q`` (the drafter's rows after the sampling
+transform), score them with the verifier in one pass, run
+``relaxtune.decoding.verify_rounds`` with the method, commit the emitted tokens.
+The AR baseline (``method="ar"``) runs one verifier step per token through the
+same backend calls.
+
+Randomness: one ``torch.Generator`` per response seeded with ``seed``. A round
+draws N uniforms for drafting, then N + 1 for verification; an AR step draws 1.
+The same seed gives the same response, and a strict run and a relaxed run with
+the same seed share their random numbers (paired comparisons).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from .backends.base import Backend
+from .decoding import verify_rounds
+from .methods import Needs, get_method
+from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+
+__all__ = ["GenerationStats", "Generation", "generate", "AR"]
+
+AR = "ar"  # the autoregressive baseline's method id
+
+
+@dataclass
+class GenerationStats:
+    """Statistics of one response.
+
+    Attributes:
+        rounds: verification rounds (AR: decoding steps).
+        drafted: drafted tokens (N per round).
+        accepted: accepted drafted tokens.
+        emitted: tokens the rounds emitted (``accepted + rounds``), before
+            truncation at EOS, a stop string or ``max_new_tokens``.
+        response_tokens: tokens in the final response.
+        finish_reason: "stop" (EOS or stop string) or "length".
+        draft_seconds / verify_seconds: wall seconds in drafter / verifier forwards.
+        wall_seconds: wall seconds of the whole call.
+        draft_forwards / verify_forwards: forward passes.
+    """
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    response_tokens: int = 0
+    finish_reason: str = ""
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    draft_forwards: int = 0
+    verify_forwards: int = 0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean accepted drafts per round, ``l_accept`` (tokens)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Wall seconds outside model forwards (sampling, rules, bookkeeping)."""
+        return self.wall_seconds - self.draft_seconds - self.verify_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Response tokens per wall second."""
+        return self.response_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain dict with the derived fields, for records."""
+        out = asdict(self)
+        out.update(
+            acceptance_length=self.acceptance_length,
+            overhead_seconds=self.overhead_seconds,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+
+@dataclass
+class Generation:
+    """One response: generated ids, decoded text (cut at a stop string), stats."""
+
+    token_ids: list[int]
+    text: str
+    stats: GenerationStats
+
+
+def _finish(tokens: list[int], done: int, max_new_tokens: int, eos: frozenset[int]) -> tuple[list[int], str]:
+    """Cut ``tokens`` at the first EOS (kept) or at the token budget."""
+    for i, t in enumerate(tokens):
+        if done + i + 1 > max_new_tokens:
+            return tokens[:i], "length"
+        if t in eos:
+            return tokens[: i + 1], "stop"
+    if done + len(tokens) >= max_new_tokens:
+        return tokens, "length"
+    return tokens, ""
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    hits = [text.index(s) for s in stop if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def generate(
+    backend: Backend,
+    prompt_ids: Sequence[int],
+    *,
+    method: str = "strict",
+    knob: float | None = None,
+    n_draft: int = 4,
+    sampling: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 256,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+) -> Generation:
+    """Generate one response with speculative decoding (or AR with ``method="ar"``).
+
+    Args:
+        backend: the drafter/verifier pair.
+        prompt_ids: prompt token ids.
+        method: a method id of ``relaxtune.methods.METHODS``, or ``"ar"``.
+        knob: the method's knob (alpha).
+        n_draft: draft length N >= 1 (ignored for AR).
+        sampling: the sampling transform, applied to both models.
+        max_new_tokens: generation budget (tokens).
+        seed: seed of this response's random numbers.
+        stop: stop strings; the text is cut before the first one.
+
+    Returns:
+        ``Generation`` with ids, text and ``GenerationStats``.
+
+    Raises:
+        ValueError: unknown method, knob out of range, greedy sampling with a
+            method that collapses to strict, N < 1, max_new_tokens < 1.
+    """
+    ar = method == AR
+    spec = None if ar else get_method(method)
+    if spec is not None:
+        knob = spec.check_knob(knob)
+        spec.check_temperature(sampling.temperature)
+        if int(n_draft) != n_draft or n_draft < 1:
+            raise ValueError(f"n_draft must be an integer >= 1, got {n_draft!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+    extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
+
+    t_start = time.perf_counter()
+    gen = torch.Generator().manual_seed(int(seed))
+    state = backend.start(prompt_ids)
+    stats = GenerationStats()
+    text, reason = "", ""
+    while not reason:
+        if ar:
+            z_p = backend.step(state)[None]
+            emitted = sample_from_rows(transform_logits(z_p, sampling), draw_uniforms((1,), gen)).tolist()
+            accepted = 0
+        else:
+            u_draft = draw_uniforms((n_draft,), gen)
+            q_rows: list[torch.Tensor] = []
+
+            def pick(z: torch.Tensor) -> int:
+                q_rows.append(transform_logits(z[None], sampling))
+                return int(sample_from_rows(q_rows[-1], u_draft[len(q_rows) - 1 : len(q_rows)]))
+
+            drafted = backend.draft(state, n_draft, pick, extra_step=extra_step)
+            z_q = drafted.logits
+            if extra_step:
+                q_rows.append(transform_logits(z_q[-1:], sampling))
+            z_p = backend.score(state, drafted.ids)
+            out = verify_rounds(
+                transform_logits(z_p, sampling)[None],
+                torch.cat(q_rows)[None],
+                torch.tensor([drafted.ids]),
+                spec,
+                knob,
+                uniforms=draw_uniforms((1, n_draft + 1), gen),
+                z_p=z_p[None],
+                z_q=z_q[None],
+                temperature=sampling.temperature,
+                validate=False,
+            ).row(0)
+            emitted, accepted = out.tokens, out.accepted
+            stats.drafted += n_draft
+        stats.rounds += 1
+        stats.accepted += accepted
+        stats.emitted += len(emitted)
+        kept, reason = _finish(emitted, len(state.generated), max_new_tokens, backend.eos_token_ids)
+        backend.commit(state, kept)
+        if stop:
+            text, hit = _cut_at_stop(backend.decode(state.generated), stop)
+            reason = "stop" if hit else reason
+    if not stop:
+        text = backend.decode(state.generated)
+    stats.response_tokens = len(state.generated)
+    stats.finish_reason = reason
+    stats.draft_seconds, stats.verify_seconds = state.draft_seconds, state.verify_seconds
+    stats.draft_forwards, stats.verify_forwards = state.draft_forwards, state.verify_forwards
+    stats.wall_seconds = time.perf_counter() - t_start
+    return Generation(list(state.generated), text, stats)

@@ -1,0 +1,42 @@
+"""Tiny randomly initialised causal LMs built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from relaxtune.backends.hf import HFBackend
+
+
+def tiny_lm(vocab: int = 64, seed: int = 0, scale: float = 1.0) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 model in float32, with output logits scaled by ``scale``."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def noisy_copy(model, noise: float, seed: int = 1):
+    """A drafter: the verifier with Gaussian noise on every weight."""
+    g = torch.Generator().manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_pair(vocab: int = 64, noise: float = 0.5, scale: float = 30.0) -> HFBackend:
+    """A verifier and a noisy-copy drafter sharing a vocabulary."""
+    verifier = tiny_lm(vocab, scale=scale)
+    return HFBackend(noisy_copy(verifier, noise), verifier, name=f"tiny-{vocab}")
