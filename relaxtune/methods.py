@@ -375,7 +375,7 @@ class MethodSpec:
         value = float(knob)
         upper_ok = value < self.high if self.high_open else value <= self.high
         if math.isnan(value) or value < self.low or not upper_ok:
-            close = ")" if self.high_open else "]"
+            close = ")" if self.high_open or math.isinf(self.high) else "]"
             raise ValueError(
                 f"{self.knob} = {knob!r} is outside the valid range of {self.id!r}: "
                 f"[{self.low}, {self.high}{close}"

@@ -98,7 +98,7 @@ class HFBackend:
             out = model(
                 input_ids=torch.tensor([ids], device=self.device), cache=cache, use_cache=True, logits_to_keep=keep
             )
-        return out.logits[0, -keep:].float()
+        return out.logits[0, -keep:].float().cpu()  # the rules run on CPU rows
 
     def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
         """Draft ``n`` tokens, one drafter forward each (the first also feeds any
@@ -174,10 +174,10 @@ def resolve_model_path(model_id: str) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str, dtype: str):
+def _load(path: str, dtype: str, device: str):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
 
 
 @functools.lru_cache(maxsize=4)
@@ -187,7 +187,7 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> HFBackend:
+def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto") -> HFBackend:
     """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
 
     Args:
@@ -195,6 +195,7 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> HF
         verifier: model id or path, or an embedded name.
         dtype: torch dtype name ("bfloat16" is fastest on CPUs measured so far;
             "float32" for exact comparisons).
+        device: "cpu", "cuda", "cuda:1", ... or "auto" (cuda when available).
 
     Raises:
         ValueError: when the two tokenizers differ (speculative decoding needs the
@@ -202,6 +203,8 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> HF
     """
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     v_path = resolve_model_path(verifier)
     tok = _tokenizer(v_path)
     d_model = None
@@ -212,5 +215,5 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> HF
                 f"drafter {drafter!r} and verifier {verifier!r} have different tokenizers; "
                 "speculative decoding needs a shared vocabulary"
             )
-        d_model = _load(d_path, dtype)
-    return HFBackend(d_model, _load(v_path, dtype), tok, name=f"{drafter}->{verifier}")
+        d_model = _load(d_path, dtype, device)
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=f"{drafter}->{verifier}")

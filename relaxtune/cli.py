@@ -1,0 +1,111 @@
+"""The ``relaxtune`` command line."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .methods import METHODS
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune relaxed speculative decoding per task.")
+console = Console()
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "-inf" if value < 0 else "inf"
+    if value == math.log(2.0):
+        return "ln 2"
+    return f"{value:g}"
+
+
+@app.command()
+def methods() -> None:
+    """List the relaxed verification methods, their knob (alpha) and strict point."""
+    table = Table(title="relaxed speculative sampling methods")
+    for col in ("method", "knob", "valid range", "strict at", "paper grid", "full rows"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("rule")
+    for spec in METHODS.values():
+        close = ")" if spec.high_open or math.isinf(spec.high) else "]"
+        rng = f"[{_fmt(spec.low)}, {_fmt(spec.high)}{close}" if spec.has_knob else "-"
+        strict = ("< 0" if spec.strict_below_zero else _fmt(spec.strict_point)) if spec.has_knob else "-"
+        table.add_row(
+            spec.id, spec.knob or "-", rng, strict, ", ".join(_fmt(g) for g in spec.grid) or "-",
+            "no" if spec.pointwise else "yes", spec.description,
+        )
+    console.print(table)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="user message; the verifier's chat template is applied"),
+    method: str = typer.Option("strict", help="method id (see `relaxtune methods`) or 'ar'"),
+    alpha: Optional[float] = typer.Option(None, help="the method's knob; default: the middle of its paper grid"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n", help="draft length N"),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder or hub id"),
+    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="embedded name, local folder or hub id"),
+    temperature: float = typer.Option(0.6),
+    top_k: int = typer.Option(20),
+    top_p: float = typer.Option(0.95),
+    max_new_tokens: int = typer.Option(256),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU) or float32"),
+    baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
+) -> None:
+    """Generate one response with a relaxed method and print its decoding statistics."""
+    from .backends.hf import load_pair
+    from .engine import AR
+    from .engine import generate as run
+    from .methods import get_method
+    from .sampling import SamplingParams
+
+    try:
+        sampling = SamplingParams(temperature, top_k, top_p)
+        if method != AR:
+            spec = get_method(method)
+            if alpha is None and spec.has_knob:
+                alpha = spec.grid[len(spec.grid) // 2]
+            spec.check_knob(alpha)
+            spec.check_temperature(temperature)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
+        backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+    ids = backend.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    runs = [(method, alpha)] + ([(AR, None)] if baseline and method != AR else [])
+    results = {}
+    for name, knob in runs:
+        with console.status(f"generating with {name} (up to {max_new_tokens} tokens)"):
+            results[name] = run(backend, ids, method=name, knob=knob, n_draft=n_draft, sampling=sampling,
+                                max_new_tokens=max_new_tokens, seed=seed)
+    console.rule(f"{method}" + (f" {alpha:g}" if alpha is not None else ""))
+    console.print(results[method].text)
+    table = Table(title="decoding statistics")
+    for col in ("run", "tokens", "tok/s", "rounds", "l_accept", "draft s", "verify s", "other s", "finish"):
+        table.add_column(col, justify="right")
+    for name, g in results.items():
+        s = g.stats
+        table.add_row(name, str(s.response_tokens), f"{s.tokens_per_second:.2f}", str(s.rounds),
+                      f"{s.acceptance_length:.2f}", f"{s.draft_seconds:.1f}", f"{s.verify_seconds:.1f}",
+                      f"{s.overhead_seconds:.2f}", s.finish_reason)
+    console.print(table)
+    if AR in results and method != AR:
+        speed = results[method].stats.tokens_per_second / results[AR].stats.tokens_per_second
+        console.print(f"measured wall-clock speed-up over AR: {speed:.2f}x")
+
+
+def main() -> None:
+    """Entry point of the ``relaxtune`` command."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
