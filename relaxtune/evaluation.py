@@ -114,7 +114,8 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
         forced_ids = backend.tokenizer.encode(forced, add_special_tokens=False)
         text, ids = text + forced, ids + list(forced_ids)
     left = total - len(ids)
-    if left <= 0:
+    if left <= 0:  # no room left after the forced text
+        first.stats.response_tokens = len(ids)
         return Generation(ids, text, first.stats)
     rest = generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1, **kw)
     stats = _merge(first.stats, rest.stats)

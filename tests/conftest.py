@@ -40,3 +40,20 @@ def gen():
 def random_rows(g: torch.Generator, *shape: int, scale: float = 1.5, dtype=torch.float32) -> torch.Tensor:
     """Random probability rows ``[*shape]`` (softmax of scaled Gaussians)."""
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).softmax(-1).to(dtype)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory):
+    """A saved tiny verifier and its noisy-copy drafter, sharing a tokenizer (folders)."""
+    from .tiny_models import save_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return save_tiny_model(root / "drafter", noise=0.2), save_tiny_model(root / "verifier")
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(tiny_pair_dirs):
+    """The tiny saved pair loaded through ``load_pair`` (float32)."""
+    from relaxtune.backends.hf import load_pair
+
+    return load_pair(*tiny_pair_dirs, dtype="float32")

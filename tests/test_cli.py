@@ -11,10 +11,9 @@ from .tiny_models import VOCAB, save_tiny_model
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return save_tiny_model(root / "drafter", noise=0.2), save_tiny_model(root / "verifier")
+@pytest.fixture
+def pair_dirs(tiny_pair_dirs):
+    return tiny_pair_dirs
 
 
 def test_methods_lists_every_method():

@@ -1,0 +1,98 @@
+"""Evaluating a configuration on a tiny local task with the tiny model pair."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, sample_seed
+from relaxtune.tasks import TaskSpec, load_problems
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def tiny_task(**over) -> TaskSpec:
+    raw = dict(
+        name="tiny_math", version=3, dataset={"path": "json", "data_files": str(FIXTURES / "tiny_math.jsonl")},
+        fields={"question": "question", "answer": "answer"}, prompt={"template": "{question} = ?"},
+        grader={"kind": "math"}, sampling={"temperature": 0.8, "top_p": 1.0, "top_k": None}, max_new_tokens=12,
+    )
+    raw.update(over)
+    return TaskSpec(**raw)
+
+
+def test_records_results_and_resume(tiny_backend, tmp_path):
+    spec = tiny_task(repeats=2)
+    config = DecodeConfig("cactus", 1.0, 3, seed=5)
+    first = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=2, progress=False)
+    assert first.n == 4 and first.failed == 0
+    lines = first.path.read_text().splitlines()
+    assert len(lines) == 4
+    rec = json.loads(lines[0])
+    for key in ("task", "version", "problem_id", "repeat", "seed", "prompt_hash", "output", "extracted", "verdict",
+                "finish_reason", "prompt_tokens", "response_tokens", "stats"):
+        assert key in rec, key
+    assert rec["task"] == "tiny_math" and rec["version"] == 3 and rec["seed"] == sample_seed(5, "0", 0)
+    assert rec["stats"]["emitted"] == rec["stats"]["accepted"] + rec["stats"]["rounds"]
+    assert first.path.parts[-3] == "tiny_math-v3"
+    # a restart with more problems keeps the finished samples and only runs the new ones
+    second = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=4, progress=False)
+    assert second.n == 8
+    lines2 = second.path.read_text().splitlines()
+    assert lines2[:4] == lines and len(lines2) == 8
+    assert 0 <= second.ci_low <= second.accuracy <= second.ci_high <= 1
+    assert second.l_accept > 0 and second.mean_length > 0
+
+
+def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
+    spec = tiny_task()
+    strict = evaluate(spec, tiny_backend, DecodeConfig("strict", None, 3), output_dir=tmp_path, limit=3, progress=False)
+    relaxed = evaluate(spec, tiny_backend, DecodeConfig("mentored", 0.0, 3), output_dir=tmp_path, limit=3,
+                       progress=False)
+    # mentored at its strict point with the same seeds reproduces strict sample for sample
+    assert [r["output"] for r in strict.records] == [r["output"] for r in relaxed.records]
+    assert strict.path != relaxed.path
+
+
+class FailingBackend:
+    """Wraps a backend and fails on every second prompt."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+        self.name, self.tokenizer = "failing", inner.tokenizer
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+    def start(self, prompt_ids):
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise ConnectionError("server went away")
+        return self.inner.start(prompt_ids)
+
+
+def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path):
+    result = evaluate(tiny_task(), FailingBackend(tiny_backend), DecodeConfig("strict"), output_dir=tmp_path, limit=4,
+                      progress=False)
+    assert result.n == 2 and result.failed == 2
+    failed = [r for r in result.records if r["failed"]]
+    assert all(r["verdict"] == "generation_error" and "server went away" in r["error"] for r in failed)
+
+
+def test_thinking_budget_forces_the_answer(tiny_backend):
+    spec = tiny_task(thinking_budget=4, max_new_tokens=40, answer_now="\nanswer now.\n")
+    problem = load_problems(spec, limit=1)[0]
+    ids = tiny_backend.tokenizer.encode(problem.prompt)
+    gen = generate_response(tiny_backend, spec, ids, DecodeConfig("strict", None, 2), seed=1)
+    if "</think>" in gen.text[: len(gen.text) - len("\nanswer now.\n</think>\n\n")]:
+        pytest.skip("the random model closed its thinking by itself")
+    forced = "\nanswer now.\n</think>\n\n"  # 23 one-character tokens
+    assert gen.text.index(forced) >= 0
+    assert len(gen.token_ids) == gen.stats.response_tokens
+    assert 4 + 23 < len(gen.token_ids) <= 40  # generation went on after the forced text, within the total
+
+
+def test_refuses_greedy_collapse_before_generating(tiny_backend, tmp_path):
+    with pytest.raises(ValueError, match="collapses to strict"):
+        evaluate(tiny_task(sampling={"temperature": 0.0}), tiny_backend, DecodeConfig("cactus", 1.0),
+                 output_dir=tmp_path, progress=False)

@@ -1,0 +1,120 @@
+"""Task specs: every shipped spec loads from local fixtures; GPQA shuffling; validation."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+from typer.testing import CliRunner
+
+from relaxtune.cli import app
+from relaxtune.tasks import TaskSpec, list_tasks, load_problems, load_task
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHIPPED = ["aime24", "aime25", "gpqa_diamond", "gsm8k", "humaneval", "lcb_lite_v6", "math500"]
+LOCAL = {
+    "aime24": "aime.jsonl", "aime25": "aime.jsonl", "math500": "math500.jsonl", "gsm8k": "gsm8k.jsonl",
+    "gpqa_diamond": "gpqa.jsonl", "lcb_lite_v6": "lcb.jsonl",
+}
+
+
+def _local(name: str) -> TaskSpec:
+    """The shipped spec, pointed at our fixture file (as an air-gapped user would)."""
+    raw = yaml.safe_load(Path(load_task(name).source_file).read_text())
+    raw["dataset"] = {"path": "json", "data_files": str(FIXTURES / LOCAL[name])}
+    return TaskSpec(**raw)
+
+
+def test_every_paper_task_is_shipped():
+    assert set(SHIPPED) <= set(list_tasks())
+    for name in SHIPPED:
+        spec = load_task(name)
+        assert spec.version >= 1 and spec.sampling.params().temperature == 0.6
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL))
+def test_shipped_specs_load_from_local_files(name):
+    problems = load_problems(_local(name))
+    assert problems and all(p.prompt and p.gold is not None for p in problems)
+    first = problems[0]
+    if name.startswith("aime"):
+        assert first.id == "1" and first.gold == "2" and "Find 1 + 1." in first.prompt and r"\boxed{}" in first.prompt
+    if name == "gsm8k":
+        assert [p.gold for p in problems] == ["7", "1000"]
+    if name == "math500":
+        assert first.gold == r"\dfrac{9}{7}" and first.id == "test/algebra/1.json"
+    if name == "gpqa_diamond":
+        right = f"({first.gold}) right"
+        assert right in first.prompt and first.prompt.count("wrong") == 3
+    if name == "lcb_lite_v6":
+        assert first.gold["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
+        assert problems[1].gold["fn_name"] == "addK" and "class Solution" in problems[1].prompt
+
+
+def test_humaneval_comes_from_the_package_offline():
+    problems = load_problems(load_task("humaneval"), limit=3)
+    assert [p.id for p in problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert set(problems[0].gold) == {"prompt", "test", "entry_point"} and "```python" in problems[0].prompt
+
+
+def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
+    rows = [{"Record ID": f"q{i}", "Question": "?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
+             "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"} for i in range(800)]
+    data = tmp_path / "g.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    raw = yaml.safe_load(Path(load_task("gpqa_diamond").source_file).read_text())
+    raw["dataset"] = {"path": "json", "data_files": str(data)}
+    first = [p.gold for p in load_problems(TaskSpec(**raw))]
+    again = [p.gold for p in load_problems(TaskSpec(**raw))]
+    assert first == again
+    counts = Counter(first)
+    assert stats.chisquare([counts[c] for c in "ABCD"]).pvalue > 1e-3
+    raw["shuffle_seed"] = 1
+    assert [p.gold for p in load_problems(TaskSpec(**raw))] != first
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda r: r.pop("grader"), "grader"),
+        (lambda r: r.update(colour="blue"), "colour"),
+        (lambda r: r.update(version=0), "version"),
+        (lambda r: r["grader"].update(kind="essay"), "kind"),
+        (lambda r: r.update(thinking_budget=5000, max_new_tokens=4000), "thinking_budget"),
+        (lambda r: r["sampling"].update(top_p=0.0), "top_p"),
+    ],
+)
+def test_invalid_specs_are_explained(tmp_path, change, match):
+    raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
+    change(raw)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=match):
+        load_task(path)
+
+
+def test_missing_task_and_missing_data_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no task 'nope'.*humaneval"):
+        load_task("nope")
+    raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
+    raw["dataset"] = {"path": "json", "data_files": str(tmp_path / "absent.jsonl")}
+    with pytest.raises(FileNotFoundError, match="absent.jsonl"):
+        load_problems(TaskSpec(**raw))
+
+
+def test_cli_lists_and_validates(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["tasks"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and all(name in out.output for name in SHIPPED)
+    good = tmp_path / "mine.yaml"
+    raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
+    raw["dataset"] = {"path": "json", "data_files": str(FIXTURES / "gsm8k.jsonl")}
+    good.write_text(yaml.safe_dump(raw))
+    out = runner.invoke(app, ["tasks", "validate", str(good), "--load"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and "valid" in out.output and "Tom has 3 apples" in out.output
+    raw["grader"]["kind"] = "essay"
+    good.write_text(yaml.safe_dump(raw))
+    out = runner.invoke(app, ["tasks", "validate", str(good)], env={"COLUMNS": "200"})
+    assert out.exit_code == 1 and "invalid" in out.output
