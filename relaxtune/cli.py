@@ -196,6 +196,153 @@ def eval_(
     console.print(f"records: {result.path}")
 
 
+def _settings(config: Optional[str], flags: dict):
+    """TuneSettings from a YAML config file with command-line flags on top."""
+    import yaml
+
+    from .tuning import TuneSettings
+
+    merged: dict = {}
+    if config:
+        try:
+            merged = yaml.safe_load(open(config)) or {}
+        except OSError as err:
+            raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in ("methods", "n_drafts") and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            if key == "n_drafts":
+                value = [int(v) for v in value]
+        if key == "c_rel" and value != "measured":
+            value = float(value)
+        merged[key] = value
+    try:
+        return TuneSettings(**merged)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _summary(config, path) -> None:
+    table = Table(title=f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
+                        f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}")
+    for col in ("method", "feasible", "knob", "N", "strict acc", "acc", "drop UCB", "l_accept", "L ratio", "speed-up",
+                "trials (pruned/failed)", "tokens"):
+        table.add_column(col, justify="right")
+    for r in config.methods.values():
+        f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
+        table.add_row(r.method, "yes" if r.feasible else "[red]no[/red]",
+                      "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}", f(r.n_draft, "d"),
+                      f(r.strict_accuracy), f(r.accuracy), f(r.drop_upper_bound), f(r.l_accept, ".2f"),
+                      f(r.length_ratio, ".2f"), f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})",
+                      str(r.tokens_spent))
+    console.print(table)
+    rec = config.recommendation
+    knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
+    console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
+    console.print(f"tuned config: {path}")
+    if config.mlflow:
+        console.print(f"MLflow: mlflow ui --backend-store-uri {config.mlflow['tracking_uri']}  "
+                      f"(experiment {config.mlflow['experiment']})")
+
+
+_TUNE_FLAGS = dict(
+    task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
+    methods=typer.Option(None, help="comma-separated method ids [default: cactus,mentored]"),
+    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id [default: embedded 0.5B]"),
+    verifier=typer.Option(None, help="verifier [default: embedded 1.5B]"),
+    dtype=typer.Option(None, help="bfloat16 (default) or float32"),
+    epsilon=typer.Option(None, help="allowed accuracy drop vs strict [default: 0.05]"),
+    confidence=typer.Option(None, help="one-sided confidence of the drop bound [default: 0.9]"),
+    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' [default: measured]"),
+    n_drafts=typer.Option(None, help="comma-separated draft lengths [default: 3,5,10,20]"),
+    trials=typer.Option(None, help="trials per method [default: 8]"),
+    limit=typer.Option(None, help="first N problems only"),
+    seed=typer.Option(None, help="base seed [default: 0]"),
+    stage_size=typer.Option(None, help="problems per pruning stage [default: 4]"),
+    output_dir=typer.Option(None, help="records, Optuna db and tuned config [default: relaxtune-runs]"),
+    storage=typer.Option(None, help="Optuna storage URL [default: sqlite:///<output-dir>/optuna.db]"),
+    mlflow_uri=typer.Option(None, help="MLflow tracking URI [default: sqlite:///mlflow.db]"),
+    max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
+    max_truncated=typer.Option(None, help="optional guard on the truncated share"),
+    export=typer.Option(None, help="tuned config path [default: <output-dir>/<task>.tuned.yaml]"),
+)
+
+
+@app.command()
+def tune(
+    config: Optional[str] = typer.Option(None, "--config", help="YAML with any of the options below"),
+    task: Optional[str] = _TUNE_FLAGS["task"],
+    methods: Optional[str] = _TUNE_FLAGS["methods"],
+    drafter: Optional[str] = _TUNE_FLAGS["drafter"],
+    verifier: Optional[str] = _TUNE_FLAGS["verifier"],
+    dtype: Optional[str] = _TUNE_FLAGS["dtype"],
+    epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
+    confidence: Optional[float] = _TUNE_FLAGS["confidence"],
+    c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
+    n_drafts: Optional[str] = _TUNE_FLAGS["n_drafts"],
+    trials: Optional[int] = _TUNE_FLAGS["trials"],
+    limit: Optional[int] = _TUNE_FLAGS["limit"],
+    seed: Optional[int] = _TUNE_FLAGS["seed"],
+    stage_size: Optional[int] = _TUNE_FLAGS["stage_size"],
+    output_dir: Optional[str] = _TUNE_FLAGS["output_dir"],
+    storage: Optional[str] = _TUNE_FLAGS["storage"],
+    mlflow_uri: Optional[str] = _TUNE_FLAGS["mlflow_uri"],
+    max_length_ratio: Optional[float] = _TUNE_FLAGS["max_length_ratio"],
+    max_truncated: Optional[float] = _TUNE_FLAGS["max_truncated"],
+    export: Optional[str] = _TUNE_FLAGS["export"],
+) -> None:
+    """Tune alpha (and N) per method on a task under a capability-loss budget; log to MLflow; export a config."""
+    flags = {k: v for k, v in locals().items() if k != "config"}
+    _run_job(_settings(config, flags), new_trials=True)
+
+
+@app.command("export")
+def export_(
+    config: Optional[str] = typer.Option(None, "--config", help="the YAML the job ran with"),
+    task: Optional[str] = _TUNE_FLAGS["task"],
+    methods: Optional[str] = _TUNE_FLAGS["methods"],
+    drafter: Optional[str] = _TUNE_FLAGS["drafter"],
+    verifier: Optional[str] = _TUNE_FLAGS["verifier"],
+    epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
+    confidence: Optional[float] = _TUNE_FLAGS["confidence"],
+    c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
+    n_drafts: Optional[str] = _TUNE_FLAGS["n_drafts"],
+    limit: Optional[int] = _TUNE_FLAGS["limit"],
+    seed: Optional[int] = _TUNE_FLAGS["seed"],
+    output_dir: Optional[str] = _TUNE_FLAGS["output_dir"],
+    storage: Optional[str] = _TUNE_FLAGS["storage"],
+    mlflow_uri: Optional[str] = _TUNE_FLAGS["mlflow_uri"],
+    export: Optional[str] = _TUNE_FLAGS["export"],
+) -> None:
+    """Re-export the tuned config from finished studies (no new trials; epsilon may differ)."""
+    flags = {k: v for k, v in locals().items() if k != "config"}
+    _run_job(_settings(config, flags), new_trials=False)
+
+
+def _run_job(settings, new_trials: bool) -> None:
+    from .job import prepare, run_tune_job
+
+    try:
+        with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
+            spec, problems, backend = prepare(settings)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise typer.BadParameter(str(err)) from None
+    config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
+    _summary(config, path)
+
+
+@app.command()
+def ui(
+    mlflow_uri: str = typer.Option("sqlite:///mlflow.db"),
+    storage: str = typer.Option("sqlite:///relaxtune-runs/optuna.db"),
+) -> None:
+    """Print the commands that open the MLflow and Optuna dashboards."""
+    console.print(f"MLflow (runs, Pareto figures, tuned configs):  mlflow ui --backend-store-uri {mlflow_uri}")
+    console.print(f"Optuna (studies, trials):  pip install optuna-dashboard && optuna-dashboard {storage}")
+
+
 def main() -> None:
     """Entry point of the ``relaxtune`` command."""
     app()

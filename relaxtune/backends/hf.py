@@ -16,11 +16,14 @@ compute-bound, so batching buys little; SGLang batches on GPU hosts.
 from __future__ import annotations
 
 import functools
+import platform
+import statistics
 import time
 from typing import Sequence
 
 import torch
 
+from ..speed import CostProfile
 from .base import DraftResult, Pick, SequenceState
 
 __all__ = ["HFBackend", "load_pair", "resolve_model_path"]
@@ -152,6 +155,41 @@ class HFBackend:
             keep = min(_common_prefix(fed, state.tokens, before), limit)
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
+
+    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], reps: int = 3) -> CostProfile:
+        """Measure forward costs on this machine (median of ``reps``): verifier on 1
+        token and on N + 1 tokens for each N, drafter on 1 token, each with a
+        cache of the prompt plus 64 tokens.
+
+        Returns:
+            ``CostProfile`` (seconds).
+        """
+        from transformers import DynamicCache
+
+        ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
+        costs: dict[tuple[str, int], float] = {}
+        jobs = [("verify", self.verifier, sorted({1, *(n + 1 for n in n_drafts)}))]
+        if self.drafter is not None:
+            jobs.append(("draft", self.drafter, [1]))
+        for name, model, sizes in jobs:
+            cache = DynamicCache(config=model.config)
+            self._forward(model, cache, ctx, 1)
+            base = cache.get_seq_length()
+            for k in sizes:
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    self._forward(model, cache, ctx[-k:], k)
+                    times.append(time.perf_counter() - t0)
+                    _crop(cache, base)
+                costs[(name, k)] = statistics.median(times)
+        t_ar = costs[("verify", 1)]
+        return CostProfile(
+            t_ar=t_ar, t_draft=costs.get(("draft", 1), t_ar),
+            t_verify={k: v for (name, k), v in costs.items() if name == "verify" and k > 1},
+            source=f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""

@@ -17,7 +17,6 @@ costs measured in the same run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -43,29 +42,6 @@ PAPER = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
 def _chat_ids(tokenizer, text: str) -> list[int]:
     out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
-def forward_costs(backend: HFBackend, prompt: list[int], sizes: list[int], reps: int = 5) -> dict:
-    """Median seconds of one forward with a cache of ``len(prompt) + 80`` tokens:
-    verifier on 1 and on each k in ``sizes`` query tokens, drafter on 1."""
-    from transformers import DynamicCache
-
-    ctx = torch.tensor([prompt + list(range(1000, 1080))])
-    out = {}
-    for name, model, ks in (("verify", backend.verifier, [1, *sizes]), ("draft", backend.drafter, [1])):
-        cache = DynamicCache(config=model.config)
-        with torch.inference_mode():
-            model(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
-            base = cache.get_seq_length()
-            for k in ks:
-                times = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    model(input_ids=torch.arange(2000, 2000 + k)[None], cache=cache, use_cache=True, logits_to_keep=k)
-                    times.append(time.perf_counter() - t0)
-                    cache.crop(base - cache.get_seq_length())
-                out[(name, k)] = statistics.median(times)
-    return out
 
 
 def _hf_generate(backend: HFBackend, prompts: list[list[int]], max_new: int, n_draft: int | None) -> float:
@@ -117,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [_chat_ids(backend.tokenizer, p) for p in PROMPTS[: args.prompts]]
     print(f"{backend.name}, {args.dtype}, {torch.get_num_threads()} threads, {len(prompts)} prompts x "
           f"{args.max_new_tokens} new tokens, T 0.6 top-k 20 top-p 0.95")
-    costs = forward_costs(backend, prompts[0], [n + 1 for n in drafts])
-    t_ar, t_draft = costs[("verify", 1)], costs[("draft", 1)]
-    print(f"forward ms: verifier 1 token {t_ar * 1e3:.0f}, drafter 1 token {t_draft * 1e3:.0f}, "
-          + ", ".join(f"verifier {n + 1} tokens {costs[('verify', n + 1)] * 1e3:.0f}" for n in drafts))
+    profile = backend.cost_profile(prompts[0], drafts, reps=5)
+    print(f"forward ms: verifier 1 token {profile.t_ar * 1e3:.0f}, drafter 1 token {profile.t_draft * 1e3:.0f}, "
+          + ", ".join(f"verifier {n + 1} tokens {profile.t_verify[n + 1] * 1e3:.0f}" for n in drafts))
 
     a = _hf_generate(backend, prompts, args.max_new_tokens, None)
     c = _ours(backend, prompts, args.max_new_tokens, "ar")
@@ -130,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         b = _hf_generate(backend, prompts, args.max_new_tokens, n)
         d = _ours(backend, prompts, args.max_new_tokens, "strict", n_draft=n)
         e = _ours(backend, prompts, args.max_new_tokens, "cactus", 1.0, n_draft=n)
-        s_max = (d["l_accept"] + 1) * t_ar / (costs[("verify", n + 1)] + n * t_draft)
+        s_max = profile.speedup(d["l_accept"], n)
         print(f"N = {n}")
         print(f"  (b) transformers assisted {b:6.2f} tok/s")
         print(f"  (d) relaxtune strict      {d['tps']:6.2f} tok/s  l_accept {d['l_accept']:.2f}  forward share {d['floor']:.1%}")

@@ -1,0 +1,93 @@
+"""The main job, end to end: load task and models, measure costs, run every
+method's study, log to MLflow, export the tuned config. The CLI (``relaxtune
+tune``) and the Prefect flow (``flows/tune.py``) both call ``run_tune_job``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .export import TunedConfig, build_config, save_config
+from .methods import get_method
+from .speed import CostProfile
+from .tasks import build_prompt_ids, load_problems, load_task
+from .tuning import Tuner, TuneSettings
+
+__all__ = ["run_tune_job", "prepare"]
+
+
+def prepare(settings: TuneSettings, backend=None):
+    """Validate and load everything before any generation: the task, its
+    problems, method/temperature compatibility, the backend.
+
+    Raises:
+        FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
+            missing data, a method that collapses at the task's temperature.
+    """
+    spec = load_task(settings.task)
+    for method in settings.methods:
+        get_method(method).check_temperature(spec.sampling.temperature)
+    problems = load_problems(spec, settings.limit)
+    if not problems:
+        raise ValueError(f"task {spec.name} has no problems")
+    if backend is None:
+        from .backends.hf import load_pair
+
+        backend = load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
+    return spec, problems, backend
+
+
+def run_tune_job(
+    settings: TuneSettings,
+    backend=None,
+    *,
+    progress: bool = True,
+    evaluate_fn: Callable | None = None,
+    track: bool = True,
+    new_trials: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[TunedConfig, Path]:
+    """Tune every method of ``settings`` on its task and export the tuned config.
+
+    Args:
+        settings: the job.
+        backend: a loaded backend (default: ``load_pair`` of the settings' models).
+        progress: progress bars.
+        evaluate_fn: evaluation override (the Prefect flow's task).
+        track: log to MLflow.
+        new_trials: False re-exports from what the studies already hold.
+        log: where one-line progress messages go.
+
+    Returns:
+        ``(config, path)`` of the exported YAML.
+    """
+    spec, problems, backend = prepare(settings, backend)
+    pair = getattr(backend, "name", "backend")
+    if settings.c_rel == "measured" and hasattr(backend, "cost_profile"):
+        prompt = build_prompt_ids(backend.tokenizer, spec, problems[0])
+        profile: CostProfile | float = backend.cost_profile(prompt, settings.n_drafts)
+        log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "
+            f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
+            + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())))
+    else:
+        profile = 0.2 if settings.c_rel == "measured" else float(settings.c_rel)
+        if settings.c_rel == "measured":
+            log("this backend cannot measure its costs: using c_rel = 0.2")
+    tracker = None
+    if track:
+        from .tracking import Tracker
+
+        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems)
+    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials)
+    outcomes = []
+    for method in settings.methods:
+        log(f"tuning {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
+        outcomes.append(tuner.tune_method(method))
+    mlflow_info = None
+    if tracker is not None:
+        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}", "run_id": tracker.task_run_id}
+    config = build_config(tuner, outcomes, mlflow_info)
+    path = save_config(config, settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml")
+    if tracker is not None:
+        tracker.finish_task(tuner, path)
+    return config, path
