@@ -48,7 +48,7 @@ class MethodResult(_Model):
     modeled_speedup_by_c_rel: dict[str, float] = {}
     truncated: float | None = None
     loop_rate: float | None = None
-    trials: int = 0
+    trials: int = 0  # completed or pruned
     pruned: int = 0
     failed: int = 0
     tokens_spent: int = 0
@@ -132,7 +132,8 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
     for o in outcomes:
         trials = o.study.get_trials(deepcopy=False)
         base = dict(
-            method=o.method, knob_name=get_method(o.method).knob, trials=len(trials),
+            method=o.method, knob_name=get_method(o.method).knob,
+            trials=sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials),
             pruned=sum(t.state == states.PRUNED for t in trials), failed=sum(t.state == states.FAIL for t in trials),
             tokens_spent=o.tokens, study_name=o.study.study_name, mlflow_run_id=o.mlflow_run_id,
         )

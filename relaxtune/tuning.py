@@ -4,7 +4,7 @@ capability-loss constraint.
 One Optuna study per (task, method, pair), named ``<task>__<method>__<pair>``, in
 an RDB storage with ``load_if_exists`` (a killed job resumes; trials left
 RUNNING are failed and re-enqueued, and their finished samples are reused from
-the JSONL records). The sampler is multi-objective TPE with constraints:
+the JSONL records). The sampler is multi-objective TPE with constraints (``Trial.set_constraint``):
 
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
@@ -140,15 +140,24 @@ def point_metrics(
     return out
 
 
-def constraint_values(metrics: dict, settings: TuneSettings) -> list[float]:
-    """Constraint values (each must be <= 0): drop UCB - epsilon, then the
-    optional rambling guards."""
-    values = [metrics["drop_ucb"] - settings.epsilon]
+CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")
+
+
+def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:
+    """Named constraint values (each must be <= 0): drop UCB - epsilon, then the
+    optional rambling guards (length ratio, truncated share)."""
+    values = {"drop_ucb_minus_epsilon": metrics["drop_ucb"] - settings.epsilon}
     if settings.max_length_ratio is not None:
-        values.append(metrics["length_ratio"] - settings.max_length_ratio)
+        values["length_ratio_over_max"] = metrics["length_ratio"] - settings.max_length_ratio
     if settings.max_truncated is not None:
-        values.append(metrics["truncated"] - settings.max_truncated)
-    return [v if math.isfinite(v) else VIOLATED for v in values]
+        values["truncated_over_max"] = metrics["truncated"] - settings.max_truncated
+    return {k: v if math.isfinite(v) else VIOLATED for k, v in values.items()}
+
+
+def _set_constraints(trial, values: dict[str, float]) -> None:
+    for key, value in values.items():
+        trial.set_constraint(key, value)
+    trial.set_user_attr("constraints", list(values.values()))
 
 
 def feasible(trial) -> bool:
@@ -157,10 +166,6 @@ def feasible(trial) -> bool:
 
     cons = trial.user_attrs.get("constraints")
     return trial.state == optuna.trial.TrialState.COMPLETE and cons is not None and all(c <= 0 for c in cons)
-
-
-def _constraints_func(trial) -> list[float]:
-    return trial.user_attrs.get("constraints") or [VIOLATED]
 
 
 @dataclass
@@ -263,15 +268,12 @@ class Tuner:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(
-            seed=self.settings.seed, constraints_func=_constraints_func, n_startup_trials=4, multivariate=True
-        )
+        sampler = optuna.samplers.TPESampler(seed=self.settings.seed, n_startup_trials=4, multivariate=True)
         name = study_name(self.spec.name, method, getattr(self.backend, "name", "backend"))
         study = optuna.create_study(
             storage=self.settings.storage_url, sampler=sampler, study_name=name,
             directions=["maximize", "maximize"], load_if_exists=True,
         )
-        study.set_metric_names(["speedup", "accuracy"])
         trials = study.get_trials(deepcopy=False)
         for t in trials:
             if t.state == optuna.trial.TrialState.RUNNING:  # left by a killed run
@@ -318,18 +320,18 @@ class Tuner:
                     raise ValueError(f"non-finite objective {metrics['speedup']}, {metrics['accuracy']}")
             except optuna.TrialPruned as pruned:
                 trial.set_user_attr("metrics", last)
-                trial.set_user_attr("constraints", [VIOLATED])
+                _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
                 trial.set_user_attr("pruned", str(pruned))
                 study.tell(trial, state=states.PRUNED)
                 metrics, result, state = last, None, "PRUNED"
             except Exception as err:  # noqa: BLE001 - a failed evaluation must not end the study
                 trial.set_user_attr("error", f"{type(err).__name__}: {err}")
-                trial.set_user_attr("constraints", [VIOLATED])
+                _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
                 study.tell(trial, state=states.FAIL)
                 metrics, result, state = {}, None, "FAIL"
             else:
                 trial.set_user_attr("metrics", metrics)
-                trial.set_user_attr("constraints", constraint_values(metrics, self.settings))
+                _set_constraints(trial, constraint_values(metrics, self.settings))
                 study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
                 state = "COMPLETE"
             if self.tracker:

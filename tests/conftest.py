@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
+# Prefect's test harness: a private home, a generous start-up timeout, no telemetry,
+# no external API (set before anything imports prefect).
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaxtune-prefect-"))
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="relaxtune-mlflow-"), "mlflow.db"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 import numpy as np
 import pytest
 import torch

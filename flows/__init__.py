@@ -1,0 +1,1 @@
+"""Prefect flows for relaxtune (thin wrappers over the library)."""

@@ -1,0 +1,66 @@
+"""The main job end to end on a tiny model pair: CLI, MLflow on sqlite, exported config."""
+
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from relaxtune.cli import app
+from relaxtune.export import load_config
+
+from .tiny_task import write_tiny_task
+
+
+def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
+    drafter, verifier = tiny_pair_dirs
+    task = write_tiny_task(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump({"methods": ["cactus", "ens"], "trials": 2, "n_drafts": [2], "limit": 4,
+                                   "dtype": "float32", "c_rel": 0.3, "stage_size": 2}))
+    args = ["tune", "--config", str(cfg), "--task", task, "--drafter", drafter, "--verifier", verifier,
+            "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri, "--trials", "3"]  # flag beats file
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "recommendation" in out.output and "tuned config" in out.output
+
+    config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert set(config.methods) == {"cactus", "ens"}
+    assert config.methods["cactus"].trials == 3 and config.c_rel == 0.3
+    assert config.task_version == 1 and config.drafter == drafter and config.problems == 4
+    assert config.recommendation.serving["relaxtune"]["n_draft"] == config.recommendation.n_draft
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("relaxtune-tiny_math")
+    runs = client.search_runs([exp.experiment_id])
+    kinds = {}
+    for r in runs:
+        kinds.setdefault(r.data.tags["relaxtune.kind"], []).append(r)
+    assert len(kinds["task"]) == 1 and len(kinds["study"]) == 2 and len(kinds["trial"]) == 6
+    task_run = kinds["task"][0]
+    assert config.mlflow["run_id"] == task_run.info.run_id
+    assert {s.data.tags["mlflow.parentRunId"] for s in kinds["study"]} == {task_run.info.run_id}
+    study_ids = {s.info.run_id for s in kinds["study"]}
+    assert all(t.data.tags["mlflow.parentRunId"] in study_ids for t in kinds["trial"])
+    assert {"pareto_fronts_by_method.png", "tiny_math.tuned.yaml"} <= {a.path for a in client.list_artifacts(task_run.info.run_id)}
+    for s in kinds["study"]:
+        assert {"pareto_front.png", "pareto_front.json"} <= {a.path for a in client.list_artifacts(s.info.run_id)}
+    trial = kinds["trial"][0]
+    assert {"method", "knob", "n_draft", "task_version"} <= set(trial.data.params)
+    assert {"accuracy", "drop_ucb", "l_accept", "speedup", "speedup_c0.05", "length_ratio", "loop_rate"} <= set(trial.data.metrics)
+    assert task_run.inputs.dataset_inputs[0].dataset.name == "tiny_math-v1"
+
+    # a second run resumes: no new trials, no duplicate MLflow runs
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    again = client.search_runs([exp.experiment_id])
+    assert len(again) == len(runs)
+
+
+def test_tune_cli_refuses_bad_input_early(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["tune", "--task", "humaneval", "--methods", "cactus,nope"], env={"COLUMNS": "250"})
+    assert out.exit_code != 0 and "unknown method 'nope'" in " ".join(out.output.split())
+    out = runner.invoke(app, ["tune", "--task", "no_such_task"], env={"COLUMNS": "250"})
+    assert out.exit_code != 0 and "no task 'no_such_task'" in " ".join(out.output.split())
+    out = runner.invoke(app, ["tune", "--task", "humaneval", "--epsilon", "2"], env={"COLUMNS": "250"})
+    assert out.exit_code != 0 and "epsilon" in out.output
