@@ -14,6 +14,32 @@ from .methods import METHODS
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune relaxed speculative decoding per task.")
 console = Console()
 
+_TUNE_FLAGS = dict(
+    task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
+    methods=typer.Option(None, help="comma-separated method ids [default: cactus,mentored]"),
+    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id [default: embedded 0.5B]"),
+    verifier=typer.Option(None, help="verifier [default: embedded 1.5B]"),
+    dtype=typer.Option(None, help="bfloat16 (default) or float32"),
+    drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
+    verifier_url=typer.Option(None, help="SGLang verifier server URL"),
+    tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang [default: --verifier]"),
+    concurrency=typer.Option(None, help="sequences in flight against SGLang [default: 8]"),
+    epsilon=typer.Option(None, help="allowed accuracy drop vs strict [default: 0.05]"),
+    confidence=typer.Option(None, help="one-sided confidence of the drop bound [default: 0.9]"),
+    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' [default: measured]"),
+    n_drafts=typer.Option(None, help="comma-separated draft lengths [default: 3,5,10,20]"),
+    trials=typer.Option(None, help="trials per method [default: 8]"),
+    limit=typer.Option(None, help="first N problems only"),
+    seed=typer.Option(None, help="base seed [default: 0]"),
+    stage_size=typer.Option(None, help="problems per pruning stage [default: 4]"),
+    output_dir=typer.Option(None, help="records, Optuna db and tuned config [default: relaxtune-runs]"),
+    storage=typer.Option(None, help="Optuna storage URL [default: sqlite:///<output-dir>/optuna.db]"),
+    mlflow_uri=typer.Option(None, help="MLflow tracking URI [default: sqlite:///mlflow.db]"),
+    max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
+    max_truncated=typer.Option(None, help="optional guard on the truncated share"),
+    export=typer.Option(None, help="tuned config path [default: <output-dir>/<task>.tuned.yaml]"),
+)
+
 
 def _fmt(value: float | None) -> str:
     if value is None:
@@ -160,6 +186,9 @@ def eval_(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
     dtype: str = typer.Option("bfloat16"),
+    drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
+    verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
+    tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
     output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
@@ -180,8 +209,19 @@ def eval_(
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
-    with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
-        backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+    with console.status(f"loading {drafter} -> {verifier}"):
+        try:
+            if verifier_url or drafter_url:
+                from .job import load_backend
+                from .tuning import TuneSettings
+
+                backend = load_backend(TuneSettings(task=spec.name, drafter=drafter, verifier=verifier,
+                                                    drafter_url=drafter_url, verifier_url=verifier_url,
+                                                    tokenizer=tokenizer))
+            else:
+                backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+        except (ValueError, RuntimeError) as err:
+            raise typer.BadParameter(str(err)) from None
     config = DecodeConfig(method, alpha, n_draft, seed)
     result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
     summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
@@ -247,27 +287,6 @@ def _summary(config, path) -> None:
                       f"(experiment {config.mlflow['experiment']})")
 
 
-_TUNE_FLAGS = dict(
-    task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
-    methods=typer.Option(None, help="comma-separated method ids [default: cactus,mentored]"),
-    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id [default: embedded 0.5B]"),
-    verifier=typer.Option(None, help="verifier [default: embedded 1.5B]"),
-    dtype=typer.Option(None, help="bfloat16 (default) or float32"),
-    epsilon=typer.Option(None, help="allowed accuracy drop vs strict [default: 0.05]"),
-    confidence=typer.Option(None, help="one-sided confidence of the drop bound [default: 0.9]"),
-    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' [default: measured]"),
-    n_drafts=typer.Option(None, help="comma-separated draft lengths [default: 3,5,10,20]"),
-    trials=typer.Option(None, help="trials per method [default: 8]"),
-    limit=typer.Option(None, help="first N problems only"),
-    seed=typer.Option(None, help="base seed [default: 0]"),
-    stage_size=typer.Option(None, help="problems per pruning stage [default: 4]"),
-    output_dir=typer.Option(None, help="records, Optuna db and tuned config [default: relaxtune-runs]"),
-    storage=typer.Option(None, help="Optuna storage URL [default: sqlite:///<output-dir>/optuna.db]"),
-    mlflow_uri=typer.Option(None, help="MLflow tracking URI [default: sqlite:///mlflow.db]"),
-    max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
-    max_truncated=typer.Option(None, help="optional guard on the truncated share"),
-    export=typer.Option(None, help="tuned config path [default: <output-dir>/<task>.tuned.yaml]"),
-)
 
 
 @app.command()
@@ -278,6 +297,10 @@ def tune(
     drafter: Optional[str] = _TUNE_FLAGS["drafter"],
     verifier: Optional[str] = _TUNE_FLAGS["verifier"],
     dtype: Optional[str] = _TUNE_FLAGS["dtype"],
+    drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
+    verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
+    tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
+    concurrency: Optional[int] = _TUNE_FLAGS["concurrency"],
     epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
     confidence: Optional[float] = _TUNE_FLAGS["confidence"],
     c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
@@ -305,6 +328,9 @@ def export_(
     methods: Optional[str] = _TUNE_FLAGS["methods"],
     drafter: Optional[str] = _TUNE_FLAGS["drafter"],
     verifier: Optional[str] = _TUNE_FLAGS["verifier"],
+    drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
+    verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
+    tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
     epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
     confidence: Optional[float] = _TUNE_FLAGS["confidence"],
     c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
@@ -327,10 +353,38 @@ def _run_job(settings, new_trials: bool) -> None:
     try:
         with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
             spec, problems, backend = prepare(settings)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
         raise typer.BadParameter(str(err)) from None
     config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
     _summary(config, path)
+
+
+@app.command()
+def serve(
+    drafter: str = typer.Option(..., help="drafter model path or hub id"),
+    verifier: str = typer.Option(..., help="verifier model path or hub id"),
+    port: int = typer.Option(30000, help="drafter port; the verifier gets port + 1"),
+    mem_fraction: float = typer.Option(0.4, help="static GPU memory fraction per server"),
+    log_dir: Optional[str] = typer.Option(None, help="write the servers' logs here"),
+) -> None:
+    """Start a drafter and a verifier SGLang server on loopback and keep them up until Ctrl-C."""
+    import time
+
+    from .backends.sglang_launch import ServerSpec, launch
+
+    specs = [ServerSpec(drafter, port, mem_fraction), ServerSpec(verifier, port + 1, mem_fraction)]
+    try:
+        with launch(specs, log_dir=log_dir) as (d_url, v_url):
+            console.print(f"drafter  {d_url}\nverifier {v_url}\n"
+                          f"tune with: relaxtune tune --drafter-url {d_url} --verifier-url {v_url} "
+                          f"--drafter {drafter} --verifier {verifier} --task ...   (Ctrl-C stops the servers)")
+            while True:
+                time.sleep(3600)
+    except RuntimeError as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("servers stopped")
 
 
 @app.command()

@@ -16,7 +16,7 @@ the same seed share their random numbers (paired comparisons).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import torch
@@ -86,13 +86,18 @@ class GenerationStats:
         return out
 
 
+TELEMETRY = ("missing_mass", "cached_tokens")  # per-round lists a server backend keeps
+
+
 @dataclass
 class Generation:
-    """One response: generated ids, decoded text (cut at a stop string), stats."""
+    """One response: generated ids, decoded text (cut at a stop string), stats,
+    and backend telemetry (``missing_mass`` and ``cached_tokens`` lists from servers)."""
 
     token_ids: list[int]
     text: str
     stats: GenerationStats
+    extra: dict = field(default_factory=dict)
 
 
 def _finish(tokens: list[int], done: int, max_new_tokens: int, eos: frozenset[int]) -> tuple[list[int], str]:
@@ -207,4 +212,5 @@ def generate(
     stats.draft_seconds, stats.verify_seconds = state.draft_seconds, state.verify_seconds
     stats.draft_forwards, stats.verify_forwards = state.draft_forwards, state.verify_forwards
     stats.wall_seconds = time.perf_counter() - t_start
-    return Generation(list(state.generated), text, stats)
+    extra = {k: list(state.extra[k]) for k in TELEMETRY if k in state.extra}
+    return Generation(list(state.generated), text, stats, extra)

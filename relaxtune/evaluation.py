@@ -2,7 +2,8 @@
 
 Per-sample records are appended to a JSONL file as each sample is graded, so a
 killed run keeps every finished sample and a restart skips them. Generation
-runs sequentially on the backend while grading runs in a thread pool (the math
+runs ``backend.max_concurrency`` sequences at once (1 for in-process models,
+more for servers that batch) while grading runs in a thread pool (the math
 grader is thread-safe, code runs in sandboxed processes). A sample whose
 generation fails is recorded as failed and left out of the accuracy, never
 dropped or counted as wrong.
@@ -120,7 +121,8 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     rest = generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1, **kw)
     stats = _merge(first.stats, rest.stats)
     stats.response_tokens = len(ids) + len(rest.token_ids)
-    return Generation(ids + rest.token_ids, text + rest.text, stats)
+    extra = {k: first.extra.get(k, []) + rest.extra.get(k, []) for k in set(first.extra) | set(rest.extra)}
+    return Generation(ids + rest.token_ids, text + rest.text, stats, extra)
 
 
 def _grade(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verdict:
@@ -195,10 +197,38 @@ def evaluate(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc=f"{spec.name} {config.label}", unit="sample")
-    queue: list[tuple[dict, Future | None]] = []  # in submission order
-    with ThreadPoolExecutor(max_workers=grade_workers) as pool, open(path, "a") as out:
+    def run_one(problem: Problem, repeat: int) -> tuple[dict, Future | None]:
+        seed = sample_seed(config.seed, problem.id, repeat)
+        prompt_ids = build_prompt_ids(backend.tokenizer, spec, problem)
+        record = dict(
+            task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat, seed=seed,
+            prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
+            method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
+        )
+        try:
+            gen = generate_response(backend, spec, prompt_ids, config, seed)
+        except Exception as err:  # recorded as failed, never as wrong
+            record.update(failed=True, error=f"{type(err).__name__}: {err}", verdict="generation_error", correct=None)
+            return record, None
+        record.update(
+            failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
+            response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict(),
+        )
+        if "missing_mass" in gen.extra:
+            record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
+        if "cached_tokens" in gen.extra:
+            record["cached_tokens"] = gen.extra["cached_tokens"]
+        truncated = gen.stats.finish_reason == "length"
+        return record, graders.submit(_grade, spec, problem, gen.text, truncated)
 
-        def finish(record: dict, verdict: Future | None) -> None:
+    # generation: max_concurrency sequences at once (1 for in-process models);
+    # grading overlaps with it; records are written in submission order
+    concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
+    with ThreadPoolExecutor(concurrency) as generators, ThreadPoolExecutor(grade_workers) as graders, \
+            open(path, "a") as out:
+        jobs = [generators.submit(run_one, p, r) for p, r in todo]
+        for job in jobs:
+            record, verdict = job.result()
             if verdict is not None:
                 v = verdict.result()
                 record.update(extracted=v.extracted, verdict=v.verdict, correct=v.correct, grader_detail=v.detail)
@@ -207,31 +237,6 @@ def evaluate(
             done[(record["problem_id"], record["repeat"])] = record
             if bar is not None:
                 bar.update(1)
-
-        for problem, repeat in todo:
-            seed = sample_seed(config.seed, problem.id, repeat)
-            prompt_ids = build_prompt_ids(backend.tokenizer, spec, problem)
-            record = dict(
-                task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat, seed=seed,
-                prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
-                method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
-            )
-            try:
-                gen = generate_response(backend, spec, prompt_ids, config, seed)
-            except Exception as err:  # recorded as failed, never as wrong
-                record.update(failed=True, error=f"{type(err).__name__}: {err}", verdict="generation_error", correct=None)
-                queue.append((record, None))
-            else:
-                record.update(
-                    failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
-                    response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict(),
-                )
-                truncated = gen.stats.finish_reason == "length"
-                queue.append((record, pool.submit(_grade, spec, problem, gen.text, truncated)))
-            while queue and (queue[0][1] is None or queue[0][1].done()):
-                finish(*queue.pop(0))
-        for item in queue:
-            finish(*item)
     if bar is not None:
         bar.close()
     return summarize([done[(p.id, r)] for p in problems for r in range(spec.repeats) if (p.id, r) in done], path)

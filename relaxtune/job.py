@@ -13,7 +13,7 @@ from .speed import CostProfile
 from .tasks import build_prompt_ids, load_problems, load_task
 from .tuning import Tuner, TuneSettings
 
-__all__ = ["run_tune_job", "prepare"]
+__all__ = ["run_tune_job", "prepare", "load_backend"]
 
 
 def prepare(settings: TuneSettings, backend=None):
@@ -31,10 +31,28 @@ def prepare(settings: TuneSettings, backend=None):
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
     if backend is None:
-        from .backends.hf import load_pair
-
-        backend = load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
+        backend = load_backend(settings)
     return spec, problems, backend
+
+
+def load_backend(settings: TuneSettings):
+    """The SGLang backend when both server URLs are set, else the in-process pair.
+
+    Raises:
+        ValueError: only one of the two URLs is set.
+        relaxtune.backends.sglang.SGLangError: a server is unreachable.
+    """
+    if bool(settings.drafter_url) != bool(settings.verifier_url):
+        raise ValueError("the SGLang backend needs both --drafter-url and --verifier-url")
+    if settings.verifier_url:
+        from .backends.sglang import SGLangBackend
+
+        return SGLangBackend(settings.drafter_url, settings.verifier_url, settings.tokenizer or settings.verifier,
+                             max_concurrency=settings.concurrency,
+                             name=f"sglang-{settings.drafter}->{settings.verifier}")
+    from .backends.hf import load_pair
+
+    return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
 
 
 def run_tune_job(

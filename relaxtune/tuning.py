@@ -53,6 +53,10 @@ class TuneSettings(BaseModel):
     drafter: str = DRAFTER.name
     verifier: str = VERIFIER.name
     dtype: str = "bfloat16"
+    drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
+    verifier_url: str | None = Field(None, description="SGLang verifier server")
+    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
+    concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
     epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
     c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or measured")

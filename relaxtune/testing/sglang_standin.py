@@ -1,0 +1,151 @@
+"""A stand-in for an SGLang server, for tests on CPU.
+
+Serves ``POST /generate`` with SGLang 0.5.23's native response layout
+(``shared/docs/sglang-protocol.md``), backed by a real (small) transformers
+model, plus ``GET /health``. Supports what relaxtune's client sends: one-token
+greedy requests with ``return_logprob``, ``logprob_start_len``,
+``top_logprobs_num`` and ``token_ids_logprob``. A simulated radix cache reports
+``cached_tokens`` (the longest prefix shared with an earlier request, capped at
+``logprob_start_len``). ``faults`` injects failures, one per request:
+"500", "truncate" (a cut JSON body), "drop" (close without answering).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+__all__ = ["StandInServer"]
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list:
+    vals, ids = logprobs.topk(min(k, logprobs.shape[-1]))
+    return [[float(v), int(i), None] for v, i in zip(vals, ids)]
+
+
+class StandInServer:
+    """An HTTP server on 127.0.0.1 answering like SGLang, backed by ``model``.
+
+    Args:
+        model: a transformers causal LM (float32 recommended).
+        port: 0 picks a free port.
+    """
+
+    def __init__(self, model, port: int = 0) -> None:
+        self.model = model.eval()
+        self.faults: list[str] = []
+        self.requests = 0
+        self.seen: list[tuple[int, ...]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self._send(200, b"")
+                else:
+                    self._send(404, b"not found")
+
+            def do_POST(self):
+                if self.path != "/generate":
+                    return self._send(404, b"not found")
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server._lock:
+                    server.requests += 1
+                    fault = server.faults.pop(0) if server.faults else None
+                if fault == "500":
+                    return self._send(500, b"internal error (injected)")
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return None
+                try:
+                    body = json.dumps(server.answer(payload)).encode()
+                except ValueError as err:
+                    return self._send(400, str(err).encode())
+                if fault == "truncate":
+                    body = body[: len(body) // 2]
+                return self._send(200, body, "application/json")
+
+            def _send(self, code, body, ctype="text/plain"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Base URL."""
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> "StandInServer":
+        """Serve in a background thread."""
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (a client then sees connection errors)."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def answer(self, payload: dict) -> dict:
+        """The response body for a ``/generate`` payload."""
+        ids = [int(t) for t in payload["input_ids"]]
+        sp = payload.get("sampling_params", {})
+        if sp.get("max_new_tokens") != 1 or sp.get("temperature") != 0:
+            raise ValueError("the stand-in serves one-token greedy requests only")
+        start = int(payload.get("logprob_start_len", len(ids) - 1))
+        k = int(payload.get("top_logprobs_num", 0))
+        extra_ids = payload.get("token_ids_logprob") or []
+        with torch.inference_mode(), self._lock:
+            lp = self.model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+            cached = max((self._lcp(ids, s) for s in self.seen), default=0)
+            self.seen.append(tuple(ids))
+        tok, top, by_id = [], [], []
+        for j, pos in enumerate(range(start, len(ids))):
+            if j == 0:
+                tok.append([None, ids[pos], None])
+                top.append(None)
+                by_id.append(None)
+                continue
+            row = lp[pos - 1]
+            tok.append([float(row[ids[pos]]), ids[pos], None])
+            top.append(_top(row, k))
+            by_id.append([[float(row[t]), int(t), None] for t in extra_ids])
+        last = lp[-1]
+        nxt = int(last.argmax())
+        return {
+            "text": "",
+            "output_ids": [nxt],
+            "meta_info": {
+                "id": f"req-{self.requests}",
+                "finish_reason": {"type": "length", "length": 1},
+                "prompt_tokens": len(ids),
+                "completion_tokens": 1,
+                "cached_tokens": min(cached, start),
+                "input_token_logprobs": tok,
+                "input_top_logprobs": top,
+                "input_token_ids_logprobs": by_id if extra_ids else None,
+                "output_token_logprobs": [[float(last[nxt]), nxt, None]],
+                "output_top_logprobs": [_top(last, k)],
+            },
+        }
+
+    @staticmethod
+    def _lcp(a, b) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n

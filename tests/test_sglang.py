@@ -1,0 +1,167 @@
+"""The SGLang backend against a stand-in server with SGLang's layout, backed by tiny models."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaxtune.backends.hf import HFBackend
+from relaxtune.backends.sglang import SGLangBackend, SGLangError, parse_next, parse_score
+from relaxtune.engine import generate
+from relaxtune.evaluation import DecodeConfig, evaluate
+from relaxtune.sampling import SamplingParams
+from relaxtune.testing.sglang_standin import StandInServer
+
+from .conftest import P_FLOOR, chi2_pvalue
+from .test_evaluation import tiny_task
+from .tiny_models import noisy_copy, tiny_lm
+
+GREEDY = SamplingParams(temperature=0.0)
+
+# A /generate response in SGLang 0.5.23's layout (shared/docs/sglang-protocol.md),
+# for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2.
+LAYOUT = {
+    "text": "", "output_ids": [2],
+    "meta_info": {
+        "cached_tokens": 2, "prompt_tokens": 5, "completion_tokens": 1,
+        "input_token_logprobs": [[None, 7, None], [-0.5, 3, None], [-3.0, 4, None]],
+        "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.1, 2, None], [-2.5, 0, None]]],
+        "output_token_logprobs": [[-0.2, 2, None]],
+        "output_top_logprobs": [[[-0.2, 2, None], [-1.8, 1, None]]],
+    },
+}
+
+
+def test_parse_recorded_layout():
+    rows, missing, cached = parse_score(LAYOUT, [3, 4], vocab=6)
+    assert rows.shape == (3, 6) and cached == 2
+    assert rows[0, 3] == -0.5 and rows[0, 1] == -1.2 and rows[0, 0] == -math.inf
+    assert rows[1, 4] == -3.0  # the draft's exact logprob is added though outside the top-K
+    assert rows[2, 2] == -0.2
+    assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2))
+    row, _ = parse_next(LAYOUT, vocab=6)
+    assert torch.equal(row, rows[2])
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda b: b["meta_info"].pop("input_top_logprobs"), "field 'meta_info.input_top_logprobs' missing"),
+        (lambda b: b["meta_info"].pop("output_top_logprobs"), "output_top_logprobs"),
+        (lambda b: b["meta_info"]["input_token_logprobs"].pop(), "expected 3 input logprob entries"),
+        (lambda b: b["meta_info"]["input_token_logprobs"].__setitem__(1, [-0.5, 1, None]), "expected draft 3"),
+        (lambda b: b["meta_info"]["input_top_logprobs"][1].append([-1.0, 99, None]), "outside the vocabulary"),
+    ],
+)
+def test_malformed_responses_name_the_field(mutate, match):
+    body = json.loads(json.dumps(LAYOUT))
+    mutate(body)
+    with pytest.raises(SGLangError, match=match):
+        parse_score(body, [3, 4], vocab=6, server="verifier server at http://x")
+
+
+@pytest.fixture
+def servers(tiny_backend):
+    d = StandInServer(tiny_backend.drafter).start()
+    v = StandInServer(tiny_backend.verifier).start()
+    yield d, v
+    for s in (d, v):
+        try:
+            s.stop()
+        except OSError:
+            pass
+
+
+def sglang(servers, tokenizer, **kw):
+    d, v = servers
+    return SGLangBackend(d.url, v.url, tokenizer, vocab_size=64, top_logprobs=64, backoff=0.01, **kw)
+
+
+@pytest.mark.parametrize("n_draft", [1, 4])
+def test_greedy_strict_over_sglang_equals_in_process(servers, tiny_backend, n_draft):
+    backend = sglang(servers, tiny_backend.tokenizer)
+    prompt = tiny_backend.tokenizer.encode("def f(x): return x")
+    remote = generate(backend, prompt, method="strict", n_draft=n_draft, sampling=GREEDY, max_new_tokens=24)
+    local = generate(tiny_backend, prompt, method="strict", n_draft=n_draft, sampling=GREEDY, max_new_tokens=24)
+    ar = generate(tiny_backend, prompt, method="ar", sampling=GREEDY, max_new_tokens=24)
+    assert remote.token_ids == local.token_ids == ar.token_ids
+    assert remote.stats.accepted == local.stats.accepted
+    cached = remote.extra["cached_tokens"]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the prefix cache is reused after the first round
+    assert max(remote.extra["missing_mass"]) < 1e-4  # K = V: rows are complete
+
+
+class Tok:
+    """The little a tokenizer must do for generation."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_sampled_strict_over_sglang_follows_ar():
+    v = 4
+    verifier = tiny_lm(vocab=v, seed=5, scale=3.0)
+    drafter = noisy_copy(verifier, 0.5)
+    d, s = StandInServer(drafter).start(), StandInServer(verifier).start()
+    try:
+        backend = SGLangBackend(d.url, s.url, Tok(), vocab_size=v, top_logprobs=v)
+        prompt = [1, 2, 3]
+        with torch.inference_mode():
+            p1 = verifier(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)
+            p2 = verifier(input_ids=torch.tensor([prompt + [a] for a in range(v)])).logits[:, -1].softmax(-1)
+        joint = (p1[:, None] * p2).reshape(-1)
+        codes = []
+        for seed in range(1200):
+            out = generate(backend, prompt, method="strict", n_draft=2, max_new_tokens=2, seed=seed)
+            codes.append(out.token_ids[0] * v + out.token_ids[1])
+        assert chi2_pvalue(torch.tensor(codes), joint) > P_FLOOR
+    finally:
+        d.stop()
+        s.stop()
+
+
+def test_transient_faults_are_retried(servers, tiny_backend):
+    d, v = servers
+    backend = sglang(servers, tiny_backend.tokenizer)
+    prompt = tiny_backend.tokenizer.encode("abc")
+    clean = generate(backend, prompt, method="strict", n_draft=3, sampling=GREEDY, max_new_tokens=12)
+    v.faults = ["500", "truncate", "drop"]
+    d.faults = ["500"]
+    faulty = generate(backend, prompt, method="strict", n_draft=3, sampling=GREEDY, max_new_tokens=12)
+    assert faulty.token_ids == clean.token_ids and not v.faults and not d.faults
+
+
+def test_server_down_mid_run_records_failures(servers, tiny_backend, tmp_path):
+    d, v = servers
+    backend = sglang(servers, tiny_backend.tokenizer, retries=1, max_concurrency=2)
+    spec = tiny_task()
+    first = evaluate(spec, backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=2, progress=False)
+    assert first.n == 2 and first.failed == 0
+    v.stop()
+    result = evaluate(spec, backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=4, progress=False)
+    assert result.n == 2 and result.failed == 2  # nothing lost, nothing counted as wrong
+    failed = [r for r in result.records if r["failed"]]
+    assert all("verifier server at" in r["error"] for r in failed)
+    assert len(Path(result.path).read_text().splitlines()) == 4
+
+
+def test_unreachable_server_is_named(tiny_backend):
+    with pytest.raises(SGLangError, match="drafter server at http://127.0.0.1:9 is unreachable"):
+        SGLangBackend("http://127.0.0.1:9", "http://127.0.0.1:9", tiny_backend.tokenizer, vocab_size=64)
+
+
+def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
+    from relaxtune.job import run_tune_job
+    from relaxtune.tuning import TuneSettings
+
+    from .tiny_task import write_tiny_task
+
+    backend = sglang(servers, tiny_backend.tokenizer)
+    settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["cactus"], n_drafts=[2], trials=2, limit=4,
+                            c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4)
+    config, path = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
+    assert config.methods["cactus"].trials == 2 and path.exists()
