@@ -96,7 +96,7 @@ def run_tune_job(
         from .tracking import Tracker
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems)
-    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials)
+    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log)
     outcomes = []
     for method in settings.methods:
         log(f"tuning {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")

@@ -204,6 +204,7 @@ class Tuner:
             default ``relaxtune.evaluation.evaluate``.
         progress: show progress bars.
         new_trials: run trials (False: only read what the studies hold, for export).
+        log: receives one line per finished trial.
     """
 
     settings: TuneSettings
@@ -215,6 +216,7 @@ class Tuner:
     evaluate_fn: Callable[..., EvalResult] | None = None
     progress: bool = True
     new_trials: bool = True
+    log: Callable[[str], None] = lambda message: None
     baselines: dict[int, EvalResult] = field(default_factory=dict)
 
     # ------------------------------------------------------------- evaluation
@@ -340,10 +342,20 @@ class Tuner:
                 state = "COMPLETE"
             if self.tracker:
                 self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
+            self.log(_trial_line(method, trial.number, trial.params, metrics, state, finished + 1, self.settings.trials))
         outcome = MethodOutcome(method, study, choose(study), run_id, tokens=study_tokens(study))
         if self.tracker:
             self.tracker.finish_study(method, study, outcome, self)
         return outcome
+
+
+def _trial_line(method: str, number: int, params: dict, m: dict, state: str, done: int, total: int) -> str:
+    knob = f" {get_method(method).knob}={params['knob']:.3g}" if "knob" in params else ""
+    head = f"[{min(done, total)}/{total}] {method}{knob} N={params['n_draft']} (trial {number}): {state}"
+    if not m:
+        return head
+    return (f"{head}, accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f}, drop <= {m['drop_ucb']:.3f}, "
+            f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
 
 
 def choose(study):
