@@ -2,7 +2,10 @@
 
 The decoding core: ``relaxtune.methods`` (the relaxed rules and their registry),
 ``relaxtune.sampling`` (the sampling transform), ``relaxtune.decoding`` (one
-verification round) and ``relaxtune.speed`` (the speed model).
+verification round) and ``relaxtune.speed`` (the speed model). Around it:
+``engine`` and ``backends`` (whole responses in-process or over SGLang),
+``tasks``, ``graders`` and ``evaluation`` (capability), ``tuning``,
+``tracking``, ``export`` and ``job`` (the main job), ``cli`` (the command line).
 """
 
 from .decoding import BatchRoundResult, RoundResult, verify_round, verify_rounds
