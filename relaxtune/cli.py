@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 import typer
@@ -12,7 +13,7 @@ from rich.table import Table
 from .methods import METHODS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune relaxed speculative decoding per task.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get full-width tables
 
 _TUNE_FLAGS = dict(
     task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
@@ -270,13 +271,19 @@ def _summary(config, path) -> None:
     for col in ("method", "feasible", "knob", "N", "strict acc", "acc", "drop UCB", "l_accept", "L ratio", "speed-up",
                 "trials (pruned/failed)", "tokens"):
         table.add_column(col, justify="right")
+    f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
     for r in config.methods.values():
-        f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
-        table.add_row(r.method, "yes" if r.feasible else "[red]no[/red]",
-                      "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}", f(r.n_draft, "d"),
-                      f(r.strict_accuracy), f(r.accuracy), f(r.drop_upper_bound), f(r.l_accept, ".2f"),
-                      f(r.length_ratio, ".2f"), f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})",
-                      str(r.tokens_spent))
+        if r.feasible:
+            table.add_row(r.method, "yes", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}", f(r.n_draft, "d"),
+                          f(r.strict_accuracy), f(r.accuracy), f(r.drop_upper_bound), f(r.l_accept, ".2f"),
+                          f(r.length_ratio, ".2f"), f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})",
+                          str(r.tokens_spent))
+            continue
+        c = r.closest or {}
+        knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
+        table.add_row(r.method, "[red]no[/red] (closest)", knob, f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")),
+                      f(c.get("accuracy")), f(c.get("drop_upper_bound")), "-", "-", f(c.get("modeled_speedup"), ".2f"),
+                      f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
     console.print(table)
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"

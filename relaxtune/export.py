@@ -55,6 +55,7 @@ class MethodResult(_Model):
     study_name: str
     mlflow_run_id: str | None = None
     serving: dict | None = None
+    closest: dict | None = None  # when infeasible: the tried point with the smallest drop bound
 
 
 class Recommendation(_Model):
@@ -139,7 +140,16 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         )
         t = o.chosen
         if t is None:
-            methods[o.method] = MethodResult(feasible=False, **base)
+            tried = [x for x in trials if "drop_ucb" in x.user_attrs.get("metrics", {})]
+            best = min(tried, key=lambda x: (x.user_attrs["metrics"]["drop_ucb"], -x.user_attrs["metrics"]["speedup"]),
+                       default=None)
+            closest = None
+            if best is not None:
+                m = best.user_attrs["metrics"]
+                closest = {"knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
+                           "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
+                           "drop_upper_bound": m["drop_ucb"], "modeled_speedup": m["speedup"]}
+            methods[o.method] = MethodResult(feasible=False, closest=closest, **base)
             continue
         m = t.user_attrs["metrics"]
         knob, n = t.params.get("knob"), t.params["n_draft"]
