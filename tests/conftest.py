@@ -20,6 +20,8 @@ import pytest
 import torch
 from scipy import stats
 
+torch.set_num_threads(1)  # tiny models: threads only add overhead (and tests may run beside other work)
+
 P_FLOOR = 1e-4  # a correct sampler passes at this level; the fixed seeds make it deterministic
 
 
