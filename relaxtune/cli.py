@@ -20,7 +20,7 @@ _TUNE_FLAGS = dict(
     methods=typer.Option(None, help="comma-separated method ids [default: cactus,mentored]"),
     drafter=typer.Option(None, help="drafter: embedded name, folder or hub id [default: embedded 0.5B]"),
     verifier=typer.Option(None, help="verifier [default: embedded 1.5B]"),
-    dtype=typer.Option(None, help="bfloat16 (default) or float32"),
+    dtype=typer.Option(None, help="bfloat16 (default), float16 or float32"),
     drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
     verifier_url=typer.Option(None, help="SGLang verifier server URL"),
     tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang [default: --verifier]"),
@@ -79,11 +79,11 @@ def generate(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder or hub id"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="embedded name, local folder or hub id"),
     temperature: float = typer.Option(0.6),
-    top_k: int = typer.Option(20),
+    top_k: int = typer.Option(20, help="keep the k most likely tokens; 0 keeps all"),
     top_p: float = typer.Option(0.95),
     max_new_tokens: int = typer.Option(256),
     seed: int = typer.Option(0),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU) or float32"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
@@ -95,6 +95,12 @@ def generate(
 
     try:
         sampling = SamplingParams(temperature, top_k, top_p)
+        if not prompt.strip():
+            raise ValueError("the prompt is empty")
+        if max_new_tokens < 1 or n_draft < 1:
+            raise ValueError(f"--max-new-tokens and --n-draft must be >= 1, got {max_new_tokens} and {n_draft}")
+        if method == AR and alpha is not None:
+            raise ValueError("the AR baseline has no knob (alpha)")
         if method != AR:
             spec = get_method(method)
             if alpha is None and spec.has_knob:
@@ -104,7 +110,10 @@ def generate(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
-        backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+        try:
+            backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise typer.BadParameter(str(err)) from None
     ids = backend.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     runs = [(method, alpha)] + ([(AR, None)] if baseline and method != AR else [])
@@ -182,7 +191,7 @@ def eval_(
     method: str = typer.Option("strict", help="method id or 'ar'"),
     alpha: Optional[float] = typer.Option(None, help="the method's knob"),
     n_draft: int = typer.Option(4, "--n-draft", "-n"),
-    limit: Optional[int] = typer.Option(None, help="first N problems only"),
+    limit: Optional[int] = typer.Option(None, min=1, help="first N problems only"),
     seed: int = typer.Option(0),
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
@@ -203,10 +212,14 @@ def eval_(
 
     try:
         spec = load_task(task)
+        if method == AR and alpha is not None:
+            raise ValueError("the AR baseline has no knob (alpha)")
         if method != AR:
             m = get_method(method)
             m.check_knob(alpha)
             m.check_temperature(spec.sampling.temperature)
+            if n_draft < 1:
+                raise ValueError(f"--n-draft must be >= 1, got {n_draft}")
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
@@ -221,7 +234,7 @@ def eval_(
                                                     tokenizer=tokenizer))
             else:
                 backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
-        except (ValueError, RuntimeError) as err:
+        except (ValueError, RuntimeError, OSError) as err:
             raise typer.BadParameter(str(err)) from None
     config = DecodeConfig(method, alpha, n_draft, seed)
     result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
@@ -247,21 +260,24 @@ def _settings(config: Optional[str], flags: dict):
     if config:
         try:
             merged = yaml.safe_load(open(config)) or {}
-        except OSError as err:
+        except (OSError, yaml.YAMLError) as err:
             raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
-    for key, value in flags.items():
-        if value is None:
-            continue
-        if key in ("methods", "n_drafts") and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-            if key == "n_drafts":
-                value = [int(v) for v in value]
-        if key == "c_rel" and value != "measured":
-            value = float(value)
-        merged[key] = value
+        if not isinstance(merged, dict):
+            raise typer.BadParameter(f"--config {config} must hold a mapping of options, got {type(merged).__name__}")
+        merged = {k.replace("-", "_"): v for k, v in merged.items()}  # n-drafts and n_drafts both work
     try:
+        for key, value in flags.items():
+            if value is None:
+                continue
+            if key in ("methods", "n_drafts") and isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+                if key == "n_drafts":
+                    value = [int(v) for v in value]
+            if key == "c_rel" and value != "measured":
+                value = float(value)
+            merged[key] = value
         return TuneSettings(**merged)
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
 
 
@@ -360,7 +376,7 @@ def _run_job(settings, new_trials: bool) -> None:
     try:
         with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
             spec, problems, backend = prepare(settings)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
+    except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
         raise typer.BadParameter(str(err)) from None
     config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
     _summary(config, path)

@@ -147,6 +147,8 @@ def _read_done(path: Path) -> dict[tuple[str, int], dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill: redo that sample
                 continue
+            if rec.get("failed"):  # a failed generation is tried again on resume
+                continue
             done[(rec["problem_id"], rec["repeat"])] = rec
     return done
 
@@ -180,12 +182,19 @@ def evaluate(
     Raises:
         ValueError: bad method/knob for this task's sampling (before any generation).
     """
-    if config.method != AR:
+    if config.method == AR:
+        if config.knob is not None:
+            raise ValueError("the AR baseline has no knob (alpha)")
+    else:
         from .methods import get_method
 
         m = get_method(config.method)
         m.check_knob(config.knob)
         m.check_temperature(spec.sampling.temperature)
+        if int(config.n_draft) != config.n_draft or config.n_draft < 1:
+            raise ValueError(f"n_draft must be an integer >= 1, got {config.n_draft!r}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
     path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "backend"))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,11 @@ tune``) and the Prefect flow (``flows/tune.py``) both call ``run_tune_job``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
+from .evaluation import DecodeConfig, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile
@@ -81,12 +83,21 @@ def run_tune_job(
     """
     spec, problems, backend = prepare(settings, backend)
     pair = getattr(backend, "name", "backend")
-    if settings.c_rel == "measured" and hasattr(backend, "cost_profile"):
+    saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
+    if settings.c_rel == "measured" and saved.exists():
+        raw = json.loads(saved.read_text())
+        profile: CostProfile | float = CostProfile(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw["t_verify"].items()},
+                                                   raw.get("source", ""))
+        log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
+    elif settings.c_rel == "measured" and hasattr(backend, "cost_profile"):
         prompt = build_prompt_ids(backend.tokenizer, spec, problems[0])
-        profile: CostProfile | float = backend.cost_profile(prompt, settings.n_drafts)
+        profile = backend.cost_profile(prompt, settings.n_drafts)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({"t_ar": profile.t_ar, "t_draft": profile.t_draft, "t_verify": profile.t_verify,
+                                     "source": profile.source}, indent=2))
         log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "
             f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
-            + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())))
+            + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())) + f" (saved to {saved})")
     else:
         profile = 0.2 if settings.c_rel == "measured" else float(settings.c_rel)
         if settings.c_rel == "measured":

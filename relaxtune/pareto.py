@@ -48,7 +48,7 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return sorted(front, key=lambda p: p.speedup)
 
 
-def study_points(method: str, knob_name: str | None, study, chosen_number: int | None) -> list[Point]:
+def study_points(method: str, knob_name: str | None, study, chosen_number: int | None, settings=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics)."""
     from .tuning import feasible
 
@@ -59,7 +59,7 @@ def study_points(method: str, knob_name: str | None, study, chosen_number: int |
             continue
         knob = t.params.get("knob")
         label = f"{method} {knob_name}={knob:.3g} N={t.params['n_draft']}" if knob is not None else f"{method} N={t.params['n_draft']}"
-        out.append(Point(label, "trial", m["speedup"], m["accuracy"], feasible(t), t.number == chosen_number, method,
+        out.append(Point(label, "trial", m["speedup"], m["accuracy"], feasible(t, settings), t.number == chosen_number, method,
                          knob, t.params["n_draft"], t.number, m.get("drop_ucb"), t.state.name))
     return out
 

@@ -128,7 +128,7 @@ class Tracker:
         run_id = self.study_runs[method]
         spec = get_method(method)
         chosen = outcome.chosen.number if outcome.chosen is not None else None
-        points = study_points(method, spec.knob, study, chosen)
+        points = study_points(method, spec.knob, study, chosen, tuner.settings)
         self.points[method] = points
         everything = points + self.baseline_points(tuner)
         fig = front_figure(everything, f"{self.task.name}: {method} (epsilon {tuner.settings.epsilon:g})")

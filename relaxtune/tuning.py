@@ -84,6 +84,13 @@ class TuneSettings(BaseModel):
             raise ValueError("give at least one method")
         return methods
 
+    @field_validator("c_rel")
+    @classmethod
+    def _finite_c_rel(cls, c_rel):
+        if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
+            raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
+        return c_rel
+
     @field_validator("n_drafts")
     @classmethod
     def _positive_drafts(cls, n_drafts: list[int]) -> list[int]:
@@ -165,12 +172,20 @@ def _set_constraints(trial, values: dict[str, float]) -> None:
     trial.set_user_attr("constraints", list(values.values()))
 
 
-def feasible(trial) -> bool:
-    """A COMPLETE trial whose constraints all hold."""
+def feasible(trial, settings: TuneSettings | None = None) -> bool:
+    """A COMPLETE trial whose constraints hold: recomputed from its stored
+    metrics under ``settings`` (so an export with another epsilon or guard
+    re-decides), else the values recorded when it ran."""
     import optuna
 
-    cons = trial.user_attrs.get("constraints")
-    return trial.state == optuna.trial.TrialState.COMPLETE and cons is not None and all(c <= 0 for c in cons)
+    if trial.state != optuna.trial.TrialState.COMPLETE:
+        return False
+    metrics = trial.user_attrs.get("metrics") or {}
+    if settings is not None and "drop_ucb" in metrics:
+        cons = list(constraint_values(metrics, settings).values())
+    else:
+        cons = trial.user_attrs.get("constraints")
+    return cons is not None and all(c <= 0 for c in cons)
 
 
 @dataclass
@@ -345,7 +360,7 @@ class Tuner:
             if self.tracker:
                 self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
             self.log(_trial_line(method, trial.number, trial.params, metrics, state, finished + 1, self.settings.trials))
-        outcome = MethodOutcome(method, study, choose(study), run_id, tokens=study_tokens(study))
+        outcome = MethodOutcome(method, study, choose(study, self.settings), run_id, tokens=study_tokens(study))
         if self.tracker:
             self.tracker.finish_study(method, study, outcome, self)
         return outcome
@@ -360,9 +375,9 @@ def _trial_line(method: str, number: int, params: dict, m: dict, state: str, don
             f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
 
 
-def choose(study):
+def choose(study, settings: TuneSettings | None = None):
     """The feasible completed trial with the highest speed-up (then accuracy), or None."""
-    candidates = [t for t in study.get_trials(deepcopy=False) if feasible(t)]
+    candidates = [t for t in study.get_trials(deepcopy=False) if feasible(t, settings)]
     if not candidates:
         return None
     return max(candidates, key=lambda t: (t.values[0], t.values[1], -t.number))

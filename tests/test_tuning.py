@@ -68,6 +68,20 @@ def test_all_infeasible_exports_use_strict(tmp_path):
     assert load_config(path) == config  # round trip through the schema
 
 
+def test_export_with_another_epsilon_redecides_from_stored_metrics(tmp_path):
+    synthetic = Synthetic(cliff=-1.0, drop=0.25)
+    assert make(tmp_path, synthetic, trials=4, stage_size=200).tune_method("cactus").chosen is None  # epsilon 0.05
+    calls = len(synthetic.calls)
+    looser = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.5)
+    looser.new_trials = False  # what `relaxtune export --epsilon 0.5` does
+    outcome = looser.tune_method("cactus")
+    assert len(synthetic.calls) == calls  # nothing evaluated again
+    assert outcome.chosen is not None and outcome.chosen.user_attrs["metrics"]["drop_ucb"] <= 0.5
+    stricter = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.1)
+    stricter.new_trials = False
+    assert stricter.tune_method("cactus").chosen is None
+
+
 def test_failing_evaluations_do_not_abort_the_study(tmp_path):
     synthetic = Synthetic(cliff=100.0, fail_above=0.5)
     tuner = make(tmp_path, synthetic, trials=5)

@@ -16,6 +16,7 @@ compute-bound, so batching buys little; SGLang batches on GPU hosts.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import statistics
 import time
@@ -205,11 +206,22 @@ class HFBackend:
 
 def resolve_model_path(model_id: str) -> str:
     """A loadable path for ``model_id``: an embedded model name (converted once
-    into the cache), else the id itself (local folder or hub id)."""
+    into the cache), else the id itself (local folder or hub id).
+
+    Raises:
+        FileNotFoundError: ``model_id`` looks like a local path but is no folder.
+    """
     from ..embedded import EMBEDDED, ensure_converted
 
     if model_id in EMBEDDED:
         return str(ensure_converted(EMBEDDED[model_id]))
+    looks_local = model_id.startswith((".", "/", "~")) or os.path.exists(model_id)
+    if looks_local:
+        path = os.path.abspath(os.path.expanduser(model_id))
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no model folder {path} (give a folder with config.json, a hub id, or an "
+                                    f"embedded name: {', '.join(EMBEDDED)})")
+        return path
     return model_id
 
 
@@ -241,13 +253,13 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         ValueError: when the two tokenizers differ (speculative decoding needs the
             same token ids), or the dtype is unknown.
     """
-    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+    if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     v_path = resolve_model_path(verifier)
     tok = _tokenizer(v_path)
-    d_model = None
+    d_model, d_path = None, None
     if drafter is not None:
         d_path = resolve_model_path(drafter)
         if d_path != v_path and _tokenizer(d_path).get_vocab() != tok.get_vocab():
@@ -256,4 +268,6 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
                 "speculative decoding needs a shared vocabulary"
             )
         d_model = _load(d_path, dtype, device)
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=f"{drafter}->{verifier}")
+    short = lambda m, p: p if p != m and os.path.isdir(p) else m  # noqa: E731 - local folders by absolute path
+    name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}")

@@ -203,6 +203,12 @@ class SGLangBackend:
     def __init__(self, drafter_url: str, verifier_url: str, tokenizer, *, vocab_size: int | None = None,
                  top_logprobs: int = 64, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
                  max_concurrency: int = 8, name: str | None = None, check: bool = True) -> None:
+        self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=2 * max_concurrency + 2))
+        self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff)
+        self.verifier = ServerClient(verifier_url, "verifier", self.http, retries, backoff)
+        if check:  # fail fast, before loading a tokenizer
+            self.drafter.health()
+            self.verifier.health()
         if isinstance(tokenizer, str):
             from transformers import AutoConfig, AutoTokenizer
 
@@ -217,15 +223,9 @@ class SGLangBackend:
         self.vocab_size = int(vocab_size or len(tokenizer))
         self.top_logprobs = int(top_logprobs)
         self.max_concurrency = int(max_concurrency)
-        self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=2 * max_concurrency + 2))
-        self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff)
-        self.verifier = ServerClient(verifier_url, "verifier", self.http, retries, backoff)
         self.name = name or f"sglang:{drafter_url}->{verifier_url}"
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        if check:
-            self.drafter.health()
-            self.verifier.health()
 
     def start(self, prompt_ids: Sequence[int]) -> SequenceState:
         """A fresh state (no request yet)."""
