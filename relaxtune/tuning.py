@@ -137,6 +137,8 @@ def point_metrics(
     out = dict(
         n=len(pairs), failed=relaxed.failed, accuracy=sum(r_ok) / len(pairs), strict_accuracy=sum(s_ok) / len(pairs),
         accuracy_ci_low=relaxed.ci_low, accuracy_ci_high=relaxed.ci_high, drop=drop, drop_lcb=lo, drop_ucb=hi,
+        confidence=confidence, strict_only=sum(a and not b for a, b in zip(s_ok, r_ok)),
+        relaxed_only=sum(b and not a for a, b in zip(s_ok, r_ok)),
         l_accept=l_accept, length=l_relax, strict_length=l_strict, length_ratio=l_relax / l_strict,
         truncated=relaxed.truncated, loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
         tokens=relaxed.tokens, tokens_per_second=relaxed.tokens_per_second,
@@ -157,8 +159,17 @@ CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_ove
 
 def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:
     """Named constraint values (each must be <= 0): drop UCB - epsilon, then the
-    optional rambling guards (length ratio, truncated share)."""
-    values = {"drop_ucb_minus_epsilon": metrics["drop_ucb"] - settings.epsilon}
+    optional rambling guards (length ratio, truncated share). The drop bound is
+    rebuilt from the stored discordant counts when ``settings.confidence``
+    differs from the one the metrics were computed at."""
+    drop_ucb = metrics["drop_ucb"]
+    if metrics.get("confidence", settings.confidence) != settings.confidence and "strict_only" in metrics:
+        n, s_only, r_only = int(metrics["n"]), int(metrics["strict_only"]), int(metrics["relaxed_only"])
+        # the paired test only sees the differences: +1 s_only times, -1 r_only times, 0 otherwise
+        strict = [True] * s_only + [False] * r_only + [False] * (n - s_only - r_only)
+        relaxed = [False] * s_only + [True] * r_only + [False] * (n - s_only - r_only)
+        drop_ucb = paired_drop(strict, relaxed, confidence=2 * settings.confidence - 1)[2]
+    values = {"drop_ucb_minus_epsilon": drop_ucb - settings.epsilon}
     if settings.max_length_ratio is not None:
         values["length_ratio_over_max"] = metrics["length_ratio"] - settings.max_length_ratio
     if settings.max_truncated is not None:

@@ -8,7 +8,7 @@ import pytest
 from relaxtune.export import build_config, load_config, save_config
 from relaxtune.speed import speedup
 from relaxtune.stats import paired_drop
-from relaxtune.tuning import Tuner, TuneSettings, point_metrics, study_name
+from relaxtune.tuning import Tuner, TuneSettings, constraint_values, point_metrics, study_name
 
 from .synthetic import PROBLEMS, SPEC, Synthetic
 
@@ -135,6 +135,20 @@ def test_point_metrics_never_nan(tmp_path):
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
     assert m["drop"] == pytest.approx(0.5) and m["drop_lcb"] > 0.05
     assert set(f"speedup_c{c:g}" for c in (0.05, 0.2, 0.5)) <= set(m)
+
+
+def test_constraints_rebuild_the_drop_bound_at_another_confidence(tmp_path):
+    synthetic = Synthetic(drop=0.1)
+    config = lambda method, knob: type("C", (), {"method": method, "knob": knob, "n_draft": 4, "label": method})()  # noqa: E731
+    strict = synthetic(SPEC, None, config("strict", None), output_dir=tmp_path, problems=PROBLEMS, progress=False)
+    relaxed = synthetic(SPEC, None, config("cactus", 2.0), output_dir=tmp_path, problems=PROBLEMS, progress=False)
+    at_90 = point_metrics(strict, relaxed, 4, 0.2, 0.9)
+    at_99 = point_metrics(strict, relaxed, 4, 0.2, 0.99)
+    assert at_99["drop_ucb"] > at_90["drop_ucb"]
+    rebuilt = constraint_values(at_90, TuneSettings(task="x", confidence=0.99, epsilon=0.05))
+    assert rebuilt["drop_ucb_minus_epsilon"] == pytest.approx(at_99["drop_ucb"] - 0.05, abs=1e-12)
+    same = constraint_values(at_90, TuneSettings(task="x", confidence=0.9, epsilon=0.05))
+    assert same["drop_ucb_minus_epsilon"] == at_90["drop_ucb"] - 0.05
 
 
 def test_settings_are_validated():
