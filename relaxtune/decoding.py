@@ -196,6 +196,9 @@ def verify_rounds(
     zq_d = None if z_q is None else z_q[:, :n]
     rej_x = spec.rej_at(Rows(p[:, :n], q[:, :n], x, zp_d, zq_d, temperature), knob)
     q_x = q[:, :n].gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    if Needs.GREEDY_DRAFTS in spec.needs and not spec.is_strict(knob) and bool((q_x < 1.0 - ROW_SUM_TOL).any()):
+        raise ValueError(f"{spec.id} treats drafts as deterministic (SGLang's target-only rule): draft the "
+                         "drafter's argmax and pass one-hot q rows")
     ratio = torch.where(q_x > 0, rej_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(rej_x))
     accepted = (uniforms[:, :n] < ratio).long().cumprod(-1).sum(-1)  # leading accepts, [B]
 

@@ -8,7 +8,8 @@ The AR baseline (``method="ar"``) runs one verifier step per token through the
 same backend calls.
 
 Randomness: one ``torch.Generator`` per response seeded with ``seed``. A round
-draws N uniforms for drafting, then N + 1 for verification; an AR step draws 1.
+draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
+the drafter's argmax), then N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
 the same seed share their random numbers (paired comparisons).
 """
@@ -159,6 +160,7 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
+    greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
 
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(int(seed))
@@ -176,6 +178,10 @@ def generate(
 
             def pick(z: torch.Tensor) -> int:
                 q_rows.append(transform_logits(z[None], sampling))
+                if greedy_drafts:  # the drafter's argmax, q one-hot (SGLang's target-only rule)
+                    token = int(q_rows[-1].argmax())
+                    q_rows[-1] = torch.nn.functional.one_hot(torch.tensor([token]), q_rows[-1].shape[-1]).to(q_rows[-1].dtype)
+                    return token
                 return int(sample_from_rows(q_rows[-1], u_draft[len(q_rows) - 1 : len(q_rows)]))
 
             drafted = backend.draft(state, n_draft, pick, extra_step=extra_step)

@@ -82,6 +82,7 @@ class Needs(enum.Flag):
     VERIFIER_LOGITS = enum.auto()  # raw verifier logits z_p
     DRAFTER_LOGITS = enum.auto()  # raw drafter logits z_q
     EXTRA_DRAFTER_STEP = enum.auto()  # drafter row at position N+1 after a full accept
+    GREEDY_DRAFTS = enum.auto()  # drafts are the drafter's argmax and q rows are one-hot
 
 
 # --------------------------------------------------------------------------- rules
@@ -252,6 +253,31 @@ def spec_cont_dec(rows: Rows, beta: float) -> Targets:
     return Targets(pi, pi)
 
 
+THRESHOLD_FLOOR = 1e-9  # SGLang clamps threshold_acc to this before dividing
+
+
+def sglang_threshold(rows: Rows, t: float) -> Targets:
+    """SGLang's native relaxation (``--speculative-accept-threshold-single t
+    --speculative-accept-threshold-acc t`` on a STANDALONE speculative server):
+    the target-only kernel ``tree_speculative_sampling_target_only`` (sgl-kernel,
+    ``speculative_sampling.cuh``, chain case ``--speculative-eagle-topk 1``) accepts
+    the draft iff ``p(x) >= t`` or ``u <= p(x) / t``, and on rejection samples from
+    ``norm((p - p(x) e_x)+)`` (p without x); drafts are the drafter's argmax.
+
+    With greedy drafts (``q = e_x``, one-hot) this is the generalised round with
+    ``pi_rej = p / t`` (1 where ``p >= t``) and ``pi_res = p``: the residual
+    ``norm((p - e_x)+)`` is p without x. Closed form (one position, draft x):
+    acceptance ``min(1, p(x) / t)``, emitted
+    ``P(y) = min(1, p(x)/t) [y = x] + (1 - min(1, p(x)/t)) p(y) [y != x] / (1 - p(x))``.
+    ``t = 1`` (SGLang's default) is strict; ``t = 0`` accepts every draft.
+    Not a method of the paper: here to compare the built-in relaxation with its rules.
+    """
+    if rows.x is None:
+        raise ValueError("sglang_threshold needs the drafted token x")
+    pi_rej = torch.where(rows.p >= t, torch.ones_like(rows.p), rows.p / max(t, THRESHOLD_FLOOR))
+    return Targets(pi_rej, rows.p)
+
+
 # ------------------------------------------------------------ pi_rej at the draft
 # ``(Rows, knob) -> pi_rej(x)`` of shape ``[...]``: what the accept test needs,
 # without building full target rows. Point methods read only p(x) and q(x).
@@ -302,6 +328,11 @@ def _cont_dec_at(rows: Rows, beta: float) -> torch.Tensor:
         return _at(rows.p, rows.x)
     s = _cont_dec_scores(rows, beta)
     return (_at(s, rows.x) - s.logsumexp(-1)).exp()
+
+
+def _threshold_at(rows: Rows, t: float) -> torch.Tensor:
+    p_x = _at(rows.p, rows.x)
+    return torch.where(p_x >= t, torch.ones_like(p_x), p_x / max(t, THRESHOLD_FLOOR))
 
 
 # ------------------------------------------------------------------------ registry
@@ -455,6 +486,11 @@ METHODS: dict[str, MethodSpec] = {
             needs=Needs.FULL_ROWS | Needs.DRAFTER_LOGITS | Needs.EXTRA_DRAFTER_STEP,
             bonus_from_pi=True, refuses_greedy=True,
             description="contrastive pi = softmax_G(((1+beta) z_p - beta z_q)/T), bonus from pi",
+        ),
+        MethodSpec(
+            "sglang_threshold", sglang_threshold, _threshold_at, "threshold", 0.0, 1.0, strict_point=1.0,
+            grid=(0.8, 0.5, 0.2), search=(0.05, 1.0, False), needs=Needs.GREEDY_DRAFTS, refuses_greedy=True,
+            description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t or u <= p(x)/t (not in the paper)",
         ),
     )
 }

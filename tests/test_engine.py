@@ -59,7 +59,7 @@ def _ar_joint(model, prompt, v):
     return (p1[:, None] * p2).reshape(-1)
 
 
-@pytest.mark.parametrize("method, knob", [("strict", None), ("ar", None)])
+@pytest.mark.parametrize("method, knob", [("strict", None), ("ar", None), ("sglang_threshold", 1.0)])
 def test_sampled_first_two_tokens_follow_ar(method, knob):
     v = 6
     verifier = tiny_lm(vocab=v, seed=3, scale=3.0)
@@ -69,7 +69,7 @@ def test_sampled_first_two_tokens_follow_ar(method, knob):
     samples = 2500
     codes = []
     for seed in range(samples):
-        out = generate(backend, prompt, method=method, n_draft=3, max_new_tokens=2, seed=seed)
+        out = generate(backend, prompt, method=method, knob=knob, n_draft=3, max_new_tokens=2, seed=seed)
         codes.append(out.token_ids[0] * v + out.token_ids[1])
     assert chi2_pvalue(torch.tensor(codes), joint) > P_FLOOR
     q_joint = _ar_joint(backend.drafter, prompt, v)
@@ -91,6 +91,19 @@ def test_statistics_add_up(method, knob):
     assert s.verify_forwards == s.rounds
     assert s.wall_seconds >= s.draft_seconds + s.verify_seconds > 0
     assert s.acceptance_length == pytest.approx(s.accepted / s.rounds)
+
+
+def test_sglang_threshold_drafts_the_drafters_argmax():
+    backend = tiny_pair(noise=0.2)
+    out = generate(backend, PROMPTS[1], method="sglang_threshold", knob=0.0, n_draft=4, max_new_tokens=20, seed=1,
+                   sampling=SamplingParams(temperature=0.8))
+    assert out.stats.accepted == out.stats.drafted  # t = 0 accepts every draft
+    seq = list(PROMPTS[1])
+    with torch.inference_mode():
+        for i, token in enumerate(out.token_ids):
+            if i % 5 != 4:  # drafted positions (every fifth token is the bonus, from p)
+                assert token == int(backend.drafter(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            seq.append(token)
 
 
 def test_same_seed_same_response_and_eos_stop():
