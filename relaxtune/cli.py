@@ -24,6 +24,7 @@ _TUNE_FLAGS = dict(
     drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
     verifier_url=typer.Option(None, help="SGLang verifier server URL"),
     tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang [default: --verifier]"),
+    native_url=typer.Option(None, help="STANDALONE speculative SGLang server for sglang_threshold (`relaxtune serve --native-threshold`)"),
     concurrency=typer.Option(None, help="sequences in flight against SGLang [default: 8]"),
     epsilon=typer.Option(None, help="allowed accuracy drop vs strict [default: 0.05]"),
     confidence=typer.Option(None, help="one-sided confidence of the drop bound [default: 0.9]"),
@@ -199,6 +200,7 @@ def eval_(
     drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
+    native_url: Optional[str] = _TUNE_FLAGS["native_url"],
     output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
@@ -225,13 +227,13 @@ def eval_(
         raise typer.BadParameter(str(err)) from None
     with console.status(f"loading {drafter} -> {verifier}"):
         try:
-            if verifier_url or drafter_url:
+            if verifier_url or drafter_url or native_url:
                 from .job import load_backend
                 from .tuning import TuneSettings
 
                 backend = load_backend(TuneSettings(task=spec.name, drafter=drafter, verifier=verifier,
                                                     drafter_url=drafter_url, verifier_url=verifier_url,
-                                                    tokenizer=tokenizer))
+                                                    tokenizer=tokenizer, native_url=native_url))
             else:
                 backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
         except (ValueError, RuntimeError, OSError) as err:
@@ -323,6 +325,7 @@ def tune(
     drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
+    native_url: Optional[str] = _TUNE_FLAGS["native_url"],
     concurrency: Optional[int] = _TUNE_FLAGS["concurrency"],
     epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
     confidence: Optional[float] = _TUNE_FLAGS["confidence"],
@@ -389,17 +392,28 @@ def serve(
     port: int = typer.Option(30000, help="drafter port; the verifier gets port + 1"),
     mem_fraction: float = typer.Option(0.4, help="static GPU memory fraction per server"),
     log_dir: Optional[str] = typer.Option(None, help="write the servers' logs here"),
+    native_threshold: Optional[float] = typer.Option(
+        None, min=0.0, max=1.0, help="also start a STANDALONE speculative server (port + 2) running SGLang's "
+        "own relaxation at this threshold, for the sglang_threshold method"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N of the speculative server"),
 ) -> None:
     """Start a drafter and a verifier SGLang server on loopback and keep them up until Ctrl-C."""
     import time
 
     from .backends.sglang_launch import ServerSpec, launch
+    from .backends.sglang_native import native_flags
 
     specs = [ServerSpec(drafter, port, mem_fraction), ServerSpec(verifier, port + 1, mem_fraction)]
+    if native_threshold is not None:
+        specs[0] = ServerSpec(drafter, port, mem_fraction / 2)  # the drafter is small
+        specs.append(ServerSpec(verifier, port + 2, mem_fraction,
+                                ("--speculative-draft-model-path", drafter, *native_flags(native_threshold, n_draft))))
     try:
-        with launch(specs, log_dir=log_dir) as (d_url, v_url):
-            console.print(f"drafter  {d_url}\nverifier {v_url}\n"
-                          f"tune with: relaxtune tune --drafter-url {d_url} --verifier-url {v_url} "
+        with launch(specs, log_dir=log_dir) as urls:
+            d_url, v_url = urls[:2]
+            native = f" --native-url {urls[2]} --methods sglang_threshold" if len(urls) > 2 else ""
+            console.print(f"drafter  {d_url}\nverifier {v_url}\n" + (f"speculative {urls[2]}\n" if native else "")
+                          + f"tune with: relaxtune tune --drafter-url {d_url} --verifier-url {v_url}{native} "
                           f"--drafter {drafter} --verifier {verifier} --task ...   (Ctrl-C stops the servers)")
             while True:
                 time.sleep(3600)

@@ -118,6 +118,18 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
+            seed: int, stop: Sequence[str]) -> Generation:
+    """``sglang_threshold`` run by SGLang's own speculative server (one request)."""
+    server.check(knob, n_draft)
+    ids, text, reason, tel, seconds = server.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens,
+                                                      seed=seed, stop=stop)
+    text, hit = _cut_at_stop(text, stop)
+    stats = GenerationStats(rounds=tel.rounds, drafted=tel.proposed, accepted=tel.accepted, emitted=len(ids),
+                            response_tokens=len(ids), finish_reason="stop" if hit else reason, wall_seconds=seconds)
+    return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
+
+
 def generate(
     backend: Backend,
     prompt_ids: Sequence[int],
@@ -146,9 +158,15 @@ def generate(
     Returns:
         ``Generation`` with ids, text and ``GenerationStats``.
 
+    ``sglang_threshold`` on a backend with a ``native`` speculative server
+    (``relaxtune.backends.sglang_native``) is one request to that server;
+    its statistics come from the server's telemetry.
+
     Raises:
         ValueError: unknown method, knob out of range, greedy sampling with a
             method that collapses to strict, N < 1, max_new_tokens < 1.
+        relaxtune.backends.sglang.SGLangError: the native server serves another
+            (threshold, N), or its response cannot be read.
     """
     ar = method == AR
     spec = None if ar else get_method(method)
@@ -159,6 +177,9 @@ def generate(
             raise ValueError(f"n_draft must be an integer >= 1, got {n_draft!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+    native = getattr(backend, "native", None)
+    if native is not None and spec is not None and spec.id == "sglang_threshold":
+        return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
     greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
 

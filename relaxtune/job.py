@@ -46,11 +46,13 @@ def load_backend(settings: TuneSettings):
     """
     if bool(settings.drafter_url) != bool(settings.verifier_url):
         raise ValueError("the SGLang backend needs both --drafter-url and --verifier-url")
+    if settings.native_url and not settings.verifier_url:
+        raise ValueError("--native-url needs --drafter-url and --verifier-url too (strict, the baseline, runs on them)")
     if settings.verifier_url:
         from .backends.sglang import SGLangBackend
 
         return SGLangBackend(settings.drafter_url, settings.verifier_url, settings.tokenizer or settings.verifier,
-                             max_concurrency=settings.concurrency,
+                             max_concurrency=settings.concurrency, native_url=settings.native_url,
                              name=f"sglang-{settings.drafter}->{settings.verifier}")
     from .backends.hf import load_pair
 

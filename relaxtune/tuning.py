@@ -57,6 +57,7 @@ class TuneSettings(BaseModel):
     drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
     verifier_url: str | None = Field(None, description="SGLang verifier server")
     tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
+    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server running sglang_threshold")
     concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
     epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
@@ -285,10 +286,19 @@ class Tuner:
 
     # ----------------------------------------------------------------- studies
 
+    def pinned(self, method: str) -> dict | None:
+        """The one point ``{"knob", "n_draft"}`` the backend can serve for ``method``
+        (``sglang_threshold`` on a native speculative server: launch flags), or None."""
+        fn = getattr(self.backend, "pinned_point", None)
+        return fn(method) if fn is not None else None
+
     def _distributions(self, method: str) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
 
         spec = get_method(method)
+        if (pin := self.pinned(method)) is not None:
+            return {"n_draft": CategoricalDistribution([pin["n_draft"]]),
+                    "knob": FloatDistribution(pin["knob"], pin["knob"])}
         dist = {"n_draft": CategoricalDistribution(self.settings.n_drafts)}
         if spec.has_knob:
             low, high, log = spec.search
@@ -303,7 +313,9 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # multivariate TPE
         sampler = optuna.samplers.TPESampler(seed=self.settings.seed, n_startup_trials=4, multivariate=True)
-        name = study_name(self.spec.name, method, getattr(self.backend, "name", "backend"))
+        pin = self.pinned(method)
+        pair = getattr(self.backend, "name", "backend")
+        name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}")
         study = optuna.create_study(
             storage=self.settings.storage_url, sampler=sampler, study_name=name,
             directions=["maximize", "maximize"], load_if_exists=True,
@@ -313,7 +325,9 @@ class Tuner:
             if t.state == optuna.trial.TrialState.RUNNING:  # left by a killed run
                 study.enqueue_trial(dict(t.params))
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        if not trials:
+        if not trials and pin is not None:
+            study.enqueue_trial(pin)
+        elif not trials:
             spec = get_method(method)
             mid = self.settings.n_drafts[(len(self.settings.n_drafts) - 1) // 2]
             for value in spec.grid or (None,):
@@ -323,7 +337,8 @@ class Tuner:
 
     def tune_method(self, method: str) -> MethodOutcome:
         """Run (or resume) the method's study until it has ``settings.trials``
-        completed or pruned trials (or as many failures)."""
+        completed or pruned trials (or as many failures); one trial when the
+        backend serves a single pinned point for the method."""
         import optuna
 
         spec = get_method(method)
@@ -336,7 +351,8 @@ class Tuner:
             trials = study.get_trials(deepcopy=False)
             finished = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
             failures = sum(t.state == states.FAIL for t in trials)
-            if not self.new_trials or finished >= self.settings.trials or failures >= self.settings.trials:
+            wanted = 1 if self.pinned(method) is not None else self.settings.trials  # one point: one trial
+            if not self.new_trials or finished >= wanted or failures >= wanted:
                 break
             trial = study.ask(dists)
             knob, n = trial.params.get("knob"), trial.params["n_draft"]

@@ -194,7 +194,9 @@ class SGLangBackend:
         timeout: seconds per request.
         retries: retries of transient faults per request.
         max_concurrency: sequences generated at once by ``evaluate``.
-        check: probe ``/health`` of both servers now.
+        native_url: an optional STANDALONE speculative server that runs
+            ``sglang_threshold`` itself (``relaxtune.backends.sglang_native``).
+        check: probe ``/health`` of the servers now.
 
     Raises:
         SGLangError: a server is unreachable (with ``check``).
@@ -202,13 +204,17 @@ class SGLangBackend:
 
     def __init__(self, drafter_url: str, verifier_url: str, tokenizer, *, vocab_size: int | None = None,
                  top_logprobs: int = 64, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
-                 max_concurrency: int = 8, name: str | None = None, check: bool = True) -> None:
-        self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=2 * max_concurrency + 2))
+                 max_concurrency: int = 8, name: str | None = None, native_url: str | None = None,
+                 check: bool = True) -> None:
+        from .sglang_native import NativeSpecServer
+
+        self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=3 * max_concurrency + 3))
         self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff)
         self.verifier = ServerClient(verifier_url, "verifier", self.http, retries, backoff)
+        self.native = NativeSpecServer(native_url, self.http, retries, backoff) if native_url else None
         if check:  # fail fast, before loading a tokenizer
-            self.drafter.health()
-            self.verifier.health()
+            for server in (self.drafter, self.verifier) + ((self.native.server,) if self.native else ()):
+                server.health()
         if isinstance(tokenizer, str):
             from transformers import AutoConfig, AutoTokenizer
 
@@ -226,6 +232,14 @@ class SGLangBackend:
         self.name = name or f"sglang:{drafter_url}->{verifier_url}"
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    def pinned_point(self, method: str) -> dict | None:
+        """``{"knob": t, "n_draft": N}`` when ``method`` is ``sglang_threshold`` and a
+        native server serves it (its launch flags fix the point), else None."""
+        if method != "sglang_threshold" or self.native is None:
+            return None
+        t, n = self.native.point()
+        return {"knob": t, "n_draft": n}
 
     def start(self, prompt_ids: Sequence[int]) -> SequenceState:
         """A fresh state (no request yet)."""

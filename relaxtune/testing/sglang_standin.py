@@ -8,6 +8,12 @@ greedy requests with ``return_logprob``, ``logprob_start_len``,
 ``cached_tokens`` (the longest prefix shared with an earlier request, capped at
 ``logprob_start_len``). ``faults`` injects failures, one per request:
 "500", "truncate" (a cut JSON body), "drop" (close without answering).
+
+``StandInSpecServer`` stands in for a STANDALONE speculative server (the
+``sglang_threshold`` method): it generates whole responses with the threshold
+rule (``relaxtune.engine`` on a drafter/verifier pair, the rule checked against
+SGLang's kernel in the tests), reports the speculative counters under one
+chosen generation of SGLang's key names, and serves ``GET /server_info``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-__all__ = ["StandInServer"]
+__all__ = ["StandInServer", "StandInSpecServer"]
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list:
@@ -49,6 +55,8 @@ class StandInServer:
             def do_GET(self):
                 if self.path == "/health":
                     self._send(200, b"")
+                elif self.path == "/server_info" and server.server_info() is not None:
+                    self._send(200, json.dumps(server.server_info()).encode(), "application/json")
                 else:
                     self._send(404, b"not found")
 
@@ -97,6 +105,11 @@ class StandInServer:
         """Stop serving (a client then sees connection errors)."""
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def server_info(self) -> dict | None:
+        """``GET /server_info`` (a plain server: no speculative flags)."""
+        return {"speculative_algorithm": None, "speculative_num_steps": None,
+                "speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0}
 
     def answer(self, payload: dict) -> dict:
         """The response body for a ``/generate`` payload."""
@@ -149,3 +162,58 @@ class StandInServer:
                 break
             n += 1
         return n
+
+
+class StandInSpecServer(StandInServer):
+    """A stand-in STANDALONE speculative server running ``sglang_threshold`` at
+    ``(threshold, n_draft)`` with ``drafter`` inside ``verifier``'s server.
+
+    Args:
+        keys: the (accepted, proposed) counter names to report, one generation of
+            ``relaxtune.backends.sglang_native.TELEMETRY_KEYS`` (or any pair, to
+            mimic a future rename).
+    """
+
+    SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "sampling_seed")
+
+    def __init__(self, drafter, verifier, threshold: float, n_draft: int,
+                 keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"), port: int = 0) -> None:
+        from ..backends.hf import HFBackend
+
+        super().__init__(verifier, port)
+        self.pair = HFBackend(drafter, verifier, name="stand-in")
+        self.threshold, self.n_draft, self.keys = float(threshold), int(n_draft), keys
+        self.payloads: list[dict] = []
+
+    def server_info(self) -> dict:
+        return {"speculative_algorithm": "STANDALONE", "speculative_num_steps": self.n_draft,
+                "speculative_eagle_topk": 1, "speculative_num_draft_tokens": self.n_draft + 1,
+                "speculative_accept_threshold_single": self.threshold, "speculative_accept_threshold_acc": self.threshold}
+
+    def answer(self, payload: dict) -> dict:
+        """A whole response with the threshold rule; every sampling parameter must be explicit."""
+        from ..engine import generate
+        from ..sampling import SamplingParams
+
+        sp = payload.get("sampling_params", {})
+        missing = [k for k in self.SAMPLING_KEYS if k not in sp]
+        if missing:  # the real server would fill them from the model's generation_config
+            raise ValueError(f"sampling parameters left to the server's defaults: {missing}")
+        self.payloads.append(payload)
+        ids = [int(t) for t in payload["input_ids"]]
+        top_k = int(sp["top_k"])
+        sampling = SamplingParams(float(sp["temperature"]), top_k if top_k > 0 else None, float(sp["top_p"]))
+        with self._lock:
+            out = generate(self.pair, ids, method="sglang_threshold", knob=self.threshold, n_draft=self.n_draft,
+                           sampling=sampling, max_new_tokens=int(sp["max_new_tokens"]), seed=int(sp["sampling_seed"]))
+        s = out.stats
+        return {
+            "text": out.text,
+            "output_ids": out.token_ids,
+            "meta_info": {
+                "id": f"req-{self.requests}",
+                "finish_reason": {"type": "length" if s.finish_reason == "length" else "stop"},
+                "prompt_tokens": len(ids), "completion_tokens": s.response_tokens, "cached_tokens": 0,
+                "spec_verify_ct": s.rounds, self.keys[0]: s.accepted, self.keys[1]: s.drafted,
+            },
+        }
