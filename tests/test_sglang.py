@@ -165,3 +165,18 @@ def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
                             c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4)
     config, path = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
     assert config.methods["cactus"].trials == 2 and path.exists()
+
+
+def test_requests_in_flight_are_bounded_by_max_concurrency(servers, tiny_backend):
+    from concurrent.futures import ThreadPoolExecutor
+
+    d, v = servers
+    backend = sglang(servers, tiny_backend.tokenizer, max_concurrency=2)
+    v.delay = 0.2
+    prompt = tiny_backend.tokenizer.encode("abc")
+    with ThreadPoolExecutor(6) as pool:
+        rows = list(pool.map(lambda _: backend.step(backend.start(prompt)), range(6)))
+    assert v.peak_in_flight == 2 and v.requests == 6  # six callers, never more than two requests at once
+    assert all(torch.equal(r, rows[0]) for r in rows)
+    backend.close()
+    assert not backend.http.thread.is_alive()

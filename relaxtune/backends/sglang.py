@@ -22,14 +22,18 @@ API and runs the round in ``relaxtune.decoding`` (``shared/docs/sglang-protocol.
 - Transient faults (connection errors, timeouts, 5xx, a truncated body) are
   retried with exponential backoff; anything else, and a fault that outlives the
   retries, raises ``SGLangError`` naming the server and the field.
-- ``max_concurrency`` problems are generated at once (threads sharing one
-  ``httpx.Client``), so the servers batch them.
+- All HTTP goes through one ``httpx.AsyncClient`` on a private event loop
+  (``AsyncHTTP``), at most ``max_concurrency`` requests in flight (an
+  ``asyncio.Semaphore``); ``evaluate`` drives ``max_concurrency`` sequences at
+  once, so the servers batch them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import threading
 import time
 from typing import Sequence
 
@@ -38,7 +42,7 @@ import torch
 
 from .base import DraftResult, Pick, SequenceState
 
-__all__ = ["SGLangBackend", "SGLangError", "ServerClient", "parse_score", "parse_next", "GREEDY_ONE"]
+__all__ = ["SGLangBackend", "SGLangError", "ServerClient", "AsyncHTTP", "parse_score", "parse_next", "GREEDY_ONE"]
 
 GREEDY_ONE = {  # every sampling parameter, explicitly: one raw (greedy) step
     "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
@@ -51,28 +55,81 @@ class SGLangError(RuntimeError):
     something we cannot read; the message names the server and the field."""
 
 
+class AsyncHTTP:
+    """One ``httpx.AsyncClient`` on a private event-loop thread, shared by every
+    server of a backend. Synchronous callers (the engine, from ``evaluate``'s
+    threads) submit coroutines with ``run``; at most ``max_concurrency`` requests
+    are in flight at once (an ``asyncio.Semaphore``).
+
+    Args:
+        timeout: seconds per request.
+        max_concurrency: requests in flight at most.
+    """
+
+    def __init__(self, timeout: float = 120.0, max_concurrency: int = 8) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="relaxtune-sglang-http", daemon=True)
+        self.thread.start()
+
+        async def make():
+            limits = httpx.Limits(max_connections=max_concurrency + 2)
+            return httpx.AsyncClient(timeout=timeout, limits=limits), asyncio.Semaphore(max_concurrency)
+
+        self.client, self.semaphore = self.run(make())
+
+    def run(self, coro):
+        """Run ``coro`` on the loop and wait for its result (its exceptions propagate)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
+        """One request, waiting for a free slot first."""
+        async with self.semaphore:
+            return await self.client.request(method, url, **kwargs)
+
+    def close(self) -> None:
+        """Close the client and stop the loop."""
+        if self.loop.is_running():
+            self.run(self.client.aclose())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
 class ServerClient:
     """``/generate`` and ``/health`` of one server, with retries.
 
     Args:
         url: base URL, e.g. ``http://127.0.0.1:30000``.
         role: "drafter" or "verifier" (for messages).
-        client: a shared ``httpx.Client``.
+        http: the backend's shared ``AsyncHTTP``.
         retries: attempts after the first for transient faults.
         backoff: first backoff in seconds (doubles each retry).
     """
 
-    def __init__(self, url: str, role: str, client: httpx.Client, retries: int = 3, backoff: float = 0.5) -> None:
-        self.url, self.role, self.client = url.rstrip("/"), role, client
+    def __init__(self, url: str, role: str, http: AsyncHTTP, retries: int = 3, backoff: float = 0.5) -> None:
+        self.url, self.role, self.http = url.rstrip("/"), role, http
         self.retries, self.backoff = retries, backoff
 
     def __str__(self) -> str:
         return f"{self.role} server at {self.url}"
 
+    def get_json(self, path: str, timeout: float = 30.0) -> dict:
+        """``GET path`` as JSON (no retries).
+
+        Raises:
+            SGLangError: unreachable, not 200, or not JSON.
+        """
+        try:
+            r = self.http.run(self.http.request("GET", f"{self.url}{path}", timeout=timeout))
+            if r.status_code != 200:
+                raise SGLangError(f"{self}: GET {path} answered HTTP {r.status_code}")
+            return r.json()
+        except (httpx.HTTPError, ValueError) as err:
+            raise SGLangError(f"{self}: GET {path} failed: {type(err).__name__}: {err}") from None
+
     def health(self) -> None:
         """Raise ``SGLangError`` unless ``GET /health`` answers 200."""
         try:
-            r = self.client.get(f"{self.url}/health", timeout=10)
+            r = self.http.run(self.http.request("GET", f"{self.url}/health", timeout=10))
         except httpx.HTTPError as err:
             raise SGLangError(f"{self} is unreachable: {type(err).__name__}: {err}") from None
         if r.status_code != 200:
@@ -80,12 +137,16 @@ class ServerClient:
 
     def generate(self, payload: dict) -> dict:
         """POST ``/generate``; retry transient faults; return the JSON body."""
+        return self.http.run(self.agenerate(payload))
+
+    async def agenerate(self, payload: dict) -> dict:
+        """``generate`` as a coroutine on the backend's loop."""
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                r = self.client.post(f"{self.url}/generate", json=payload)
+                r = await self.http.request("POST", f"{self.url}/generate", json=payload)
             except (httpx.TransportError, httpx.TimeoutException) as err:
                 last = f"{type(err).__name__}: {err}"
                 continue
@@ -208,13 +269,17 @@ class SGLangBackend:
                  check: bool = True) -> None:
         from .sglang_native import NativeSpecServer
 
-        self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=3 * max_concurrency + 3))
+        self.http = AsyncHTTP(timeout, max_concurrency)
         self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff)
         self.verifier = ServerClient(verifier_url, "verifier", self.http, retries, backoff)
         self.native = NativeSpecServer(native_url, self.http, retries, backoff) if native_url else None
         if check:  # fail fast, before loading a tokenizer
-            for server in (self.drafter, self.verifier) + ((self.native.server,) if self.native else ()):
-                server.health()
+            try:
+                for server in (self.drafter, self.verifier) + ((self.native.server,) if self.native else ()):
+                    server.health()
+            except SGLangError:
+                self.http.close()
+                raise
         if isinstance(tokenizer, str):
             from transformers import AutoConfig, AutoTokenizer
 

@@ -21,9 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-import httpx
-
-from .sglang import SGLangError, ServerClient
+from .sglang import AsyncHTTP, SGLangError, ServerClient
 
 __all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "TELEMETRY_KEYS", "native_flags"]
 
@@ -90,12 +88,12 @@ class NativeSpecServer:
 
     Args:
         url: base URL.
-        client: a shared ``httpx.Client``.
+        http: the backend's shared ``relaxtune.backends.sglang.AsyncHTTP``.
         retries, backoff: as ``ServerClient``.
     """
 
-    def __init__(self, url: str, client: httpx.Client, retries: int = 3, backoff: float = 0.5) -> None:
-        self.server = ServerClient(url, "speculative", client, retries, backoff)
+    def __init__(self, url: str, http: AsyncHTTP, retries: int = 3, backoff: float = 0.5) -> None:
+        self.server = ServerClient(url, "speculative", http, retries, backoff)
         self._point: tuple[float, int] | None = None
 
     def point(self) -> tuple[float, int]:
@@ -106,11 +104,7 @@ class NativeSpecServer:
                 that differ (single != acc: not a point of ``sglang_threshold``).
         """
         if self._point is None:
-            try:
-                r = self.server.client.get(f"{self.server.url}/server_info", timeout=30)
-                info = r.json()
-            except (httpx.HTTPError, ValueError) as err:
-                raise SGLangError(f"{self.server}: GET /server_info failed: {type(err).__name__}: {err}") from None
+            info = self.server.get_json("/server_info")
             missing = [k for k in ("speculative_algorithm", "speculative_num_steps", "speculative_accept_threshold_single",
                                    "speculative_accept_threshold_acc") if k not in info]
             if missing:

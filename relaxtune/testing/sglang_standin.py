@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
@@ -44,8 +45,11 @@ class StandInServer:
         self.model = model.eval()
         self.faults: list[str] = []
         self.requests = 0
+        self.in_flight = self.peak_in_flight = 0  # concurrent /generate requests (now, at most)
         self.seen: list[tuple[int, ...]] = []
+        self.delay = 0.0  # seconds each /generate waits before answering (to observe concurrency)
         self._lock = threading.Lock()
+        self._count = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,9 +68,20 @@ class StandInServer:
                 if self.path != "/generate":
                     return self._send(404, b"not found")
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server._lock:
+                with server._count:
                     server.requests += 1
+                    server.in_flight += 1
+                    server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
                     fault = server.faults.pop(0) if server.faults else None
+                try:
+                    return self._post(payload, fault)
+                finally:
+                    with server._count:
+                        server.in_flight -= 1
+
+            def _post(self, payload, fault):
+                if server.delay:
+                    time.sleep(server.delay)
                 if fault == "500":
                     return self._send(500, b"internal error (injected)")
                 if fault == "drop":
