@@ -381,7 +381,11 @@ def _run_job(settings, new_trials: bool) -> None:
             spec, problems, backend = prepare(settings)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
         raise typer.BadParameter(str(err)) from None
-    config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
+    try:
+        config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
+    finally:
+        if hasattr(backend, "close"):  # SGLang: the HTTP client and its event loop
+            backend.close()
     _summary(config, path)
 
 
