@@ -92,6 +92,26 @@ def records_path(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend
     return Path(output_dir) / f"{spec.name}-v{spec.version}" / pair / f"{config.label}.jsonl"
 
 
+def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
+    """Record the task spec in ``<task_dir>/spec.json`` on first use; later, refuse
+    a spec that differs, so records of an edited task are never silently reused.
+
+    Raises:
+        ValueError: naming the changed fields and the fix (bump ``version``).
+    """
+    now = json.loads(spec.model_dump_json())
+    file = Path(task_dir) / "spec.json"
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(now, indent=2))
+        return
+    before = json.loads(file.read_text())
+    changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "description")
+    if changed:
+        raise ValueError(f"task {spec.name} v{spec.version} changed since its records in {file.parent} were written "
+                         f"({', '.join(changed)}): bump `version:` in its YAML, or use another --output-dir")
+
+
 def _merge(a: GenerationStats, b: GenerationStats) -> GenerationStats:
     out = GenerationStats()
     for f in fields(GenerationStats):
@@ -180,7 +200,8 @@ def evaluate(
         ``EvalResult``.
 
     Raises:
-        ValueError: bad method/knob for this task's sampling (before any generation).
+        ValueError: bad method/knob for this task's sampling, or a task spec that
+            changed under the same version (before any generation).
     """
     if config.method == AR:
         if config.knob is not None:
@@ -197,6 +218,7 @@ def evaluate(
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
     path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "backend"))
+    check_spec_unchanged(path.parent.parent, spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _read_done(path)
     todo = [(p, r) for p in problems for r in range(spec.repeats) if (p.id, r) not in done]

@@ -109,8 +109,10 @@ class TuneSettings(BaseModel):
         return f"sqlite:///{path}"
 
 
-def study_name(task: str, method: str, pair: str) -> str:
-    """``<task>__<method>__<pair>`` (pair sanitised)."""
+def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
+    """``<task>__<method>__<pair>`` (pair sanitised), with ``-v<version>`` after the
+    task from version 2 on, so a new task version starts fresh studies."""
+    task = task if version == 1 else f"{task}-v{version}"
     return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
 
 
@@ -315,7 +317,8 @@ class Tuner:
         sampler = optuna.samplers.TPESampler(seed=self.settings.seed, n_startup_trials=4, multivariate=True)
         pin = self.pinned(method)
         pair = getattr(self.backend, "name", "backend")
-        name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}")
+        name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
+                          self.spec.version)
         study = optuna.create_study(
             storage=self.settings.storage_url, sampler=sampler, study_name=name,
             directions=["maximize", "maximize"], load_if_exists=True,

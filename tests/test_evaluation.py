@@ -44,6 +44,18 @@ def test_records_results_and_resume(tiny_backend, tmp_path):
     assert second.l_accept > 0 and second.mean_length > 0
 
 
+def test_an_edited_task_under_the_same_version_is_refused(tiny_backend, tmp_path):
+    config = DecodeConfig("strict", None, 2)
+    evaluate(tiny_task(), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
+    evaluate(tiny_task(description="reworded"), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
+    with pytest.raises(ValueError, match=r"tiny_math v3 changed .*\(max_new_tokens, prompt\): bump `version:`"):
+        evaluate(tiny_task(max_new_tokens=20, prompt={"template": "{question}?"}), tiny_backend, config,
+                 output_dir=tmp_path, limit=1, progress=False)
+    bumped = evaluate(tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1,
+                      progress=False)
+    assert bumped.path.parts[-3] == "tiny_math-v4" and bumped.n == 1
+
+
 def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
     spec = tiny_task()
     strict = evaluate(spec, tiny_backend, DecodeConfig("strict", None, 3), output_dir=tmp_path, limit=3, progress=False)

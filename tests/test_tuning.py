@@ -38,7 +38,7 @@ def test_finds_the_fastest_feasible_point(tmp_path):
     m = chosen.user_attrs["metrics"]
     assert m["speedup"] == pytest.approx(speedup(m["l_accept"], 4, 0.2))
     assert all(t.params["knob"] > 1.0 for t in outcome.study.trials if t.state.name == "PRUNED")
-    assert outcome.study.study_name == study_name("synthetic", "cactus", "synthetic-pair")
+    assert outcome.study.study_name == study_name("synthetic", "cactus", "synthetic-pair", 2) == "synthetic-v2__cactus__synthetic-pair"
 
 
 def test_pruning_stops_bad_trials_after_the_first_stage(tmp_path):
@@ -99,7 +99,7 @@ def test_killed_study_resumes_without_repeating_trials(tmp_path):
     first = Synthetic()
     tuner = make(tmp_path, first, trials=3)
     tuner.tune_method("cactus")
-    study = optuna.load_study(study_name=study_name("synthetic", "cactus", "synthetic-pair"), storage=tuner.settings.storage_url)
+    study = optuna.load_study(study_name=study_name("synthetic", "cactus", "synthetic-pair", 2), storage=tuner.settings.storage_url)
     stale = study.ask()  # a trial that was running when the job was killed
     stale.suggest_categorical("n_draft", [4])
     stale.suggest_float("knob", 0.01, 100.0, log=True)
