@@ -201,6 +201,7 @@ def eval_(
     verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
     native_url: Optional[str] = _TUNE_FLAGS["native_url"],
+    concurrency: int = typer.Option(8, min=1, help="sequences in flight against SGLang"),
     output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
@@ -233,7 +234,8 @@ def eval_(
 
                 backend = load_backend(TuneSettings(task=spec.name, drafter=drafter, verifier=verifier,
                                                     drafter_url=drafter_url, verifier_url=verifier_url,
-                                                    tokenizer=tokenizer, native_url=native_url))
+                                                    tokenizer=tokenizer, native_url=native_url,
+                                                    concurrency=concurrency))
             else:
                 backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
         except (ValueError, RuntimeError, OSError) as err:
@@ -300,7 +302,8 @@ def _summary(config, path) -> None:
         c = r.closest or {}
         knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
         table.add_row(r.method, "[red]no[/red] (closest)", knob, f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")),
-                      f(c.get("accuracy")), f(c.get("drop_upper_bound")), "-", "-", f(c.get("modeled_speedup"), ".2f"),
+                      f(c.get("accuracy")), f(c.get("drop_upper_bound")), f(c.get("l_accept"), ".2f"),
+                      f(c.get("length_ratio"), ".2f"), f(c.get("modeled_speedup"), ".2f"),
                       f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
     console.print(table)
     rec = config.recommendation

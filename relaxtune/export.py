@@ -148,7 +148,8 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
                 m = best.user_attrs["metrics"]
                 closest = {"knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
                            "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
-                           "drop_upper_bound": m["drop_ucb"], "modeled_speedup": m["speedup"]}
+                           "drop_upper_bound": m["drop_ucb"], "l_accept": m.get("l_accept"),
+                           "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
             methods[o.method] = MethodResult(feasible=False, closest=closest, **base)
             continue
         m = t.user_attrs["metrics"]

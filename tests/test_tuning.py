@@ -64,6 +64,7 @@ def test_all_infeasible_exports_use_strict(tmp_path):
     assert config.methods["cactus"].feasible is False
     closest = config.methods["cactus"].closest  # what was tried, and by how much it missed
     assert closest["drop_upper_bound"] > 0.05 and closest["accuracy"] == pytest.approx(0.75, abs=0.02)
+    assert closest["l_accept"] > 0 and closest["length_ratio"] > 0
     path = save_config(config, tmp_path / "synthetic.tuned.yaml")
     assert load_config(path) == config  # round trip through the schema
 
