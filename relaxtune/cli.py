@@ -241,7 +241,13 @@ def eval_(
         except (ValueError, RuntimeError, OSError) as err:
             raise typer.BadParameter(str(err)) from None
     config = DecodeConfig(method, alpha, n_draft, seed)
-    result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
+    try:
+        result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
+    except ValueError as err:  # e.g. the task changed under the same version
+        raise typer.BadParameter(str(err)) from None
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
     summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
     result.path.with_suffix(".results.json").write_text(json.dumps(summary, indent=2))
     table = Table(title=f"{spec.name} v{spec.version}, {config.label}")

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from .evaluation import DecodeConfig, records_path
+from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile
@@ -20,11 +20,13 @@ __all__ = ["run_tune_job", "prepare", "load_backend"]
 
 def prepare(settings: TuneSettings, backend=None):
     """Validate and load everything before any generation: the task, its
-    problems, method/temperature compatibility, the backend.
+    problems, method/temperature compatibility, the task's records (same spec
+    under the same version), the backend.
 
     Raises:
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
-            missing data, a method that collapses at the task's temperature.
+            missing data, a method that collapses at the task's temperature, a
+            task edited under the same version.
     """
     spec = load_task(settings.task)
     for method in settings.methods:
@@ -32,6 +34,7 @@ def prepare(settings: TuneSettings, backend=None):
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
+    check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
     if backend is None:
         backend = load_backend(settings)
     return spec, problems, backend
