@@ -5,7 +5,10 @@ problems: AR, strict and cactus (delta 1) through the SGLang backend, then stric
 in-process (transformers on the GPU) on the same pair. Asserts:
 - strict's accuracy is within noise of AR's (paired interval contains 0);
 - the verifier's prefix cache is reused (cached_tokens > 0 after the first round);
-- acceptance length over SGLang agrees with the in-process engine within 0.5 tokens.
+- acceptance length over SGLang agrees with the in-process engine within 0.5 tokens;
+- with --native-url (a STANDALONE speculative server): sglang_threshold at the
+  server's point reads the server's counters without a failed sample, and its
+  acceptance length agrees with the client-loop transcription within 0.5 tokens.
 Prints one line per check and exits non-zero on a failure.
 """
 
@@ -30,6 +33,7 @@ def main() -> int:
     ap.add_argument("--verifier", required=True)
     ap.add_argument("--drafter-url", required=True)
     ap.add_argument("--verifier-url", required=True)
+    ap.add_argument("--native-url", default=None, help="STANDALONE speculative server (sglang_threshold)")
     ap.add_argument("--gsm8k", required=True, help="local GSM8K test JSONL")
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=512)
@@ -76,6 +80,18 @@ def main() -> int:
     print(f"check acceptance agrees with in-process: |{results['strict'].l_accept:.2f} - {inproc.l_accept:.2f}| = {gap:.2f} "
           f"{'ok' if ok else 'FAIL'}")
     failures += [] if ok else ["acceptance"]
+    if args.native_url:
+        native = SGLangBackend(args.drafter_url, args.verifier_url, args.verifier, native_url=args.native_url,
+                               max_concurrency=8, name="sglang-native")
+        t, n = native.native.point()
+        cfg = DecodeConfig("sglang_threshold", t, n)
+        nat = evaluate(spec, native, cfg, output_dir=out, problems=problems, progress=False)
+        emu = evaluate(spec, remote, cfg, output_dir=out, problems=problems, progress=False)
+        gap = abs(nat.l_accept - emu.l_accept)
+        ok = nat.failed == 0 and gap <= 0.5
+        print(f"check native sglang_threshold t={t:g} N={n}: failed {nat.failed}, l_accept {nat.l_accept:.2f} vs "
+              f"client loop {emu.l_accept:.2f}, accuracy {nat.accuracy:.3f} vs {emu.accuracy:.3f} {'ok' if ok else 'FAIL'}")
+        failures += [] if ok else ["native sglang_threshold"]
     print(json.dumps({"failures": failures, "seconds": round(time.time() - t0)}))
     return 1 if failures else 0
 
