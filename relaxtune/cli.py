@@ -257,36 +257,52 @@ def eval_(
                   str(result.failed), f"{result.l_accept:.2f}", f"{result.mean_length:.0f}",
                   f"{result.truncated:.0%}", f"{result.tokens_per_second:.2f}")
     console.print(table)
-    console.print(f"records: {result.path}")
+    console.print(f"records: {result.path}", soft_wrap=True)
 
 
-def _settings(config: Optional[str], flags: dict):
-    """TuneSettings from a YAML config file with command-line flags on top."""
+def _settings(config: Optional[str], flags: dict, base: Optional[dict] = None):
+    """TuneSettings from ``base`` (a saved job), then a YAML config file, then
+    command-line flags on top.
+
+    Raises:
+        typer.BadParameter: an unreadable file or an invalid option, named.
+    """
+    import pydantic
     import yaml
 
     from .tuning import TuneSettings
 
-    merged: dict = {}
+    merged: dict = dict(base or {})
     if config:
         try:
-            merged = yaml.safe_load(open(config)) or {}
+            loaded = yaml.safe_load(open(config)) or {}
         except (OSError, yaml.YAMLError) as err:
             raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
-        if not isinstance(merged, dict):
-            raise typer.BadParameter(f"--config {config} must hold a mapping of options, got {type(merged).__name__}")
-        merged = {k.replace("-", "_"): v for k, v in merged.items()}  # n-drafts and n_drafts both work
-    try:
-        for key, value in flags.items():
-            if value is None:
-                continue
-            if key in ("methods", "n_drafts") and isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-                if key == "n_drafts":
-                    value = [int(v) for v in value]
-            if key == "c_rel" and value != "measured":
+        if not isinstance(loaded, dict):
+            raise typer.BadParameter(f"--config {config} must hold a mapping of options, got {type(loaded).__name__}")
+        merged |= {k.replace("-", "_"): v for k, v in loaded.items()}  # n-drafts and n_drafts both work
+    for key, value in flags.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if key in ("methods", "n_drafts") and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            if key == "n_drafts":
+                bad = [v for v in value if not v.lstrip("-").isdigit()]
+                if bad:
+                    raise typer.BadParameter(f"{flag}: {bad[0]!r} is not an integer (give e.g. 3,5,10)")
+                value = [int(v) for v in value]
+        if key == "c_rel" and value != "measured":
+            try:
                 value = float(value)
-            merged[key] = value
+            except ValueError:
+                raise typer.BadParameter(f"{flag}: {value!r} is neither a number nor 'measured'") from None
+        merged[key] = value
+    try:
         return TuneSettings(**merged)
+    except pydantic.ValidationError as err:
+        lines = [f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()]
+        raise typer.BadParameter("; ".join(lines)) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
 
@@ -315,7 +331,7 @@ def _summary(config, path) -> None:
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
-    console.print(f"tuned config: {path}")
+    console.print(f"tuned config: {path}", soft_wrap=True)
     if config.mlflow:
         console.print(f"MLflow: mlflow ui --backend-store-uri {config.mlflow['tracking_uri']}  "
                       f"(experiment {config.mlflow['experiment']})")
@@ -375,11 +391,31 @@ def export_(
     output_dir: Optional[str] = _TUNE_FLAGS["output_dir"],
     storage: Optional[str] = _TUNE_FLAGS["storage"],
     mlflow_uri: Optional[str] = _TUNE_FLAGS["mlflow_uri"],
+    max_length_ratio: Optional[float] = _TUNE_FLAGS["max_length_ratio"],
+    max_truncated: Optional[float] = _TUNE_FLAGS["max_truncated"],
     export: Optional[str] = _TUNE_FLAGS["export"],
 ) -> None:
-    """Re-export the tuned config from finished studies (no new trials; epsilon may differ)."""
-    flags = {k: v for k, v in locals().items() if k != "config"}
-    _run_job(_settings(config, flags), new_trials=False)
+    """Re-export the tuned config from finished studies (no new trials). Starts
+    from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml);
+    flags override them, e.g. another --epsilon."""
+    import yaml
+
+    from .job import job_file
+    from .tasks import load_task
+
+    flags = {k: v for k, v in locals().items() if k not in ("config", "yaml", "job_file", "load_task")}
+    base = None
+    if task:
+        try:
+            saved = job_file(output_dir or "relaxtune-runs", load_task(task).name)
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            raise typer.BadParameter(str(err)) from None
+        if saved.exists():
+            base = yaml.safe_load(saved.read_text())
+            console.print(f"starting from the tuning run's settings: {saved}", soft_wrap=True)
+        else:
+            console.print(f"[yellow]no {saved}: give the tuning run's --limit, --n-drafts and --methods[/yellow]")
+    _run_job(_settings(config, flags, base), new_trials=False)
 
 
 def _run_job(settings, new_trials: bool) -> None:
@@ -391,7 +427,8 @@ def _run_job(settings, new_trials: bool) -> None:
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
         raise typer.BadParameter(str(err)) from None
     try:
-        config, path = run_tune_job(settings, backend, new_trials=new_trials, log=console.print)
+        log = lambda message: console.print(message, soft_wrap=True)  # noqa: E731 - paths stay on one line
+        config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     finally:
         if hasattr(backend, "close"):  # SGLang: the HTTP client and its event loop
             backend.close()

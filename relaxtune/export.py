@@ -99,7 +99,11 @@ def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, ve
     """How to serve a point. Strict maps onto SGLang's own speculative decoding;
     relaxed rules run in relaxtune's client-side verify loop over two plain
     servers (SGLang's server-side verify cannot express them)."""
+    from .embedded import EMBEDDED
+
     rt = {"method": method, "alpha": knob, "n_draft": n_draft, "drafter": drafter, "verifier": verifier, "sampling": sampling}
+    # SGLang loads the upstream weights, not relaxtune's embedded CPU copies
+    drafter, verifier = (EMBEDDED[m].hf_id if m in EMBEDDED else m for m in (drafter, verifier))
     if method == "strict":
         return {
             "relaxtune": rt,

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
@@ -15,7 +17,7 @@ from .speed import CostProfile
 from .tasks import build_prompt_ids, load_problems, load_task
 from .tuning import Tuner, TuneSettings
 
-__all__ = ["run_tune_job", "prepare", "load_backend"]
+__all__ = ["run_tune_job", "prepare", "load_backend", "job_file"]
 
 
 def prepare(settings: TuneSettings, backend=None):
@@ -60,6 +62,12 @@ def load_backend(settings: TuneSettings):
     from .backends.hf import load_pair
 
     return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
+
+
+def job_file(output_dir: str | Path, task: str) -> Path:
+    """``<output_dir>/<task>.job.yaml``: the settings of the last tuning run,
+    which ``relaxtune export`` starts from."""
+    return Path(output_dir) / f"{task}.job.yaml"
 
 
 def run_tune_job(
@@ -113,10 +121,19 @@ def run_tune_job(
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log)
+    if new_trials:
+        Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+        job_file(settings.output_dir, spec.name).write_text(yaml.safe_dump(settings.model_dump(), sort_keys=False))
     outcomes = []
+    verb = "tuning" if new_trials else "reading the study of"
     for method in settings.methods:
-        log(f"tuning {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
+        log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
         outcomes.append(tuner.tune_method(method))
+    # strict at every N a trial used (read back from its records when resuming or exporting)
+    used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
+                   if t.state.name in ("COMPLETE", "PRUNED")})
+    for n in used or ([settings.n_drafts[(len(settings.n_drafts) - 1) // 2]] if new_trials else []):
+        tuner.baseline(n)
     mlflow_info = None
     if tracker is not None:
         mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}", "run_id": tracker.task_run_id}

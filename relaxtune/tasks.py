@@ -172,10 +172,14 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
         ValueError: an invalid spec, with pydantic's field-by-field report.
     """
     path = Path(name_or_path)
-    if not path.suffix:
+    if path.suffix or os.sep in str(name_or_path):  # a file
+        if not path.is_file():
+            raise FileNotFoundError(f"task file {str(name_or_path)!r} not found (or give a task name: "
+                                    f"{', '.join(list_tasks()) or 'none'})")
+    else:
         path = evals_dir() / f"{name_or_path}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
+        if not path.exists():
+            raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
     try:
         raw = yaml.safe_load(path.read_text())
         return TaskSpec(**raw, source_file=str(path))

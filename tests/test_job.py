@@ -49,11 +49,24 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert {"accuracy", "drop_ucb", "l_accept", "speedup", "speedup_c0.05", "length_ratio", "loop_rate"} <= set(trial.data.metrics)
     assert task_run.inputs.dataset_inputs[0].dataset.name == "tiny_math-v1"
 
-    # a second run resumes: no new trials, no duplicate MLflow runs
+    assert set(config.strict_by_n_draft) == {2} and config.recommendation.modeled_speedup > 0
+
+    # a second run resumes: no new trials, no duplicate MLflow runs, the same strict baseline
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     again = client.search_runs([exp.experiment_id])
     assert len(again) == len(runs)
+    resumed = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert resumed.strict_by_n_draft == config.strict_by_n_draft and resumed.methods == config.methods
+
+    # export starts from the tuning run's settings: only the new epsilon is given
+    out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
+                                   "--epsilon", "0.5"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "reading the study of cactus" in out.output
+    exported = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert exported.epsilon == 0.5 and exported.problems == 4 and set(exported.methods) == {"cactus", "ens"}
+    assert exported.strict_by_n_draft == config.strict_by_n_draft and exported.drafter == drafter
 
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):
@@ -64,3 +77,14 @@ def test_tune_cli_refuses_bad_input_early(tmp_path):
     assert out.exit_code != 0 and "no task 'no_such_task'" in " ".join(out.output.split())
     out = runner.invoke(app, ["tune", "--task", "humaneval", "--epsilon", "2"], env={"COLUMNS": "250"})
     assert out.exit_code != 0 and "epsilon" in out.output
+
+
+def test_serving_arguments_name_the_upstream_models():
+    from relaxtune.export import serving_args
+
+    args = serving_args("strict", None, 4, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", {})
+    launch = args["sglang_launch_args"]
+    assert launch[launch.index("--model-path") + 1] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert launch[launch.index("--speculative-draft-model-path") + 1] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert args["relaxtune"]["drafter"] == "qwen2.5-coder-0.5b-instruct"  # relaxtune's own name still works there
+    assert "/my/verifier" in serving_args("strict", None, 2, "/my/drafter", "/my/verifier", {})["sglang_launch_args"]

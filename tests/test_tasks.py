@@ -98,6 +98,8 @@ def test_invalid_specs_are_explained(tmp_path, change, match):
 def test_missing_task_and_missing_data_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no task 'nope'.*humaneval"):
         load_task("nope")
+    with pytest.raises(FileNotFoundError, match="task file './missing.yaml' not found"):
+        load_task("./missing.yaml")
     raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
     raw["dataset"] = {"path": "json", "data_files": str(tmp_path / "absent.jsonl")}
     with pytest.raises(FileNotFoundError, match="absent.jsonl"):

@@ -253,6 +253,8 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         ValueError: when the two tokenizers differ (speculative decoding needs the
             same token ids), or the dtype is unknown.
     """
+    from ..embedded import EMBEDDED
+
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
     if device == "auto":
@@ -268,6 +270,7 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
                 "speculative decoding needs a shared vocabulary"
             )
         d_model = _load(d_path, dtype, device)
-    short = lambda m, p: p if p != m and os.path.isdir(p) else m  # noqa: E731 - local folders by absolute path
+    # names in records and study names: embedded and hub ids as given, local folders by absolute path
+    short = lambda m, p: p if m not in EMBEDDED and p != m and os.path.isdir(p) else m  # noqa: E731
     name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
     return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}")
