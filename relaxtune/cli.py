@@ -379,9 +379,11 @@ def export_(
     methods: Optional[str] = _TUNE_FLAGS["methods"],
     drafter: Optional[str] = _TUNE_FLAGS["drafter"],
     verifier: Optional[str] = _TUNE_FLAGS["verifier"],
+    dtype: Optional[str] = _TUNE_FLAGS["dtype"],
     drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
+    native_url: Optional[str] = _TUNE_FLAGS["native_url"],
     epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
     confidence: Optional[float] = _TUNE_FLAGS["confidence"],
     c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
@@ -405,9 +407,18 @@ def export_(
 
     flags = {k: v for k, v in locals().items() if k not in ("config", "yaml", "job_file", "load_task")}
     base = None
+    from_file = {}
+    if config:  # the job's YAML may name the task and the output folder
+        try:
+            from_file = yaml.safe_load(open(config)) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
+        from_file = from_file if isinstance(from_file, dict) else {}
+    task = task or from_file.get("task")
     if task:
         try:
-            saved = job_file(output_dir or "relaxtune-runs", load_task(task).name)
+            folder = output_dir or from_file.get("output_dir") or from_file.get("output-dir") or "relaxtune-runs"
+            saved = job_file(folder, load_task(task).name)
         except (ValueError, FileNotFoundError, KeyError) as err:
             raise typer.BadParameter(str(err)) from None
         if saved.exists():
@@ -419,7 +430,7 @@ def export_(
 
 
 def _run_job(settings, new_trials: bool) -> None:
-    from .job import prepare, run_tune_job
+    from .job import JobError, prepare, run_tune_job
 
     try:
         with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
@@ -429,6 +440,8 @@ def _run_job(settings, new_trials: bool) -> None:
     try:
         log = lambda message: console.print(message, soft_wrap=True)  # noqa: E731 - paths stay on one line
         config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
+    except JobError as err:
+        raise typer.BadParameter(str(err)) from None
     finally:
         if hasattr(backend, "close"):  # SGLang: the HTTP client and its event loop
             backend.close()

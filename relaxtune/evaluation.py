@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -92,6 +94,13 @@ def records_path(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend
     return Path(output_dir) / f"{spec.name}-v{spec.version}" / pair / f"{config.label}.jsonl"
 
 
+def records_complete(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend_name: str,
+                     problems: list[Problem]) -> bool:
+    """True when every (problem, repeat) of ``problems`` has a finished record."""
+    done = _read_done(records_path(Path(output_dir), spec, config, backend_name))
+    return all((p.id, r) in done for p in problems for r in range(spec.repeats))
+
+
 def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
     """Record the task spec in ``<task_dir>/spec.json`` on first use; later, refuse
     a spec that differs, so records of an edited task are never silently reused.
@@ -103,9 +112,15 @@ def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
     file = Path(task_dir) / "spec.json"
     if not file.exists():
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(now, indent=2))
+        tmp = file.with_name(f"spec.json.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(now, indent=2))
+        os.replace(tmp, file)  # atomic: a concurrent reader sees all or nothing
         return
     before = json.loads(file.read_text())
+    try:  # through the schema: fields added since (with their defaults) are no change
+        before = json.loads(TaskSpec(**before).model_dump_json())
+    except (ValueError, TypeError):
+        pass
     changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "description")
     if changed:
         raise ValueError(f"task {spec.name} v{spec.version} changed since its records in {file.parent} were written "
@@ -217,7 +232,10 @@ def evaluate(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
-    path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "backend"))
+    name = getattr(backend, "name", "backend")
+    if config.method == "sglang_threshold" and getattr(backend, "native", None) is not None:
+        name += "+native"  # SGLang's own server, not the client-loop transcription: other samples
+    path = records_path(Path(output_dir), spec, config, name)
     check_spec_unchanged(path.parent.parent, spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _read_done(path)

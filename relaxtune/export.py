@@ -130,7 +130,10 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
 
     from .speed import CostProfile
 
+    from .tuning import drop_ucb_at
+
     s, spec = tuner.settings, tuner.spec
+    ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence
     sampling = spec.sampling.model_dump()
     states = optuna.trial.TrialState
     methods: dict[str, MethodResult] = {}
@@ -145,14 +148,14 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         t = o.chosen
         if t is None:
             tried = [x for x in trials if "drop_ucb" in x.user_attrs.get("metrics", {})]
-            best = min(tried, key=lambda x: (x.user_attrs["metrics"]["drop_ucb"], -x.user_attrs["metrics"]["speedup"]),
+            best = min(tried, key=lambda x: (ucb(x.user_attrs["metrics"]), -x.user_attrs["metrics"]["speedup"]),
                        default=None)
             closest = None
             if best is not None:
                 m = best.user_attrs["metrics"]
                 closest = {"knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
                            "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
-                           "drop_upper_bound": m["drop_ucb"], "l_accept": m.get("l_accept"),
+                           "drop_upper_bound": ucb(m), "l_accept": m.get("l_accept"),
                            "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
             methods[o.method] = MethodResult(feasible=False, closest=closest, **base)
             continue
@@ -161,7 +164,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         methods[o.method] = MethodResult(
             feasible=True, knob=knob, n_draft=n, strict_accuracy=m["strict_accuracy"], accuracy=m["accuracy"],
             accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
-            drop_upper_bound=m["drop_ucb"], l_accept=m["l_accept"], length_ratio=m["length_ratio"],
+            drop_upper_bound=ucb(m), l_accept=m["l_accept"], length_ratio=m["length_ratio"],
             modeled_speedup=m["speedup"], truncated=m["truncated"], loop_rate=m["loop_rate"],
             modeled_speedup_by_c_rel={k.removeprefix("speedup_c"): v for k, v in m.items() if k.startswith("speedup_c")},
             serving=serving_args(o.method, knob, n, s.drafter, s.verifier, sampling), **base,

@@ -10,14 +10,18 @@ from typing import Callable
 
 import yaml
 
-from .evaluation import DecodeConfig, check_spec_unchanged, records_path
+from .evaluation import DecodeConfig, check_spec_unchanged, records_complete, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile
 from .tasks import build_prompt_ids, load_problems, load_task
 from .tuning import Tuner, TuneSettings
 
-__all__ = ["run_tune_job", "prepare", "load_backend", "job_file"]
+__all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError"]
+
+
+class JobError(ValueError):
+    """The job cannot go on as asked (the message says why and what to do)."""
 
 
 def prepare(settings: TuneSettings, backend=None):
@@ -93,18 +97,24 @@ def run_tune_job(
 
     Returns:
         ``(config, path)`` of the exported YAML.
+
+    Raises:
+        JobError: an export finds no complete strict records for its problems
+            (it never generates).
     """
     spec, problems, backend = prepare(settings, backend)
     pair = getattr(backend, "name", "backend")
     saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
-    if settings.c_rel == "measured" and saved.exists():
-        raw = json.loads(saved.read_text())
+    raw = json.loads(saved.read_text()) if saved.exists() else None
+    covered = raw is not None and {n + 1 for n in settings.n_drafts} <= {int(k) for k in raw["t_verify"]}
+    if settings.c_rel == "measured" and covered:
         profile: CostProfile | float = CostProfile(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw["t_verify"].items()},
                                                    raw.get("source", ""))
         log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
-    elif settings.c_rel == "measured" and hasattr(backend, "cost_profile"):
+    elif settings.c_rel == "measured" and hasattr(backend, "cost_profile"):  # first run, or new draft lengths
         prompt = build_prompt_ids(backend.tokenizer, spec, problems[0])
-        profile = backend.cost_profile(prompt, settings.n_drafts)
+        earlier = {int(k) - 1 for k in raw["t_verify"]} if raw else set()  # keep pricing earlier trials' N
+        profile = backend.cost_profile(prompt, sorted(set(settings.n_drafts) | earlier))
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"t_ar": profile.t_ar, "t_draft": profile.t_draft, "t_verify": profile.t_verify,
                                      "source": profile.source}, indent=2))
@@ -133,6 +143,12 @@ def run_tune_job(
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})
     for n in used or ([settings.n_drafts[(len(settings.n_drafts) - 1) // 2]] if new_trials else []):
+        if not new_trials and not records_complete(Path(settings.output_dir), spec, DecodeConfig("strict", None, n,
+                                                                                                  settings.seed),
+                                                   pair, problems):
+            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
+                             f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
+                             "`relaxtune tune`")
         tuner.baseline(n)
     mlflow_info = None
     if tracker is not None:

@@ -160,19 +160,26 @@ def point_metrics(
 CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")
 
 
+def drop_ucb_at(metrics: dict, confidence: float) -> float:
+    """The upper bound of the paired accuracy drop at one-sided ``confidence``:
+    the stored one, or rebuilt from the stored discordant counts when the metrics
+    were computed at another confidence (the paired statistic depends only on
+    them and n)."""
+    if metrics.get("confidence", confidence) == confidence or "strict_only" not in metrics:
+        return metrics["drop_ucb"]
+    n, s_only, r_only = int(metrics["n"]), int(metrics["strict_only"]), int(metrics["relaxed_only"])
+    # the paired test only sees the differences: +1 s_only times, -1 r_only times, 0 otherwise
+    strict = [True] * s_only + [False] * r_only + [False] * (n - s_only - r_only)
+    relaxed = [False] * s_only + [True] * r_only + [False] * (n - s_only - r_only)
+    return paired_drop(strict, relaxed, confidence=2 * confidence - 1)[2]
+
+
 def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:
     """Named constraint values (each must be <= 0): drop UCB - epsilon, then the
     optional rambling guards (length ratio, truncated share). The drop bound is
     rebuilt from the stored discordant counts when ``settings.confidence``
     differs from the one the metrics were computed at."""
-    drop_ucb = metrics["drop_ucb"]
-    if metrics.get("confidence", settings.confidence) != settings.confidence and "strict_only" in metrics:
-        n, s_only, r_only = int(metrics["n"]), int(metrics["strict_only"]), int(metrics["relaxed_only"])
-        # the paired test only sees the differences: +1 s_only times, -1 r_only times, 0 otherwise
-        strict = [True] * s_only + [False] * r_only + [False] * (n - s_only - r_only)
-        relaxed = [False] * s_only + [True] * r_only + [False] * (n - s_only - r_only)
-        drop_ucb = paired_drop(strict, relaxed, confidence=2 * settings.confidence - 1)[2]
-    values = {"drop_ucb_minus_epsilon": drop_ucb - settings.epsilon}
+    values = {"drop_ucb_minus_epsilon": drop_ucb_at(metrics, settings.confidence) - settings.epsilon}
     if settings.max_length_ratio is not None:
         values["length_ratio_over_max"] = metrics["length_ratio"] - settings.max_length_ratio
     if settings.max_truncated is not None:
@@ -328,7 +335,9 @@ class Tuner:
             if t.state == optuna.trial.TrialState.RUNNING:  # left by a killed run
                 study.enqueue_trial(dict(t.params))
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        if not trials and pin is not None:
+        if not trials and not self.new_trials:  # export: read what is there, add nothing
+            pass
+        elif not trials and pin is not None:
             study.enqueue_trial(pin)
         elif not trials:
             spec = get_method(method)
@@ -355,7 +364,7 @@ class Tuner:
             finished = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
             failures = sum(t.state == states.FAIL for t in trials)
             wanted = 1 if self.pinned(method) is not None else self.settings.trials  # one point: one trial
-            if not self.new_trials or finished >= wanted or failures >= wanted:
+            if not self.new_trials or finished >= wanted or failures >= self.settings.trials:
                 break
             trial = study.ask(dists)
             knob, n = trial.params.get("knob"), trial.params["n_draft"]

@@ -54,6 +54,12 @@ def test_an_edited_task_under_the_same_version_is_refused(tiny_backend, tmp_path
     bumped = evaluate(tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1,
                       progress=False)
     assert bumped.path.parts[-3] == "tiny_math-v4" and bumped.n == 1
+    # a field added by a later relaxtune (absent from the stored spec, at its default) is no change
+    stored = bumped.path.parent.parent / "spec.json"
+    raw = json.loads(stored.read_text())
+    del raw["shuffle_seed"]
+    stored.write_text(json.dumps(raw))
+    evaluate(tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
 
 
 def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):

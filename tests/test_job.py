@@ -68,6 +68,11 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert exported.epsilon == 0.5 and exported.problems == 4 and set(exported.methods) == {"cactus", "ens"}
     assert exported.strict_by_n_draft == config.strict_by_n_draft and exported.drafter == drafter
 
+    # export never generates: other problems than the tuning run's have no strict records
+    out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
+                                   "--limit", "5"], env={"COLUMNS": "250"})
+    assert out.exit_code != 0 and "no complete strict records at N=2" in " ".join(out.output.split())
+
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):
     runner = CliRunner()

@@ -107,3 +107,62 @@ def test_tuner_pins_the_servers_point(native, tmp_path):
         assert (result.knob, result.n_draft) == (0.5, 3)
     else:
         assert (result.closest["knob"], result.closest["n_draft"]) == (0.5, 3)
+
+
+def test_native_and_client_loop_samples_are_kept_apart(native, tiny_backend, tmp_path):
+    backend, server = native(threshold=0.5, n_draft=3)
+    plain = SGLangBackend(backend.drafter.url, backend.verifier.url, tiny_backend.tokenizer, vocab_size=64,
+                          top_logprobs=64)
+    config = DecodeConfig("sglang_threshold", 0.5, 3)
+    emulated = evaluate(tiny_task(), plain, config, output_dir=tmp_path, limit=2, progress=False)
+    native_result = evaluate(tiny_task(), backend, config, output_dir=tmp_path, limit=2, progress=False)
+    assert native_result.path != emulated.path and len(server.payloads) == 2  # the native server was asked
+    plain.close()
+
+
+def test_a_pinned_trial_that_fails_once_is_run_again(native, tmp_path):
+    from relaxtune.job import run_tune_job
+    from relaxtune.tuning import TuneSettings
+
+    from .tiny_task import write_tiny_task
+
+    backend, server = native(threshold=0.5, n_draft=3)
+    blips = []
+
+    def flaky(spec, backend, config, **kw):
+        if config.method == "sglang_threshold" and not blips:
+            blips.append(1)
+            raise RuntimeError("server blip")
+        return evaluate(spec, backend, config, **kw)
+
+    settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["sglang_threshold"], n_drafts=[3], trials=3,
+                            limit=2, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=2)
+    config, _ = run_tune_job(settings, backend, evaluate_fn=flaky, progress=False, track=False, log=lambda m: None)
+    result = config.methods["sglang_threshold"]
+    assert blips and result.failed == 1 and result.trials == 1
+
+
+def test_closing_the_client_fails_callers_instead_of_hanging(native, tiny_backend):
+    import threading
+
+    backend, server = native()
+    server.delay = 1.0
+    errors = []
+
+    def call():
+        try:
+            backend.native.server.generate({"input_ids": [1, 2], "sampling_params": {}})
+        except SGLangError as err:
+            errors.append(str(err))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    import time
+
+    time.sleep(0.3)
+    backend.close()
+    caller.join(10)
+    assert not caller.is_alive() and "closed during the request" in errors[0]
+    with pytest.raises(SGLangError, match="closed"):
+        backend.verifier.health()
+    backend.close()  # idempotent

@@ -8,7 +8,7 @@ import pytest
 from relaxtune.export import build_config, load_config, save_config
 from relaxtune.speed import speedup
 from relaxtune.stats import paired_drop
-from relaxtune.tuning import Tuner, TuneSettings, constraint_values, point_metrics, study_name
+from relaxtune.tuning import Tuner, TuneSettings, constraint_values, drop_ucb_at, point_metrics, study_name
 
 from .synthetic import PROBLEMS, SPEC, Synthetic
 
@@ -81,6 +81,13 @@ def test_export_with_another_epsilon_redecides_from_stored_metrics(tmp_path):
     stricter = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.1)
     stricter.new_trials = False
     assert stricter.tune_method("cactus").chosen is None
+    surer = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.5, confidence=0.99)
+    surer.new_trials = False
+    config = build_config(surer, [surer.tune_method("cactus")])
+    chosen = config.methods["cactus"]
+    metrics = next(t.user_attrs["metrics"] for t in surer.open_study("cactus").trials
+                   if t.params == {"knob": chosen.knob, "n_draft": chosen.n_draft} and t.state.name == "COMPLETE")
+    assert chosen.drop_upper_bound == drop_ucb_at(metrics, 0.99) > metrics["drop_ucb"]  # labelled at 99 %, not 90 %
 
 
 def test_failing_evaluations_do_not_abort_the_study(tmp_path):

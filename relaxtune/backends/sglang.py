@@ -31,6 +31,7 @@ API and runs the round in ``relaxtune.decoding`` (``shared/docs/sglang-protocol.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import threading
@@ -67,6 +68,7 @@ class AsyncHTTP:
     """
 
     def __init__(self, timeout: float = 120.0, max_concurrency: int = 8) -> None:
+        self.closed = False
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="relaxtune-sglang-http", daemon=True)
         self.thread.start()
@@ -78,8 +80,18 @@ class AsyncHTTP:
         self.client, self.semaphore = self.run(make())
 
     def run(self, coro):
-        """Run ``coro`` on the loop and wait for its result (its exceptions propagate)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Run ``coro`` on the loop and wait for its result (its exceptions propagate).
+
+        Raises:
+            SGLangError: the client is closed, or was closed while waiting.
+        """
+        if self.closed:
+            coro.close()
+            raise SGLangError("the SGLang backend's HTTP client is closed")
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        except concurrent.futures.CancelledError:
+            raise SGLangError("the SGLang backend's HTTP client was closed during the request") from None
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
         """One request, waiting for a free slot first."""
@@ -87,11 +99,23 @@ class AsyncHTTP:
             return await self.client.request(method, url, **kwargs)
 
     def close(self) -> None:
-        """Close the client and stop the loop."""
-        if self.loop.is_running():
-            self.run(self.client.aclose())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
+        """Cancel requests in flight (their callers get ``SGLangError``), close the
+        client, stop and close the loop. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+
+        async def shutdown():
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await self.client.aclose()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
 
 class ServerClient:

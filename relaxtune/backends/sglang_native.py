@@ -57,6 +57,8 @@ def parse_spec_telemetry(meta: dict, server: str = "server") -> SpecTelemetry:
     if "spec_verify_ct" not in meta:
         raise SGLangError(f"{server}: field 'meta_info.spec_verify_ct' missing: is the server speculative "
                           "(--speculative-algorithm STANDALONE)?")
+    if meta["spec_verify_ct"] == 0 and not any(a in meta or p in meta for a, p in TELEMETRY_KEYS):
+        return SpecTelemetry(0, 0, 0, keys=("", ""))  # no round ran (some versions then omit the counters)
     for accepted_key, proposed_key in TELEMETRY_KEYS:
         if accepted_key in meta and proposed_key in meta:
             try:
@@ -137,7 +139,8 @@ class NativeSpecServer:
         telemetry, wall seconds)``.
 
         Raises:
-            SGLangError: as ``ServerClient.generate`` and ``parse_spec_telemetry``.
+            SGLangError: as ``ServerClient.generate`` and ``parse_spec_telemetry``;
+                an aborted request (a failed sample, never graded).
         """
         params = {"max_new_tokens": int(max_new_tokens), "temperature": float(sampling.temperature),
                   "top_k": int(sampling.top_k) if sampling.top_k else -1, "top_p": float(sampling.top_p or 1.0),
@@ -150,5 +153,7 @@ class NativeSpecServer:
         if not isinstance(meta, dict) or "output_ids" not in body:
             raise SGLangError(f"{self.server}: field 'meta_info' or 'output_ids' missing in the /generate response")
         reason = (meta.get("finish_reason") or {}).get("type", "")
+        if reason == "abort":
+            raise SGLangError(f"{self.server} aborted the request: {meta.get('finish_reason')}")
         return ([int(t) for t in body["output_ids"]], str(body.get("text", "")),
                 "length" if reason == "length" else "stop", parse_spec_telemetry(meta, str(self.server)), seconds)

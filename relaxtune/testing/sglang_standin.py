@@ -33,6 +33,15 @@ def _top(logprobs: torch.Tensor, k: int) -> list:
     return [[float(v), int(i), None] for v, i in zip(vals, ids)]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (closed, cancelled, timed out) is no server error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class StandInServer:
     """An HTTP server on 127.0.0.1 answering like SGLang, backed by ``model``.
 
@@ -103,7 +112,7 @@ class StandInServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", port), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
