@@ -359,6 +359,9 @@ class Tuner:
         dists = self._distributions(method)
         states = optuna.trial.TrialState
         run_id = self.tracker.start_study(method, study) if self.tracker else None
+        done = sum(t.state in (states.COMPLETE, states.PRUNED) for t in study.get_trials(deepcopy=False))
+        if done and self.new_trials:
+            self.log(f"resuming {study.study_name}: {done} trial(s) already finished")
         while True:
             trials = study.get_trials(deepcopy=False)
             finished = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
