@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from typing import Optional
@@ -17,30 +18,33 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes 
 
 _TUNE_FLAGS = dict(
     task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
-    methods=typer.Option(None, help="comma-separated method ids [default: cactus,mentored]"),
-    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id [default: embedded 0.5B]"),
-    verifier=typer.Option(None, help="verifier [default: embedded 1.5B]"),
+    methods=typer.Option(None, help="comma-separated method ids \\[default: cactus,mentored]"),
+    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id \\[default: embedded 0.5B]"),
+    verifier=typer.Option(None, help="verifier \\[default: embedded 1.5B]"),
     dtype=typer.Option(None, help="bfloat16 (default), float16 or float32"),
     drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
     verifier_url=typer.Option(None, help="SGLang verifier server URL"),
-    tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang [default: --verifier]"),
-    native_url=typer.Option(None, help="STANDALONE speculative SGLang server for sglang_threshold (`relaxtune serve --native-threshold`)"),
-    concurrency=typer.Option(None, help="sequences in flight against SGLang [default: 8]"),
-    epsilon=typer.Option(None, help="allowed accuracy drop vs strict [default: 0.05]"),
-    confidence=typer.Option(None, help="one-sided confidence of the drop bound [default: 0.9]"),
-    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' [default: measured]"),
-    n_drafts=typer.Option(None, help="comma-separated draft lengths [default: 3,5,10,20]"),
-    trials=typer.Option(None, help="trials per method [default: 8]"),
+    tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang \\[default: --verifier]"),
+    native_url=typer.Option(None, help="STANDALONE speculative SGLang server for sglang_threshold "
+                            "(`relaxtune serve --native-threshold`)"),
+    concurrency=typer.Option(None, help="sequences in flight against SGLang \\[default: 8]"),
+    epsilon=typer.Option(None, help="allowed accuracy drop vs strict \\[default: 0.05]"),
+    confidence=typer.Option(None, help="one-sided confidence of the drop bound \\[default: 0.9]"),
+    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' \\[default: measured]"),
+    n_drafts=typer.Option(None, help="comma-separated draft lengths \\[default: 3,5,10,20]"),
+    trials=typer.Option(None, help="trials per method \\[default: 8]"),
     limit=typer.Option(None, help="first N problems only"),
-    seed=typer.Option(None, help="base seed [default: 0]"),
-    stage_size=typer.Option(None, help="problems per pruning stage [default: 4]"),
-    output_dir=typer.Option(None, help="records, Optuna db and tuned config [default: relaxtune-runs]"),
-    storage=typer.Option(None, help="Optuna storage URL [default: sqlite:///<output-dir>/optuna.db]"),
-    mlflow_uri=typer.Option(None, help="MLflow tracking URI [default: sqlite:///mlflow.db]"),
+    seed=typer.Option(None, help="base seed \\[default: 0]"),
+    stage_size=typer.Option(None, help="problems per pruning stage \\[default: 4]"),
+    output_dir=typer.Option(None, help="records, Optuna db and tuned config \\[default: relaxtune-runs]"),
+    storage=typer.Option(None, help="Optuna storage URL \\[default: sqlite:///<output-dir>/optuna.db]"),
+    mlflow_uri=typer.Option(None, help="MLflow tracking URI \\[default: sqlite:///mlflow.db]"),
     max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
     max_truncated=typer.Option(None, help="optional guard on the truncated share"),
-    export=typer.Option(None, help="tuned config path [default: <output-dir>/<task>.tuned.yaml]"),
+    export=typer.Option(None, help="tuned config path \\[default: <output-dir>/<task>.tuned.yaml]"),
 )
+_TUNE_TYPES = dict(concurrency=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float, confidence=float,
+                   max_length_ratio=float, max_truncated=float)  # the others are str
 
 
 def _fmt(value: float | None) -> str:
@@ -339,73 +343,36 @@ def _summary(config, path) -> None:
 
 
 
+def _tune_options(fn):
+    """Give ``fn(config, **flags)`` a ``--config`` option and every option of
+    ``_TUNE_FLAGS`` (typer reads the signature), so ``tune`` and ``export`` share them."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    config = typer.Option(None, "--config", help="YAML with any of the options below")
+    params = [inspect.Parameter("config", kw, default=config, annotation=Optional[str])]
+    params += [inspect.Parameter(name, kw, default=option, annotation=Optional[_TUNE_TYPES.get(name, str)])
+               for name, option in _TUNE_FLAGS.items()]
+    fn.__signature__ = inspect.Signature(params)
+    return fn
+
+
 @app.command()
-def tune(
-    config: Optional[str] = typer.Option(None, "--config", help="YAML with any of the options below"),
-    task: Optional[str] = _TUNE_FLAGS["task"],
-    methods: Optional[str] = _TUNE_FLAGS["methods"],
-    drafter: Optional[str] = _TUNE_FLAGS["drafter"],
-    verifier: Optional[str] = _TUNE_FLAGS["verifier"],
-    dtype: Optional[str] = _TUNE_FLAGS["dtype"],
-    drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
-    verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
-    tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
-    native_url: Optional[str] = _TUNE_FLAGS["native_url"],
-    concurrency: Optional[int] = _TUNE_FLAGS["concurrency"],
-    epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
-    confidence: Optional[float] = _TUNE_FLAGS["confidence"],
-    c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
-    n_drafts: Optional[str] = _TUNE_FLAGS["n_drafts"],
-    trials: Optional[int] = _TUNE_FLAGS["trials"],
-    limit: Optional[int] = _TUNE_FLAGS["limit"],
-    seed: Optional[int] = _TUNE_FLAGS["seed"],
-    stage_size: Optional[int] = _TUNE_FLAGS["stage_size"],
-    output_dir: Optional[str] = _TUNE_FLAGS["output_dir"],
-    storage: Optional[str] = _TUNE_FLAGS["storage"],
-    mlflow_uri: Optional[str] = _TUNE_FLAGS["mlflow_uri"],
-    max_length_ratio: Optional[float] = _TUNE_FLAGS["max_length_ratio"],
-    max_truncated: Optional[float] = _TUNE_FLAGS["max_truncated"],
-    export: Optional[str] = _TUNE_FLAGS["export"],
-) -> None:
+@_tune_options
+def tune(config: Optional[str] = None, **flags) -> None:
     """Tune alpha (and N) per method on a task under a capability-loss budget; log to MLflow; export a config."""
-    flags = {k: v for k, v in locals().items() if k != "config"}
     _run_job(_settings(config, flags), new_trials=True)
 
 
 @app.command("export")
-def export_(
-    config: Optional[str] = typer.Option(None, "--config", help="the YAML the job ran with"),
-    task: Optional[str] = _TUNE_FLAGS["task"],
-    methods: Optional[str] = _TUNE_FLAGS["methods"],
-    drafter: Optional[str] = _TUNE_FLAGS["drafter"],
-    verifier: Optional[str] = _TUNE_FLAGS["verifier"],
-    dtype: Optional[str] = _TUNE_FLAGS["dtype"],
-    drafter_url: Optional[str] = _TUNE_FLAGS["drafter_url"],
-    verifier_url: Optional[str] = _TUNE_FLAGS["verifier_url"],
-    tokenizer: Optional[str] = _TUNE_FLAGS["tokenizer"],
-    native_url: Optional[str] = _TUNE_FLAGS["native_url"],
-    epsilon: Optional[float] = _TUNE_FLAGS["epsilon"],
-    confidence: Optional[float] = _TUNE_FLAGS["confidence"],
-    c_rel: Optional[str] = _TUNE_FLAGS["c_rel"],
-    n_drafts: Optional[str] = _TUNE_FLAGS["n_drafts"],
-    limit: Optional[int] = _TUNE_FLAGS["limit"],
-    seed: Optional[int] = _TUNE_FLAGS["seed"],
-    output_dir: Optional[str] = _TUNE_FLAGS["output_dir"],
-    storage: Optional[str] = _TUNE_FLAGS["storage"],
-    mlflow_uri: Optional[str] = _TUNE_FLAGS["mlflow_uri"],
-    max_length_ratio: Optional[float] = _TUNE_FLAGS["max_length_ratio"],
-    max_truncated: Optional[float] = _TUNE_FLAGS["max_truncated"],
-    export: Optional[str] = _TUNE_FLAGS["export"],
-) -> None:
+@_tune_options
+def export_(config: Optional[str] = None, **flags) -> None:
     """Re-export the tuned config from finished studies (no new trials). Starts
     from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml);
-    flags override them, e.g. another --epsilon."""
+    options override them, e.g. another --epsilon."""
     import yaml
 
     from .job import job_file
     from .tasks import load_task
 
-    flags = {k: v for k, v in locals().items() if k not in ("config", "yaml", "job_file", "load_task")}
     base = None
     from_file = {}
     if config:  # the job's YAML may name the task and the output folder
@@ -414,10 +381,10 @@ def export_(
         except (OSError, yaml.YAMLError) as err:
             raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
         from_file = from_file if isinstance(from_file, dict) else {}
-    task = task or from_file.get("task")
+    task = flags["task"] or from_file.get("task")
     if task:
         try:
-            folder = output_dir or from_file.get("output_dir") or from_file.get("output-dir") or "relaxtune-runs"
+            folder = flags["output_dir"] or from_file.get("output_dir") or from_file.get("output-dir") or "relaxtune-runs"
             saved = job_file(folder, load_task(task).name)
         except (ValueError, FileNotFoundError, KeyError) as err:
             raise typer.BadParameter(str(err)) from None
