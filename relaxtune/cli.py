@@ -93,7 +93,7 @@ def generate(
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
     from .backends.hf import load_pair
-    from .engine import AR
+    from .engine import AR, check_decode
     from .engine import generate as run
     from .methods import get_method
     from .sampling import SamplingParams
@@ -102,16 +102,10 @@ def generate(
         sampling = SamplingParams(temperature, top_k, top_p)
         if not prompt.strip():
             raise ValueError("the prompt is empty")
-        if max_new_tokens < 1 or n_draft < 1:
-            raise ValueError(f"--max-new-tokens and --n-draft must be >= 1, got {max_new_tokens} and {n_draft}")
-        if method == AR and alpha is not None:
-            raise ValueError("the AR baseline has no knob (alpha)")
-        if method != AR:
-            spec = get_method(method)
-            if alpha is None and spec.has_knob:
-                alpha = spec.grid[len(spec.grid) // 2]
-            spec.check_knob(alpha)
-            spec.check_temperature(temperature)
+        grid = get_method(method).grid if method != AR else ()
+        if alpha is None and grid:
+            alpha = grid[len(grid) // 2]  # the middle of the paper's grid
+        check_decode(method, alpha, n_draft, temperature, max_new_tokens)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
@@ -212,21 +206,13 @@ def eval_(
     import json
 
     from .backends.hf import load_pair
-    from .engine import AR
+    from .engine import AR, check_decode
     from .evaluation import DecodeConfig, evaluate
-    from .methods import get_method
     from .tasks import load_problems, load_task
 
     try:
         spec = load_task(task)
-        if method == AR and alpha is not None:
-            raise ValueError("the AR baseline has no knob (alpha)")
-        if method != AR:
-            m = get_method(method)
-            m.check_knob(alpha)
-            m.check_temperature(spec.sampling.temperature)
-            if n_draft < 1:
-                raise ValueError(f"--n-draft must be >= 1, got {n_draft}")
+        check_decode(method, alpha, n_draft, spec.sampling.temperature)
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None

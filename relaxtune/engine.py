@@ -27,7 +27,7 @@ from .decoding import verify_rounds
 from .methods import Needs, get_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
 
-__all__ = ["GenerationStats", "Generation", "generate", "AR"]
+__all__ = ["GenerationStats", "Generation", "generate", "check_decode", "AR"]
 
 AR = "ar"  # the autoregressive baseline's method id
 
@@ -118,6 +118,29 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+def check_decode(method: str, knob: float | None, n_draft: int, temperature: float,
+                 max_new_tokens: int = 1) -> float | None:
+    """Validate a decoding configuration before any generation; return the knob as
+    a float (None for knob-less methods and AR).
+
+    Raises:
+        ValueError: unknown method, a knob for AR, knob out of range, T = 0 with a
+            method that collapses to strict, N not an integer >= 1, max_new_tokens < 1.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+    if method == AR:
+        if knob is not None:
+            raise ValueError("the AR baseline has no knob (alpha)")
+        return None
+    spec = get_method(method)
+    knob = spec.check_knob(knob)
+    spec.check_temperature(temperature)
+    if int(n_draft) != n_draft or n_draft < 1:
+        raise ValueError(f"n_draft must be an integer >= 1, got {n_draft!r}")
+    return knob
+
+
 def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
             seed: int, stop: Sequence[str]) -> Generation:
     """``sglang_threshold`` run by SGLang's own speculative server (one request)."""
@@ -169,14 +192,8 @@ def generate(
             (threshold, N), or its response cannot be read.
     """
     ar = method == AR
+    knob = check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     spec = None if ar else get_method(method)
-    if spec is not None:
-        knob = spec.check_knob(knob)
-        spec.check_temperature(sampling.temperature)
-        if int(n_draft) != n_draft or n_draft < 1:
-            raise ValueError(f"n_draft must be an integer >= 1, got {n_draft!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
     native = getattr(backend, "native", None)
     if native is not None and spec is not None and spec.id == "sglang_threshold":
         return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)

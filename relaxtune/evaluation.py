@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .backends.base import Backend
-from .engine import AR, Generation, GenerationStats, generate
+from .engine import Generation, GenerationStats, check_decode, generate
 from .graders import Verdict, grade
 from .stats import wilson_interval
 from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
@@ -218,17 +218,7 @@ def evaluate(
         ValueError: bad method/knob for this task's sampling, or a task spec that
             changed under the same version (before any generation).
     """
-    if config.method == AR:
-        if config.knob is not None:
-            raise ValueError("the AR baseline has no knob (alpha)")
-    else:
-        from .methods import get_method
-
-        m = get_method(config.method)
-        m.check_knob(config.knob)
-        m.check_temperature(spec.sampling.temperature)
-        if int(config.n_draft) != config.n_draft or config.n_draft < 1:
-            raise ValueError(f"n_draft must be an integer >= 1, got {config.n_draft!r}")
+    check_decode(config.method, config.knob, config.n_draft, spec.sampling.temperature)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
