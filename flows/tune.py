@@ -11,6 +11,8 @@ cached on its inputs, retries transient backend errors, and carries a
 
 from __future__ import annotations
 
+import functools
+
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS
 
@@ -18,7 +20,7 @@ from relaxtune.evaluation import DecodeConfig, EvalResult, evaluate
 from relaxtune.tasks import list_tasks, load_problems, load_task
 from relaxtune.tuning import TuneSettings
 
-TRANSIENT = (ConnectionError, TimeoutError, OSError)
+TRANSIENT = (OSError,)  # connection errors and timeouts included
 
 
 def _transient(task, task_run, state) -> bool:
@@ -32,10 +34,25 @@ def _transient(task, task_run, state) -> bool:
     return False
 
 
-def _backend(settings: TuneSettings):
-    from relaxtune.backends.hf import load_pair  # cached per process on (ids, dtype, device)
+BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url", "concurrency")
 
-    return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
+
+def _backend(settings: TuneSettings):
+    """The settings' backend (in-process pair or SGLang), loaded once per process."""
+    return _cached_backend(settings.task, tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_backend(task: str, fields: tuple):
+    from relaxtune.job import load_backend
+
+    return load_backend(TuneSettings(task=task, **dict(fields)))
+
+
+@functools.lru_cache(maxsize=16)
+def _problems(task: str, limit: int | None) -> tuple:
+    """The task's problems, loaded once per process (every stage of every trial asks)."""
+    return tuple(load_problems(load_task(task), limit))
 
 
 @task(cache_policy=INPUTS, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient, persist_result=True)
@@ -44,7 +61,7 @@ def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft:
     (records resume from disk, so a retry redoes only unfinished samples)."""
     s = TuneSettings(**settings)
     spec = load_task(s.task)
-    problems = load_problems(spec, s.limit)[:n_problems]
+    problems = list(_problems(s.task, s.limit)[:n_problems])
     return evaluate(spec, _backend(s), DecodeConfig(method, knob, n_draft, seed), output_dir=s.output_dir,
                     problems=problems, progress=False)
 
@@ -60,7 +77,7 @@ def evaluate_point(task: str, method: str = "strict", alpha: float | None = None
     """Evaluate one (method, alpha, N) point on a task; returns the result summary."""
     s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir,
                      **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v})
-    n = len(load_problems(load_task(task), limit))
+    n = len(_problems(task, limit))
     result = _tagged(s.model_dump(), "point")(s.model_dump(), method, alpha, n_draft, seed, n)
     summary = result.summary()
     print(f"{task} {method} {alpha} N={n_draft}: accuracy {summary['accuracy']:.3f} "

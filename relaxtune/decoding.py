@@ -110,10 +110,15 @@ def _check_shapes(p, q, draft_ids, z_p, z_q) -> tuple[int, int, int]:
     return b, n, v
 
 
-def _check_needs(spec: MethodSpec, knob: float | None, q, z_p, z_q, temperature, n: int) -> None:
+def _check_needs(spec: MethodSpec, knob: float | None, q, z_p, z_q, temperature, n: int, draft_ids) -> None:
     """Raise when the method at this knob lacks an input its ``needs`` names."""
     if spec.is_strict(knob):
         return
+    if Needs.GREEDY_DRAFTS in spec.needs:
+        q_x = q[:, :n].gather(-1, draft_ids.long().unsqueeze(-1))
+        if bool((q_x < 1.0 - ROW_SUM_TOL).any()):
+            raise ValueError(f"{spec.id} treats drafts as deterministic (SGLang's target-only rule): draft the "
+                             "drafter's argmax and pass one-hot q rows")
     if Needs.VERIFIER_LOGITS in spec.needs and z_p is None:
         raise ValueError(f"{spec.id} needs the raw verifier logits z_p [B, N+1, V]")
     if Needs.DRAFTER_LOGITS in spec.needs and z_q is None:
@@ -182,7 +187,7 @@ def verify_rounds(
     knob = spec.check_knob(knob)
     spec.check_temperature(temperature)
     b, n, v = _check_shapes(p, q, draft_ids, z_p, z_q)
-    _check_needs(spec, knob, q, z_p, z_q, temperature, n)
+    _check_needs(spec, knob, q, z_p, z_q, temperature, n, draft_ids)
     if validate:
         check_distribution("p", p)
         check_distribution("q", q)
@@ -196,9 +201,6 @@ def verify_rounds(
     zq_d = None if z_q is None else z_q[:, :n]
     rej_x = spec.rej_at(Rows(p[:, :n], q[:, :n], x, zp_d, zq_d, temperature), knob)
     q_x = q[:, :n].gather(-1, x.unsqueeze(-1)).squeeze(-1)
-    if Needs.GREEDY_DRAFTS in spec.needs and not spec.is_strict(knob) and bool((q_x < 1.0 - ROW_SUM_TOL).any()):
-        raise ValueError(f"{spec.id} treats drafts as deterministic (SGLang's target-only rule): draft the "
-                         "drafter's argmax and pass one-hot q rows")
     ratio = torch.where(q_x > 0, rej_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(rej_x))
     accepted = (uniforms[:, :n] < ratio).long().cumprod(-1).sum(-1)  # leading accepts, [B]
 

@@ -27,7 +27,7 @@ from .decoding import verify_rounds
 from .methods import Needs, get_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
 
-__all__ = ["GenerationStats", "Generation", "generate", "check_decode", "AR"]
+__all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR"]
 
 AR = "ar"  # the autoregressive baseline's method id
 
@@ -141,6 +141,13 @@ def check_decode(method: str, knob: float | None, n_draft: int, temperature: flo
     return knob
 
 
+def native_server(backend, method: str):
+    """The backend's SGLang speculative server when ``method`` is one that server
+    runs itself (``MethodSpec.server_native``), else None."""
+    server = getattr(backend, "native", None)
+    return server if server is not None and method != AR and get_method(method).server_native else None
+
+
 def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
             seed: int, stop: Sequence[str]) -> Generation:
     """``sglang_threshold`` run by SGLang's own speculative server (one request)."""
@@ -194,8 +201,7 @@ def generate(
     ar = method == AR
     knob = check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     spec = None if ar else get_method(method)
-    native = getattr(backend, "native", None)
-    if native is not None and spec is not None and spec.id == "sglang_threshold":
+    if (native := native_server(backend, method)) is not None:
         return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
     greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
@@ -215,11 +221,11 @@ def generate(
             q_rows: list[torch.Tensor] = []
 
             def pick(z: torch.Tensor) -> int:
-                q_rows.append(transform_logits(z[None], sampling))
                 if greedy_drafts:  # the drafter's argmax, q one-hot (SGLang's target-only rule)
-                    token = int(q_rows[-1].argmax())
-                    q_rows[-1] = torch.nn.functional.one_hot(torch.tensor([token]), q_rows[-1].shape[-1]).to(q_rows[-1].dtype)
+                    token = int(z.argmax())  # the transform keeps the order: no need to run it
+                    q_rows.append(torch.nn.functional.one_hot(torch.tensor([token]), z.shape[-1]).float())
                     return token
+                q_rows.append(transform_logits(z[None], sampling))
                 return int(sample_from_rows(q_rows[-1], u_draft[len(q_rows) - 1 : len(q_rows)]))
 
             drafted = backend.draft(state, n_draft, pick, extra_step=extra_step)
@@ -244,7 +250,7 @@ def generate(
         stats.rounds += 1
         stats.accepted += accepted
         stats.emitted += len(emitted)
-        kept, reason = _finish(emitted, len(state.generated), max_new_tokens, backend.eos_token_ids)
+        kept, reason = _finish(emitted, len(state.tokens) - state.prompt_len, max_new_tokens, backend.eos_token_ids)
         backend.commit(state, kept)
         if stop:
             text, hit = _cut_at_stop(backend.decode(state.generated), stop)

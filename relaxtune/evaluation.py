@@ -21,14 +21,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .backends.base import Backend
-from .engine import Generation, GenerationStats, check_decode, generate
+from .engine import Generation, GenerationStats, check_decode, generate, native_server
 from .graders import Verdict, grade
+from .graders.base import THINK_END
 from .stats import wilson_interval
 from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
 
 __all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path"]
 
-THINK_END = "</think>"
 
 
 @dataclass(frozen=True)
@@ -174,10 +174,28 @@ def _grade(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verd
         return Verdict(False, "grader_error", None, f"{type(err).__name__}: {err}")
 
 
+_DONE: dict[Path, tuple[tuple[int, int], int, dict]] = {}  # path -> (file id, bytes parsed, finished records)
+_DONE_LOCK = threading.Lock()
+
+
 def _read_done(path: Path) -> dict[tuple[str, int], dict]:
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
+    """Finished records of a JSONL file by (problem id, repeat). Files only grow
+    (appends), so each call parses just the lines added since the last one: a
+    study's stages re-read nothing. A replaced or shorter file is read anew."""
+    path = Path(path).resolve()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {}
+    with _DONE_LOCK:
+        ident, offset, done = _DONE.get(path, (None, 0, {}))
+        if ident != (st.st_dev, st.st_ino) or st.st_size < offset:
+            offset, done = 0, {}
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a trailing partial line waits for its end
+        for line in complete.decode().splitlines():
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill: redo that sample
@@ -185,7 +203,8 @@ def _read_done(path: Path) -> dict[tuple[str, int], dict]:
             if rec.get("failed"):  # a failed generation is tried again on resume
                 continue
             done[(rec["problem_id"], rec["repeat"])] = rec
-    return done
+        _DONE[path] = ((st.st_dev, st.st_ino), offset + len(complete), done)
+        return dict(done)
 
 
 def evaluate(
@@ -223,7 +242,7 @@ def evaluate(
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
     name = getattr(backend, "name", "backend")
-    if config.method == "sglang_threshold" and getattr(backend, "native", None) is not None:
+    if native_server(backend, config.method) is not None:
         name += "+native"  # SGLang's own server, not the client-loop transcription: other samples
     path = records_path(Path(output_dir), spec, config, name)
     check_spec_unchanged(path.parent.parent, spec)

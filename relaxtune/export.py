@@ -99,6 +99,7 @@ def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, ve
     """How to serve a point. Strict maps onto SGLang's own speculative decoding;
     relaxed rules run in relaxtune's client-side verify loop over two plain
     servers (SGLang's server-side verify cannot express them)."""
+    from .backends.sglang_native import chain_flags
     from .embedded import EMBEDDED
 
     rt = {"method": method, "alpha": knob, "n_draft": n_draft, "drafter": drafter, "verifier": verifier, "sampling": sampling}
@@ -107,11 +108,8 @@ def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, ve
     if method == "strict":
         return {
             "relaxtune": rt,
-            "sglang_launch_args": [
-                "--model-path", verifier, "--speculative-algorithm", "STANDALONE",
-                "--speculative-draft-model-path", drafter, "--speculative-num-steps", str(n_draft),
-                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(n_draft + 1),
-            ],
+            "sglang_launch_args": ["--model-path", verifier, "--speculative-draft-model-path", drafter,
+                                   *chain_flags(n_draft)],
         }
     return {"relaxtune": rt, "note": "client-side verify loop over a drafter and a verifier server"}
 
@@ -128,7 +126,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
     """Assemble the tuned config from a finished ``Tuner`` and its ``MethodOutcome``s."""
     import optuna
 
-    from .speed import CostProfile
+    from .speed import CostProfile, c_rel_of
 
     from .tuning import drop_ucb_at
 
@@ -195,9 +193,8 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
         verifier=s.verifier, dtype=s.dtype, sampling=sampling, seed=s.seed, problems=len(tuner.problems),
         repeats=spec.repeats, epsilon=s.epsilon, confidence=s.confidence,
-        c_rel=profile.c_rel if isinstance(profile, CostProfile) else float(profile),
-        cost_profile=({"t_ar": profile.t_ar, "t_draft": profile.t_draft, "t_verify": profile.t_verify,
-                       "source": profile.source} if isinstance(profile, CostProfile) else None),
+        c_rel=c_rel_of(profile),
+        cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,
         strict_by_n_draft=strict, methods=methods, recommendation=rec, relaxtune_version=metadata.version("relaxtune"),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), mlflow=mlflow_info,
     )

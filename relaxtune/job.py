@@ -74,6 +74,32 @@ def job_file(output_dir: str | Path, task: str) -> Path:
     return Path(output_dir) / f"{task}.job.yaml"
 
 
+def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None]) -> CostProfile | float:
+    """The job's costs: ``settings.c_rel`` when given; else the profile measured
+    once per (task, pair) and saved beside its records, re-measured when a new
+    draft length needs pricing (earlier lengths are kept); else c_rel = 0.2 for
+    backends that cannot measure (SGLang)."""
+    if settings.c_rel != "measured":
+        return float(settings.c_rel)
+    pair = getattr(backend, "name", "backend")
+    saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
+    earlier = CostProfile.from_dict(json.loads(saved.read_text())) if saved.exists() else None
+    if earlier is not None and {n + 1 for n in settings.n_drafts} <= set(earlier.t_verify):
+        log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
+        return earlier
+    if not hasattr(backend, "cost_profile"):
+        log("this backend cannot measure its costs: using c_rel = 0.2")
+        return 0.2
+    lengths = set(settings.n_drafts) | ({k - 1 for k in earlier.t_verify} if earlier else set())
+    profile = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problems[0]), sorted(lengths))
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(profile.to_dict(), indent=2))
+    log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "
+        f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
+        + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())) + f" (saved to {saved})")
+    return profile
+
+
 def run_tune_job(
     settings: TuneSettings,
     backend=None,
@@ -104,27 +130,7 @@ def run_tune_job(
     """
     spec, problems, backend = prepare(settings, backend)
     pair = getattr(backend, "name", "backend")
-    saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
-    raw = json.loads(saved.read_text()) if saved.exists() else None
-    covered = raw is not None and {n + 1 for n in settings.n_drafts} <= {int(k) for k in raw["t_verify"]}
-    if settings.c_rel == "measured" and covered:
-        profile: CostProfile | float = CostProfile(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw["t_verify"].items()},
-                                                   raw.get("source", ""))
-        log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
-    elif settings.c_rel == "measured" and hasattr(backend, "cost_profile"):  # first run, or new draft lengths
-        prompt = build_prompt_ids(backend.tokenizer, spec, problems[0])
-        earlier = {int(k) - 1 for k in raw["t_verify"]} if raw else set()  # keep pricing earlier trials' N
-        profile = backend.cost_profile(prompt, sorted(set(settings.n_drafts) | earlier))
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        saved.write_text(json.dumps({"t_ar": profile.t_ar, "t_draft": profile.t_draft, "t_verify": profile.t_verify,
-                                     "source": profile.source}, indent=2))
-        log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "
-            f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
-            + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())) + f" (saved to {saved})")
-    else:
-        profile = 0.2 if settings.c_rel == "measured" else float(settings.c_rel)
-        if settings.c_rel == "measured":
-            log("this backend cannot measure its costs: using c_rel = 0.2")
+    profile = cost_profile(settings, spec, problems, backend, log)
     tracker = None
     if track:
         from .tracking import Tracker
@@ -142,13 +148,12 @@ def run_tune_job(
     # strict at every N a trial used (read back from its records when resuming or exporting)
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})
-    for n in used or ([settings.n_drafts[(len(settings.n_drafts) - 1) // 2]] if new_trials else []):
-        if not new_trials and not records_complete(Path(settings.output_dir), spec, DecodeConfig("strict", None, n,
-                                                                                                  settings.seed),
-                                                   pair, problems):
+    for n in used or ([settings.mid_n_draft] if new_trials else []):
+        strict = DecodeConfig("strict", None, n, settings.seed)
+        if not new_trials and not records_complete(Path(settings.output_dir), spec, strict, pair, problems):
             raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
-                             f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
-                             "`relaxtune tune`")
+                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
+                           "`relaxtune tune`")
         tuner.baseline(n)
     mlflow_info = None
     if tracker is not None:

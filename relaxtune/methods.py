@@ -274,8 +274,12 @@ def sglang_threshold(rows: Rows, t: float) -> Targets:
     """
     if rows.x is None:
         raise ValueError("sglang_threshold needs the drafted token x")
-    pi_rej = torch.where(rows.p >= t, torch.ones_like(rows.p), rows.p / max(t, THRESHOLD_FLOOR))
-    return Targets(pi_rej, rows.p)
+    return Targets(_threshold_rej(rows.p, t), rows.p)
+
+
+def _threshold_rej(p: torch.Tensor, t: float) -> torch.Tensor:
+    """1 where ``p >= t`` (accept outright), else ``p / t`` (shape of ``p``)."""
+    return torch.where(p >= t, torch.ones_like(p), p / max(t, THRESHOLD_FLOOR))
 
 
 # ------------------------------------------------------------ pi_rej at the draft
@@ -331,8 +335,7 @@ def _cont_dec_at(rows: Rows, beta: float) -> torch.Tensor:
 
 
 def _threshold_at(rows: Rows, t: float) -> torch.Tensor:
-    p_x = _at(rows.p, rows.x)
-    return torch.where(p_x >= t, torch.ones_like(p_x), p_x / max(t, THRESHOLD_FLOOR))
+    return _threshold_rej(_at(rows.p, rows.x), t)
 
 
 # ------------------------------------------------------------------------ registry
@@ -360,6 +363,8 @@ class MethodSpec:
             (``spec_cont_dec``) instead of ``p``.
         strict_below_zero: every negative knob is strict too (an empty switch set).
         refuses_greedy: T = 0 makes the method collapse to strict.
+        server_native: SGLang's speculative server runs the rule itself (a backend
+            with such a server, ``native``, serves it there).
         description: one line for listings.
     """
 
@@ -377,6 +382,7 @@ class MethodSpec:
     bonus_from_pi: bool = False
     strict_below_zero: bool = False
     refuses_greedy: bool = False
+    server_native: bool = False
     description: str = ""
 
     @property
@@ -490,6 +496,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec(
             "sglang_threshold", sglang_threshold, _threshold_at, "threshold", 0.0, 1.0, strict_point=1.0,
             grid=(0.8, 0.5, 0.2), search=(0.05, 1.0, False), needs=Needs.GREEDY_DRAFTS, refuses_greedy=True,
+            server_native=True,
             description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t or u <= p(x)/t (not in the paper)",
         ),
     )

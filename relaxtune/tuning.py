@@ -35,7 +35,7 @@ from .embedded import DRAFTER, VERIFIER
 from .evaluation import DecodeConfig, EvalResult, evaluate
 from .methods import get_method
 from .rambling import loop_rate
-from .speed import PAPER_C_REL, CostProfile, speedup
+from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .stats import paired_drop
 from .tasks import Problem, TaskSpec
 
@@ -84,6 +84,11 @@ class TuneSettings(BaseModel):
         if not methods:
             raise ValueError("give at least one method")
         return methods
+
+    @property
+    def mid_n_draft(self) -> int:
+        """The middle draft length of ``n_drafts`` (the paper's grid runs there first)."""
+        return self.n_drafts[(len(self.n_drafts) - 1) // 2]
 
     @field_validator("c_rel")
     @classmethod
@@ -148,12 +153,8 @@ def point_metrics(
     )
     for c in PAPER_C_REL:
         out[f"speedup_c{c:g}"] = speedup(l_accept, n_draft, c, l_strict, l_relax)
-    if isinstance(profile, CostProfile):
-        out["speedup"] = profile.speedup(l_accept, n_draft, l_strict, l_relax)
-        out["c_rel"] = profile.c_rel
-    else:
-        out["speedup"] = speedup(l_accept, n_draft, float(profile), l_strict, l_relax)
-        out["c_rel"] = float(profile)
+    out["speedup"] = modeled_speedup(profile, l_accept, n_draft, l_strict, l_relax)
+    out["c_rel"] = c_rel_of(profile)
     return out
 
 
@@ -273,10 +274,7 @@ class Tuner:
     def strict_speedup(self, n_draft: int) -> float:
         """Modeled speed-up of strict at N (length ratio 1)."""
         b = self.baseline(n_draft)
-        l_accept = min(b.l_accept, float(n_draft))
-        if isinstance(self.profile, CostProfile):
-            return self.profile.speedup(l_accept, n_draft)
-        return speedup(l_accept, n_draft, float(self.profile))
+        return modeled_speedup(self.profile, min(b.l_accept, float(n_draft)), n_draft)
 
     def evaluate_point(self, method: str, knob: float | None, n_draft: int,
                        on_stage: Callable[[int, dict], None] | None = None) -> tuple[dict, EvalResult]:
@@ -298,8 +296,13 @@ class Tuner:
     def pinned(self, method: str) -> dict | None:
         """The one point ``{"knob", "n_draft"}`` the backend can serve for ``method``
         (``sglang_threshold`` on a native speculative server: launch flags), or None."""
-        fn = getattr(self.backend, "pinned_point", None)
-        return fn(method) if fn is not None else None
+        from .engine import native_server
+
+        server = native_server(self.backend, method)
+        if server is None:
+            return None
+        knob, n_draft = server.point()
+        return {"knob": knob, "n_draft": n_draft}
 
     def _distributions(self, method: str) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -341,7 +344,7 @@ class Tuner:
             study.enqueue_trial(pin)
         elif not trials:
             spec = get_method(method)
-            mid = self.settings.n_drafts[(len(self.settings.n_drafts) - 1) // 2]
+            mid = self.settings.mid_n_draft
             for value in spec.grid or (None,):
                 params = {"n_draft": mid} | ({"knob": value} if value is not None else {})
                 study.enqueue_trial(params)

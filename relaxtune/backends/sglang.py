@@ -322,14 +322,6 @@ class SGLangBackend:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
-    def pinned_point(self, method: str) -> dict | None:
-        """``{"knob": t, "n_draft": N}`` when ``method`` is ``sglang_threshold`` and a
-        native server serves it (its launch flags fix the point), else None."""
-        if method != "sglang_threshold" or self.native is None:
-            return None
-        t, n = self.native.point()
-        return {"knob": t, "n_draft": n}
-
     def start(self, prompt_ids: Sequence[int]) -> SequenceState:
         """A fresh state (no request yet)."""
         if len(prompt_ids) == 0:

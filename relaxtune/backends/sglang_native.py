@@ -23,7 +23,7 @@ from typing import Sequence
 
 from .sglang import AsyncHTTP, SGLangError, ServerClient
 
-__all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "TELEMETRY_KEYS", "native_flags"]
+__all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "TELEMETRY_KEYS", "chain_flags", "native_flags"]
 
 # (accepted drafts, proposed drafts) key pairs, newest first: 0.5.12+, the aliases
 # some versions also write, and <= 0.5.10. The bonus token is not an accepted draft.
@@ -76,13 +76,18 @@ def parse_spec_telemetry(meta: dict, server: str = "server") -> SpecTelemetry:
                       f"got {spec_keys}): a new SGLang key rename?")
 
 
+def chain_flags(n_draft: int) -> list[str]:
+    """Launch flags of SGLang's STANDALONE speculative decoding with chain drafts
+    (top-k 1, N steps, N + 1 draft tokens): strict, at the default thresholds."""
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-eagle-topk", "1",
+            "--speculative-num-steps", str(n_draft), "--speculative-num-draft-tokens", str(n_draft + 1)]
+
+
 def native_flags(threshold: float, n_draft: int) -> list[str]:
     """The launch flags of a STANDALONE server serving ``sglang_threshold`` at
-    ``(threshold, N)`` (chain drafting: top-k 1, N steps, N + 1 draft tokens)."""
-    return ["--speculative-algorithm", "STANDALONE", "--speculative-eagle-topk", "1",
-            "--speculative-num-steps", str(n_draft), "--speculative-num-draft-tokens", str(n_draft + 1),
-            "--speculative-accept-threshold-single", f"{threshold:g}",
-            "--speculative-accept-threshold-acc", f"{threshold:g}"]
+    ``(threshold, N)``."""
+    return chain_flags(n_draft) + ["--speculative-accept-threshold-single", f"{threshold:g}",
+                                   "--speculative-accept-threshold-acc", f"{threshold:g}"]
 
 
 class NativeSpecServer:

@@ -17,6 +17,7 @@ and an empty gold parse is an error.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -73,8 +74,10 @@ def _parse(text: str, timeout: float):
     return _run_with_timeout(lambda: parse(text, parsing_timeout=None), timeout)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_gold(gold: str, timeout: float = DEFAULT_TIMEOUT):
-    """Parse a gold answer (boxing it when it has no ``$`` or box).
+    """Parse a gold answer (boxing it when it has no ``$`` or box); cached, as
+    every sample of every trial grades against the same golds.
 
     Raises:
         ValueError: when math-verify reads nothing from it.

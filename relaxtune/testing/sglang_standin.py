@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from ..backends.hf import _common_prefix
+
 __all__ = ["StandInServer", "StandInSpecServer"]
 
 
@@ -146,7 +148,7 @@ class StandInServer:
         extra_ids = payload.get("token_ids_logprob") or []
         with torch.inference_mode(), self._lock:
             lp = self.model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
-            cached = max((self._lcp(ids, s) for s in self.seen), default=0)
+            cached = max((_common_prefix(ids, list(s)) for s in self.seen), default=0)
             self.seen.append(tuple(ids))
         tok, top, by_id = [], [], []
         for j, pos in enumerate(range(start, len(ids))):
@@ -177,15 +179,6 @@ class StandInServer:
                 "output_top_logprobs": [_top(last, k)],
             },
         }
-
-    @staticmethod
-    def _lcp(a, b) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
 
 
 class StandInSpecServer(StandInServer):
