@@ -113,6 +113,18 @@ def test_emitted_distribution_is_the_methods_pi(method, knob):
     assert chi2_pvalue(first, p[0]) < 1e-9
 
 
+def test_spec_cont_dec_draws_its_bonus_token_from_pi():
+    g, p, q, z_p, z_q = _setup(22, n=1, extra_q=True)
+    spec = METHODS["spec_cont_dec"]
+    pi_bonus = spec.targets(Rows(p[1:2], q[1:2], None, z_p[1:2], z_q[1:2], 0.8), 0.5).pi_res[0]
+    assert (pi_bonus - p[1]).abs().sum() > 0.1
+    _, out = _first_tokens("spec_cont_dec", 0.5, p, q, g, z_p, z_q)
+    bonus = out.tokens[out.accepted == 1, 1]  # the draft was accepted: the second token is the bonus
+    assert len(bonus) > 3000
+    assert chi2_pvalue(bonus, pi_bonus) > P_FLOOR
+    assert chi2_pvalue(bonus, p[1]) < 1e-9
+
+
 def _closed_form(method, knob, p, q):
     """Acceptance rate and emitted distribution of one position, by enumeration
     of the drafted token: P(y) = q(y) a(y) + sum_x q(x) (1 - a(x)) R_x(y)."""

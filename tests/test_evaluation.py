@@ -105,9 +105,28 @@ def test_thinking_budget_forces_the_answer(tiny_backend):
     if "</think>" in gen.text[: len(gen.text) - len("\nanswer now.\n</think>\n\n")]:
         pytest.skip("the random model closed its thinking by itself")
     forced = "\nanswer now.\n</think>\n\n"  # 23 one-character tokens
-    assert gen.text.index(forced) >= 0
+    forced_ids = tiny_backend.tokenizer.encode(forced, add_special_tokens=False)
+    assert gen.token_ids[4 : 4 + len(forced_ids)] == forced_ids  # right after the 4-token thinking budget
+    assert gen.text.index(forced) == len(tiny_backend.tokenizer.decode(gen.token_ids[:4]))
     assert len(gen.token_ids) == gen.stats.response_tokens
     assert 4 + 23 < len(gen.token_ids) <= 40  # generation went on after the forced text, within the total
+
+
+def test_length_cut_responses_are_graded_as_truncated(tiny_backend, tmp_path, monkeypatch):
+    import relaxtune.evaluation as evaluation
+
+    seen = {}
+    real = evaluation.grade
+
+    def spy(kind, text, gold, **opts):
+        seen[text] = opts["truncated"]
+        return real(kind, text, gold, **opts)
+
+    monkeypatch.setattr(evaluation, "grade", spy)
+    spec = tiny_task(max_new_tokens=6, repeats=3)
+    result = evaluate(spec, tiny_backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=4, progress=False)
+    cut = {r["output"]: r["finish_reason"] == "length" for r in result.records}
+    assert seen == cut and any(cut.values())  # a truncated answer is never rescued by the grader
 
 
 def test_refuses_greedy_collapse_before_generating(tiny_backend, tmp_path):

@@ -115,24 +115,41 @@ def test_prompt_imports_and_header_are_supplied():
     "body, verdict",
     [
         ("def add(xs, k):\n    return xs", "wrong_answer"),
-        ("x = [0] * 10**10\ndef add(xs, k):\n    return xs", "memory"),
+        ("x = bytearray(2 << 30)\ndef add(xs, k):\n    return xs", "memory"),  # 2 GiB: fits the host, not the cap
         ("while True:\n    pass", "time_limit"),
         ("def add(xs, k):\n    return 1 / 0", "runtime_error"),
         ("import os\nassert os.system('touch /root/relaxtune-escape') == 0, 'blocked'\n"
          "def add(xs, k):\n    return [x + k for x in xs]", "wrong_answer"),
         ("import os\nassert not any(k in os.environ for k in ('RELAXTUNE_TEST_SECRET', 'HF_TOKEN')), 'leak'\n"
          "def add(xs, k):\n    return [x + k for x in xs]", "pass"),
-        ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "time_limit"),
-        ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)\n"
-         "def add(xs, k):\n    return [x + k for x in xs]", "runtime_error"),
+        ("import os, time\nforks = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(1)\n        os._exit(0)\n"
+         "    forks += 1\nassert forks <= 32, f'{forks} processes'\n"
+         "def add(xs, k):\n    return [x + k for x in xs]", "pass"),  # the process cap (32) stops it
     ],
-    ids=["wrong", "memory", "loop", "error", "os.system", "environ", "fork", "network"],
+    ids=["wrong", "memory", "loop", "error", "os.system", "environ", "fork"],
 )
 def test_sandbox_contains(body, verdict, monkeypatch, tmp_path):
     monkeypatch.setenv("RELAXTUNE_TEST_SECRET", "sk-do-not-leak")
     v = grade_code(f"```python\n{body}\n```", HE, timeout=2)
     assert v.verdict == verdict, v.detail
     assert v.correct == (verdict == "pass")
+
+
+def test_sandbox_has_no_network():
+    import socket
+
+    with socket.socket() as server:  # a listener the solution could reach with network access
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        body = (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "def add(xs, k):\n    return [x + k for x in xs]")
+        v = grade_code(f"```python\n{body}\n```", HE, timeout=2)
+        assert v.verdict == "runtime_error", v.detail
+        with pytest.raises(socket.timeout):
+            server.accept()  # nobody connected
 
 
 def test_stdin_and_functional_tests():

@@ -161,6 +161,15 @@ def test_spec_casc_tok_at_zero_defers_on_the_argmax():
     assert torch.allclose(pi, torch.tensor([[0.68, 0.24, 0.08]]))
 
 
+def test_spec_casc_tok_near_argmax_set_follows_alpha():
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    q = torch.tensor([[0.2, 0.5, 0.3]])
+    z_p = torch.tensor([[2.0, 1.7, 0.0]])  # softmax ratio of token 1: e^-0.3 = 0.74 >= 1 - 0.35
+    pi = METHODS["spec_casc_tok"].targets(Rows(p, q, None, z_p), 0.35).pi_res
+    # A = {0, 1}: pi = q on A + q(2) p = [0.2 + 0.3*0.5, 0.5 + 0.3*0.3, 0.3*0.2]
+    assert torch.allclose(pi, torch.tensor([[0.35, 0.59, 0.06]]))
+
+
 def test_spec_cont_dec_contrasts_on_the_verifier_support():
     z_p = torch.tensor([[1.0, 0.0, -1.0]])
     p = torch.tensor([[2.0, 0.0, -math.inf]]).softmax(-1)  # z_p / T = [2, 0, -2], top-k = 2
@@ -168,3 +177,6 @@ def test_spec_cont_dec_contrasts_on_the_verifier_support():
     pi = METHODS["spec_cont_dec"].targets(Rows(p, p, None, z_p, z_q, 0.5), 1.0).pi_res
     # (2 z_p - z_q) / T on G = {0, 1}: [2, 2] -> uniform
     assert torch.allclose(pi, torch.tensor([[0.5, 0.5, 0.0]]))
+    half = METHODS["spec_cont_dec"].targets(Rows(p, p, None, z_p, z_q, 0.5), 0.5).pi_res
+    # (1.5 z_p - 0.5 z_q) / T on G: [2, 1]
+    assert torch.allclose(half, torch.tensor([[2.0, 1.0, -math.inf]]).softmax(-1))

@@ -109,3 +109,16 @@ def test_inverse_cdf_sampler_matches_rows_and_skips_zeros():
     assert draws[0].item() == 1 and draws[1].item() == 4
     assert chi2_pvalue(draws, row) > P_FLOOR
     assert chi2_pvalue(draws, torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])) < 1e-9  # the test has power
+
+
+@pytest.mark.parametrize("v", [1000, 257])  # 40 blocks of 25; 17 blocks of 17 with padding
+def test_inverse_cdf_over_many_blocks_is_exact_on_a_grid(v):
+    g = torch.Generator().manual_seed(v)
+    row = torch.rand(v, generator=g) * (torch.rand(v, generator=g) > 0.3)  # zeros scattered in every block
+    n = 20000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # stratified: counts are n * p up to rounding
+    draws = torch.cat([sample_from_rows(row.expand(2000, -1), chunk.float()) for chunk in u.split(2000)])
+    counts = torch.bincount(draws, minlength=v).double()
+    expected = n * row.double() / row.double().sum()
+    assert bool((counts[row == 0] == 0).all())
+    assert float((counts - expected).abs().max()) <= 2.0

@@ -66,7 +66,9 @@ def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows))
     raw = yaml.safe_load(Path(load_task("gpqa_diamond").source_file).read_text())
     raw["dataset"] = {"path": "json", "data_files": str(data)}
-    first = [p.gold for p in load_problems(TaskSpec(**raw))]
+    problems = load_problems(TaskSpec(**raw))
+    assert all(f"({p.gold}) right" in p.prompt for p in problems)  # the gold letter is where the answer landed
+    first = [p.gold for p in problems]
     again = [p.gold for p in load_problems(TaskSpec(**raw))]
     assert first == again
     counts = Counter(first)

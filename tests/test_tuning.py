@@ -38,6 +38,8 @@ def test_finds_the_fastest_feasible_point(tmp_path):
     m = chosen.user_attrs["metrics"]
     assert m["speedup"] == pytest.approx(speedup(m["l_accept"], 4, 0.2))
     assert all(t.params["knob"] > 1.0 for t in outcome.study.trials if t.state.name == "PRUNED")
+    # strict ran once, on every problem, and every trial was paired against it
+    assert [c for c in synthetic.calls if c[0] == "strict"] == [("strict", None, 4, 200)]
     assert outcome.study.study_name == study_name("synthetic", "cactus", "synthetic-pair", 2) == "synthetic-v2__cactus__synthetic-pair"
 
 
