@@ -156,7 +156,9 @@ def run_tune_job(
                            "`relaxtune tune`")
         tuner.baseline(n)
     mlflow_info = None
-    if tracker is not None:
+    if tracker is not None:  # figures once strict is known at every N the trials used
+        for outcome in outcomes:
+            tracker.finish_study(outcome, tuner)
         mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}", "run_id": tracker.task_run_id}
     config = build_config(tuner, outcomes, mlflow_info)
     path = save_config(config, settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml")

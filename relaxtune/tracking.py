@@ -121,10 +121,11 @@ class Tracker:
             out.append(Point("AR", "ar", 1.0, acc, method="ar"))
         return out
 
-    def finish_study(self, method: str, study, outcome, tuner) -> None:
+    def finish_study(self, outcome, tuner) -> None:
         """The study's Pareto figure and table, and its chosen point."""
         import matplotlib.pyplot as plt
 
+        method, study = outcome.method, outcome.study
         run_id = self.study_runs[method]
         spec = get_method(method)
         chosen = outcome.chosen.number if outcome.chosen is not None else None

@@ -405,10 +405,7 @@ class Tuner:
             if self.tracker:
                 self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
             self.log(_trial_line(method, trial.number, trial.params, metrics, state, finished + 1, self.settings.trials))
-        outcome = MethodOutcome(method, study, choose(study, self.settings), run_id, tokens=study_tokens(study))
-        if self.tracker:
-            self.tracker.finish_study(method, study, outcome, self)
-        return outcome
+        return MethodOutcome(method, study, choose(study, self.settings), run_id, tokens=study_tokens(study))
 
 
 def _trial_line(method: str, number: int, params: dict, m: dict, state: str, done: int, total: int) -> str:

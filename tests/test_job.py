@@ -1,5 +1,8 @@
 """The main job end to end on a tiny model pair: CLI, MLflow on sqlite, exported config."""
 
+import json
+from pathlib import Path
+
 import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
@@ -58,6 +61,10 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert len(again) == len(runs)
     resumed = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert resumed.strict_by_n_draft == config.strict_by_n_draft and resumed.methods == config.methods
+    study_run = next(r for r in again if r.data.tags.get("relaxtune.kind") == "study")
+    table = json.loads(Path(client.download_artifacts(study_run.info.run_id, "pareto_front.json", str(tmp_path))).read_text())
+    kinds = [row[table["columns"].index("kind")] for row in table["data"]]
+    assert "strict" in kinds and "ar" in kinds  # the resumed study's front keeps its references
 
     # export starts from the tuning run's settings: only the new epsilon is given
     out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
