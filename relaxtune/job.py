@@ -76,9 +76,9 @@ def job_file(output_dir: str | Path, task: str) -> Path:
 
 def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None]) -> CostProfile | float:
     """The job's costs: ``settings.c_rel`` when given; else the profile measured
-    once per (task, pair) and saved beside its records, re-measured when a new
-    draft length needs pricing (earlier lengths are kept); else c_rel = 0.2 for
-    backends that cannot measure (SGLang)."""
+    once per (task, pair) and saved beside its records, extended when a new
+    draft length needs pricing (what earlier trials were priced with stays);
+    else c_rel = 0.2 for backends that cannot measure (SGLang)."""
     if settings.c_rel != "measured":
         return float(settings.c_rel)
     pair = getattr(backend, "name", "backend")
@@ -90,8 +90,10 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
     if not hasattr(backend, "cost_profile"):
         log("this backend cannot measure its costs: using c_rel = 0.2")
         return 0.2
-    lengths = set(settings.n_drafts) | ({k - 1 for k in earlier.t_verify} if earlier else set())
-    profile = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problems[0]), sorted(lengths))
+    profile = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problems[0]), sorted(settings.n_drafts))
+    if earlier is not None:  # keep what earlier trials were priced with; add only the new draft lengths
+        added = {k: max(t, earlier.t_ar) for k, t in profile.t_verify.items() if k not in earlier.t_verify}
+        profile = CostProfile(earlier.t_ar, earlier.t_draft, {**earlier.t_verify, **added}, earlier.source)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(profile.to_dict(), indent=2))
     log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "

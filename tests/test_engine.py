@@ -146,3 +146,10 @@ def test_bad_arguments(kwargs, match):
 def test_mismatched_vocabularies_are_refused():
     with pytest.raises(ValueError, match="share a vocabulary"):
         HFBackend(tiny_lm(vocab=32), tiny_lm(vocab=64))
+
+
+def test_cost_profile_prices_every_draft_length_at_least_one_step():
+    backend = tiny_pair(noise=0.2)
+    profile = backend.cost_profile(PROMPTS[1], [2, 5], reps=2)
+    assert set(profile.t_verify) == {3, 6}
+    assert all(t >= profile.t_ar > 0 for t in profile.t_verify.values()) and profile.t_draft > 0
