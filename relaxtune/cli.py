@@ -173,14 +173,14 @@ def tasks_validate(
 
     try:
         spec = load_task(file)
+        first = load_problems(spec, limit=1) if load else None
+        if load and not first:
+            raise ValueError("the dataset holds no problems")
         console.print(f"[green]valid[/green]: {spec.name} v{spec.version} ({spec.grader.kind} grader)")
-        if load:
-            first = load_problems(spec, limit=1)
-            if not first:
-                raise ValueError("the dataset holds no problems")
+        if first:
             console.print(f"first problem {first[0].id}:\n{first[0].prompt}")
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        console.print(f"[red]invalid[/red]: {err}")
+        console.print(f"[red]invalid[/red]: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
         raise typer.Exit(1) from None
 
 
@@ -291,7 +291,13 @@ def _settings(config: Optional[str], flags: dict, base: Optional[dict] = None):
     try:
         return TuneSettings(**merged)
     except pydantic.ValidationError as err:
-        lines = [f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors()]
+        given = {k for k, v in flags.items() if v is not None}
+
+        def where(loc) -> str:  # the flag, or the key of the --config file it came from
+            key = str(loc[0]) if loc else ""
+            return f"--{key.replace('_', '-')}" if key in given or not config else f"{config}: {key}"
+
+        lines = [f"{where(e['loc'])}: {e['msg']}" for e in err.errors()]
         raise typer.BadParameter("; ".join(lines)) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None

@@ -13,7 +13,7 @@ import yaml
 from .evaluation import DecodeConfig, check_spec_unchanged, records_complete, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
-from .speed import CostProfile
+from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
 from .tuning import Tuner, TuneSettings
 
@@ -74,17 +74,19 @@ def job_file(output_dir: str | Path, task: str) -> Path:
     return Path(output_dir) / f"{task}.job.yaml"
 
 
-def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None]) -> CostProfile | float:
+def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None],
+                 new_trials: bool = True) -> CostProfile | float:
     """The job's costs: ``settings.c_rel`` when given; else the profile measured
     once per (task, pair) and saved beside its records, extended when a new
     draft length needs pricing (what earlier trials were priced with stays);
-    else c_rel = 0.2 for backends that cannot measure (SGLang)."""
+    else c_rel = 0.2 for backends that cannot measure (SGLang). An export
+    (``new_trials=False``) never measures: it prices with what the trials used."""
     if settings.c_rel != "measured":
         return float(settings.c_rel)
     pair = getattr(backend, "name", "backend")
     saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
     earlier = CostProfile.from_dict(json.loads(saved.read_text())) if saved.exists() else None
-    if earlier is not None and {n + 1 for n in settings.n_drafts} <= set(earlier.t_verify):
+    if earlier is not None and (not new_trials or {n + 1 for n in settings.n_drafts} <= set(earlier.t_verify)):
         log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
         return earlier
     if not hasattr(backend, "cost_profile"):
@@ -100,6 +102,29 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
         f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
         + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())) + f" (saved to {saved})")
     return profile
+
+
+def _check_export(outcomes, problems, profile) -> None:
+    """An export re-judges what the studies hold; refuse what would mix runs.
+
+    Raises:
+        JobError: a method without finished trials, trials run on another number
+            of problems, or a c_rel other than the one the trials were priced with.
+    """
+    for o in outcomes:
+        done = [t for t in o.study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        if not done:
+            raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
+                           "first, or export only the tuned --methods")
+        used = o.study.user_attrs.get("problems")
+        if used is not None and used != len(problems):
+            raise JobError(f"{o.method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
+                           "export with the tuning run's --limit")
+        priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
+        if priced and priced != {round(c_rel_of(profile), 9)}:
+            raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
+                           f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "
+                           "with the new --c-rel")
 
 
 def run_tune_job(
@@ -132,7 +157,7 @@ def run_tune_job(
     """
     spec, problems, backend = prepare(settings, backend)
     pair = getattr(backend, "name", "backend")
-    profile = cost_profile(settings, spec, problems, backend, log)
+    profile = cost_profile(settings, spec, problems, backend, log, new_trials)
     tracker = None
     if track:
         from .tracking import Tracker
@@ -147,6 +172,8 @@ def run_tune_job(
     for method in settings.methods:
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
         outcomes.append(tuner.tune_method(method))
+    if not new_trials:
+        _check_export(outcomes, problems, profile)
     # strict at every N a trial used (read back from its records when resuming or exporting)
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})

@@ -410,7 +410,7 @@ class MethodSpec:
         if knob is None:
             raise ValueError(f"method {self.id!r} needs its knob {self.knob!r} (alpha)")
         value = float(knob)
-        upper_ok = value < self.high if self.high_open else value <= self.high
+        upper_ok = value < self.high if self.high_open or math.isinf(self.high) else value <= self.high
         if math.isnan(value) or value < self.low or not upper_ok:
             close = ")" if self.high_open or math.isinf(self.high) else "]"
             raise ValueError(

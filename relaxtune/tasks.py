@@ -182,6 +182,8 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
             raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
     try:
         raw = yaml.safe_load(path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"invalid task spec {path}: it must hold a mapping of fields, got {type(raw).__name__}")
         return TaskSpec(**raw, source_file=str(path))
     except (ValidationError, TypeError, yaml.YAMLError) as err:
         raise ValueError(f"invalid task spec {path}:\n{err}") from None

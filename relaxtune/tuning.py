@@ -359,6 +359,8 @@ class Tuner:
         spec = get_method(method)
         spec.check_temperature(self.spec.sampling.temperature)
         study = self.open_study(method)
+        if self.new_trials:
+            study.set_user_attr("problems", len(self.problems))  # what an export must match
         dists = self._distributions(method)
         states = optuna.trial.TrialState
         run_id = self.tracker.start_study(method, study) if self.tracker else None

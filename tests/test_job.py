@@ -75,10 +75,15 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert exported.epsilon == 0.5 and exported.problems == 4 and set(exported.methods) == {"cactus", "ens"}
     assert exported.strict_by_n_draft == config.strict_by_n_draft and exported.drafter == drafter
 
-    # export never generates: other problems than the tuning run's have no strict records
-    out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
-                                   "--limit", "5"], env={"COLUMNS": "250"})
-    assert out.exit_code != 0 and "no complete strict records at N=2" in " ".join(out.output.split())
+    # export re-judges, never re-runs: other problems, other prices or a method never tuned are refused
+    base = ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri]
+    for extra, message in [(["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
+                           (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
+                           (["--c-rel", "0.5"], "an export cannot re-price trials"),
+                           (["--methods", "mentored"], "holds no finished trial")]:
+        out = CliRunner().invoke(app, base + extra, env={"COLUMNS": "250"})
+        assert out.exit_code != 0 and message in " ".join(out.output.split()), (extra, out.output)
+    assert load_config(tmp_path / "runs" / "tiny_math.tuned.yaml") == exported  # nothing overwritten
 
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):

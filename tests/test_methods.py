@@ -52,6 +52,7 @@ def test_unknown_method_lists_known_ones():
         ("mentored", 1.0, r"outside the valid range of 'mentored': \[0.0, 1.0\)"),
         ("mentored", -0.1, "outside"),
         ("cactus", -0.5, "outside"),
+        ("cactus", math.inf, r"outside the valid range of 'cactus': \[0.0, inf\)"),
         ("ens", 1.5, "outside"),
         ("ens", math.nan, "outside"),
         ("r_fuzzy", 0.8, "outside"),  # JS never exceeds ln 2
