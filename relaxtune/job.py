@@ -89,6 +89,9 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
     if earlier is not None and (not new_trials or {n + 1 for n in settings.n_drafts} <= set(earlier.t_verify)):
         log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
         return earlier
+    if not new_trials and hasattr(backend, "cost_profile"):
+        raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give its "
+                       "--c-rel or run `relaxtune tune`")
     if not hasattr(backend, "cost_profile"):
         log("this backend cannot measure its costs: using c_rel = 0.2")
         return 0.2
