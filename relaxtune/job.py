@@ -107,15 +107,20 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
     return profile
 
 
-def _check_export(outcomes, problems, profile) -> None:
+def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
     """An export re-judges what the studies hold; refuse what would mix runs.
 
     Raises:
         JobError: a method without finished trials, trials run on another number
-            of problems, or a c_rel other than the one the trials were priced with.
+            of problems or at draft lengths ``n_drafts`` leaves out, or a c_rel
+            other than the one the trials were priced with.
     """
     for o in outcomes:
         done = [t for t in o.study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        other = sorted({t.params["n_draft"] for t in done} - set(n_drafts))
+        if other and o.method not in pinned:  # a native server's N comes from its launch flags
+            raise JobError(f"{o.method}'s trials ran at N={', '.join(map(str, other))}, which --n-drafts "
+                           f"{','.join(map(str, n_drafts))} leaves out: export with the tuning run's --n-drafts")
         if not done:
             raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
                            "first, or export only the tuned --methods")
@@ -176,7 +181,8 @@ def run_tune_job(
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
         outcomes.append(tuner.tune_method(method))
     if not new_trials:
-        _check_export(outcomes, problems, profile)
+        pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
+        _check_export(outcomes, problems, profile, settings.n_drafts, pinned)
     # strict at every N a trial used (read back from its records when resuming or exporting)
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})

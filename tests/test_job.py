@@ -80,7 +80,8 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     for extra, message in [(["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
                            (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
                            (["--c-rel", "0.5"], "an export cannot re-price trials"),
-                           (["--methods", "mentored"], "holds no finished trial")]:
+                           (["--methods", "mentored"], "holds no finished trial"),
+                           (["--n-drafts", "8"], "trials ran at N=2, which --n-drafts 8 leaves out")]:
         out = CliRunner().invoke(app, base + extra, env={"COLUMNS": "250"})
         assert out.exit_code != 0 and message in " ".join(out.output.split()), (extra, out.output)
     assert load_config(tmp_path / "runs" / "tiny_math.tuned.yaml") == exported  # nothing overwritten
