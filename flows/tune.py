@@ -18,7 +18,7 @@ from prefect.cache_policies import INPUTS
 
 from relaxtune.evaluation import DecodeConfig, EvalResult, evaluate
 from relaxtune.tasks import list_tasks, load_problems, load_task
-from relaxtune.tuning import TuneSettings
+from relaxtune.settings import TuneSettings
 
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 

@@ -128,7 +128,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
 
     from .speed import CostProfile, c_rel_of
 
-    from .tuning import drop_ucb_at
+    from .judge import drop_ucb_at
 
     s, spec = tuner.settings, tuner.spec
     ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence

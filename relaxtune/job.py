@@ -15,7 +15,8 @@ from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
-from .tuning import Tuner, TuneSettings
+from .settings import TuneSettings
+from .tuning import Tuner
 
 __all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError"]
 

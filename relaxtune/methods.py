@@ -1,22 +1,11 @@
-"""Relaxed speculative sampling rules: one pure function per method, and the registry.
+"""The registry of relaxed verification methods: each method's rule, knob,
+valid range, strict point, paper grid and what it needs from the backends.
 
-Every method defines, per drafted position, relaxed targets ``pi_rej`` (used by
-the accept test ``u < pi_rej(x) / q(x)``) and ``pi_res`` (the residual is
-``norm((pi_res - q)+)``); the round takes its bonus token from ``p`` or, for
-``spec_cont_dec``, from the method's own ``pi``. With ``pi_rej = pi_res = p`` this
-is Leviathan et al. (2023) / Chen et al. (2023) speculative sampling.
-
-Source of every rule: Xia, Ribar and Balanca, "A Practical Investigation of
-Training-free Relaxed Speculative Decoding" (arXiv 2607.08690, 2026), the unified
-table reproduced in ``shared/docs/relaxed-methods.md``. Methods never see a
-model: only probability rows (and raw logits for the two methods that need them).
-Each method also has a ``rej_at`` form giving ``pi_rej(x)`` alone, which is all
-the accept test reads; full target rows are built only at the rejected position.
-
-Shapes: ``p`` and ``q`` are ``[..., V]`` probability rows after the sampling
-transform; ``x`` is ``[...]`` (the drafted token at each row); ``z_p`` / ``z_q``
-are raw logits ``[..., V]``. Every function returns ``Targets`` with
-``pi_rej`` and ``pi_res`` of shape ``[..., V]``.
+The rules themselves (pure functions on probability rows) live in
+``relaxtune.rules``; source of every rule and value: Xia, Ribar and Balanca,
+"A Practical Investigation of Training-free Relaxed Speculative Decoding"
+(arXiv 2607.08690, 2026), the unified table reproduced in
+``shared/docs/relaxed-methods.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +17,12 @@ from typing import Callable
 
 import torch
 
+from .rules import (
+    Rows, Targets, _always_at, _cactus_at, _casc_opt_at, _casc_tok_at, _cont_dec_at, _ens_at, _mentored_at,
+    _r_fuzzy_at, _strict_at, _threshold_at, always_accept, cactus, ens, js_divergence, mentored, r_fuzzy,
+    sglang_threshold, spec_casc_opt, spec_casc_tok, spec_cont_dec, strict,
+)
+
 __all__ = [
     "Rows",
     "Targets",
@@ -37,41 +32,6 @@ __all__ = [
     "get_method",
     "js_divergence",
 ]
-
-JS_FLOOR = 1e-30  # floor inside the logs of the JS divergence (the paper's code)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """The inputs a method sees at a set of positions.
-
-    Attributes:
-        p: verifier probabilities ``[..., V]`` (after the sampling transform).
-        q: drafter probabilities ``[..., V]`` (same transform).
-        x: drafted token ids ``[...]`` (int64), or None at the bonus position.
-        z_p: raw verifier logits ``[..., V]`` (only for methods that need them).
-        z_q: raw drafter logits ``[..., V]`` (only ``spec_cont_dec``).
-        temperature: the transform's T (only ``spec_cont_dec``).
-    """
-
-    p: torch.Tensor
-    q: torch.Tensor
-    x: torch.Tensor | None = None
-    z_p: torch.Tensor | None = None
-    z_q: torch.Tensor | None = None
-    temperature: float | None = None
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Relaxed targets ``pi_rej`` and ``pi_res``, each ``[..., V]``.
-
-    ``pi_rej`` need not be a distribution (``mentored`` scales ``p`` up); ``pi_res``
-    is one for every method.
-    """
-
-    pi_rej: torch.Tensor
-    pi_res: torch.Tensor
 
 
 class Needs(enum.Flag):
@@ -83,262 +43,6 @@ class Needs(enum.Flag):
     DRAFTER_LOGITS = enum.auto()  # raw drafter logits z_q
     EXTRA_DRAFTER_STEP = enum.auto()  # drafter row at position N+1 after a full accept
     GREEDY_DRAFTS = enum.auto()  # drafts are the drafter's argmax and q rows are one-hot
-
-
-# --------------------------------------------------------------------------- rules
-
-
-def strict(rows: Rows, knob: float | None = None) -> Targets:
-    """Strict speculative sampling: ``pi_rej = pi_res = p`` (Leviathan et al. 2023, Alg. 1)."""
-    return Targets(rows.p, rows.p)
-
-
-def always_accept(rows: Rows, knob: float | None = None) -> Targets:
-    """Accept every draft: ``pi_rej = q`` (ratio 1). A draft with ``q(x) = 0`` (never
-    sampled from q) is rejected and the residual falls back to ``pi_res = q``.
-    The bonus token still comes from ``p``."""
-    return Targets(rows.q, rows.q)
-
-
-def ens(rows: Rows, alpha: float) -> Targets:
-    """Ensemble target ``pi = w p + (1 - w) q`` with verifier weight ``w = 1 - alpha``.
-
-    ``pi_rej = pi_res = pi``, so emitted tokens follow ``pi`` exactly; the residual
-    ``norm((pi - q)+) = norm((p - q)+)``. ``alpha = 0`` is strict, ``alpha = 1`` is
-    ``always_accept``. Paper grid: w in {0.95, 0.9, 0.8}.
-    """
-    w = 1.0 - alpha
-    pi = rows.p * w + rows.q * alpha
-    return Targets(pi, pi)
-
-
-def mentored(rows: Rows, alpha: float) -> Targets:
-    """Mentored decoding: accept ``x`` w.p. ``min(1, p(x) / ((1 - alpha) q(x)))``,
-    residual from ``p``: ``pi_rej = p / (1 - alpha)``, ``pi_res = p``.
-
-    Closed form (one position, drafts ``x ~ q``): acceptance rate
-    ``beta = sum_x min(q(x), p(x) / (1 - alpha))`` and emitted distribution
-    ``P(y) = min(q(y), p(y) / (1 - alpha)) + (1 - beta) norm((p - q)+)(y)``.
-    ``alpha = 0`` is strict. Paper grid: {0.3, 0.7, 0.95}.
-    """
-    return Targets(rows.p / (1.0 - alpha), rows.p)
-
-
-def cactus_h(p_x: torch.Tensor, delta: float) -> torch.Tensor:
-    """CACTUS boosted probability of the drafted token,
-    ``h = min(1, p(x) + sqrt(2 delta p(x) (1 - p(x))))`` (shape of ``p_x``)."""
-    return (p_x + (2.0 * delta * p_x * (1.0 - p_x)).clamp_min(0.0).sqrt()).clamp(0.0, 1.0)
-
-
-def cactus(rows: Rows, delta: float) -> Targets:
-    """CACTUS: boost only the drafted token to ``h`` and shrink the rest of ``p``.
-
-    ``H_x(x) = h``, ``H_x(y) = p(y) (1 - h) / (1 - p(x))`` for ``y != x`` (scale 1
-    when ``p(x) = 1``), clipped to [0, 1]; ``pi_rej = pi_res = H_x``. Since
-    ``h = 0`` whenever ``p(x) = 0``, a token the verifier excludes is never
-    accepted. The CACTUS paper swaps the letters (their q is the verifier).
-
-    Closed form (one position): acceptance ``beta = sum_x min(q(x), h_x)``,
-    emitted ``P(y) = min(q(y), h_y) + sum_x (q(x) - min(q(x), h_x)) norm((H_x - q)+)(y)``.
-    ``delta = 0`` is strict. Paper grid: {0.1, 0.25, 1, 10}.
-    """
-    if rows.x is None:
-        raise ValueError("cactus needs the drafted token x")
-    p_x = rows.p.gather(-1, rows.x.unsqueeze(-1))
-    h = cactus_h(p_x, delta)
-    denom = 1.0 - p_x
-    # scale first, so delta = 0 gives (1 - p(x)) / (1 - p(x)) = 1 exactly (bit-identical strict)
-    scale = torch.where(denom > 0, (1.0 - h) / denom.clamp_min(torch.finfo(denom.dtype).tiny), torch.ones_like(h))
-    big_h = (rows.p * scale).scatter(-1, rows.x.unsqueeze(-1), h).clamp_(0.0, 1.0)
-    return Targets(big_h, big_h)
-
-
-def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence in nats, ``[..., V] -> [...]``, with a 1e-30 floor
-    inside the logs; zero entries contribute 0. Bounded by ln 2.
-
-    ``JS = 0.5 KL(p || m) + 0.5 KL(q || m)``, ``m = (p + q) / 2``, computed as
-    ``0.5 sum p (log p - log(p + q)) + 0.5 sum q (log q - log(p + q)) + ln 2``.
-    """
-    log_s = (p + q).clamp_min_(2 * JS_FLOOR).log_()
-    kl_p = torch.linalg.vecdot(p, p.clamp_min(JS_FLOOR).log_().sub_(log_s))
-    kl_q = torch.linalg.vecdot(q, q.clamp_min(JS_FLOOR).log_().sub_(log_s))
-    return (0.5 * (kl_p + kl_q) + math.log(2.0)).clamp_min_(0.0)
-
-
-def _never(rows: Rows) -> torch.Tensor:
-    return torch.zeros(rows.p.shape[:-1], dtype=torch.bool, device=rows.p.device)
-
-
-def _switch(use_q: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> Targets:
-    pi = torch.where(use_q.unsqueeze(-1), q, p)
-    return Targets(pi, pi)
-
-
-def _r_fuzzy_uses_q(rows: Rows, tau: float) -> torch.Tensor:
-    if tau < 0:  # JS >= 0 > tau: never switches (no need to compute it)
-        return _never(rows)
-    return js_divergence(rows.p, rows.q) <= tau
-
-
-def r_fuzzy(rows: Rows, tau: float) -> Targets:
-    """Probabilistic fuzzy speculative decoding: ``pi = q`` if ``JS(p, q) <= tau``
-    (nats) else ``p``. ``tau < 0`` is strict. Paper grid: {0.05, 0.2, 0.3}."""
-    return _switch(_r_fuzzy_uses_q(rows, tau), rows.p, rows.q)
-
-
-def _casc_opt_uses_q(rows: Rows, alpha: float) -> torch.Tensor:
-    if alpha == float("-inf"):
-        return _never(rows)
-    tv = (rows.p - rows.q).clamp_min_(0.0).sum(-1)
-    return rows.q.amax(-1) >= rows.p.amax(-1) - alpha * tv
-
-
-def spec_casc_opt(rows: Rows, alpha: float) -> Targets:
-    """Speculative cascade, OPT deferral (Narasimhan et al. 2025):
-    ``pi = q`` if ``max q >= max p - alpha TV(p, q)`` else ``p``, ``TV = sum (p - q)+``.
-    Strict only as ``alpha -> -inf`` (``alpha = 0`` is NOT strict).
-    Paper grid: {-0.1, 0, 0.05}."""
-    return _switch(_casc_opt_uses_q(rows, alpha), rows.p, rows.q)
-
-
-def _casc_tok_set(rows: Rows, alpha: float) -> torch.Tensor:
-    """Indicator of ``A`` as 0./1. ``[..., V]``, in the logit domain:
-    ``softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)`` iff
-    ``z_p(v) >= max z_p + log(1 - alpha)``."""
-    if rows.z_p is None:
-        raise ValueError("spec_casc_tok needs the raw verifier logits z_p")
-    z = rows.z_p.float()
-    shift = math.log1p(-alpha) if alpha < 1 else -math.inf
-    thr = z.amax(-1, keepdim=True) + shift
-    # 1 where z >= thr: sign(z - thr) + 1 in {0, 1, 2}, capped at 1 (faster than a bool mask)
-    return (z - thr).sign_().add_(1.0).clamp_max_(1.0)
-
-
-def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
-    """Speculative cascade, token-level deferral:
-    ``pi = q 1[v in A] + eta p`` with
-    ``A = {v : softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)}`` (raw verifier
-    logits, no temperature) and ``eta = sum_{v not in A} q(v)``. A proper
-    distribution. ``A`` is empty (strict) for ``alpha < 0``; ``alpha = 0`` gives
-    ``A = argmax`` and is NOT strict. Paper grid: {0, 0.35, 0.8}."""
-    if alpha < 0:
-        return Targets(rows.p, rows.p)
-    q_in = rows.q * _casc_tok_set(rows, alpha)
-    eta = (1.0 - q_in.sum(-1, keepdim=True)).clamp_min_(0.0)
-    pi = q_in + eta * rows.p
-    return Targets(pi, pi)
-
-
-def _cont_dec_scores(rows: Rows, beta: float) -> torch.Tensor:
-    """``(1 + beta) log p - beta z_q / T`` ``[..., V]``: on ``G = supp(p)`` this is
-    ``((1 + beta) z_p - beta z_q) / T`` up to a per-row constant (there
-    ``log p = z_p / T - log Z_G``), and ``-inf`` outside G, so a plain softmax of it
-    is the softmax over G."""
-    if rows.z_q is None or not rows.temperature:
-        raise ValueError("spec_cont_dec needs the raw drafter logits z_q and a temperature > 0")
-    return rows.p.log().mul_(1.0 + beta).sub_(rows.z_q.float(), alpha=beta / rows.temperature)
-
-
-def spec_cont_dec(rows: Rows, beta: float) -> Targets:
-    """Speculative contrastive decoding (Yuan et al. 2023):
-    ``pi = softmax over G of ((1 + beta) z_p - beta z_q) / T``, ``G = supp(p)``.
-    ``pi_rej = pi_res = pi``; the bonus token is drawn from ``pi`` at N+1, which
-    costs one extra drafter step per fully accepted round. ``beta = 0`` is
-    exactly ``p`` (strict). Computed from ``p`` and ``z_q`` (``_cont_dec_scores``):
-    the verifier's raw logits are not needed. Paper grid: {0.1, 0.5, 1}."""
-    if beta == 0.0:
-        return Targets(rows.p, rows.p)
-    pi = _cont_dec_scores(rows, beta).softmax(-1)
-    return Targets(pi, pi)
-
-
-THRESHOLD_FLOOR = 1e-9  # SGLang clamps threshold_acc to this before dividing
-
-
-def sglang_threshold(rows: Rows, t: float) -> Targets:
-    """SGLang's native relaxation (``--speculative-accept-threshold-single t
-    --speculative-accept-threshold-acc t`` on a STANDALONE speculative server):
-    the target-only kernel ``tree_speculative_sampling_target_only`` (sgl-kernel,
-    ``speculative_sampling.cuh``, chain case ``--speculative-eagle-topk 1``) accepts
-    the draft iff ``p(x) >= t`` or ``u <= p(x) / t``, and on rejection samples from
-    ``norm((p - p(x) e_x)+)`` (p without x); drafts are the drafter's argmax.
-
-    With greedy drafts (``q = e_x``, one-hot) this is the generalised round with
-    ``pi_rej = p / t`` (1 where ``p >= t``) and ``pi_res = p``: the residual
-    ``norm((p - e_x)+)`` is p without x. Closed form (one position, draft x):
-    acceptance ``min(1, p(x) / t)``, emitted
-    ``P(y) = min(1, p(x)/t) [y = x] + (1 - min(1, p(x)/t)) p(y) [y != x] / (1 - p(x))``.
-    ``t = 1`` (SGLang's default) is strict; ``t = 0`` accepts every draft.
-    Not a method of the paper: here to compare the built-in relaxation with its rules.
-    """
-    if rows.x is None:
-        raise ValueError("sglang_threshold needs the drafted token x")
-    return Targets(_threshold_rej(rows.p, t), rows.p)
-
-
-def _threshold_rej(p: torch.Tensor, t: float) -> torch.Tensor:
-    """1 where ``p >= t`` (accept outright), else ``p / t`` (shape of ``p``)."""
-    return torch.where(p >= t, torch.ones_like(p), p / max(t, THRESHOLD_FLOOR))
-
-
-# ------------------------------------------------------------ pi_rej at the draft
-# ``(Rows, knob) -> pi_rej(x)`` of shape ``[...]``: what the accept test needs,
-# without building full target rows. Point methods read only p(x) and q(x).
-
-
-def _at(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return t.gather(-1, x.unsqueeze(-1)).squeeze(-1)
-
-
-def _strict_at(rows: Rows, knob: float | None) -> torch.Tensor:
-    return _at(rows.p, rows.x)
-
-
-def _always_at(rows: Rows, knob: float | None) -> torch.Tensor:
-    return _at(rows.q, rows.x)
-
-
-def _ens_at(rows: Rows, alpha: float) -> torch.Tensor:
-    return _at(rows.p, rows.x) * (1.0 - alpha) + _at(rows.q, rows.x) * alpha
-
-
-def _mentored_at(rows: Rows, alpha: float) -> torch.Tensor:
-    return _at(rows.p, rows.x) / (1.0 - alpha)
-
-
-def _cactus_at(rows: Rows, delta: float) -> torch.Tensor:
-    return cactus_h(_at(rows.p, rows.x), delta)
-
-
-def _r_fuzzy_at(rows: Rows, tau: float) -> torch.Tensor:
-    return torch.where(_r_fuzzy_uses_q(rows, tau), _at(rows.q, rows.x), _at(rows.p, rows.x))
-
-
-def _casc_opt_at(rows: Rows, alpha: float) -> torch.Tensor:
-    return torch.where(_casc_opt_uses_q(rows, alpha), _at(rows.q, rows.x), _at(rows.p, rows.x))
-
-
-def _casc_tok_at(rows: Rows, alpha: float) -> torch.Tensor:
-    if alpha < 0:
-        return _at(rows.p, rows.x)
-    in_a = _casc_tok_set(rows, alpha)
-    eta = (1.0 - torch.linalg.vecdot(rows.q, in_a)).clamp_min_(0.0)
-    return _at(rows.q, rows.x) * _at(in_a, rows.x) + eta * _at(rows.p, rows.x)
-
-
-def _cont_dec_at(rows: Rows, beta: float) -> torch.Tensor:
-    if beta == 0.0:
-        return _at(rows.p, rows.x)
-    s = _cont_dec_scores(rows, beta)
-    return (_at(s, rows.x) - s.logsumexp(-1)).exp()
-
-
-def _threshold_at(rows: Rows, t: float) -> torch.Tensor:
-    return _threshold_rej(_at(rows.p, rows.x), t)
-
-
-# ------------------------------------------------------------------------ registry
 
 
 @dataclass(frozen=True)

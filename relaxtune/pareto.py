@@ -50,7 +50,7 @@ def pareto_front(points: list[Point]) -> list[Point]:
 
 def study_points(method: str, knob_name: str | None, study, chosen_number: int | None, settings=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics)."""
-    from .tuning import feasible
+    from .judge import feasible
 
     out = []
     for t in study.get_trials(deepcopy=False):

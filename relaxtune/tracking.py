@@ -18,7 +18,6 @@ characters, so the config goes in as an artifact, never as a param.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from .methods import get_method

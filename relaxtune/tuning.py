@@ -23,191 +23,20 @@ and failed trials count as violating the constraint.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from .embedded import DRAFTER, VERIFIER
 from .evaluation import DecodeConfig, EvalResult, evaluate
+from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
+from .judge import set_constraints as _set_constraints
 from .methods import get_method
-from .rambling import loop_rate
-from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
-from .stats import paired_drop
+from .settings import TuneSettings, study_name
+from .speed import CostProfile, modeled_speedup
 from .tasks import Problem, TaskSpec
 
-__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "feasible"]
-
-VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
-
-
-class TuneSettings(BaseModel):
-    """Everything a tuning job needs (CLI flags and ``--config`` YAML keys)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    task: str
-    methods: list[str] = ["cactus", "mentored"]
-    drafter: str = DRAFTER.name
-    verifier: str = VERIFIER.name
-    dtype: str = "bfloat16"
-    drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
-    verifier_url: str | None = Field(None, description="SGLang verifier server")
-    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
-    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server running sglang_threshold")
-    concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
-    epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
-    confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
-    c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or measured")
-    n_drafts: list[int] = [3, 5, 10, 20]
-    trials: int = Field(8, ge=1, description="completed or pruned trials per method")
-    limit: int | None = Field(None, ge=1, description="first N problems only")
-    seed: int = 0
-    stage_size: int = Field(4, ge=1, description="problems per evaluation stage (pruning granularity)")
-    output_dir: str = "relaxtune-runs"
-    storage: str | None = Field(None, description="Optuna RDB URL; default sqlite:///<output_dir>/optuna.db")
-    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///mlflow.db")
-    max_length_ratio: float | None = Field(None, gt=0, description="optional guard: L_relax / L_strict")
-    max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard: truncated share")
-    export: str | None = Field(None, description="tuned config path; default <output_dir>/<task>.tuned.yaml")
-
-    @field_validator("methods")
-    @classmethod
-    def _known_methods(cls, methods: list[str]) -> list[str]:
-        for m in methods:
-            get_method(m)
-        if "strict" in methods:
-            raise ValueError("strict is the baseline every study compares against; tune relaxed methods")
-        if not methods:
-            raise ValueError("give at least one method")
-        return methods
-
-    @property
-    def mid_n_draft(self) -> int:
-        """The middle draft length of ``n_drafts`` (the paper's grid runs there first)."""
-        return self.n_drafts[(len(self.n_drafts) - 1) // 2]
-
-    @field_validator("c_rel")
-    @classmethod
-    def _finite_c_rel(cls, c_rel):
-        if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
-            raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
-        return c_rel
-
-    @field_validator("n_drafts")
-    @classmethod
-    def _positive_drafts(cls, n_drafts: list[int]) -> list[int]:
-        if not n_drafts or any(n < 1 for n in n_drafts):
-            raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
-        return sorted(set(n_drafts))
-
-    @property
-    def storage_url(self) -> str:
-        """The Optuna storage URL."""
-        if self.storage:
-            return self.storage
-        path = Path(self.output_dir).resolve() / "optuna.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-
-
-def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
-    """``<task>__<method>__<pair>`` (pair sanitised), with ``-v<version>`` after the
-    task from version 2 on, so a new task version starts fresh studies."""
-    task = task if version == 1 else f"{task}-v{version}"
-    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
-
-
-def point_metrics(
-    strict: EvalResult, relaxed: EvalResult, n_draft: int, profile: CostProfile | float, confidence: float
-) -> dict:
-    """Metrics of one evaluated point against the strict baseline at the same N.
-
-    Pairs samples by (problem, repeat), skipping pairs where either generation
-    failed. ``drop_lcb`` / ``drop_ucb`` bound the paired accuracy drop at one-sided
-    ``confidence``. Speed-ups follow the paper's model (``relaxtune.speed``) with
-    ``L_AR`` = strict's mean length; ``speedup`` uses ``profile`` (measured costs
-    or a c_rel value), ``speedup_c<c>`` the paper's c_rel values.
-    """
-    base = {(r["problem_id"], r["repeat"]): r for r in strict.records if not r.get("failed")}
-    pairs = [(base[k], r) for r in relaxed.records if not r.get("failed") and (k := (r["problem_id"], r["repeat"])) in base]
-    if not pairs:
-        raise ValueError("no paired samples to compare (every generation failed?)")
-    s_ok = [bool(s.get("correct")) for s, _ in pairs]
-    r_ok = [bool(r.get("correct")) for _, r in pairs]
-    drop, lo, hi = paired_drop(s_ok, r_ok, confidence=2 * confidence - 1)
-    l_strict = max(sum(s["response_tokens"] for s, _ in pairs) / len(pairs), 1.0)
-    l_relax = max(sum(r["response_tokens"] for _, r in pairs) / len(pairs), 1.0)
-    l_accept = min(relaxed.l_accept, float(n_draft))
-    out = dict(
-        n=len(pairs), failed=relaxed.failed, accuracy=sum(r_ok) / len(pairs), strict_accuracy=sum(s_ok) / len(pairs),
-        accuracy_ci_low=relaxed.ci_low, accuracy_ci_high=relaxed.ci_high, drop=drop, drop_lcb=lo, drop_ucb=hi,
-        confidence=confidence, strict_only=sum(a and not b for a, b in zip(s_ok, r_ok)),
-        relaxed_only=sum(b and not a for a, b in zip(s_ok, r_ok)),
-        l_accept=l_accept, length=l_relax, strict_length=l_strict, length_ratio=l_relax / l_strict,
-        truncated=relaxed.truncated, loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
-        tokens=relaxed.tokens, tokens_per_second=relaxed.tokens_per_second,
-    )
-    for c in PAPER_C_REL:
-        out[f"speedup_c{c:g}"] = speedup(l_accept, n_draft, c, l_strict, l_relax)
-    out["speedup"] = modeled_speedup(profile, l_accept, n_draft, l_strict, l_relax)
-    out["c_rel"] = c_rel_of(profile)
-    return out
-
-
-CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")
-
-
-def drop_ucb_at(metrics: dict, confidence: float) -> float:
-    """The upper bound of the paired accuracy drop at one-sided ``confidence``:
-    the stored one, or rebuilt from the stored discordant counts when the metrics
-    were computed at another confidence (the paired statistic depends only on
-    them and n)."""
-    if metrics.get("confidence", confidence) == confidence or "strict_only" not in metrics:
-        return metrics["drop_ucb"]
-    n, s_only, r_only = int(metrics["n"]), int(metrics["strict_only"]), int(metrics["relaxed_only"])
-    # the paired test only sees the differences: +1 s_only times, -1 r_only times, 0 otherwise
-    strict = [True] * s_only + [False] * r_only + [False] * (n - s_only - r_only)
-    relaxed = [False] * s_only + [True] * r_only + [False] * (n - s_only - r_only)
-    return paired_drop(strict, relaxed, confidence=2 * confidence - 1)[2]
-
-
-def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:
-    """Named constraint values (each must be <= 0): drop UCB - epsilon, then the
-    optional rambling guards (length ratio, truncated share). The drop bound is
-    rebuilt from the stored discordant counts when ``settings.confidence``
-    differs from the one the metrics were computed at."""
-    values = {"drop_ucb_minus_epsilon": drop_ucb_at(metrics, settings.confidence) - settings.epsilon}
-    if settings.max_length_ratio is not None:
-        values["length_ratio_over_max"] = metrics["length_ratio"] - settings.max_length_ratio
-    if settings.max_truncated is not None:
-        values["truncated_over_max"] = metrics["truncated"] - settings.max_truncated
-    return {k: v if math.isfinite(v) else VIOLATED for k, v in values.items()}
-
-
-def _set_constraints(trial, values: dict[str, float]) -> None:
-    for key, value in values.items():
-        trial.set_constraint(key, value)
-    trial.set_user_attr("constraints", list(values.values()))
-
-
-def feasible(trial, settings: TuneSettings | None = None) -> bool:
-    """A COMPLETE trial whose constraints hold: recomputed from its stored
-    metrics under ``settings`` (so an export with another epsilon or guard
-    re-decides), else the values recorded when it ran."""
-    import optuna
-
-    if trial.state != optuna.trial.TrialState.COMPLETE:
-        return False
-    metrics = trial.user_attrs.get("metrics") or {}
-    if settings is not None and "drop_ucb" in metrics:
-        cons = list(constraint_values(metrics, settings).values())
-    else:
-        cons = trial.user_attrs.get("constraints")
-    return cons is not None and all(c <= 0 for c in cons)
+__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "feasible", "choose",
+           "constraint_values", "drop_ucb_at", "study_tokens"]
 
 
 @dataclass

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .sglang import AsyncHTTP, SGLangError, ServerClient
+from .http import AsyncHTTP, SGLangError, ServerClient
 
 __all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "TELEMETRY_KEYS", "chain_flags", "native_flags"]
 

@@ -1,0 +1,15 @@
+"""The ``relaxtune`` command line: ``tune``, ``export``, ``eval``, ``generate``, ``methods``,
+``tasks``, ``serve``, ``ui`` (one module per group of commands, all on one Typer ``app``)."""
+
+from __future__ import annotations
+
+from . import info, run, serve, tune  # noqa: F401 - each registers its commands on app
+from .app import app, console
+
+__all__ = ["app", "console", "main"]
+
+
+def main() -> None:
+    """Entry point of the ``relaxtune`` command."""
+    app()
+

@@ -1,0 +1,139 @@
+"""One-off runs: ``generate`` (one response) and ``eval`` (one configuration on a task)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .app import app, console
+from .options import TUNE_FLAGS
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="user message; the verifier's chat template is applied"),
+    method: str = typer.Option("strict", help="method id (see `relaxtune methods`) or 'ar'"),
+    alpha: Optional[float] = typer.Option(None, help="the method's knob; default: the middle of its paper grid"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n", help="draft length N"),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder or hub id"),
+    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="embedded name, local folder or hub id"),
+    temperature: float = typer.Option(0.6),
+    top_k: int = typer.Option(20, help="keep the k most likely tokens; 0 keeps all"),
+    top_p: float = typer.Option(0.95),
+    max_new_tokens: int = typer.Option(256),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
+    baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
+) -> None:
+    """Generate one response with a relaxed method and print its decoding statistics."""
+    from ..backends.hf import load_pair
+    from ..engine import AR, check_decode
+    from ..engine import generate as run
+    from ..methods import get_method
+    from ..sampling import SamplingParams
+
+    try:
+        sampling = SamplingParams(temperature, top_k, top_p)
+        if not prompt.strip():
+            raise ValueError("the prompt is empty")
+        grid = get_method(method).grid if method != AR else ()
+        if alpha is None and grid:
+            alpha = grid[len(grid) // 2]  # the middle of the paper's grid
+        check_decode(method, alpha, n_draft, temperature, max_new_tokens)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
+        try:
+            backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise typer.BadParameter(str(err)) from None
+    ids = backend.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    runs = [(method, alpha)] + ([(AR, None)] if baseline and method != AR else [])
+    results = {}
+    for name, knob in runs:
+        with console.status(f"generating with {name} (up to {max_new_tokens} tokens)"):
+            results[name] = run(backend, ids, method=name, knob=knob, n_draft=n_draft, sampling=sampling,
+                                max_new_tokens=max_new_tokens, seed=seed)
+    console.rule(f"{method}" + (f" {alpha:g}" if alpha is not None else ""))
+    console.print(results[method].text)
+    table = Table(title="decoding statistics")
+    for col in ("run", "tokens", "tok/s", "rounds", "l_accept", "draft s", "verify s", "other s", "finish"):
+        table.add_column(col, justify="right")
+    for name, g in results.items():
+        s = g.stats
+        table.add_row(name, str(s.response_tokens), f"{s.tokens_per_second:.2f}", str(s.rounds),
+                      f"{s.acceptance_length:.2f}", f"{s.draft_seconds:.1f}", f"{s.verify_seconds:.1f}",
+                      f"{s.overhead_seconds:.2f}", s.finish_reason)
+    console.print(table)
+    if AR in results and method != AR:
+        speed = results[method].stats.tokens_per_second / results[AR].stats.tokens_per_second
+        console.print(f"measured wall-clock speed-up over AR: {speed:.2f}x")
+
+
+@app.command("eval")
+def eval_(
+    task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or a YAML path"),
+    method: str = typer.Option("strict", help="method id or 'ar'"),
+    alpha: Optional[float] = typer.Option(None, help="the method's knob"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n"),
+    limit: Optional[int] = typer.Option(None, min=1, help="first N problems only"),
+    seed: int = typer.Option(0),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
+    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
+    dtype: str = typer.Option("bfloat16"),
+    drafter_url: Optional[str] = TUNE_FLAGS["drafter_url"],
+    verifier_url: Optional[str] = TUNE_FLAGS["verifier_url"],
+    tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
+    native_url: Optional[str] = TUNE_FLAGS["native_url"],
+    concurrency: int = typer.Option(8, min=1, help="sequences in flight against SGLang"),
+    output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
+) -> None:
+    """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
+    import json
+
+    from ..backends.hf import load_pair
+    from ..engine import AR, check_decode
+    from ..evaluation import DecodeConfig, evaluate
+    from ..tasks import load_problems, load_task
+
+    try:
+        spec = load_task(task)
+        check_decode(method, alpha, n_draft, spec.sampling.temperature)
+        problems = load_problems(spec, limit)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise typer.BadParameter(str(err)) from None
+    with console.status(f"loading {drafter} -> {verifier}"):
+        try:
+            if verifier_url or drafter_url or native_url:
+                from ..job import load_backend
+                from ..settings import TuneSettings
+
+                backend = load_backend(TuneSettings(task=spec.name, drafter=drafter, verifier=verifier,
+                                                    drafter_url=drafter_url, verifier_url=verifier_url,
+                                                    tokenizer=tokenizer, native_url=native_url,
+                                                    concurrency=concurrency))
+            else:
+                backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+        except (ValueError, RuntimeError, OSError) as err:
+            raise typer.BadParameter(str(err)) from None
+    config = DecodeConfig(method, alpha, n_draft, seed)
+    try:
+        result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
+    except ValueError as err:  # e.g. the task changed under the same version
+        raise typer.BadParameter(str(err)) from None
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
+    result.path.with_suffix(".results.json").write_text(json.dumps(summary, indent=2))
+    table = Table(title=f"{spec.name} v{spec.version}, {config.label}")
+    for col in ("accuracy", "95% CI", "n", "failed", "l_accept", "mean length", "truncated", "tok/s"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{result.accuracy:.3f}", f"[{result.ci_low:.3f}, {result.ci_high:.3f}]", str(result.n),
+                  str(result.failed), f"{result.l_accept:.2f}", f"{result.mean_length:.0f}",
+                  f"{result.truncated:.0%}", f"{result.tokens_per_second:.2f}")
+    console.print(table)
+    console.print(f"records: {result.path}", soft_wrap=True)

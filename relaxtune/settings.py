@@ -1,0 +1,92 @@
+"""The settings of a tuning job (CLI flags and ``--config`` YAML keys), and study names."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .embedded import DRAFTER, VERIFIER
+from .methods import get_method
+
+__all__ = ["TuneSettings", "study_name"]
+
+
+class TuneSettings(BaseModel):
+    """Everything a tuning job needs (CLI flags and ``--config`` YAML keys)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    methods: list[str] = ["cactus", "mentored"]
+    drafter: str = DRAFTER.name
+    verifier: str = VERIFIER.name
+    dtype: str = "bfloat16"
+    drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
+    verifier_url: str | None = Field(None, description="SGLang verifier server")
+    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
+    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server running sglang_threshold")
+    concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
+    epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
+    confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
+    c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or measured")
+    n_drafts: list[int] = [3, 5, 10, 20]
+    trials: int = Field(8, ge=1, description="completed or pruned trials per method")
+    limit: int | None = Field(None, ge=1, description="first N problems only")
+    seed: int = 0
+    stage_size: int = Field(4, ge=1, description="problems per evaluation stage (pruning granularity)")
+    output_dir: str = "relaxtune-runs"
+    storage: str | None = Field(None, description="Optuna RDB URL; default sqlite:///<output_dir>/optuna.db")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///mlflow.db")
+    max_length_ratio: float | None = Field(None, gt=0, description="optional guard: L_relax / L_strict")
+    max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard: truncated share")
+    export: str | None = Field(None, description="tuned config path; default <output_dir>/<task>.tuned.yaml")
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: list[str]) -> list[str]:
+        for m in methods:
+            get_method(m)
+        if "strict" in methods:
+            raise ValueError("strict is the baseline every study compares against; tune relaxed methods")
+        if not methods:
+            raise ValueError("give at least one method")
+        return methods
+
+    @property
+    def mid_n_draft(self) -> int:
+        """The middle draft length of ``n_drafts`` (the paper's grid runs there first)."""
+        return self.n_drafts[(len(self.n_drafts) - 1) // 2]
+
+    @field_validator("c_rel")
+    @classmethod
+    def _finite_c_rel(cls, c_rel):
+        if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
+            raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
+        return c_rel
+
+    @field_validator("n_drafts")
+    @classmethod
+    def _positive_drafts(cls, n_drafts: list[int]) -> list[int]:
+        if not n_drafts or any(n < 1 for n in n_drafts):
+            raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
+        return sorted(set(n_drafts))
+
+    @property
+    def storage_url(self) -> str:
+        """The Optuna storage URL."""
+        if self.storage:
+            return self.storage
+        path = Path(self.output_dir).resolve() / "optuna.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+
+
+def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
+    """``<task>__<method>__<pair>`` (pair sanitised), with ``-v<version>`` after the
+    task from version 2 on, so a new task version starts fresh studies."""
+    task = task if version == 1 else f"{task}-v{version}"
+    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
