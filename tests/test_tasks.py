@@ -46,8 +46,9 @@ def test_shipped_specs_load_from_local_files(name):
     if name == "math500":
         assert first.gold == r"\dfrac{9}{7}" and first.id == "test/algebra/1.json"
     if name == "gpqa_diamond":
-        right = f"({first.gold}) right"
+        right = f"({first.gold['answer']}) right"
         assert right in first.prompt and first.prompt.count("wrong") == 3
+        assert first.gold["letters"] == "ABCD" and first.gold["format"] == "ANSWER:"  # read from the prompt
     if name == "lcb_lite_v6":
         assert first.gold["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
         assert problems[1].gold["fn_name"] == "addK" and "class Solution" in problems[1].prompt
@@ -67,14 +68,14 @@ def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
     raw = yaml.safe_load(Path(load_task("gpqa_diamond").source_file).read_text())
     raw["dataset"] = {"path": "json", "data_files": str(data)}
     problems = load_problems(TaskSpec(**raw))
-    assert all(f"({p.gold}) right" in p.prompt for p in problems)  # the gold letter is where the answer landed
-    first = [p.gold for p in problems]
-    again = [p.gold for p in load_problems(TaskSpec(**raw))]
+    assert all(f"({p.gold['answer']}) right" in p.prompt for p in problems)  # the gold letter is where it landed
+    first = [p.gold["answer"] for p in problems]
+    again = [p.gold["answer"] for p in load_problems(TaskSpec(**raw))]
     assert first == again
     counts = Counter(first)
     assert stats.chisquare([counts[c] for c in "ABCD"]).pvalue > 1e-3
     raw["shuffle_seed"] = 1
-    assert [p.gold for p in load_problems(TaskSpec(**raw))] != first
+    assert [p.gold["answer"] for p in load_problems(TaskSpec(**raw))] != first
 
 
 @pytest.mark.parametrize(

@@ -40,13 +40,20 @@ import re
 from .base import Verdict, answer_section
 from .sandbox import run_job
 
-__all__ = ["grade_code", "extract_code", "backstop_for", "DEFAULT_TEST_TIMEOUT", "DEFAULT_MEMORY_MB"]
+__all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT", "DEFAULT_MEMORY_MB"]
 
 DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
 DEFAULT_MEMORY_MB = 1024  # address space per test
 DEFAULT_OUTPUT_MB = 16  # stdout (and stderr) per test
 BACKSTOP_CAP = 600.0  # wall seconds for one solution, all tests
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+_SPECIAL_JUDGE = re.compile(
+    r"(?:print|output|return|report|answer with|choose|find)\s+any\s+(?:one\s+)?(?:of\s+them|of\s+these|such|valid|"
+    r"possible|correct|solution|answer)"
+    r"|any\s+(?:one\s+)?of\s+them\s+(?:is|will\s+be|would\s+be)\s+(?:accepted|considered|correct|fine|ok)"
+    r"|(?:return|print|output)\b[^.\n]{0,60}\bin\s+any\s+order"
+    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+)?(?:solutions?|answers?|outputs?)"
+    r"\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
 
 
 def extract_code(response: str) -> str | None:
@@ -59,6 +66,15 @@ def extract_code(response: str) -> str | None:
         return tagged[-1]
     untagged = [body for lang, body in blocks if not lang]
     return untagged[-1] if untagged else None
+
+
+def special_judge_reason(statement: str) -> str | None:
+    """Why a problem accepts several outputs (so a fixed expected output would grade
+    valid programs wrong), from its statement ("If there are multiple solutions,
+    print any of them", "Return the answer in any order"); None when it names one.
+    LiveCodeBench's runner has no special judge: its ERRATA lists such problems."""
+    match = _SPECIAL_JUDGE.search(statement)
+    return f"several outputs accepted ({match.group(0)[:60]!r}): no special judge" if match else None
 
 
 def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:
