@@ -25,7 +25,6 @@ if sys.path and sys.path[0] == __file__.rpartition("/")[0]:
     sys.path.pop(0)  # solutions must not import our modules; imported below by path instead
 
 import builtins  # noqa: E402
-import ctypes  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import marshal  # noqa: E402
@@ -36,85 +35,24 @@ import signal  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("relaxtune_checks", __file__.rpartition("/")[0] + "/checks.py")
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+
+
+def _load(name: str):
+    """A sibling module of this script, by path (our directory is not on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"relaxtune_sandbox_{name}", f"{__file__.rpartition('/')[0]}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checks, confine = _load("checks"), _load("confine")
 
 FRAME = "RELAXTUNE-VERDICT"
 SETUP_FAILED = 121  # a child's exit status when its sandbox could not be set up
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 4096, 16384, 1 << 18
-MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
-_MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-                "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NotPlain(BaseException):
     """A returned value that is not a plain builtin value (never caught by ``except Exception``)."""
-
-
-# ------------------------------------------------------------------ namespace set-up (harness, privileged)
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source, target: str, fstype, flags: int, data=None) -> None:
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
-
-
-def _mounts() -> list:
-    """(mount point, per-mount flags) of every mount, from /proc/self/mountinfo."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # \040 and friends
-            flags = sum(_MOUNT_FLAGS.get(opt, 0) for opt in fields[5].split(","))
-            out.append((point, flags))
-    return out
-
-
-def private_filesystem(tmpfs_mb: int, notes: list) -> None:
-    """Make every mount read-only and put private tmpfs on /tmp, /var/tmp, /dev/shm
-    (this mount namespace only: propagation is made private first).
-
-    Raises:
-        OSError: /tmp could not be made private (the run must not go on).
-    """
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    stuck = []
-    for point, flags in _mounts():
-        if point == "/proc" or point.startswith("/proc/"):
-            continue
-        try:
-            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
-        except OSError:
-            stuck.append(point)
-    if stuck:
-        notes.append(f"{len(stuck)} mounts stayed writable ({', '.join(stuck[:3])})")
-    for point in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(point):
-            try:
-                _mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
-            except OSError:
-                if point == "/tmp":
-                    raise
-                notes.append(f"{point} is not private")
-
-
-def _drop_capabilities() -> None:
-    """Root of a user namespace: drop every capability, bounding set included."""
-    for cap in range(64):
-        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    _check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
 
 
 # ------------------------------------------------------------------ one test, in a forked child
@@ -157,10 +95,12 @@ def _run_solution(job: dict, args: list, _exec=exec, _compile=compile, _isinstan
         _exec(_compile(job["code"], "solution.py", "exec"), scope)
         if job["entry_point"] not in scope:
             raise NameError(f"name {job['entry_point']!r} is not defined")
+        candidate = guarded(scope[job["entry_point"]])
         tests = {"__name__": "humaneval_test", "__builtins__": names}
         _exec(_compile(job["prompt"], "prompt.py", "exec"), tests)
+        tests[job["entry_point"]] = candidate  # a test may call the entry by name (HumanEval/33)
         _exec(_compile(job["test"], "test.py", "exec"), tests)
-        tests["check"](guarded(scope[job["entry_point"]]))
+        tests["check"](candidate)
         return None
     module = _module("__main__" if kind == "stdin" else "solution", builtins)
     scope = module.__dict__
@@ -214,8 +154,8 @@ def _child(job: dict, files: dict, token: bytes, nonce: bytearray, uid, _dump=ma
             os.setgid(uid)
             os.setuid(uid)
         elif job["userns"]:
-            _drop_capabilities()
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+            confine.drop_capabilities()
+        confine.no_new_privileges()
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": job["workdir"], "LANG": "C.UTF-8"})
         sys.stdin, sys.stdout, sys.stderr = _open_std(0, "r"), _open_std(1, "w"), _open_std(2, "w")
@@ -388,7 +328,7 @@ def _prepare(job: dict, notes: list):
     """Namespaces, directories and the tests' input files; returns (private dir, uid for the children)."""
     box = job["sandbox"]
     if box["namespaces"]:
-        private_filesystem(job["tmpfs_mb"], notes)
+        confine.private_filesystem(job["tmpfs_mb"], notes)
         base = "/tmp"
     else:
         base = box["base"]
@@ -437,7 +377,7 @@ def run(job: dict, nonce: bytearray, notes: list) -> dict:
 def main() -> None:
     """Read the job on stdin, run it, write the frame on stdout, end (every leftover dies with us)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/1/fd or ptrace for the children
+    confine.not_dumpable()  # no /proc/1/fd or ptrace for the children
     with open(0, "rb", closefd=False) as f:
         job = json.loads(f.read())
     nonce = bytearray(job.pop("nonce").encode())
