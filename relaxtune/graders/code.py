@@ -74,7 +74,12 @@ def special_judge_reason(statement: str) -> str | None:
     print any of them", "Return the answer in any order"); None when it names one.
     LiveCodeBench's runner has no special judge: its ERRATA lists such problems."""
     match = _SPECIAL_JUDGE.search(statement)
-    return f"several outputs accepted ({match.group(0)[:60]!r}): no special judge" if match else None
+    if match is None:
+        return None
+    start = max(statement.rfind(".", 0, match.start()), statement.rfind("\n", 0, match.start())) + 1
+    ends = [i for i in (statement.find(".", match.end()), statement.find("\n", match.end())) if i >= 0]
+    sentence = " ".join(statement[start:min(ends, default=len(statement))].split())
+    return f"several outputs accepted, no special judge: {sentence[:120]!r}"
 
 
 def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:

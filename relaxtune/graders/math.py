@@ -24,9 +24,9 @@ and tested (README, "Grading policy"):
 - two exact finite numbers (no float, no percent) that sympy proves different
   are different, although math-verify's numeric check chops ``1/2^98 - 1/2^99``
   to 0;
-- integer tasks (AIME, ``integer_range``): the answer's value (the right side of
-  ``n = 204``; a decimal only when exactly integral, ``204.0``) must be an
-  integer in range and equal the gold.
+- integer tasks (AIME, ``integer_range``): besides math-verify's verdict, the
+  answer's value (the right side of ``n = 204``; a decimal when integral,
+  ``204.0``) must be an integer in the range.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def _exactly_different(gold, pred) -> bool:
 
 def _integer_value(expr) -> int | None:
     """The integer an answer stands for: the right side of its last relation
-    (``n = 204``), a percent's number, a number sympy proves integral, or a decimal
-    that rounds to an integer at math-verify's 6 places (``204.0``); else None."""
+    (``n = 204``), a percent's number, a number sympy proves integral, or an
+    integral decimal (``204.0``); else None."""
     import sympy
     from sympy.logic.boolalg import And
 
@@ -135,7 +135,7 @@ def _integer_value(expr) -> int | None:
     expr = expr.doit()
     if expr.atoms(sympy.Float):
         value = float(expr)
-        return int(round(value)) if abs(value) < 1e15 and round(value, 6).is_integer() else None
+        return int(value) if abs(value) < 2**53 and value.is_integer() else None
     return int(expr) if expr.is_integer else None
 
 
