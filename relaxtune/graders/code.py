@@ -139,7 +139,7 @@ def grade_code(
         return Verdict(False, "no_answer", None, "thinking never closed")
     code = extract_code(section)
     if code is None:
-        return Verdict(False, "no_answer", None, "no fenced python block after the thinking")
+        return Verdict(False, "no_answer", None, "no fenced python block in the answer")
     try:
         job = _job(code, gold, timeout, memory_mb)
     except ValueError as err:

@@ -82,24 +82,26 @@ def same_value(got, want) -> bool:
         return False
 
 
-def not_plain(value, _type=type, _id=id) -> str | None:
+def not_plain(value, _type=type, _id=id, _set=set, _dict=dict, _getattr=getattr, _scalars=_SCALARS,
+              _containers=_CONTAINERS) -> str | None:
     """The type name of the first value inside ``value`` that is not a plain builtin
     value (see module doc), or None when all are. Iterative: any depth, shared and
-    self-referencing containers visited once."""
-    stack, seen = [value], set()
+    self-referencing containers visited once. Every builtin it uses is bound when it
+    is defined, so a solution that patches ``builtins`` cannot change the check."""
+    stack, seen = [value], _set()
     while stack:
         item = stack.pop()
         kind = _type(item)
-        if kind in _SCALARS:
+        if kind in _scalars:
             continue
-        if kind not in _CONTAINERS:
-            return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"
+        if kind not in _containers:
+            return f"{_getattr(kind, '__module__', '?')}.{_getattr(kind, '__qualname__', '?')}"
         if _id(item) in seen:
             continue
         seen.add(_id(item))
-        if kind is dict:
-            stack.extend(dict.keys(item))
-            stack.extend(dict.values(item))
+        if kind is _dict:
+            stack.extend(_dict.keys(item))
+            stack.extend(_dict.values(item))
         else:
             stack.extend(item)
     return None

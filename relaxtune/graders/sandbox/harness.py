@@ -188,10 +188,12 @@ def _child(job: dict, files: dict, token: bytes, nonce: bytearray, uid, _dump=ma
         _exit(0)
 
 
-def _describe(err: BaseException, job: dict) -> dict:
-    info = {"type": type(err).__name__, "assertion": isinstance(err, AssertionError), "exit": isinstance(err, SystemExit)}
+def _describe(err: BaseException, job: dict, _type=type, _isinstance=isinstance, _str=str) -> dict:
+    """What a solution raised, for the harness (builtins bound beforehand, as in ``_run_solution``)."""
+    info = {"type": _type(err).__name__, "assertion": _isinstance(err, AssertionError),
+            "exit": _isinstance(err, SystemExit)}
     try:
-        info["message"] = str(err)[:300]
+        info["message"] = _str(err)[:300]
     except BaseException:  # noqa: BLE001 - a hostile __str__
         info["message"] = "?"
     tb, line = err.__traceback__, None

@@ -53,12 +53,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SandboxInfo:
     """How this host contains solutions: ``kind`` ("namespaces", "user-namespaces",
-    "process-group"), the command prefix, the interpreter, and a ``note`` for
-    verdicts ("" when containment is complete)."""
+    "process-group"), the command prefix, the interpreter, whether tests ``drop``
+    to an unprivileged user id (as root), and a ``note`` for verdicts ("" when
+    containment is complete)."""
 
     kind: str
     prefix: tuple[str, ...]
     python: str
+    drop: bool = False
     note: str = ""
 
 
@@ -108,16 +110,19 @@ def sandbox_info() -> SandboxInfo:
         raise ValueError(f"RELAXTUNE_SANDBOX={forced!r}: the only accepted value is 'process-group'")
     if not forced and unshare and python:
         if root and _works([unshare, *_UNSHARE]):
-            return SandboxInfo("namespaces", (unshare, *_UNSHARE), python)
+            return SandboxInfo("namespaces", (unshare, *_UNSHARE), python, drop=True)
         userns = [unshare, "--user", "--map-root-user", *_UNSHARE]
         if not root and _works(userns):
-            return SandboxInfo("user-namespaces", tuple(userns), sys.executable)
+            return SandboxInfo("user-namespaces", tuple(userns), python)
     why = "RELAXTUNE_SANDBOX=process-group" if forced else (
-        "no util-linux unshare" if not unshare else "no usable interpreter" if not python else "namespaces refused")
+        "no util-linux unshare" if not unshare else "no interpreter other users can run" if not python
+        else "namespaces refused")
     note = (f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run and files "
             "can be left outside its directory")
+    if root and not python:
+        note += "; solutions run as root"
     log.warning("code grader: %s; install util-linux or run where namespaces are allowed for full containment", note)
-    return SandboxInfo("process-group", (), python or sys.executable, note)
+    return SandboxInfo("process-group", (), python or sys.executable, drop=bool(root and python), note=note)
 
 
 def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_cap: int = RESULT_CAP,
@@ -145,7 +150,7 @@ def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_
             now = time.monotonic()
             if now >= deadline:
                 return bytes(out), bytes(err), "backstop"
-            if ended_at is None and proc.poll() is not None:
+            if ended_at is None and _exited(proc):
                 ended_at = now
             if ended_at is not None and now - ended_at > 0.5:
                 break  # the process is gone; a descendant that kept the pipes is not waited for
@@ -178,6 +183,16 @@ def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_
         sel.close()
 
 
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether ``proc`` has ended, without reaping it (its process group id stays valid to kill)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _parse_frame(out: bytes, nonce: str) -> dict | None:
     for line in reversed(out.decode("utf-8", "replace").splitlines()):
         head, _, rest = line.partition(" ")
@@ -188,6 +203,44 @@ def _parse_frame(out: bytes, nonce: str) -> dict | None:
                 return None
             return frame if isinstance(frame, dict) and "verdict" in frame else None
     return None
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (``/proc/<pid>/task/*/children``, else a scan of ``/proc``)."""
+    try:
+        return [int(c) for task in os.listdir(f"/proc/{pid}/task")
+                for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _stop(proc: subprocess.Popen, namespaced: bool) -> None:
+    """End the run and wait until nothing of it is left. With namespaces the harness (PID 1
+    of its namespace, ``unshare``'s child) is killed and ``unshare`` left to reap it: the
+    kernel completes that only once every process of the namespace is gone, so when
+    ``unshare`` exits no descendant survives. Otherwise the process group is killed."""
+    deadline = time.monotonic() + 10
+    while namespaced and not _exited(proc) and time.monotonic() < deadline:
+        for pid in _children(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+    if proc.returncode is None:  # not reaped yet: its process group id is still ours
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
 
 
 def _preexec_no_network() -> None:  # process-group mode as root: at least no network
@@ -210,17 +263,16 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
         (killed at the backstop, output overflow, harness failure).
     """
     info = sandbox_info()
-    root = os.geteuid() == 0
     nonce = secrets.token_hex(16)
     base = None if info.kind != "process-group" else tempfile.mkdtemp(prefix="relaxtune-run-")
     job = {**job, "nonce": nonce, "sandbox": {
         "namespaces": info.kind != "process-group", "userns": info.kind == "user-namespaces", "base": base,
-        "uid": random.randrange(1 << 20, 1 << 30) if root else None}}
+        "uid": random.randrange(1 << 20, 1 << 30) if info.drop else None}}
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": base or "/"}
     if base:
         os.chmod(base, 0o755)
-    preexec = _preexec_no_network if root and info.kind == "process-group" else None
+    preexec = _preexec_no_network if info.kind == "process-group" and os.geteuid() == 0 else None
     try:
         proc = subprocess.Popen([*info.prefix, info.python, "-s", str(HARNESS)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=base or "/",
@@ -228,11 +280,7 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
         try:
             out, err, ended = read_capped(proc, json.dumps(job).encode(), time.monotonic() + backstop)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # unshare's --kill-child takes the namespace with it
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            _stop(proc, namespaced=info.kind != "process-group")
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if not pipe.closed:
                     pipe.close()
