@@ -1,6 +1,7 @@
 """Confinement primitives for the sandbox harness (Linux, standard library only).
 
-Mounts, capabilities and process flags through libc (``ctypes``): the harness
+Mounts, capabilities and process flags through libc (``ctypes``), and the
+clean-up of every process a test left behind: the harness
 imports this module by path inside the sandbox, under whichever interpreter it
 runs. Flag values are the kernel's (``<sys/mount.h>``, ``<linux/prctl.h>``,
 ``<linux/capability.h>``).
@@ -9,6 +10,8 @@ runs. Flag values are the kernel's (``<sys/mount.h>``, ``<linux/prctl.h>``,
 import ctypes
 import os
 import re
+import signal
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 4096, 16384, 1 << 18
@@ -96,3 +99,48 @@ def no_new_privileges() -> None:
 def not_dumpable() -> None:
     """Other processes of the same user can neither ptrace this one nor open its /proc files."""
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _others(own_group: bool) -> list:
+    """Process ids in /proc other than ours (only those of our process group when ``own_group``)."""
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            if own_group:
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        if int(f.read().rpartition(")")[2].split()[2]) != os.getpgrp():
+                            continue
+                except (OSError, ValueError, IndexError):
+                    continue
+            pids.append(int(entry))
+    return pids
+
+
+def kill_leftovers(namespaced: bool) -> None:
+    """Kill every other process of this PID namespace (``kill(-1)`` from its PID 1), or,
+    without one, of this process group, and reap them; repeated until none is left
+    (a fork bomb forks while it is killed), at most 100 rounds. ``kill(-1)`` is used
+    only by PID 1 (anywhere else it would reach every process of the host)."""
+    namespaced = namespaced and os.getpid() == 1
+    for _ in range(100):
+        if namespaced:
+            try:
+                os.kill(-1, signal.SIGKILL)  # from PID 1: everyone in the namespace but us
+            except ProcessLookupError:
+                pass
+        else:
+            for pid in _others(own_group=True):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not _others(own_group=not namespaced):
+            return
+        time.sleep(0.002)

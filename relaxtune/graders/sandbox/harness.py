@@ -36,7 +36,6 @@ import time  # noqa: E402
 import types  # noqa: E402
 
 
-
 def _load(name: str):
     """A sibling module of this script, by path (our directory is not on sys.path)."""
     spec = importlib.util.spec_from_file_location(f"relaxtune_sandbox_{name}", f"{__file__.rpartition('/')[0]}/{name}.py")
@@ -231,46 +230,6 @@ def _wait(pid: int, wall: float):
             os.close(pidfd)
 
 
-def _others(own_group: bool) -> list:
-    me, pids = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            if own_group:
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        if int(f.read().rpartition(")")[2].split()[2]) != os.getpgrp():
-                            continue
-                except (OSError, ValueError, IndexError):
-                    continue
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_leftovers(namespaced: bool) -> None:
-    """Kill every other process of this namespace (or, without one, of this process group) and reap them."""
-    for _ in range(100):
-        if namespaced:
-            try:
-                os.kill(-1, signal.SIGKILL)  # from PID 1: everyone in the namespace but us
-            except ProcessLookupError:
-                pass
-        else:
-            for pid in _others(own_group=True):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        if not _others(own_group=not namespaced):
-            return
-        time.sleep(0.002)
-
-
 def _tail(path: str, size: int = 2000) -> str:
     with open(path, "rb") as f:
         f.seek(max(0, os.fstat(f.fileno()).st_size - size))
@@ -367,7 +326,7 @@ def run(job: dict, nonce: bytearray, notes: list) -> dict:
         if pid == 0:
             _child(job, files, token, nonce, uid)
         status, cpu, killed = _wait(pid, job["wall"])
-        _kill_leftovers(job["sandbox"]["namespaces"])
+        confine.kill_leftovers(job["sandbox"]["namespaces"])
         files["expected"] = json.loads(want) if job["kind"] == "call" else want
         failure = _judge(job, i, files, token, status, cpu, killed)
         if failure is not None:
@@ -396,7 +355,7 @@ def main() -> None:
     frame = f"{FRAME} {nonce.decode()} {json.dumps(result)}\n".encode()
     while frame:
         frame = frame[os.write(1, frame):]
-    _kill_leftovers(job["sandbox"]["namespaces"])
+    confine.kill_leftovers(job["sandbox"]["namespaces"])
     os._exit(0)
 
 
