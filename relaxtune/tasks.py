@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .sampling import SamplingParams
 
-__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir", "build_prompt_ids"]
+__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
+           "build_prompt_ids"]
 
 ANSWER_NOW = (
     "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"

@@ -56,7 +56,8 @@ def _grade(case: dict):
     """(verdict, wall seconds): ``code`` is sent in a python fence, ``response`` as it is."""
     response = case.get("response") or f"Here it is.\n```python\n{case['code']}```\n"
     start = time.monotonic()
-    verdict = grade_code(response.replace("{token}", TOKEN), _gold(case["problem"]), timeout=case.get("timeout", TIMEOUT))
+    verdict = grade_code(response.replace("{token}", TOKEN), _gold(case["problem"]),
+                         timeout=case.get("timeout", TIMEOUT))
     return verdict, time.monotonic() - start
 
 

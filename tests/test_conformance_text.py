@@ -64,13 +64,13 @@ def test_math_case(case):
 def test_choice_case(case):
     letters = case.get("letters", "ABCD")
     gold = case["expect"] or letters[0]
-    verdict = grade_choice(case["response"], {"answer": gold, "letters": letters, "format": case.get("format", "ANSWER:")})
+    fmt = case.get("format", "ANSWER:")
+    verdict = grade_choice(case["response"], {"answer": gold, "letters": letters, "format": fmt})
     assert verdict.extracted == case["expect"]
     assert verdict.verdict == ("correct" if case["expect"] else "no_answer")
     if case["expect"]:  # the same response graded against another letter is wrong
         other = next(x for x in letters if x != gold)
-        assert grade_choice(case["response"], {"answer": other, "letters": letters,
-                                                "format": case.get("format", "ANSWER:")}).verdict == "wrong"
+        assert grade_choice(case["response"], {"answer": other, "letters": letters, "format": fmt}).verdict == "wrong"
     official = _simple_evals_reads(case["response"], letters)
     if "policy" in case:
         assert official != case["expect"], "simple-evals agrees: not a deviation"

@@ -63,8 +63,8 @@ def test_read_capped_keeps_only_the_stderr_tail_and_stops_at_the_deadline():
 
 def test_backstop_ends_every_run_in_time():
     token = str(secrets.randbelow(10**9) + 10**9)
-    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '90.{token}'])\n"
-            "time.sleep(90)\n")
+    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execv('/bin/sleep', ['sleep', '90.{token}'])\ntime.sleep(90)\n")
     start = time.monotonic()
     verdict = grade_code(_fence(code), HE, timeout=30, backstop=2)
     assert verdict.verdict == "time_limit" and "backstop" in verdict.detail
@@ -114,7 +114,8 @@ def test_fallback_without_namespaces_still_grades_and_says_so(monkeypatch, caplo
         good, bad = grade_code(GOOD, HE), grade_code(BAD, HE)
         early = grade_code(_fence("def add(a, b):\n    return 0\nimport os\nos._exit(0)\n"), HE)
         loop = grade_code(_fence("while True:\n    pass\n"), HE, timeout=1)
-        lcb = grade_code(_fence("print(sum(map(int, input().split())))\n"), {"tests": [{"input": "1 2", "output": "3"}]})
+        lcb = grade_code(_fence("print(sum(map(int, input().split())))\n"),
+                         {"tests": [{"input": "1 2", "output": "3"}]})
     finally:
         monkeypatch.delenv("RELAXTUNE_SANDBOX")
         sandbox_info.cache_clear()

@@ -27,7 +27,8 @@ from .base import Verdict, answer_section
 
 __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
-_WRAPPERS = r"(?:\s|\*|_|\$|\\[(\[]|[(\[{]|\\(?:boxed|text|textbf|mathbf|mathrm|fbox)\s*\{|(?i:option|choice|letter)\b)*"
+_WRAPPERS = (r"(?:\s|\*|_|\$|\\[(\[]|[(\[{]|\\(?:boxed|text|textbf|mathbf|mathrm|fbox)\s*\{"
+             r"|(?i:option|choice|letter)\b)*")
 _LETTER = r"(?P<letter>[A-Z])(?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",

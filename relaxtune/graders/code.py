@@ -40,7 +40,8 @@ import re
 from .base import Verdict, answer_section
 from .sandbox import run_job
 
-__all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT", "DEFAULT_MEMORY_MB"]
+__all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT",
+           "DEFAULT_MEMORY_MB"]
 
 DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
 DEFAULT_MEMORY_MB = 1024  # address space per test

@@ -38,7 +38,8 @@ import types  # noqa: E402
 
 def _load(name: str):
     """A sibling module of this script, by path (our directory is not on sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"relaxtune_sandbox_{name}", f"{__file__.rpartition('/')[0]}/{name}.py")
+    path = f"{__file__.rpartition('/')[0]}/{name}.py"
+    spec = importlib.util.spec_from_file_location(f"relaxtune_sandbox_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

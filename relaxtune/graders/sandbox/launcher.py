@@ -94,7 +94,8 @@ def _python_for_other_users() -> str | None:
 
 def _works(prefix: list[str]) -> bool:
     try:
-        return subprocess.run([*prefix, "true"], capture_output=True, timeout=20, env={"PATH": _SYSTEM_PATH}).returncode == 0
+        run = subprocess.run([*prefix, "true"], capture_output=True, timeout=20, env={"PATH": _SYSTEM_PATH})
+        return run.returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
