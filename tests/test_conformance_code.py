@@ -18,7 +18,7 @@ import yaml
 from relaxtune.graders.code import backstop_for, grade_code
 
 TABLE = yaml.safe_load((Path(__file__).parent / "conformance" / "code.yaml").read_text())
-TOKEN = str(secrets.randbelow(10**9) + 10**9)  # marks this run's leftovers
+TOKEN = str(secrets.randbelow(10**9) + 10**9)  # marks this run's leftovers (plus the case's index)
 TIMEOUT = 1.0
 _ids = [case["id"] for case in TABLE["cases"]]
 assert len(_ids) == len(set(_ids)), "duplicate case ids"
@@ -52,13 +52,18 @@ def _gold(name: str) -> dict:
     return gold
 
 
+def _token(case: dict) -> str:
+    return f"{TOKEN}{_ids.index(case['id']):03d}"
+
+
 def _grade(case: dict):
-    """(verdict, wall seconds): ``code`` is sent in a python fence, ``response`` as it is."""
+    """(verdict, wall seconds, processes of this case alive when its verdict returned):
+    ``code`` is sent in a python fence, ``response`` as it is."""
     response = case.get("response") or f"Here it is.\n```python\n{case['code']}```\n"
     start = time.monotonic()
-    verdict = grade_code(response.replace("{token}", TOKEN), _gold(case["problem"]),
+    verdict = grade_code(response.replace("{token}", _token(case)), _gold(case["problem"]),
                          timeout=case.get("timeout", TIMEOUT))
-    return verdict, time.monotonic() - start
+    return verdict, time.monotonic() - start, _survivors(_token(case))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +82,8 @@ def monkeypatch_module():
         yield mp
 
 
-def _survivors() -> list[str]:
+def _survivors(token: str = TOKEN) -> list[str]:
+    """Processes whose command line holds ``token``."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -85,14 +91,15 @@ def _survivors() -> list[str]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if TOKEN in cmdline:
+            if token in cmdline:
                 found.append(f"{entry}: {cmdline}")
     return found
 
 
 @pytest.mark.parametrize("case", TABLE["cases"], ids=_ids)
 def test_code_case(case, verdicts):
-    verdict, seconds = verdicts[case["id"]]
+    verdict, seconds, survivors = verdicts[case["id"]]
+    assert survivors == [], "processes outlived the verdict"
     assert verdict.verdict == case["verdict"], verdict.detail
     assert verdict.correct == (case["verdict"] == "pass")
     if "detail" in case:
@@ -100,7 +107,7 @@ def test_code_case(case, verdicts):
     n_tests = len(TABLE["problems"][case["problem"]].get("tests", [None]))
     assert seconds < backstop_for(n_tests, TIMEOUT) + 30  # never past the backstop (plus start-up slack)
     for path in case.get("leaves", []):
-        assert not Path(path.replace("{token}", TOKEN)).exists(), f"{path} left on the host"
+        assert not Path(path.replace("{token}", _token(case))).exists(), f"{path} left on the host"
 
 
 def test_no_process_survives_its_verdict(verdicts):
