@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from .base import Verdict, answer_section
+from .math import boxes
 
 __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
@@ -35,7 +36,6 @@ _ANCHORS = [
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:final\s+choice)(?:\s*(?:\*\*|__))?\s*[:：]",
 ]
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
 _INNER_WRAP = re.compile(r"\\(?:text|textbf|mathbf|mathrm)\s*\{([^{}]*)\}")
 _FORMAT = re.compile(r"['\"‘“`]([^'\"’”`\n]{0,40}?)\$?LETTER[^'\"’”`\n]{0,20}['\"’”`]")
@@ -56,17 +56,6 @@ def _anchor_pattern(prefix: str) -> str:
     return r"(?i:" + r"\s*".join(parts) + ")"
 
 
-def _boxes(text: str):
-    """(position, content) of every ``\\boxed{...}``, braces matched."""
-    for m in _BOX.finditer(text):
-        depth = 1
-        for i in range(m.end(), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                yield m.start(), text[m.end():i]
-                break
-
-
 def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None = None) -> str | None:
     """The chosen letter in ``text`` (rules in the module doc), or None.
 
@@ -80,7 +69,7 @@ def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None =
     for anchor in anchors:
         for m in re.finditer(anchor + _WRAPPERS + _LETTER, text):
             hits.append((m.start("letter"), m.group("letter")))
-    for start, inner in _boxes(text):
+    for start, inner in boxes(text):
         inner = _INNER_WRAP.sub(r"\1", inner).strip(" $*")
         m = _BOX_LETTER.match(inner)
         if m:

@@ -41,7 +41,7 @@ from .numbers import normalise_numbers
 
 DEFAULT_TIMEOUT = 10.0  # seconds per parse/verify call
 
-__all__ = ["grade_math", "last_boxed", "parse_gold", "gsm8k_gold"]
+__all__ = ["grade_math", "boxes", "last_boxed", "parse_gold", "gsm8k_gold"]
 
 # math-verify warns on every call that its signal timeouts are off: ours replace them
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -66,16 +66,24 @@ def _run_with_timeout(fn, timeout: float):
     return box["value"]
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; None if none."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    for start in reversed(starts):
+def boxes(text: str) -> list[tuple[int, str]]:
+    """``(position, content)`` of every closed ``\\boxed{...}`` or ``\\fbox{...}`` in
+    ``text``, braces matched, in order of position."""
+    found = []
+    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
         depth = 1
-        for i in range(start, len(text)):
+        for i in range(match.end(), len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             if depth == 0:
-                return text[start:i].strip()
-    return None
+                found.append((match.start(), text[match.end():i]))
+                break
+    return found
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last closed ``\\boxed{...}`` (or ``\\fbox{...}``), stripped; None if none."""
+    found = boxes(text)
+    return found[-1][1].strip() if found else None
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -125,8 +133,8 @@ def _integer_value(expr) -> int | None:
     import sympy
     from sympy.logic.boolalg import And
 
-    while isinstance(expr, (sympy.core.relational.Relational, And)):
-        expr = expr.rhs if not isinstance(expr, And) else list(expr.args)[-1]
+    while isinstance(expr, (sympy.core.relational.Relational, And)):  # a chain a = b = c is an And, in order
+        expr = expr.rhs if not isinstance(expr, And) else getattr(expr, "_unsorted_args", expr.args)[-1]
     if not isinstance(expr, sympy.Expr) or not expr.is_number:
         return None
     pct = [a for a in expr.atoms(sympy.UnevaluatedExpr) if a == sympy.UnevaluatedExpr(sympy.Rational(1, 100))]
