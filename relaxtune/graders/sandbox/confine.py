@@ -19,6 +19,7 @@ MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
 _MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                 "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+CLONE_NEWNET = 0x40000000
 _CAP_VERSION_3 = 0x20080522
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -72,6 +73,13 @@ def private_filesystem(tmpfs_mb: int, notes: list) -> None:
                 if point == "/tmp":
                     raise
                 notes.append(f"{point} is not private")
+
+
+def no_network(notes: list) -> None:
+    """Root without the namespace tools: at least a network namespace of our own (no
+    interfaces up), for this process and its children; a failure is named in ``notes``."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        notes.append(f"network not isolated ({os.strerror(ctypes.get_errno())})")
 
 
 def drop_capabilities() -> None:

@@ -294,6 +294,8 @@ def _prepare(job: dict, notes: list):
         base = "/tmp"
     else:
         base = box["base"]
+        if os.geteuid() == 0:
+            confine.no_network(notes)
     private, workdir = os.path.join(base, ".relaxtune"), os.path.join(base, "work")
     os.makedirs(private, mode=0o700, exist_ok=True)
     os.makedirs(workdir, mode=0o700, exist_ok=True)

@@ -4,13 +4,15 @@ Containment, strongest first (``sandbox_info()`` says which this host gives):
 
 - ``namespaces`` (root): util-linux ``unshare --pid --fork --kill-child
   --mount-proc --net --ipc``; the harness is PID 1 of the new PID namespace,
-  so every descendant dies when it ends or when this process kills ``unshare``
-  (``--kill-child``), ``setsid()`` or not. Tests run as a per-run unprivileged
-  user id (process limits are per user: concurrent runs never share them).
+  so every descendant, ``setsid()`` or not, dies when it ends, and ``unshare``
+  exits only once the namespace is empty (``_stop``). Tests run as a per-run
+  unprivileged user id (process limits are per user: concurrent runs never
+  share them).
 - ``user-namespaces`` (non-root where the kernel allows it): the same inside a
   user namespace, tests as its root with every capability dropped.
 - ``process-group`` (neither, or ``RELAXTUNE_SANDBOX=process-group``): the
-  harness's own process group, rlimits, a scrubbed environment; a ``setsid()``
+  harness's own process group, rlimits, a scrubbed environment (and, as root,
+  an unprivileged user and no network); a ``setsid()``
   descendant can outlive the run and files can be written outside its
   directory. Verdicts carry a note saying so and a warning is logged once.
 
@@ -44,7 +46,6 @@ FRAME = "RELAXTUNE-VERDICT"
 RESULT_CAP = 1 << 20  # bytes of harness stdout kept (one small JSON frame is expected)
 STDERR_KEEP = 16 << 10  # bytes of stderr kept (the tail)
 STDERR_CAP = 4 << 20  # bytes of stderr read before the run is killed
-NOBODY = 65534
 _UNSHARE = ["--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private", "--net", "--ipc"]
 _SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 log = logging.getLogger(__name__)
@@ -244,13 +245,6 @@ def _stop(proc: subprocess.Popen, namespaced: bool) -> None:
     proc.wait()
 
 
-def _preexec_no_network() -> None:  # process-group mode as root: at least no network
-    import ctypes
-
-    os.setsid()
-    ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # CLONE_NEWNET, best effort
-
-
 def run_job(job: dict, *, backstop: float) -> Outcome:
     """Run one harness job (see ``harness.py``) and return its outcome.
 
@@ -273,11 +267,10 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": base or "/"}
     if base:
         os.chmod(base, 0o755)
-    preexec = _preexec_no_network if info.kind == "process-group" and os.geteuid() == 0 else None
     try:
         proc = subprocess.Popen([*info.prefix, info.python, "-s", str(HARNESS)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=base or "/",
-                                start_new_session=preexec is None, preexec_fn=preexec)
+                                start_new_session=True)
         try:
             out, err, ended = read_capped(proc, json.dumps(job).encode(), time.monotonic() + backstop)
         finally:
