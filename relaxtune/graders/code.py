@@ -147,7 +147,10 @@ def grade_code(
         return Verdict(False, "grader_error", code[:2000], str(err))
     if backstop is None:
         backstop = backstop_for(len(job["tests"]), timeout)
-    outcome = run_job(job, backstop=backstop)
+    try:
+        outcome = run_job(job, backstop=backstop)
+    except OSError as err:  # the sandbox could not start (no interpreter, no processes left...)
+        return Verdict(False, "grader_error", code[:2000], f"the sandbox could not start: {err}")
     notes = "; ".join(outcome.notes)
     frame = outcome.frame
     if frame is None:
