@@ -14,9 +14,12 @@ Between anchor and letter, markdown and LaTeX wrappers are skipped (``**``,
 ``$``, ``\\(``, parentheses, brackets, ``\\boxed{``, ``\\text{``, "option").
 Letters are upper-case only (as in simple-evals, whose pattern's letter must
 equal the upper-case gold): "the answer is a consequence of symmetry" names no
-letter. A letter must end there (``ANSWER: Cl`` is not C), and "I" followed by
-a lower-case word is the pronoun. A stray letter without an anchor or box is
-never an answer; "cannot determine" and the like are reported as refusals.
+letter. A letter must end there (``ANSWER: Cl`` is not C), "I" followed by a
+lower-case word is the pronoun, and a letter followed by ``=``, ``<``, ``>``, ``+``, ``^``
+starts a formula (``the answer is E = mc^2``). When the last statement names a
+letter outside the choices (``ANSWER: E`` of four) there is no answer: an
+earlier one is not rescued. A stray letter without an anchor or box is never an
+answer; "cannot determine" and the like are reported as refusals.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
 _WRAPPERS = (r"(?:\s|\*|_|\$|\\[(\[]|[(\[{]|\\(?:boxed|text|textbf|mathbf|mathrm|fbox)\s*\{"
              r"|(?i:option|choice|letter)\b)*")
-_LETTER = r"(?P<letter>[A-Z])(?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
+_LETTER = r"(?P<letter>[A-Z])(?![A-Za-z0-9])(?!(?<=I)\s+[a-z])(?!\s*[=<>+^])"
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
@@ -74,8 +77,10 @@ def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None =
         m = _BOX_LETTER.match(inner)
         if m:
             hits.append((start, m.group("p") or m.group("letter")))
-    hits = [h for h in hits if h[1] in letters]
-    return max(hits)[1] if hits else None
+    if not hits:
+        return None
+    letter = max(hits)[1]  # the last statement, even when it names no valid letter
+    return letter if letter in letters else None
 
 
 def grade_choice(response: str, gold, *, truncated: bool = False, letters: str = "ABCD") -> Verdict:
