@@ -17,6 +17,14 @@ With namespaces the root filesystem is remounted read-only and ``/tmp``,
 ``/var/tmp``, ``/dev/shm`` are private tmpfs mounts: a solution leaves nothing
 behind. Without namespaces (the launcher's fallback) the harness runs in its
 own process group and says so in the frame's notes.
+
+Threat model: model-written code that ends early, overrides equality, shadows
+or patches builtins, escapes as processes, floods output or memory, reads
+stdin, writes files or sleeps. Within a child, what the harness uses after the
+solution started is bound beforehand, so patching ``builtins`` or modules
+changes nothing; a program that deliberately walks the interpreter's frames to
+find the child's token could still forge that child's report (HumanEval's tests
+run in the solution's process by design), never the frame's nonce.
 """
 
 import sys
