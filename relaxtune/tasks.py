@@ -18,9 +18,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import pickle
 import random
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .sampling import SamplingParams
 
-__all__ = ["TaskSpec", "Problem", "load_task", "list_tasks", "load_problems", "evals_dir", "build_prompt_ids"]
+__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
+           "build_prompt_ids"]
 
 ANSWER_NOW = (
     "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
 )
 LETTERS = "ABCDEFGHIJ"
+log = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -65,9 +69,11 @@ class DatasetSpec(_Strict):
 
 class FieldsSpec(_Strict):
     """Column names: ``question`` (or a template over several), ``answer`` (gold),
-    optional ``id``, ``choices`` (first = correct, shuffled once per question)."""
+    optional ``id``, ``title`` (matched by ``grader.exclude``), ``choices`` (first =
+    correct, shuffled once per question)."""
 
     id: str | None = None
+    title: str | None = None
     question: str = "question"
     answer: str | None = "answer"
     choices: list[str] | None = None
@@ -85,12 +91,24 @@ class PromptSpec(_Strict):
 
 class GraderSpec(_Strict):
     """``kind``: math | choice | code; ``gold``: how to read the answer field
-    (raw | gsm8k | int); ``integer_range`` for AIME; ``timeout`` seconds per test."""
+    (raw | gsm8k | int); ``integer_range`` for AIME; ``timeout`` CPU seconds per test.
+
+    ``answer_format`` (choice): the answer prefix the prompt asks for, e.g.
+    "ANSWER:" (default: read from the prompt template's ``'...$LETTER'``).
+    ``exclude``: problems never graded, by id or title (as a slug), each with its
+    reason (e.g. LiveCodeBench's ERRATA: many valid outputs, one graded);
+    ``exclude_special_judge`` (code): also exclude problems whose statement
+    accepts several outputs ("print any of them", "in any order"), which a
+    fixed expected output would grade at random. Both apply to every method
+    alike, and ``load_problems`` reports what it left out."""
 
     kind: Literal["math", "choice", "code"]
     gold: Literal["raw", "gsm8k", "int"] = "raw"
     integer_range: tuple[int, int] | None = None
-    timeout: float = 6.0
+    timeout: float = Field(6.0, gt=0)
+    answer_format: str | None = None
+    exclude: dict[str, str] = {}
+    exclude_special_judge: bool = False
 
 
 class SamplingSpec(_Strict):
@@ -126,10 +144,21 @@ class TaskSpec(_Strict):
     def _consistent(self):
         if self.grader.kind == "choice" and not self.fields.choices:
             raise ValueError("a choice task needs fields.choices (first = correct answer)")
+        if self.fields.choices and len(self.fields.choices) > len(LETTERS):
+            raise ValueError(f"at most {len(LETTERS)} choices (letters {LETTERS}), got {len(self.fields.choices)}")
         if self.thinking_budget is not None and self.thinking_budget >= self.max_new_tokens:
             raise ValueError("thinking_budget must be below max_new_tokens (the total limit)")
         self.sampling.params()
         return self
+
+
+class ProblemList(list):
+    """The problems ``load_problems`` kept (a list), and ``excluded``: id -> reason
+    for those it left out (see ``GraderSpec.exclude``)."""
+
+    def __init__(self, problems=(), excluded: dict[str, str] | None = None):
+        super().__init__(problems)
+        self.excluded = dict(excluded or {})
 
 
 @dataclass
@@ -263,29 +292,65 @@ def _gold(spec: TaskSpec, row: dict) -> Any:
     return value
 
 
-def load_problems(spec: TaskSpec, limit: int | None = None) -> list[Problem]:
-    """The task's problems (the first ``limit`` of them), prompts formatted.
+def _slug(text: str) -> str:
+    return "-".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _exclusion(spec: TaskSpec, pid: str, row: dict) -> str | None:
+    """Why this problem is never graded, or None (see ``GraderSpec``)."""
+    from .graders.code import special_judge_reason
+
+    listed = {_slug(key): reason for key, reason in spec.grader.exclude.items()}
+    title = str(row.get(spec.fields.title, "")) if spec.fields.title else ""
+    for key in (pid, title):
+        if key and _slug(key) in listed:
+            return listed[_slug(key)]
+    if spec.grader.exclude_special_judge:
+        return special_judge_reason(str(row.get(spec.fields.question, "")))
+    return None
+
+
+def _choice_gold(spec: TaskSpec, letter: str, n_choices: int) -> dict:
+    """What the choice grader needs: the gold letter, the valid letters, the prompt's answer prefix."""
+    from .graders.choice import prompt_answer_format
+
+    answer_format = spec.grader.answer_format or prompt_answer_format(spec.prompt.template)
+    return {"answer": letter, "letters": LETTERS[:n_choices], "format": answer_format}
+
+
+def load_problems(spec: TaskSpec, limit: int | None = None) -> ProblemList:
+    """The task's gradable problems (the first ``limit`` of them), prompts formatted;
+    problems the grader excludes are left out, listed in the result's ``excluded``
+    and logged.
 
     Raises:
         FileNotFoundError / RuntimeError: data missing or unreachable.
         KeyError: a field named in the spec is missing from the data.
     """
-    problems = []
+    problems, excluded = [], {}
     for i, row in enumerate(_rows(spec)):
         if limit is not None and len(problems) >= limit:
             break
         pid = str(row[spec.fields.id]) if spec.fields.id else (row.get("task_id") or str(i))
+        reason = _exclusion(spec, pid, row)
+        if reason is not None:
+            excluded[pid] = reason
+            continue
         values = dict(row)
         gold = None
         if spec.fields.choices:
-            choices, gold = _shuffled_choices(spec, pid, [str(row[c]).strip() for c in spec.fields.choices])
+            choices, letter = _shuffled_choices(spec, pid, [str(row[c]).strip() for c in spec.fields.choices])
             values["choices"] = "\n".join(f"({LETTERS[j]}) {c}" for j, c in enumerate(choices))
+            gold = _choice_gold(spec, letter, len(choices))
         try:
             prompt = spec.prompt.template.format(**values)
         except KeyError as err:
             raise KeyError(f"task {spec.name}: prompt template field {err} is not in the data") from None
         problems.append(Problem(pid, prompt, gold if gold is not None else _gold(spec, row)))
-    return problems
+    if excluded:
+        log.warning("task %s: %d problems excluded from grading (every method alike): %s", spec.name,
+                    len(excluded), "; ".join(f"{pid}: {why}" for pid, why in excluded.items()))
+    return ProblemList(problems, excluded)
 
 
 def build_prompt_ids(tokenizer, spec: TaskSpec, problem: Problem) -> list[int]:

@@ -1,4 +1,4 @@
-"""Graders on hand-written cases."""
+"""Graders on hand-written cases (the tables live in tests/conformance/)."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -6,7 +6,7 @@ import pytest
 
 from relaxtune.graders import grade
 from relaxtune.graders.choice import extract_choice
-from relaxtune.graders.code import extract_code, grade_code
+from relaxtune.graders.code import grade_code
 from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed
 
 # ----------------------------------------------------------------------- math
@@ -71,7 +71,7 @@ def test_choice_anchor_beats_letter_in_boxed_formula():
     "text, expected",
     [
         ("The answer is (C).", "C"),
-        ("ANSWER: b", "B"),
+        ("ANSWER: b", None),  # letters are upper-case only (simple-evals compares with the upper-case gold)
         (r"Therefore \boxed{A}", "A"),
         (r"Therefore \boxed{\text{C}}", "C"),
         ("A careful analysis shows B is tempting but I cannot determine the answer.", None),
@@ -96,44 +96,7 @@ HE = {
     "test": "def check(candidate):\n    assert candidate([1, 2], 3) == [4, 5]\n    assert candidate([], 1) == []\n",
 }
 GOOD = "```python\ndef add(xs, k):\n    return [x + k for x in xs]\n```"
-
-
-def test_last_python_block_runs_even_when_prose_follows():
-    response = GOOD + "\n\nIn short:\n```\nit adds k to each element\n```\n```text\ndone\n```"
-    assert extract_code(response).startswith("def add")
-    assert grade_code(response, HE).verdict == "pass"
-
-
-def test_prompt_imports_and_header_are_supplied():
-    body_only = "```python\n    return [x + k for x in xs]\n```"
-    assert grade_code(body_only, HE).verdict == "pass"  # the prompt's header is prepended
-    uses_list = "```python\ndef add(xs: List[int], k: int) -> List[int]:\n    return [x + k for x in xs]\n```"
-    assert grade_code(uses_list, HE).verdict == "pass"  # the prompt's imports are supplied
-
-
-@pytest.mark.parametrize(
-    "body, verdict",
-    [
-        ("def add(xs, k):\n    return xs", "wrong_answer"),
-        ("x = bytearray(2 << 30)\ndef add(xs, k):\n    return xs", "memory"),  # 2 GiB: fits the host, not the cap
-        ("while True:\n    pass", "time_limit"),
-        ("def add(xs, k):\n    return 1 / 0", "runtime_error"),
-        ("import os\nassert os.system('touch /root/relaxtune-escape') == 0, 'blocked'\n"
-         "def add(xs, k):\n    return [x + k for x in xs]", "wrong_answer"),
-        ("import os\nassert not any(k in os.environ for k in ('RELAXTUNE_TEST_SECRET', 'HF_TOKEN')), 'leak'\n"
-         "def add(xs, k):\n    return [x + k for x in xs]", "pass"),
-        ("import os, time\nforks = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
-         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(1)\n        os._exit(0)\n"
-         "    forks += 1\nassert forks <= 32, f'{forks} processes'\n"
-         "def add(xs, k):\n    return [x + k for x in xs]", "pass"),  # the process cap (32) stops it
-    ],
-    ids=["wrong", "memory", "loop", "error", "os.system", "environ", "fork"],
-)
-def test_sandbox_contains(body, verdict, monkeypatch, tmp_path):
-    monkeypatch.setenv("RELAXTUNE_TEST_SECRET", "sk-do-not-leak")
-    v = grade_code(f"```python\n{body}\n```", HE, timeout=2)
-    assert v.verdict == verdict, v.detail
-    assert v.correct == (verdict == "pass")
+# Early exits, equality hacks, escapes, floods and the official semantics: tests/conformance/code.yaml
 
 
 def test_sandbox_has_no_network():

@@ -46,8 +46,9 @@ def test_shipped_specs_load_from_local_files(name):
     if name == "math500":
         assert first.gold == r"\dfrac{9}{7}" and first.id == "test/algebra/1.json"
     if name == "gpqa_diamond":
-        right = f"({first.gold}) right"
+        right = f"({first.gold['answer']}) right"
         assert right in first.prompt and first.prompt.count("wrong") == 3
+        assert first.gold["letters"] == "ABCD" and first.gold["format"] == "ANSWER:"  # read from the prompt
     if name == "lcb_lite_v6":
         assert first.gold["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
         assert problems[1].gold["fn_name"] == "addK" and "class Solution" in problems[1].prompt
@@ -67,14 +68,14 @@ def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
     raw = yaml.safe_load(Path(load_task("gpqa_diamond").source_file).read_text())
     raw["dataset"] = {"path": "json", "data_files": str(data)}
     problems = load_problems(TaskSpec(**raw))
-    assert all(f"({p.gold}) right" in p.prompt for p in problems)  # the gold letter is where the answer landed
-    first = [p.gold for p in problems]
-    again = [p.gold for p in load_problems(TaskSpec(**raw))]
+    assert all(f"({p.gold['answer']}) right" in p.prompt for p in problems)  # the gold letter is where it landed
+    first = [p.gold["answer"] for p in problems]
+    again = [p.gold["answer"] for p in load_problems(TaskSpec(**raw))]
     assert first == again
     counts = Counter(first)
     assert stats.chisquare([counts[c] for c in "ABCD"]).pvalue > 1e-3
     raw["shuffle_seed"] = 1
-    assert [p.gold for p in load_problems(TaskSpec(**raw))] != first
+    assert [p.gold["answer"] for p in load_problems(TaskSpec(**raw))] != first
 
 
 @pytest.mark.parametrize(
@@ -122,3 +123,50 @@ def test_cli_lists_and_validates(tmp_path):
     good.write_text(yaml.safe_dump(raw))
     out = runner.invoke(app, ["tasks", "validate", str(good)], env={"COLUMNS": "200"})
     assert out.exit_code == 1 and "invalid" in out.output
+
+
+def test_special_judge_problems_are_excluded_and_listed(tmp_path, caplog):
+    """LiveCodeBench problems that accept several outputs are left out for every method, by
+    statement or by the ERRATA list (id or title), and reported."""
+    def row(qid, title, statement):
+        return {"question_id": qid, "question_title": title, "question_content": statement, "starter_code": "",
+                "public_test_cases": json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}]),
+                "private_test_cases": "", "metadata": "{}"}
+
+    rows = [row("p1", "Plain", "Print the sum."),
+            row("p2", "Any", "Print a valid coloring. If there are multiple solutions, print any of them."),
+            row("p3", "Order", "Return the indices. You may return the answer in any order."),
+            row("abc311_c", "Find it!", "Print the cycle."),
+            row("3194", "Find Words Containing Character", "Return an array of indices."),
+            row("p6", "Edges", "The edges are given in any order. Print the number of components.")]
+    data = tmp_path / "lcb.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    spec = _local("lcb_lite_v6")
+    spec.dataset.data_files = str(data)
+    problems = load_problems(spec)
+    assert [p.id for p in problems] == ["p1", "p6"]
+    assert set(problems.excluded) == {"p2", "p3", "abc311_c", "3194"}
+    assert "ERRATA" in problems.excluded["abc311_c"] and "any of them" in problems.excluded["p2"]
+    assert "4 problems excluded" in caplog.text
+    assert [p.id for p in load_problems(spec, limit=2)] == ["p1", "p6"]  # the limit counts gradable problems
+    spec.grader.exclude_special_judge, spec.grader.exclude = False, {}
+    assert len(load_problems(spec)) == 6
+
+
+def test_choice_gold_carries_the_letters_and_the_prompts_answer_format(tmp_path):
+    rows = [{"id": "q0", "q": "?", **{f"c{i}": f"choice {i}" for i in range(6)}}]
+    data = tmp_path / "mc.jsonl"
+    data.write_text(json.dumps(rows[0]))
+    spec = TaskSpec(name="mc6", version=1, dataset={"path": "json", "data_files": str(data)},
+                    fields={"id": "id", "question": "q", "answer": None, "choices": [f"c{i}" for i in range(6)]},
+                    prompt={"template": "{q}\n{choices}\nEnd with 'Final choice: $LETTER'."}, grader={"kind": "choice"})
+    gold = load_problems(spec)[0].gold
+    assert gold["letters"] == "ABCDEF" and gold["format"] == "Final choice:"
+    from relaxtune.graders import grade
+
+    assert grade("choice", f"Final choice: {gold['answer']}", gold).correct
+    spec.grader.answer_format = "Pick:"
+    assert load_problems(spec)[0].gold["format"] == "Pick:"
+    with pytest.raises(ValueError, match="at most 10 choices"):
+        TaskSpec(**{**spec.model_dump(), "fields": {"question": "q", "answer": None,
+                                                    "choices": [f"c{i}" for i in range(11)]}})

@@ -1,8 +1,10 @@
 """Graders: turn a response into a verdict.
 
 ``math`` (math-verify), ``choice`` (multiple choice letters) and ``code``
-(sandboxed execution). Every grader returns a ``Verdict``; a grader failure is
-its own verdict and never counts as correct.
+(execution in ``graders/sandbox``). Every grader returns a ``Verdict``; a grader
+failure is its own verdict and never counts as correct. Where they deliberately
+differ from the official graders is listed in the README ("Grading policy") and
+tested in ``tests/conformance/``.
 """
 
 from .base import Verdict, answer_section

@@ -15,7 +15,7 @@ class Verdict:
         correct: counts as solved.
         verdict: a short label: "correct", "wrong", "no_answer", and for code
             "pass", "wrong_answer", "time_limit", "runtime_error", "memory",
-            "grader_error".
+            "output_limit"; "grader_error" is our failure (never correct).
         extracted: the answer the grader read (None when there was none).
         detail: a human-readable note (first failing test, error text).
     """

