@@ -150,8 +150,10 @@ def parse_score(body: dict, drafts: Sequence[int], vocab: int, server: str = "se
     for j, d in enumerate(drafts, start=1):
         known = _entries(top[j], vocab, server, f"input_top_logprobs[{j}]")
         lp_d, id_d = tok[j][0], int(tok[j][1])
-        if id_d != (d if d < vocab - 1 else 0) or lp_d is None:
+        if id_d != (d if d < vocab - 1 else 0):
             raise SGLangError(f"{server}: input_token_logprobs[{j}] is for token {id_d}, expected draft {d}")
+        if lp_d is None:
+            raise SGLangError(f"{server}: input_token_logprobs[{j}] has no logprob for draft {d}")
         known.setdefault(int(d), float(lp_d))
         if by_id is not None:
             _entries(by_id[j], vocab, server, f"input_token_ids_logprobs[{j}]", known)

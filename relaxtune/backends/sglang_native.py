@@ -41,7 +41,8 @@ from typing import Sequence
 
 from .http import AsyncHTTP, SGLangError, ServerClient
 
-__all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "TELEMETRY_KEYS", "chain_flags", "native_flags"]
+__all__ = ["NativeSpecServer", "SpecTelemetry", "parse_spec_telemetry", "parse_point", "TELEMETRY_KEYS", "chain_flags",
+           "native_flags", "DETERMINISTIC"]
 
 # (accepted drafts, proposed drafts) key pairs, newest first: 0.5.12+, the aliases
 # some versions also write, and <= 0.5.10. The bonus token is not an accepted draft.
@@ -129,6 +130,46 @@ def native_flags(threshold: float, n_draft: int) -> list[str]:
                                    "--speculative-accept-threshold-acc", f"{threshold:g}", DETERMINISTIC]
 
 
+def parse_point(info: dict, server: str = "server") -> tuple[float, int]:
+    """The ``(threshold, N)`` a speculative server runs now, from its ``GET
+    /server_info`` body: the live thresholds of ``internal_states`` (every
+    data-parallel rank's; the top level holds the launch flags), N from
+    ``speculative_num_draft_tokens - 1`` (else ``speculative_num_steps``).
+
+    Raises:
+        SGLangError: no ``internal_states``; not a chain speculative server;
+            ranks that disagree; thresholds that differ (single != acc: not a
+            point of ``sglang_threshold``); or no deterministic inference (the
+            server ignores ``sampling_seed``).
+    """
+    states = info.get("internal_states")
+    if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
+        raise SGLangError(f"{server}: /server_info has no internal_states, where SGLang reports the live "
+                          "thresholds (/set_internal_state changes them): is it SGLang 0.5.23?")
+    keys = ("speculative_algorithm", "speculative_eagle_topk", "speculative_num_steps", "speculative_num_draft_tokens",
+            "speculative_accept_threshold_single", "speculative_accept_threshold_acc", "enable_deterministic_inference")
+    live = [{k: state.get(k, info.get(k)) for k in keys} for state in states]
+    if any(rank != live[0] for rank in live):
+        raise SGLangError(f"{server}: its data-parallel ranks run different speculative settings: {live}")
+    now = live[0]
+    if not now["speculative_algorithm"] or now["speculative_eagle_topk"] not in (1, None):
+        raise SGLangError(f"{server} is not a chain speculative server (algorithm {now['speculative_algorithm']!r}, "
+                          f"topk {now['speculative_eagle_topk']}); launch it with " + " ".join(native_flags(1.0, 4)))
+    missing = [k for k in keys[4:6] if now[k] is None]
+    if missing or not (now["speculative_num_draft_tokens"] or now["speculative_num_steps"]):
+        raise SGLangError(f"{server}: /server_info lacks {', '.join(missing) or 'speculative_num_steps'}")
+    drafts = now["speculative_num_draft_tokens"]  # N + 1 per round (SGLang sets it so for topk 1)
+    n = int(drafts) - 1 if drafts else int(now["speculative_num_steps"])
+    single, acc = float(now["speculative_accept_threshold_single"]), float(now["speculative_accept_threshold_acc"])
+    if single != acc:
+        raise SGLangError(f"{server} runs threshold_single {single:g} != threshold_acc {acc:g}; sglang_threshold "
+                          "sets both to t (POST /set_internal_state can change them)")
+    if not now["enable_deterministic_inference"]:
+        raise SGLangError(f"{server} ignores sampling_seed (SGLang seeds its verify coins only under {DETERMINISTIC}), "
+                          "so its samples would not be reproducible: relaunch it with " + " ".join(native_flags(acc, n)))
+    return acc, n
+
+
 class NativeSpecServer:
     """A STANDALONE speculative SGLang server (drafter inside it).
 
@@ -142,46 +183,13 @@ class NativeSpecServer:
         self.server = ServerClient(url, "speculative", http, retries, backoff)
 
     def point(self) -> tuple[float, int]:
-        """The ``(threshold, N)`` the server runs now: the live thresholds of
-        ``GET /server_info``'s ``internal_states`` (every rank's), N from its
-        ``speculative_num_draft_tokens - 1`` (else ``speculative_num_steps``).
+        """The ``(threshold, N)`` the server runs now (``parse_point`` of its
+        ``GET /server_info``).
 
         Raises:
-            SGLangError: unreachable; no ``internal_states``; not a chain
-                speculative server; ranks that disagree; thresholds that differ
-                (single != acc: not a point of ``sglang_threshold``); or a server
-                without deterministic inference (it ignores ``sampling_seed``).
+            SGLangError: unreachable; as ``parse_point``.
         """
-        info = self.server.get_json("/server_info")
-        states = info.get("internal_states")
-        if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
-            raise SGLangError(f"{self.server}: /server_info has no internal_states, where SGLang reports the live "
-                              "thresholds (/set_internal_state changes them): is it SGLang 0.5.23?")
-        keys = ("speculative_algorithm", "speculative_eagle_topk", "speculative_num_steps",
-                "speculative_num_draft_tokens", "speculative_accept_threshold_single",
-                "speculative_accept_threshold_acc", "enable_deterministic_inference")
-        live = [{k: state.get(k, info.get(k)) for k in keys} for state in states]
-        if any(rank != live[0] for rank in live):
-            raise SGLangError(f"{self.server}: its data-parallel ranks run different speculative settings: {live}")
-        now = live[0]
-        if not now["speculative_algorithm"] or now["speculative_eagle_topk"] not in (1, None):
-            raise SGLangError(f"{self.server} is not a chain speculative server (algorithm "
-                              f"{now['speculative_algorithm']!r}, topk {now['speculative_eagle_topk']}); "
-                              "launch it with " + " ".join(native_flags(1.0, 4)))
-        missing = [k for k in keys[4:6] if now[k] is None]
-        if missing or not (now["speculative_num_draft_tokens"] or now["speculative_num_steps"]):
-            raise SGLangError(f"{self.server}: /server_info lacks {', '.join(missing) or 'speculative_num_steps'}")
-        drafts = now["speculative_num_draft_tokens"]  # N + 1 per round (SGLang sets it so for topk 1)
-        n = int(drafts) - 1 if drafts else int(now["speculative_num_steps"])
-        single, acc = float(now["speculative_accept_threshold_single"]), float(now["speculative_accept_threshold_acc"])
-        if single != acc:
-            raise SGLangError(f"{self.server} runs threshold_single {single:g} != threshold_acc {acc:g}; "
-                              "sglang_threshold sets both to t (POST /set_internal_state can change them)")
-        if not now["enable_deterministic_inference"]:
-            raise SGLangError(f"{self.server} ignores sampling_seed (SGLang seeds its verify coins only under "
-                              f"{DETERMINISTIC}), so its samples would not be reproducible: relaunch it with "
-                              + " ".join(native_flags(acc, n)))
-        return acc, n
+        return parse_point(self.server.get_json("/server_info"), str(self.server))
 
     def check(self, threshold: float, n_draft: int) -> None:
         """Refuse a point the server does not serve now.
