@@ -11,7 +11,7 @@ The test uses a strict ``<`` on ``u ~ U[0, 1)``: ``P(u < r) = min(1, r)`` exactl
 and a target of zero (``pi_rej(x) = 0``) can never accept. A residual with zero
 mass (the test could not have rejected, up to float error) falls back to
 ``pi_res`` itself. A residual or bonus row that is not finite (NaN or inf: a
-method fed rows outside its domain) is never sampled: the round raises.
+method fed rows outside its domain) never yields a token: the round raises.
 
 Randomness: a round consumes exactly ``N + 1`` uniforms per sequence, whatever
 the method and the outcome (``u_1..u_N`` for the accept tests, ``u_{N+1}`` for the

@@ -93,6 +93,22 @@ def test_native_generation_reads_the_servers_counters(native, tiny_backend, keys
     assert set(SGLANG_DEFAULTS) <= set(sent)  # every parameter explicit: no server default applies
 
 
+def test_explicit_parameters_leave_no_room_for_preferred_sampling_params(tiny_backend):
+    prompt = tiny_backend.tokenizer.encode("def f(x): return x")
+    outputs = []
+    for preferred in (None, {"temperature": 0.05, "top_k": 1, "max_new_tokens": 2}):
+        server = StandInSpecServer(tiny_backend.drafter, tiny_backend.verifier, 0.5, 3,
+                                   preferred_sampling_params=preferred).start()
+        backend = SGLangBackend(server.url, server.url, tiny_backend.tokenizer, vocab_size=64, native_url=server.url)
+        outputs.append(generate(backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED,
+                                max_new_tokens=12, seed=5).token_ids)
+        backend.close()
+        server.stop()
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 12
+    bare = {"input_ids": prompt, "sampling_params": {"sampling_seed": 5}}  # what a server default would decide
+    assert len(server.answer(bare)["output_ids"]) == 2
+
+
 def test_zero_round_responses_are_samples_not_failures(native, tiny_backend, tmp_path):
     backend, server = native()
     prompt = tiny_backend.tokenizer.encode("abc")

@@ -240,14 +240,16 @@ class StandInSpecServer(StandInServer):
         deterministic: launched with ``--enable-deterministic-inference``; without
             it ``sampling_seed`` is ignored and every response draws fresh randomness.
         tokenizer: decodes ``text`` (ids as text without one).
+        preferred_sampling_params: as ``StandInServer``.
     """
 
     def __init__(self, drafter, verifier, threshold: float, n_draft: int,
                  keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
-                 deterministic: bool = True, tokenizer=None, port: int = 0) -> None:
+                 deterministic: bool = True, tokenizer=None, port: int = 0,
+                 preferred_sampling_params: dict | None = None) -> None:
         from ..backends.hf import HFBackend
 
-        super().__init__(verifier, port)
+        super().__init__(verifier, port, preferred_sampling_params)
         self.pair = HFBackend(drafter, verifier, tokenizer, name="stand-in")
         self.n_draft, self.keys = int(n_draft), keys
         self.launch.update(speculative_algorithm="STANDALONE", speculative_num_steps=self.n_draft,
