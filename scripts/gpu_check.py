@@ -86,7 +86,8 @@ def server_cases(remote: SGLangBackend, native: SGLangBackend | None, verifier: 
     httpx.post(url, json={"server_args": live}, timeout=30)
     moved = server.point()
     httpx.post(url, json={"server_args": {k: t for k in live}}, timeout=30)
-    check(failures, "live thresholds", moved == (0.3, n) and server.point() == (t, n), f"read {moved} after setting 0.3")
+    check(failures, "live thresholds", moved == (0.3, n) and server.point() == (t, n),
+          f"read {moved} after setting 0.3")
 
 
 def main() -> int:

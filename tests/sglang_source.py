@@ -62,7 +62,8 @@ def source_root(version: str = SGLANG_VERSION) -> Path:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             wheels = list(Path(tmp).glob("sglang-*.whl"))
-            why = "" if done.returncode == 0 and wheels else (done.stderr or done.stdout or "?").strip().splitlines()[-1]
+            said = (done.stderr or done.stdout or "no output").strip().splitlines()[-1]
+            why = "" if done.returncode == 0 and wheels else said
         except subprocess.TimeoutExpired:
             why = "no answer within 10 minutes"
         if why:

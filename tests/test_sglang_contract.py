@@ -114,13 +114,15 @@ def sglang_generate(sgl, model, input_ids: list[int], logprob_start_len: int, to
                 next_token_token_ids_logprobs_idx=out_ids_idx)
     processor.add_logprob_return_values(0, req, 0, [nxt], pruned, output)
     lg = req.logprob  # mirror: the output streamer's hand-off of one finished request (OutputStreamer.accept)
-    recv = NS(input_token_logprobs_val=[lg.input_token_logprobs_val], input_token_logprobs_idx=[lg.input_token_logprobs_idx],
+    recv = NS(input_token_logprobs_val=[lg.input_token_logprobs_val],
+              input_token_logprobs_idx=[lg.input_token_logprobs_idx],
               input_top_logprobs_val=[lg.input_top_logprobs_val], input_top_logprobs_idx=[lg.input_top_logprobs_idx],
               input_top_logprobs_val_flat=[None], input_token_ids_logprobs_val=[lg.input_token_ids_logprobs_val],
               input_token_ids_logprobs_idx=[lg.input_token_ids_logprobs_idx],
               output_token_logprobs_val=[lg.output_token_logprobs_val[:1]],
               output_token_logprobs_idx=[lg.output_token_logprobs_idx[:1]],
-              output_top_logprobs_val=[lg.output_top_logprobs_val[:1]], output_top_logprobs_idx=[lg.output_top_logprobs_idx[:1]],
+              output_top_logprobs_val=[lg.output_top_logprobs_val[:1]],
+              output_top_logprobs_idx=[lg.output_top_logprobs_idx[:1]],
               output_token_ids_logprobs_val=[lg.output_token_ids_logprobs_val[:1]],
               output_token_ids_logprobs_idx=[lg.output_token_ids_logprobs_idx[:1]])
     obj = NS(top_logprobs_num=top_k, token_ids_logprob=token_ids, return_flat_raw_top_logprobs=False,
@@ -261,7 +263,8 @@ def sglang_server_info():
         context._overrides_log = []  # what RuntimeContext.override records (and resolved_server_args_dict reads)
         context.override = lambda source, **fields: context._overrides_log.append((source, dict(fields)))
         http = load("sglang/srt/entrypoints/http_server.py", {"server_info": None}, {
-            **COMMON, "__version__": "0.5.23", "msgspec_to_builtins": lambda x: x, "redact_watermark_secrets": lambda x: x,
+            **COMMON, "__version__": "0.5.23", "msgspec_to_builtins": lambda x: x,
+            "redact_watermark_secrets": lambda x: x,
             "build_server_info": lambda server_args, scheduler_info: dict(flags),
             "_global_state": NS(tokenizer_manager=NS(get_internal_state=get_internal_state, server_args=None,
                                                      startup_time=0.0), scheduler_info={})})

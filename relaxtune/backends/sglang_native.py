@@ -166,7 +166,8 @@ def parse_point(info: dict, server: str = "server") -> tuple[float, int]:
                           "sets both to t (POST /set_internal_state can change them)")
     if not now["enable_deterministic_inference"]:
         raise SGLangError(f"{server} ignores sampling_seed (SGLang seeds its verify coins only under {DETERMINISTIC}), "
-                          "so its samples would not be reproducible: relaunch it with " + " ".join(native_flags(acc, n)))
+                          "so its samples would not be reproducible: relaunch it with "
+                          + " ".join(native_flags(acc, n)))
     return acc, n
 
 
