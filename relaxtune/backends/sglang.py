@@ -6,8 +6,8 @@ API and runs the round in ``relaxtune.decoding`` (``shared/docs/sglang-protocol.
 
 - Scoring (one verifier request per round): ``input_ids = prefix + drafts``,
   ``max_new_tokens = 1``, temperature 0 (raw logprobs), ``logprob_start_len =
-  len(prefix) - 1``, ``top_logprobs_num = K``, ``token_ids_logprob`` = every id
-  the drafter's rows of this round returned. In the response,
+  len(prefix) - 1``, ``top_logprobs_num = K``, ``token_ids_logprob`` = ``K`` ids
+  of the drafter's rows of this round, rank by rank. In the response,
   ``input_top_logprobs[j]`` (j = 1..N) is the distribution before draft j (entry
   0 is the boundary and is ignored), ``input_token_logprobs[j]`` the exact
   ``log p(d_j)``, ``input_token_ids_logprobs[j]`` the exact verifier logprobs of
@@ -21,10 +21,13 @@ API and runs the round in ``relaxtune.decoding`` (``shared/docs/sglang-protocol.
   sampling transform (and every method's rule) gives the same result. With a
   top-k cut ``k <= K`` the transformed rows are exact; without one, the mass
   outside the returned ids is recorded per position (``state.extra["missing_mass"]``).
-  The verifier rows hold every token the drafter's rows hold, so ``p`` is exact
-  wherever ``q`` has mass: the residual ``(p - q)+``, JS, TV and the cascades'
-  sums over ``q`` need nothing outside the returned ids. The price: each scoring
-  response carries ``(N + 1)`` rows of up to ``(N + 1) K`` extra entries.
+  The verifier rows also hold ``K`` tokens of the drafter's rows taken rank by
+  rank (each row's top ``K // (N + 1)`` at least: its whole top-20 for N <= 2
+  at K = 64), so ``p`` is exact where ``q`` has its mass: the residual
+  ``(p - q)+``, JS, TV and the cascades' sums over ``q`` (``spec_casc_tok``'s set
+  ``A`` on raw logits even under a top-k cut). The price: ``(N + 1) K`` extra
+  entries per scoring response (twice the top-K alone; every drafter id would
+  cost ``(N + 1)^2 K``, 185 KiB and 25 ms of parsing per round at N = 10).
 - SGLang 0.5.23 reports an input id at or above ``vocab_size - 1`` as 0 in
   ``input_token_logprobs`` (``SchedulerLogprobResultProcessor._process_input_token_logprobs``,
   ``logprob_result_processor.py``); its logprob is the true id's, so a draft
@@ -211,6 +214,8 @@ class SGLangBackend:
             EOS ids join the stop tokens, ``stop_token_ids``).
         vocab_size: logit width V (default: the model config's, else the tokenizer's length).
         top_logprobs: K, the top-K returned per position (>= the sampling top-k for exact rows).
+        asked_ids: how many of the drafter's ids per round the verifier scores
+            exactly (``token_ids_logprob``; default K, 0 asks none).
         timeout: seconds per request.
         retries: retries of transient faults per request.
         max_concurrency: sequences generated at once by ``evaluate``.
@@ -223,9 +228,9 @@ class SGLangBackend:
     """
 
     def __init__(self, drafter_url: str, verifier_url: str, tokenizer, *, vocab_size: int | None = None,
-                 top_logprobs: int = 64, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
-                 max_concurrency: int = 8, name: str | None = None, native_url: str | None = None,
-                 check: bool = True) -> None:
+                 top_logprobs: int = 64, asked_ids: int | None = None, timeout: float = 120.0, retries: int = 3,
+                 backoff: float = 0.5, max_concurrency: int = 8, name: str | None = None,
+                 native_url: str | None = None, check: bool = True) -> None:
         from .sglang_native import NativeSpecServer
 
         self.http = AsyncHTTP(timeout, max_concurrency)
@@ -250,6 +255,7 @@ class SGLangBackend:
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size or len(tokenizer))
         self.top_logprobs = int(top_logprobs)
+        self.asked_ids = self.top_logprobs if asked_ids is None else int(asked_ids)
         self.max_concurrency = int(max_concurrency)
         self.name = name or f"sglang:{drafter_url}->{verifier_url}"
         self.eos_token_ids = stop_token_ids(tokenizer, *configs)
@@ -271,7 +277,8 @@ class SGLangBackend:
 
     def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
         """Draft ``n`` tokens one request at a time (our sampler picks each); the
-        ids the drafter's rows returned are kept for the next ``score``."""
+        first ``asked_ids`` ids of the drafter's rows taken rank by rank (every
+        row's best, then every row's second, ...) are kept for the next ``score``."""
         ids: list[int] = []
         rows = []
         for i in range(n + int(extra_step)):
@@ -285,12 +292,15 @@ class SGLangBackend:
             if i < n:
                 ids.append(int(pick(row)))
         logits = torch.stack(rows)
-        state.extra["drafter_ids"] = torch.isfinite(logits).any(0).nonzero().squeeze(-1).tolist()
+        top = logits.topk(min(self.top_logprobs, self.vocab_size), dim=-1)  # [R, K], each row's ids by rank
+        # every row's rank 0, then every row's rank 1, ... (ids a row did not return left out)
+        by_rank = top.indices.T.reshape(-1)[torch.isfinite(top.values.T.reshape(-1))].tolist()
+        state.extra["drafter_ids"] = sorted(list(dict.fromkeys(by_rank))[: self.asked_ids])
         return DraftResult(ids, logits)
 
     def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
-        """Verifier log-prob rows ``[N+1, V]`` from one request, exact on every id
-        the last ``draft``'s rows returned."""
+        """Verifier log-prob rows ``[N+1, V]`` from one request, exact on the ids
+        the last ``draft`` kept."""
         drafts = [int(t) for t in draft_ids]
         asked, state.extra["drafter_ids"] = state.extra.get("drafter_ids", []), []
         t0 = time.perf_counter()
