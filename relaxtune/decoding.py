@@ -10,7 +10,8 @@ The generalised round of Xia, Ribar and Balanca (arXiv 2607.08690, 2026), as in
 The test uses a strict ``<`` on ``u ~ U[0, 1)``: ``P(u < r) = min(1, r)`` exactly,
 and a target of zero (``pi_rej(x) = 0``) can never accept. A residual with zero
 mass (the test could not have rejected, up to float error) falls back to
-``pi_res`` itself.
+``pi_res`` itself. A residual or bonus row that is not finite (NaN or inf: a
+method fed rows outside its domain) never yields a token: the round raises.
 
 Randomness: a round consumes exactly ``N + 1`` uniforms per sequence, whatever
 the method and the outcome (``u_1..u_N`` for the accept tests, ``u_{N+1}`` for the
@@ -132,6 +133,15 @@ def _check_needs(spec: MethodSpec, knob: float | None, q, z_p, z_q, temperature,
         raise ValueError(f"{spec.id} needs the sampling temperature (> 0)")
 
 
+def _refuse(spec: MethodSpec, what: str, seqs: torch.Tensor, pos: torch.Tensor) -> None:
+    """Raise for non-finite rows about to be sampled (sequences ``seqs`` at positions ``pos``)."""
+    raise ValueError(
+        f"{spec.id}: the {what} row of sequence {int(seqs[0])} at position {int(pos[0])} is not a finite "
+        f"distribution (NaN or inf), so no token is emitted from it ({len(seqs)} such row(s)); the method "
+        "was fed rows outside its domain (check the logit rows for NaN, +inf or all -inf entries)"
+    )
+
+
 def _take(t: torch.Tensor | None, rows: torch.Tensor, pos: torch.Tensor | int) -> torch.Tensor | None:
     """Rows ``t[rows, pos]`` ``[R, V]`` of ``t`` ``[B, S, V]`` (``index_select`` on the
     flattened tensor: a row copy, much faster than advanced indexing)."""
@@ -181,7 +191,8 @@ def verify_rounds(
     Raises:
         ValueError: unknown method, knob out of range, T = 0 for a method that
             refuses it, N = 0, shape mismatch, rows that are not distributions,
-            missing logits, bad uniforms.
+            missing logits, bad uniforms; a residual or bonus row that is NaN or
+            inf where a token would be sampled from it.
     """
     spec = get_method(method)
     knob = spec.check_knob(knob)
@@ -212,7 +223,11 @@ def verify_rounds(
         r = Rows(_take(p, rej, pos), q_r, x[rej, pos], _take(z_p, rej, pos), _take(z_q, rej, pos), temperature)
         pi_res = spec.targets(r, knob).pi_res
         resid = (pi_res - q_r).clamp_min_(0.0)
-        empty = resid.sum(-1) <= 8 * torch.finfo(resid.dtype).eps
+        mass = resid.sum(-1)
+        finite = torch.isfinite(mass)  # a NaN or inf anywhere in a row makes its mass non-finite
+        if not bool(finite.all()):
+            _refuse(spec, "residual", rej[~finite], pos[~finite])
+        empty = mass <= 8 * torch.finfo(resid.dtype).eps
         if empty.any():  # the test could not have rejected (float error): sample pi_res
             resid[empty] = pi_res[empty]
         last[rej] = sample_from_rows(resid, uniforms[rej, n])
@@ -223,6 +238,11 @@ def verify_rounds(
             r = Rows(p_b, _take(q, bon, n), None, _take(z_p, bon, n), _take(z_q, bon, n), temperature)
             p_b = spec.targets(r, knob).pi_res
         last[bon] = sample_from_rows(p_b, uniforms[bon, n])
+        # a valid row never yields a token of zero weight; a NaN row yields NaN (or 0)
+        w = p_b.gather(-1, last[bon].unsqueeze(-1)).squeeze(-1)
+        bad = ~(torch.isfinite(w) & (w > 0))
+        if bad.any():
+            _refuse(spec, "bonus", bon[bad], torch.full((int(bad.sum()),), n))
 
     steps = torch.arange(n + 1)
     tokens = torch.full((b, n + 1), -1, dtype=torch.long)

@@ -150,13 +150,16 @@ def native_server(backend, method: str):
 
 def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
             seed: int, stop: Sequence[str]) -> Generation:
-    """``sglang_threshold`` run by SGLang's own speculative server (one request)."""
-    server.check(knob, n_draft)
-    ids, text, reason, tel, seconds = server.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens,
-                                                      seed=seed, stop=stop)
+    """``sglang_threshold`` run by SGLang's own speculative server (one request).
+    The server's first token comes from the verifier's prefill, the rest from
+    verify rounds: ``emitted`` is ``rounds + accepted + 1``, and a response that
+    ends at its first token has zero rounds (a valid sample)."""
+    ids, text, reason, tel, seconds = server.generate(prompt_ids, threshold=knob, n_draft=n_draft, sampling=sampling,
+                                                      max_new_tokens=max_new_tokens, seed=seed, stop=stop)
     text, hit = _cut_at_stop(text, stop)
-    stats = GenerationStats(rounds=tel.rounds, drafted=tel.proposed, accepted=tel.accepted, emitted=len(ids),
-                            response_tokens=len(ids), finish_reason="stop" if hit else reason, wall_seconds=seconds)
+    stats = GenerationStats(rounds=tel.rounds, drafted=tel.proposed, accepted=tel.accepted,
+                            emitted=tel.rounds + tel.accepted + 1, response_tokens=len(ids),
+                            finish_reason="stop" if hit else reason, wall_seconds=seconds)
     return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
 
 

@@ -19,6 +19,12 @@ Shapes: ``p`` and ``q`` are ``[..., V]`` probability rows after the sampling
 transform; ``x`` is ``[...]`` (the drafted token at each row); ``z_p`` / ``z_q``
 are raw logits ``[..., V]``. Every rule returns ``Targets`` with
 ``pi_rej`` and ``pi_res`` of shape ``[..., V]``.
+
+Rows from a server's top-K (``relaxtune.backends.sglang``): ``z_p`` / ``z_q`` are
+raw log-probabilities, ``-inf`` outside the returned ids (the top-K, the draft's
+own logprob, the drafter's candidates), so ``p`` and ``q`` are 0 there and the
+truncated mass is recorded per position (``missing_mass``). Every rule is
+defined on such rows (each docstring says how) and never returns NaN for them.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Rows", "Targets", "js_divergence", "cactus_h", "THRESHOLD_FLOOR"]
+__all__ = ["Rows", "Targets", "js_divergence", "cactus_h"]
 
 JS_FLOOR = 1e-30  # floor inside the logs of the JS divergence (the paper's code)
 
@@ -71,14 +77,18 @@ class Targets:
 
 
 def strict(rows: Rows, knob: float | None = None) -> Targets:
-    """Strict speculative sampling: ``pi_rej = pi_res = p`` (Leviathan et al. 2023, Alg. 1)."""
+    """Strict speculative sampling: ``pi_rej = pi_res = p`` (Leviathan et al. 2023, Alg. 1).
+
+    Top-K rows: the test reads ``p(x)``, exact (a server returns the draft's own
+    logprob); the residual ``norm((p - q)+)`` spans the returned ids."""
     return Targets(rows.p, rows.p)
 
 
 def always_accept(rows: Rows, knob: float | None = None) -> Targets:
     """Accept every draft: ``pi_rej = q`` (ratio 1). A draft with ``q(x) = 0`` (never
     sampled from q) is rejected and the residual falls back to ``pi_res = q``.
-    The bonus token still comes from ``p``."""
+    The bonus token still comes from ``p``. Top-K rows: reads only ``q``, whose
+    drafts are sampled among the returned ids, so ``q(x) > 0``."""
     return Targets(rows.q, rows.q)
 
 
@@ -88,6 +98,7 @@ def ens(rows: Rows, alpha: float) -> Targets:
     ``pi_rej = pi_res = pi``, so emitted tokens follow ``pi`` exactly; the residual
     ``norm((pi - q)+) = norm((p - q)+)``. ``alpha = 0`` is strict, ``alpha = 1`` is
     ``always_accept``. Paper grid: w in {0.95, 0.9, 0.8}.
+    Top-K rows: ``pi`` mixes the two rows, 0 where neither returned the token.
     """
     w = 1.0 - alpha
     pi = rows.p * w + rows.q * alpha
@@ -102,6 +113,7 @@ def mentored(rows: Rows, alpha: float) -> Targets:
     ``beta = sum_x min(q(x), p(x) / (1 - alpha))`` and emitted distribution
     ``P(y) = min(q(y), p(y) / (1 - alpha)) + (1 - beta) norm((p - q)+)(y)``.
     ``alpha = 0`` is strict. Paper grid: {0.3, 0.7, 0.95}.
+    Top-K rows: reads the exact ``p(x)``; the residual spans the returned ids.
     """
     return Targets(rows.p / (1.0 - alpha), rows.p)
 
@@ -123,6 +135,8 @@ def cactus(rows: Rows, delta: float) -> Targets:
     Closed form (one position): acceptance ``beta = sum_x min(q(x), h_x)``,
     emitted ``P(y) = min(q(y), h_y) + sum_x (q(x) - min(q(x), h_x)) norm((H_x - q)+)(y)``.
     ``delta = 0`` is strict. Paper grid: {0.1, 0.25, 1, 10}.
+    Top-K rows: ``h`` comes from the exact ``p(x)``; ``H_x`` rescales the returned
+    ``p(y)`` and is 0 elsewhere.
     """
     if rows.x is None:
         raise ValueError("cactus needs the drafted token x")
@@ -165,7 +179,9 @@ def _r_fuzzy_uses_q(rows: Rows, tau: float) -> torch.Tensor:
 
 def r_fuzzy(rows: Rows, tau: float) -> Targets:
     """Probabilistic fuzzy speculative decoding: ``pi = q`` if ``JS(p, q) <= tau``
-    (nats) else ``p``. ``tau < 0`` is strict. Paper grid: {0.05, 0.2, 0.3}."""
+    (nats) else ``p``. ``tau < 0`` is strict. Paper grid: {0.05, 0.2, 0.3}.
+    Top-K rows: JS over the returned ids (a token 0 in both rows adds 0); a
+    token only one row returned counts as 0 in the other."""
     return _switch(_r_fuzzy_uses_q(rows, tau), rows.p, rows.q)
 
 
@@ -180,19 +196,21 @@ def spec_casc_opt(rows: Rows, alpha: float) -> Targets:
     """Speculative cascade, OPT deferral (Narasimhan et al. 2025):
     ``pi = q`` if ``max q >= max p - alpha TV(p, q)`` else ``p``, ``TV = sum (p - q)+``.
     Strict only as ``alpha -> -inf`` (``alpha = 0`` is NOT strict).
-    Paper grid: {-0.1, 0, 0.05}."""
+    Paper grid: {-0.1, 0, 0.05}. Top-K rows: maxima and TV over the returned ids."""
     return _switch(_casc_opt_uses_q(rows, alpha), rows.p, rows.q)
 
 
 def _casc_tok_set(rows: Rows, alpha: float) -> torch.Tensor:
     """Indicator of ``A`` as 0./1. ``[..., V]``, in the logit domain:
     ``softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)`` iff
-    ``z_p(v) >= max z_p + log(1 - alpha)``."""
+    ``z_p(v) >= max z_p + log(1 - alpha)``; ``alpha = 1`` is every token (also
+    one with ``z_p = -inf``, outside a server's top-K)."""
     if rows.z_p is None:
         raise ValueError("spec_casc_tok needs the raw verifier logits z_p")
     z = rows.z_p.float()
-    shift = math.log1p(-alpha) if alpha < 1 else -math.inf
-    thr = z.amax(-1, keepdim=True) + shift
+    if alpha >= 1:  # the threshold is -inf: -inf - (-inf) below would be NaN
+        return torch.ones_like(z)
+    thr = z.amax(-1, keepdim=True) + math.log1p(-alpha)
     # 1 where z >= thr: sign(z - thr) + 1 in {0, 1, 2}, capped at 1 (faster than a bool mask)
     return (z - thr).sign_().add_(1.0).clamp_max_(1.0)
 
@@ -203,7 +221,11 @@ def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
     ``A = {v : softmax(z_p)(v) >= (1 - alpha) max softmax(z_p)}`` (raw verifier
     logits, no temperature) and ``eta = sum_{v not in A} q(v)``. A proper
     distribution. ``A`` is empty (strict) for ``alpha < 0``; ``alpha = 0`` gives
-    ``A = argmax`` and is NOT strict. Paper grid: {0, 0.35, 0.8}."""
+    ``A = argmax`` and is NOT strict. Paper grid: {0, 0.35, 0.8}.
+    Top-K rows: a token without a returned logprob (``z_p = -inf``) is outside
+    ``A`` unless ``alpha = 1`` (``A`` = every token, ``pi = q``); a server backend
+    returns the verifier's logprob of every token the drafter's rows hold, so
+    ``q 1[A]`` and ``eta`` are exact."""
     if alpha < 0:
         return Targets(rows.p, rows.p)
     q_in = rows.q * _casc_tok_set(rows, alpha)
@@ -212,14 +234,28 @@ def spec_casc_tok(rows: Rows, alpha: float) -> Targets:
     return Targets(pi, pi)
 
 
+def _floor_unknown(z: torch.Tensor) -> torch.Tensor:
+    """``z`` ``[..., V]`` with each ``-inf`` (no logprob returned: outside a server's
+    top-K) replaced by the row's smallest finite entry, an upper bound of the
+    unknown value. Rows without ``-inf`` (a model's logits) cost one reduction
+    and come back as they are."""
+    z = z.float()
+    if not bool(z.amin() == -math.inf):
+        return z
+    floor = z.masked_fill(z.isneginf(), math.inf).amin(-1, keepdim=True)
+    return torch.maximum(z, floor)
+
+
 def _cont_dec_scores(rows: Rows, beta: float) -> torch.Tensor:
     """``(1 + beta) log p - beta z_q / T`` ``[..., V]``: on ``G = supp(p)`` this is
     ``((1 + beta) z_p - beta z_q) / T`` up to a per-row constant (there
     ``log p = z_p / T - log Z_G``), and ``-inf`` outside G, so a plain softmax of it
-    is the softmax over G."""
+    is the softmax over G. ``z_q = -inf`` (unknown) counts as the row's smallest
+    known drafter logit (``_floor_unknown``): ``-beta z_q`` would be ``+inf``
+    (NaN after the softmax) on a token of G."""
     if rows.z_q is None or not rows.temperature:
         raise ValueError("spec_cont_dec needs the raw drafter logits z_q and a temperature > 0")
-    return rows.p.log().mul_(1.0 + beta).sub_(rows.z_q.float(), alpha=beta / rows.temperature)
+    return rows.p.log().mul_(1.0 + beta).sub_(_floor_unknown(rows.z_q), alpha=beta / rows.temperature)
 
 
 def spec_cont_dec(rows: Rows, beta: float) -> Targets:
@@ -228,31 +264,37 @@ def spec_cont_dec(rows: Rows, beta: float) -> Targets:
     ``pi_rej = pi_res = pi``; the bonus token is drawn from ``pi`` at N+1, which
     costs one extra drafter step per fully accepted round. ``beta = 0`` is
     exactly ``p`` (strict). Computed from ``p`` and ``z_q`` (``_cont_dec_scores``):
-    the verifier's raw logits are not needed. Paper grid: {0.1, 0.5, 1}."""
+    the verifier's raw logits are not needed. Paper grid: {0.1, 0.5, 1}.
+    Top-K rows: ``G`` is the returned ids the transform keeps (exactly the
+    verifier's top-k under a top-k cut ``k <= K``). A token of ``G`` the drafter
+    returned no logprob for has ``z_q`` at most the drafter row's smallest
+    returned logprob; that bound stands in for it, the smallest contrastive
+    boost the truth allows (``_floor_unknown``)."""
     if beta == 0.0:
         return Targets(rows.p, rows.p)
     pi = _cont_dec_scores(rows, beta).softmax(-1)
     return Targets(pi, pi)
 
 
-THRESHOLD_FLOOR = 1e-9  # SGLang clamps threshold_acc to this before dividing
-
-
 def sglang_threshold(rows: Rows, t: float) -> Targets:
     """SGLang's native relaxation (``--speculative-accept-threshold-single t
     --speculative-accept-threshold-acc t`` on a STANDALONE speculative server):
-    the target-only kernel ``tree_speculative_sampling_target_only`` (sgl-kernel,
-    ``speculative_sampling.cuh``, chain case ``--speculative-eagle-topk 1``) accepts
-    the draft iff ``p(x) >= t`` or ``u <= p(x) / t``, and on rejection samples from
-    ``norm((p - p(x) e_x)+)`` (p without x); drafts are the drafter's argmax.
+    the target-only kernel (SGLang 0.5.23 wheel,
+    ``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``,
+    ``TreeSpeculativeSamplingTargetOnly``, chain case ``--speculative-eagle-topk 1``)
+    accepts the draft iff ``p(x) > 0`` and (``u < p(x) / t`` or ``p(x) >= t``), and on
+    rejection samples from ``relu(p - p(x) e_x)`` (p without x); drafts are the
+    drafter's argmax.
 
     With greedy drafts (``q = e_x``, one-hot) this is the generalised round with
-    ``pi_rej = p / t`` (1 where ``p >= t``) and ``pi_res = p``: the residual
-    ``norm((p - e_x)+)`` is p without x. Closed form (one position, draft x):
-    acceptance ``min(1, p(x) / t)``, emitted
+    ``pi_rej = p / t`` (1 where ``p >= t``, 0 where ``p = 0``) and ``pi_res = p``:
+    the residual ``norm((p - e_x)+)`` is p without x. Closed form (one position,
+    draft x): acceptance ``min(1, p(x) / t)``, emitted
     ``P(y) = min(1, p(x)/t) [y = x] + (1 - min(1, p(x)/t)) p(y) [y != x] / (1 - p(x))``.
-    ``t = 1`` (SGLang's default) is strict; ``t = 0`` accepts every draft.
+    ``t = 1`` (SGLang's default) is strict; ``t = 0`` accepts every draft the
+    verifier gives positive probability, never one with ``p(x) = 0``.
     Not a method of the paper: here to compare the built-in relaxation with its rules.
+    Top-K rows: reads the exact ``p(x)``; the residual spans the returned ids.
     """
     if rows.x is None:
         raise ValueError("sglang_threshold needs the drafted token x")
@@ -260,8 +302,11 @@ def sglang_threshold(rows: Rows, t: float) -> Targets:
 
 
 def _threshold_rej(p: torch.Tensor, t: float) -> torch.Tensor:
-    """1 where ``p >= t`` (accept outright), else ``p / t`` (shape of ``p``)."""
-    return torch.where(p >= t, torch.ones_like(p), p / max(t, THRESHOLD_FLOOR))
+    """1 where ``p >= t`` and ``p > 0`` (accept outright), else ``p / t`` (shape of
+    ``p``): 0 where ``p = 0``, even at ``t = 0`` (the kernel's ``has_target_mass``)."""
+    if t <= 0:  # p >= 0 always holds: only the mass test is left
+        return (p > 0).to(p.dtype)
+    return torch.where(p >= t, torch.ones_like(p), p / t)  # p = 0 < t gives 0 / t = 0
 
 
 # ------------------------------------------------------------ pi_rej at the draft

@@ -8,7 +8,14 @@ in-process (transformers on the GPU) on the same pair. Asserts:
 - acceptance length over SGLang agrees with the in-process engine within 0.5 tokens;
 - with --native-url (a STANDALONE speculative server): sglang_threshold at the
   server's point reads the server's counters without a failed sample, and its
-  acceptance length agrees with the client-loop transcription within 0.5 tokens.
+  acceptance length agrees with the client-loop transcription within 0.5 tokens;
+- real-server behaviours (``server_cases``): a draft at vocab_size - 1 scores;
+  the stop tokens hold the generation config's EOS ids and a short chat answer
+  ends on one of them over the plain servers; with --native-url, a one-token
+  response (no verify round) is a sample with zero rounds and no ``spec_*`` key,
+  the speculative server stops on a token of that set, the same seed gives the
+  same response (deterministic inference), and a threshold set through
+  /set_internal_state is the one read back (then restored).
 Prints one line per check and exits non-zero on a failure.
 """
 
@@ -20,11 +27,67 @@ import sys
 import tempfile
 import time
 
+import httpx
+
 from relaxtune.backends.hf import load_pair
 from relaxtune.backends.sglang import SGLangBackend
+from relaxtune.engine import generate
 from relaxtune.evaluation import DecodeConfig, evaluate
+from relaxtune.sampling import SamplingParams
 from relaxtune.stats import paired_drop
 from relaxtune.tasks import TaskSpec, load_problems
+
+
+def check(failures: list[str], name: str, ok: bool, detail: str) -> None:
+    """Print one check's line and record a failure."""
+    print(f"check {name}: {detail} {'ok' if ok else 'FAIL'}", flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def server_cases(remote: SGLangBackend, native: SGLangBackend | None, verifier: str, failures: list[str]) -> None:
+    """Real-server behaviours the stand-in imitates: the id rewrite at
+    vocab_size - 1, stop tokens, zero-round responses, seeds, live thresholds."""
+    from transformers import GenerationConfig
+
+    tok = remote.tokenizer
+    state = remote.start(tok.encode("The capital of France is"))
+    rows = remote.score(state, [remote.vocab_size - 1])
+    check(failures, "draft at vocab_size - 1", bool(rows[0, remote.vocab_size - 1] > float("-inf")),
+          f"logprob {float(rows[0, remote.vocab_size - 1]):.2f}")
+    eos = GenerationConfig.from_pretrained(verifier).eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    check(failures, "stop tokens hold the generation config's", eos <= remote.eos_token_ids,
+          f"{sorted(eos)} in {sorted(remote.eos_token_ids)}")
+    chat = tok.apply_chat_template([{"role": "user", "content": "Reply with the single word: yes"}],
+                                   add_generation_prompt=True, enable_thinking=False)
+    chat = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+    sampling = SamplingParams(0.6, 20, 0.95)
+    out = generate(remote, chat, method="strict", n_draft=4, sampling=sampling, max_new_tokens=64, seed=1)
+    check(failures, "the client loop stops on a stop token", out.stats.finish_reason == "stop"
+          and out.token_ids[-1] in remote.eos_token_ids, f"{out.stats.finish_reason}, last id {out.token_ids[-1]}")
+    if native is None:
+        return
+    server, (t, n) = native.native, native.native.point()
+    ids, _, _, tel, _ = server.generate(chat, threshold=t, n_draft=n, sampling=sampling, max_new_tokens=1, seed=3)
+    params = {"max_new_tokens": 1, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "sampling_seed": 3}
+    meta = server.server.generate({"input_ids": chat, "sampling_params": params})["meta_info"]
+    check(failures, "zero-round response", tel.rounds == 0 and len(ids) == 1 and not any(k.startswith("spec_")
+          for k in meta), f"rounds {tel.rounds}, spec keys {sorted(k for k in meta if k.startswith('spec_'))}")
+    params = dict(params, max_new_tokens=64)
+    first, second = (server.server.generate({"input_ids": chat, "sampling_params": params}) for _ in range(2))
+    reason = first["meta_info"]["finish_reason"]
+    check(failures, "the speculative server stops on a stop token of ours", reason.get("type") == "stop"
+          and reason.get("matched") in remote.eos_token_ids, f"finish_reason {reason}")
+    check(failures, "same seed, same response", first["output_ids"] == second["output_ids"],
+          f"{len(first['output_ids'])} and {len(second['output_ids'])} tokens")
+    url = f"{server.server.url}/set_internal_state"
+    live = {"speculative_accept_threshold_single": 0.3, "speculative_accept_threshold_acc": 0.3}
+    httpx.post(url, json={"server_args": live}, timeout=30)
+    moved = server.point()
+    httpx.post(url, json={"server_args": {k: t for k in live}}, timeout=30)
+    check(failures, "live thresholds", moved == (0.3, n) and server.point() == (t, n),
+          f"read {moved} after setting 0.3")
 
 
 def main() -> int:
@@ -62,24 +125,19 @@ def main() -> int:
                       progress=False)
     print(f"in-process strict accuracy {inproc.accuracy:.3f} l_accept {inproc.l_accept:.2f}", flush=True)
 
-    failures = []
+    failures: list[str] = []
     ar = {r["problem_id"]: r["correct"] for r in results["ar"].records}
     st = {r["problem_id"]: r["correct"] for r in results["strict"].records}
     ids = sorted(set(ar) & set(st))
     _, lo, hi = paired_drop([ar[i] for i in ids], [st[i] for i in ids], confidence=0.95)
-    ok = lo <= 0 <= hi
-    print(f"check strict within noise of AR: paired drop interval [{lo:.3f}, {hi:.3f}] {'ok' if ok else 'FAIL'}")
-    failures += [] if ok else ["strict vs AR"]
+    check(failures, "strict within noise of AR", lo <= 0 <= hi, f"paired drop interval [{lo:.3f}, {hi:.3f}]")
     cached = [c for r in results["strict"].records for c in r.get("cached_tokens", [])[1:]]
     share = sum(c > 0 for c in cached) / max(len(cached), 1)
-    ok = share >= 0.9
-    print(f"check prefix cache reuse: {share:.0%} of later rounds had cached_tokens > 0 {'ok' if ok else 'FAIL'}")
-    failures += [] if ok else ["cache reuse"]
+    check(failures, "prefix cache reuse", share >= 0.9, f"{share:.0%} of later rounds had cached_tokens > 0")
     gap = abs(results["strict"].l_accept - inproc.l_accept)
-    ok = gap <= 0.5
-    print(f"check acceptance agrees with in-process: |{results['strict'].l_accept:.2f} - {inproc.l_accept:.2f}| = {gap:.2f} "
-          f"{'ok' if ok else 'FAIL'}")
-    failures += [] if ok else ["acceptance"]
+    check(failures, "acceptance agrees with in-process", gap <= 0.5,
+          f"|{results['strict'].l_accept:.2f} - {inproc.l_accept:.2f}| = {gap:.2f}")
+    native = None
     if args.native_url:
         native = SGLangBackend(args.drafter_url, args.verifier_url, args.verifier, native_url=args.native_url,
                                max_concurrency=8, name="sglang-native")
@@ -88,10 +146,10 @@ def main() -> int:
         nat = evaluate(spec, native, cfg, output_dir=out, problems=problems, progress=False)
         emu = evaluate(spec, remote, cfg, output_dir=out, problems=problems, progress=False)
         gap = abs(nat.l_accept - emu.l_accept)
-        ok = nat.failed == 0 and gap <= 0.5
-        print(f"check native sglang_threshold t={t:g} N={n}: failed {nat.failed}, l_accept {nat.l_accept:.2f} vs "
-              f"client loop {emu.l_accept:.2f}, accuracy {nat.accuracy:.3f} vs {emu.accuracy:.3f} {'ok' if ok else 'FAIL'}")
-        failures += [] if ok else ["native sglang_threshold"]
+        check(failures, f"native sglang_threshold t={t:g} N={n}", nat.failed == 0 and gap <= 0.5,
+              f"failed {nat.failed}, l_accept {nat.l_accept:.2f} vs client loop {emu.l_accept:.2f}, "
+              f"accuracy {nat.accuracy:.3f} vs {emu.accuracy:.3f}")
+    server_cases(remote, native, args.verifier, failures)
     print(json.dumps({"failures": failures, "seconds": round(time.time() - t0)}))
     return 1 if failures else 0
 

@@ -3,7 +3,8 @@
 # Installs the pinned SGLang into its own venv, serves a small public pair whose
 # weights are already on disk or in the HF cache (no hub access needed), and runs
 # scripts/gpu_check.py (strict and cactus over SGLang vs AR and the in-process engine;
-# sglang_threshold on a STANDALONE speculative server at t = 0.5, N = 4).
+# sglang_threshold on a STANDALONE speculative server at t = 0.5, N = 4, seeded through
+# deterministic inference; zero-round responses, stop tokens, live thresholds).
 #   DRAFTER=Qwen/Qwen3-0.6B VERIFIER=Qwen/Qwen3-1.7B GSM8K=path/to/gsm8k_test.jsonl scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,8 @@ D_PID=$(start "$DRAFTER" 31000)
 V_PID=$(start "$VERIFIER" 31001)
 S_PID=$(start "$VERIFIER" 31002 --speculative-draft-model-path "$DRAFTER" --speculative-algorithm STANDALONE \
   --speculative-eagle-topk 1 --speculative-num-steps 4 --speculative-num-draft-tokens 5 \
-  --speculative-accept-threshold-single 0.5 --speculative-accept-threshold-acc 0.5)
+  --speculative-accept-threshold-single 0.5 --speculative-accept-threshold-acc 0.5 \
+  --enable-deterministic-inference)
 trap 'kill $D_PID $V_PID $S_PID 2>/dev/null || true' EXIT
 for port in 31000 31001 31002; do
   for _ in $(seq 1 150); do

@@ -50,7 +50,7 @@ def test_parse_recorded_layout():
     [
         (lambda b: b["meta_info"].pop("input_top_logprobs"), "field 'meta_info.input_top_logprobs' missing"),
         (lambda b: b["meta_info"].pop("output_top_logprobs"), "output_top_logprobs"),
-        (lambda b: b["meta_info"]["input_token_logprobs"].pop(), "expected 3 input logprob entries"),
+        (lambda b: b["meta_info"]["input_token_logprobs"].pop(), "expected 3 'input_token_logprobs' entries, got 2"),
         (lambda b: b["meta_info"]["input_token_logprobs"].__setitem__(1, [-0.5, 1, None]), "expected draft 3"),
         (lambda b: b["meta_info"]["input_top_logprobs"][1].append([-1.0, 99, None]), "outside the vocabulary"),
     ],
@@ -180,3 +180,103 @@ def test_requests_in_flight_are_bounded_by_max_concurrency(servers, tiny_backend
     assert all(torch.equal(r, rows[0]) for r in rows)
     backend.close()
     assert not backend.http.thread.is_alive()
+
+
+def test_a_draft_at_vocab_size_minus_one_is_read_back_from_id_zero():
+    body = json.loads(json.dumps(LAYOUT))
+    body["meta_info"]["input_token_logprobs"][2] = [-3.0, 0, None]  # SGLang 0.5.23 reports draft 5 = V - 1 as 0
+    rows, _, _ = parse_score(body, [3, 5], vocab=6)
+    assert rows[1, 5] == -3.0 and rows[1, 0] == -2.5  # the draft's logprob at its own id; id 0 keeps its own
+    with pytest.raises(SGLangError, match=r"input_token_logprobs\[2\] is for token 0, expected draft 4"):
+        parse_score(body, [3, 4], vocab=6)  # below V - 1 an id 0 is a real mismatch
+
+
+def test_asked_ids_join_the_rows_and_must_be_there():
+    body = json.loads(json.dumps(LAYOUT))
+    body["meta_info"]["input_token_ids_logprobs"] = [None, [[-4.0, 5, None], [-0.5, 3, None]],
+                                                     [[-6.0, 5, None], [-2.0, 3, None]]]
+    body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-1.9, 3, None]]]
+    rows, missing, _ = parse_score(body, [3, 4], vocab=6, asked=True)
+    assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.0 and rows[2, 3] == -1.9
+    assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2) - math.exp(-4.0))
+    del body["meta_info"]["output_token_ids_logprobs"]
+    with pytest.raises(SGLangError, match="field 'meta_info.output_token_ids_logprobs' missing"):
+        parse_score(body, [3, 4], vocab=6, asked=True)
+
+
+@pytest.mark.parametrize("asked_ids", [None, 64])
+def test_scoring_is_exact_on_the_drafter_ids_asked_for(servers, tiny_backend, asked_ids):
+    d, v = servers  # K = 4 << V: most of each row is unknown
+    backend = SGLangBackend(d.url, v.url, tiny_backend.tokenizer, vocab_size=64, top_logprobs=4, asked_ids=asked_ids)
+    prompt = tiny_backend.tokenizer.encode("def f(x): return x")
+    state = backend.start(prompt)
+    drafted = backend.draft(state, 3, lambda z: int(z.argmax()), extra_step=True)
+    rows = backend.score(state, drafted.ids)
+    with torch.inference_mode():
+        truth = tiny_backend.verifier(input_ids=torch.tensor([prompt + drafted.ids])).logits[0, -4:].log_softmax(-1)
+    held = torch.isfinite(drafted.logits).any(0).nonzero().squeeze(-1).tolist()
+    by_rank = drafted.logits.topk(4, dim=-1).indices.T.reshape(-1).tolist()  # every row's best first
+    expected = sorted(held) if asked_ids == 64 else sorted(list(dict.fromkeys(by_rank))[:4])
+    asked = v.payloads[-1]["token_ids_logprob"]
+    assert asked == expected and 4 < len(held) <= 16
+    assert set(drafted.logits.argmax(-1).tolist()) <= set(asked)  # each row's top K // (N + 1) = 1 at least
+    for j in range(4):
+        known = torch.isfinite(rows[j])
+        assert bool(known[asked].all()) and int(known.sum()) <= 4 + len(asked) + 1
+        assert torch.allclose(rows[j][known], truth[j][known], atol=1e-5)
+    assert max(state.extra["missing_mass"]) > 0.0  # recorded, not hidden
+    backend.step(backend.start(prompt))  # an AR step asks for nothing
+    assert "token_ids_logprob" not in v.payloads[-1]
+
+
+def test_a_draft_and_a_prompt_token_at_vocab_size_minus_one_score_normally(servers, tiny_backend):
+    backend = sglang(servers, tiny_backend.tokenizer)
+    prompt = tiny_backend.tokenizer.encode("abc") + [63]  # the boundary token is V - 1 too
+    state = backend.start(prompt)
+    rows = backend.score(state, [5, 63, 63])
+    with torch.inference_mode():
+        truth = tiny_backend.verifier(input_ids=torch.tensor([prompt + [5, 63, 63]])).logits[0, -4:].log_softmax(-1)
+    assert torch.allclose(rows, truth, atol=1e-5)
+
+
+@pytest.mark.parametrize("method, knob", [("strict", None), ("ens", 0.2), ("mentored", 0.7), ("cactus", 1.0),
+                                          ("r_fuzzy", 0.3), ("spec_casc_opt", 0.05), ("spec_casc_tok", 0.8),
+                                          ("spec_cont_dec", 1.0), ("sglang_threshold", 0.5), ("always_accept", None)])
+def test_every_method_runs_on_top_k_rows(servers, tiny_backend, method, knob):
+    backend = sglang(servers, tiny_backend.tokenizer)
+    backend.top_logprobs = 6  # no top-k cut in the sampling: rows are truncated, the missing mass recorded
+    prompt = tiny_backend.tokenizer.encode("def f(x):")
+    out = generate(backend, prompt, method=method, knob=knob, n_draft=3, sampling=SamplingParams(temperature=1.0),
+                   max_new_tokens=10, seed=3)
+    assert 1 <= len(out.token_ids) <= 10 and all(0 <= t < 64 for t in out.token_ids)
+    assert 0.0 < max(out.extra["missing_mass"]) < 1.0
+
+
+def test_stop_tokens_are_the_union_sglang_stops_on(tiny_pair_dirs, tmp_path, servers, tiny_backend):
+    import shutil
+
+    from relaxtune.backends.sglang import stop_token_ids
+
+    path = tmp_path / "verifier"
+    shutil.copytree(tiny_pair_dirs[1], path)
+    prompt = tiny_backend.tokenizer.encode("def f(x): return x")
+    greedy = generate(tiny_backend, prompt, method="ar", sampling=GREEDY, max_new_tokens=12).token_ids
+    stop_at = next(i for i in range(2, 12) if greedy[i] not in greedy[:i])  # a first occurrence
+    for name, key, value in (("config.json", "eos_token_id", 3), ("generation_config.json", "eos_token_id",
+                                                                   [0, greedy[stop_at]])):
+        cfg = json.loads((path / name).read_text())
+        cfg[key] = value
+        (path / name).write_text(json.dumps(cfg))
+    backend = sglang(servers, str(path))
+    assert backend.eos_token_ids == {0, 3, greedy[stop_at]}
+    out = generate(backend, prompt, method="strict", n_draft=3, sampling=GREEDY, max_new_tokens=12)
+    assert out.token_ids == greedy[: stop_at + 1] and out.stats.finish_reason == "stop"
+
+    class Qwen:  # the tokenizer's EOS and SGLang's extra turn-final markers join too
+        eos_token_id = 151645
+
+        def get_added_vocab(self):
+            return {"<|im_end|>": 151645, "<|endoftext|>": 151643, "<|eom_id|>": 151650}
+
+    generation = type("G", (), {"eos_token_id": [151645, 151643]})()
+    assert stop_token_ids(Qwen(), None, generation) == {151643, 151645, 151650}

@@ -1,10 +1,13 @@
 """SGLang's native threshold rule (sglang_threshold): the kernel, transcribed, and its closed form."""
 
+import math
+
 import pytest
 import torch
 
 from relaxtune.decoding import verify_rounds
-from relaxtune.methods import METHODS
+from relaxtune.methods import METHODS, Rows
+from relaxtune.sampling import SamplingParams, transform_logits
 
 from .conftest import P_FLOOR, chi2_pvalue
 
@@ -12,16 +15,17 @@ B = 60000
 
 
 def kernel_chain(p, x, u, u_final, t):
-    """SGLang's ``tree_speculative_sampling_target_only`` for one chain (topk 1),
-    transcribed loop by loop: accept while ``coin <= p(x) / acc or p(x) >= single``;
-    then sample ``relu(p - rejected)`` at the stop row by ``u_final * sum``."""
-    acc = max(t, 1e-9)
+    """SGLang 0.5.23's ``TreeSpeculativeSamplingTargetOnly``
+    (``sgl_kernel/speculative/sampling.cuh``) for one chain (topk 1), transcribed
+    loop by loop: accept while ``p(x) > 0 and (coin < p(x) / acc or p(x) >= single)``
+    (float division: ``p(x) / 0 = inf``); then sample ``relu(p - rejected)`` at the
+    stop row: the first id whose running sum exceeds ``u_final * sum``."""
     n = x.shape[0]
     accepted, row = 0, 0
     rejected = torch.zeros_like(p[0])
     for j in range(n):
         px = float(p[j, x[j]])
-        if float(u[j]) <= px / acc or px >= t:
+        if px > 0 and (float(u[j]) < (px / t if t > 0 else math.inf) or px >= t):
             accepted += 1
             row = j + 1
         else:
@@ -33,19 +37,20 @@ def kernel_chain(p, x, u, u_final, t):
     return [int(v) for v in x[:accepted]] + [token], accepted
 
 
-def _greedy_batch(seed, b, n=3, v=8, temperature=0.7):
+def _greedy_batch(seed, b, n=3, v=8, temperature=0.7, top_k=None):
     g = torch.Generator().manual_seed(seed)
     z_p = torch.randn(b, n + 1, v, generator=g) * 2
     z_q = z_p[:, :n] + torch.randn(b, n, v, generator=g)
-    p = (z_p / temperature).softmax(-1)
+    p = transform_logits(z_p, SamplingParams(temperature, top_k))
     x = z_q.argmax(-1)
     q = torch.nn.functional.one_hot(x, v).float()
     return g, p, q, x
 
 
+@pytest.mark.parametrize("top_k", [None, 3])
 @pytest.mark.parametrize("t", [1.0, 0.6, 0.2, 0.0])
-def test_matches_the_sglang_kernel_round_for_round(t):
-    g, p, q, x = _greedy_batch(5, 3000)
+def test_matches_the_sglang_kernel_round_for_round(t, top_k):
+    g, p, q, x = _greedy_batch(5, 3000, top_k=top_k)
     u = torch.rand(p.shape[0], p.shape[1], generator=g)
     out = verify_rounds(p, q, x, "sglang_threshold", t, uniforms=u, temperature=0.7)
     same = 0
@@ -54,8 +59,19 @@ def test_matches_the_sglang_kernel_round_for_round(t):
         assert int(out.accepted[i]) == accepted
         same += out.tokens[i, : accepted + 1].tolist() == tokens
     assert same >= 0.999 * p.shape[0]  # inverse CDF in the same id order (float sums may split a hair)
-    if t == 0.0:
-        assert bool((out.accepted == 3).all())
+    p_x = p[:, :3].gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    if t == 0.0:  # every draft the verifier keeps, never one it excludes (the top-k cut)
+        leading = (p_x > 0).long().cumprod(-1).sum(-1)
+        assert torch.equal(out.accepted, leading) and (top_k is None) == bool((leading == 3).all())
+
+
+def test_a_draft_the_verifier_excludes_is_never_accepted_at_threshold_zero():
+    p = torch.tensor([[[0.0, 0.6, 0.4], [0.2, 0.3, 0.5]]]).expand(2000, 2, 3)
+    x = torch.zeros(2000, 1, dtype=torch.long)
+    q = torch.nn.functional.one_hot(x, 3).float()
+    out = verify_rounds(p, q, x, "sglang_threshold", 0.0, torch.Generator().manual_seed(1), temperature=0.7)
+    assert int(out.accepted.sum()) == 0 and chi2_pvalue(out.tokens[:, 0], p[0, 0]) > P_FLOOR
+    assert float(METHODS["sglang_threshold"].rej_at(Rows(p[0, :1], q[0], x[0], None, None, 0.7), 0.0)) == 0.0
 
 
 def test_threshold_one_is_lossless_and_bit_identical_to_strict_on_greedy_drafts():

@@ -11,11 +11,12 @@ import contextlib
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["ServerSpec", "launch", "wait_healthy", "SGLANG_VERSION"]
+__all__ = ["ServerSpec", "launch", "wait_healthy", "check_sglang", "SGLANG_VERSION"]
 
 SGLANG_VERSION = "0.5.23"
 
@@ -55,17 +56,41 @@ def wait_healthy(url: str, timeout: float = 600.0, proc: subprocess.Popen | None
     raise RuntimeError(f"{url} did not become healthy within {timeout:.0f} s")
 
 
+def check_sglang(python: str = sys.executable, allow_other_version: bool = False) -> str:
+    """The SGLang version ``python`` imports, checked against the pinned one.
+
+    relaxtune reads SGLang's responses as ``SGLANG_VERSION`` writes them (key
+    names, null entries, rewritten ids, live thresholds): another version may
+    differ silently.
+
+    Raises:
+        RuntimeError: SGLang is not importable by ``python``, or (unless
+            ``allow_other_version``) its version is not ``SGLANG_VERSION``.
+    """
+    found = subprocess.run([python, "-c", "import sglang; print(sglang.__version__)"], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise RuntimeError(f"SGLang is not installed for {python}: pip install 'relaxtune[sglang]' "
+                           f"(sglang=={SGLANG_VERSION}, in its own environment on a GPU host)")
+    version = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else "unknown"
+    if version != SGLANG_VERSION:
+        message = (f"SGLang {version} is installed for {python}, but relaxtune is built and tested against "
+                   f"sglang=={SGLANG_VERSION} (response layouts change between versions)")
+        if not allow_other_version:
+            raise RuntimeError(f"{message}: pip install 'sglang=={SGLANG_VERSION}', or pass --allow-other-sglang "
+                               "to run it anyway")
+        warnings.warn(message, stacklevel=2)
+    return version
+
+
 @contextlib.contextmanager
-def launch(servers: list[ServerSpec], python: str = sys.executable, timeout: float = 600.0, log_dir: str | None = None):
+def launch(servers: list[ServerSpec], python: str = sys.executable, timeout: float = 600.0, log_dir: str | None = None,
+           allow_other_version: bool = False):
     """Start ``servers``, wait for health, yield their URLs, stop them on exit.
 
     Raises:
-        RuntimeError: SGLang is not importable by ``python``, or a server fails to start.
+        RuntimeError: as ``check_sglang``, or a server fails to start.
     """
-    check = subprocess.run([python, "-c", "import sglang; print(sglang.__version__)"], capture_output=True, text=True)
-    if check.returncode != 0:
-        raise RuntimeError(f"SGLang is not installed for {python}: pip install 'relaxtune[sglang]' "
-                           f"(sglang=={SGLANG_VERSION}, in its own environment on a GPU host)")
+    check_sglang(python, allow_other_version)
     procs = []
     try:
         for s in servers:

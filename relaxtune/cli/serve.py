@@ -20,8 +20,15 @@ def serve(
         None, min=0.0, max=1.0, help="also start a STANDALONE speculative server (port + 2) running SGLang's "
         "own relaxation at this threshold, for the sglang_threshold method"),
     n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N of the speculative server"),
+    allow_other_sglang: bool = typer.Option(False, help="run an SGLang other than the pinned version (its responses "
+                                            "may differ from what relaxtune reads)"),
 ) -> None:
-    """Start a drafter and a verifier SGLang server on loopback and keep them up until Ctrl-C."""
+    """Start a drafter and a verifier SGLang server on loopback and keep them up until Ctrl-C.
+
+    Checks first that the installed SGLang is the pinned version. The
+    speculative server (``--native-threshold``) runs with
+    ``--enable-deterministic-inference``: without it SGLang ignores the
+    requests' seeds."""
     import time
 
     from ..backends.sglang_launch import ServerSpec, launch
@@ -33,7 +40,7 @@ def serve(
         specs.append(ServerSpec(verifier, port + 2, mem_fraction,
                                 ("--speculative-draft-model-path", drafter, *native_flags(native_threshold, n_draft))))
     try:
-        with launch(specs, log_dir=log_dir) as urls:
+        with launch(specs, log_dir=log_dir, allow_other_version=allow_other_sglang) as urls:
             d_url, v_url = urls[:2]
             native = f" --native-url {urls[2]} --methods sglang_threshold" if len(urls) > 2 else ""
             console.print(f"drafter  {d_url}\nverifier {v_url}\n" + (f"speculative {urls[2]}\n" if native else "")

@@ -1,24 +1,40 @@
-"""A stand-in for an SGLang server, for tests on CPU.
+"""A stand-in for an SGLang 0.5.23 server, for tests on CPU.
 
 Serves ``POST /generate`` with SGLang 0.5.23's native response layout
 (``shared/docs/sglang-protocol.md``), backed by a real (small) transformers
-model, plus ``GET /health``. Supports what relaxtune's client sends: one-token
-greedy requests with ``return_logprob``, ``logprob_start_len``,
-``top_logprobs_num`` and ``token_ids_logprob``. A simulated radix cache reports
-``cached_tokens`` (the longest prefix shared with an earlier request, capped at
-``logprob_start_len``). ``faults`` injects failures, one per request:
-"500", "truncate" (a cut JSON body), "drop" (close without answering).
+model, plus ``GET /health``, ``GET /server_info`` and ``POST /set_internal_state``.
+Where the real server's behaviour matters to a client, the stand-in does what
+SGLang 0.5.23's source does (file and function named at each place):
+
+- ``input_token_logprobs`` reports an input id at or above ``vocab_size - 1``
+  as 0 (``SchedulerLogprobResultProcessor._process_input_token_logprobs``);
+- ``input_top_logprobs`` / ``input_token_ids_logprobs`` start with a null
+  boundary entry; ``token_ids_logprob`` answers at every input position and at
+  the output position, and its keys are absent when it was not sent
+  (``TokenizerManager.add_logprob_to_meta_info``); text entries are null;
+- ``cached_tokens`` is the longest prefix shared with an earlier request,
+  capped at ``logprob_start_len`` (``Req._compute_max_prefix_len``);
+- ``/server_info`` gives the launch flags at the top level and the live values
+  (changed by ``/set_internal_state``) in ``internal_states``
+  (``SchedulerInternalStateController``).
+
+``faults`` injects failures, one per request: "500", "truncate" (a cut JSON
+body), "drop" (close without answering).
 
 ``StandInSpecServer`` stands in for a STANDALONE speculative server (the
-``sglang_threshold`` method): it generates whole responses with the threshold
-rule (``relaxtune.engine`` on a drafter/verifier pair, the rule checked against
-SGLang's kernel in the tests), reports the speculative counters under one
-chosen generation of SGLang's key names, and serves ``GET /server_info``.
+``sglang_threshold`` method): the first token comes from the verifier's prefill,
+then verify rounds run the threshold rule (``relaxtune.engine`` on the
+drafter/verifier pair, the rule checked against SGLang's kernel in the tests);
+a response finished without a verify round carries no ``spec_*`` keys
+(``TokenizerManager._calculate_spec_decoding_metrics``), and ``sampling_seed``
+is ignored unless the server runs deterministic inference
+(``SamplingBatchInfo.from_schedule_batch``).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,12 +43,24 @@ import torch
 
 from ..backends.hf import _common_prefix
 
-__all__ = ["StandInServer", "StandInSpecServer"]
+__all__ = ["StandInServer", "StandInSpecServer", "SGLANG_DEFAULTS"]
+
+VERSION = "0.5.23"
+# SGLang 0.5.23's SamplingParams defaults: what a parameter left out of a native
+# /generate request becomes (no generation_config defaults on this endpoint)
+SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                   "presence_penalty": 0.0, "repetition_penalty": 1.0, "stop": None, "ignore_eos": False,
+                   "sampling_seed": None, "max_new_tokens": 128}
+UPDATABLE = ("pp_max_micro_batch_size", "speculative_accept_threshold_single", "speculative_accept_threshold_acc")
+
+
+def _entry(logprob: float, token: int) -> list:
+    return [float(logprob), int(token), None]  # return_text_in_logprobs is off: null text
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list:
     vals, ids = logprobs.topk(min(k, logprobs.shape[-1]))
-    return [[float(v), int(i), None] for v, i in zip(vals, ids)]
+    return [_entry(v, i) for v, i in zip(vals, ids)]
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -50,11 +78,21 @@ class StandInServer:
     Args:
         model: a transformers causal LM (float32 recommended).
         port: 0 picks a free port.
+        preferred_sampling_params: as ``--preferred-sampling-params``: merged into
+            every request's parameters it leaves out.
     """
 
-    def __init__(self, model, port: int = 0) -> None:
+    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None) -> None:
         self.model = model.eval()
+        self.vocab_size = int(model.config.vocab_size)
+        self.preferred = dict(preferred_sampling_params or {})
+        self.launch = {"speculative_algorithm": None, "speculative_num_steps": None, "speculative_eagle_topk": None,
+                       "speculative_num_draft_tokens": None, "speculative_accept_threshold_single": 1.0,
+                       "speculative_accept_threshold_acc": 1.0, "enable_deterministic_inference": False,
+                       "pp_max_micro_batch_size": None, "preferred_sampling_params": self.preferred or None}
+        self.live: dict = {}
         self.faults: list[str] = []
+        self.payloads: list[dict] = []  # every /generate body received
         self.requests = 0
         self.in_flight = self.peak_in_flight = 0  # concurrent /generate requests (now, at most)
         self.seen: list[tuple[int, ...]] = []
@@ -70,17 +108,20 @@ class StandInServer:
             def do_GET(self):
                 if self.path == "/health":
                     self._send(200, b"")
-                elif self.path == "/server_info" and server.server_info() is not None:
+                elif self.path == "/server_info":
                     self._send(200, json.dumps(server.server_info()).encode(), "application/json")
                 else:
                     self._send(404, b"not found")
 
             def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/set_internal_state":
+                    return self._send(200, json.dumps(server.set_internal_state(payload)).encode(), "application/json")
                 if self.path != "/generate":
                     return self._send(404, b"not found")
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server._count:
                     server.requests += 1
+                    server.payloads.append(payload)
                     server.in_flight += 1
                     server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
                     fault = server.faults.pop(0) if server.faults else None
@@ -132,53 +173,58 @@ class StandInServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def server_info(self) -> dict | None:
-        """``GET /server_info`` (a plain server: no speculative flags)."""
-        return {"speculative_algorithm": None, "speculative_num_steps": None,
-                "speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0}
+    def server_info(self) -> dict:
+        """``GET /server_info``: launch flags at the top level, the live values of
+        this (single data-parallel rank) server in ``internal_states``."""
+        return {**self.launch, "internal_states": [{**self.launch, **self.live}], "version": VERSION}
+
+    def set_internal_state(self, payload: dict) -> list[bool]:
+        """``POST /set_internal_state`` with ``{"server_args": {...}}``: one flag per
+        rank, false (nothing changed) when a key cannot be updated at run time."""
+        changes = payload.get("server_args", {})
+        if any(k not in UPDATABLE for k in changes):
+            return [False]
+        self.live.update(changes)
+        return [True]
+
+    def sampling_params(self, payload: dict) -> dict:
+        """The request's parameters over ``--preferred-sampling-params`` over
+        SGLang's defaults (``TokenizerManager._create_tokenized_object``)."""
+        return {**SGLANG_DEFAULTS, **self.preferred, **payload.get("sampling_params", {})}
 
     def answer(self, payload: dict) -> dict:
         """The response body for a ``/generate`` payload."""
         ids = [int(t) for t in payload["input_ids"]]
-        sp = payload.get("sampling_params", {})
-        if sp.get("max_new_tokens") != 1 or sp.get("temperature") != 0:
+        sp = self.sampling_params(payload)
+        if sp["max_new_tokens"] != 1 or sp["temperature"] != 0:
             raise ValueError("the stand-in serves one-token greedy requests only")
         start = int(payload.get("logprob_start_len", len(ids) - 1))
         k = int(payload.get("top_logprobs_num", 0))
-        extra_ids = payload.get("token_ids_logprob") or []
+        asked = payload.get("token_ids_logprob")
         with torch.inference_mode(), self._lock:
             lp = self.model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
             cached = max((_common_prefix(ids, list(s)) for s in self.seen), default=0)
             self.seen.append(tuple(ids))
-        tok, top, by_id = [], [], []
-        for j, pos in enumerate(range(start, len(ids))):
-            if j == 0:
-                tok.append([None, ids[pos], None])
-                top.append(None)
-                by_id.append(None)
-                continue
-            row = lp[pos - 1]
-            tok.append([float(row[ids[pos]]), ids[pos], None])
-            top.append(_top(row, k))
-            by_id.append([[float(row[t]), int(t), None] for t in extra_ids])
+        reported = [t if t < self.vocab_size - 1 else 0 for t in ids]  # the 0.5.23 rewrite
+        tok = [[None, reported[start], None]] + [_entry(lp[pos - 1, ids[pos]], reported[pos])
+                                                 for pos in range(start + 1, len(ids))]
         last = lp[-1]
         nxt = int(last.argmax())
-        return {
-            "text": "",
-            "output_ids": [nxt],
-            "meta_info": {
-                "id": f"req-{self.requests}",
-                "finish_reason": {"type": "length", "length": 1},
-                "prompt_tokens": len(ids),
-                "completion_tokens": 1,
-                "cached_tokens": min(cached, start),
-                "input_token_logprobs": tok,
-                "input_top_logprobs": top,
-                "input_token_ids_logprobs": by_id if extra_ids else None,
-                "output_token_logprobs": [[float(last[nxt]), nxt, None]],
-                "output_top_logprobs": [_top(last, k)],
-            },
+        meta = {
+            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
+            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)],
+            "output_token_logprobs_length": 1,
         }
+        if k > 0:
+            meta["input_top_logprobs"] = [None] + [_top(lp[pos - 1], k) for pos in range(start + 1, len(ids))]
+            meta["output_top_logprobs"] = [_top(last, k)]
+        if asked is not None:
+            meta["input_token_ids_logprobs"] = [None] + [[_entry(lp[pos - 1, t], t) for t in asked]
+                                                         for pos in range(start + 1, len(ids))]
+            meta["output_token_ids_logprobs"] = [[_entry(last[t], t) for t in asked]]
+        meta.update(reasoning_tokens=0, completion_tokens=1, cached_tokens=min(cached, start))
+        return {"text": "", "output_ids": [nxt], "meta_info": meta}
 
 
 class StandInSpecServer(StandInServer):
@@ -186,51 +232,78 @@ class StandInSpecServer(StandInServer):
     ``(threshold, n_draft)`` with ``drafter`` inside ``verifier``'s server.
 
     Args:
-        keys: the (accepted, proposed) counter names to report, one generation of
+        keys: the (accepted, proposed) counter names to report: SGLang 0.5.23's
+            ``("spec_num_correct_drafts", "spec_num_proposed_drafts")`` (with its
+            accept rate and length), or another generation of
             ``relaxtune.backends.sglang_native.TELEMETRY_KEYS`` (or any pair, to
             mimic a future rename).
+        deterministic: launched with ``--enable-deterministic-inference``; without
+            it ``sampling_seed`` is ignored and every response draws fresh randomness.
+        tokenizer: decodes ``text`` (ids as text without one).
+        preferred_sampling_params: as ``StandInServer``.
     """
 
-    SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "sampling_seed")
-
     def __init__(self, drafter, verifier, threshold: float, n_draft: int,
-                 keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"), port: int = 0) -> None:
+                 keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+                 deterministic: bool = True, tokenizer=None, port: int = 0,
+                 preferred_sampling_params: dict | None = None) -> None:
         from ..backends.hf import HFBackend
 
-        super().__init__(verifier, port)
-        self.pair = HFBackend(drafter, verifier, name="stand-in")
-        self.threshold, self.n_draft, self.keys = float(threshold), int(n_draft), keys
-        self.payloads: list[dict] = []
+        super().__init__(verifier, port, preferred_sampling_params)
+        self.pair = HFBackend(drafter, verifier, tokenizer, name="stand-in")
+        self.n_draft, self.keys = int(n_draft), keys
+        self.launch.update(speculative_algorithm="STANDALONE", speculative_num_steps=self.n_draft,
+                           speculative_eagle_topk=1, speculative_num_draft_tokens=self.n_draft + 1,
+                           speculative_accept_threshold_single=float(threshold),
+                           speculative_accept_threshold_acc=float(threshold),
+                           enable_deterministic_inference=bool(deterministic))
 
-    def server_info(self) -> dict:
-        return {"speculative_algorithm": "STANDALONE", "speculative_num_steps": self.n_draft,
-                "speculative_eagle_topk": 1, "speculative_num_draft_tokens": self.n_draft + 1,
-                "speculative_accept_threshold_single": self.threshold, "speculative_accept_threshold_acc": self.threshold}
+    @property
+    def threshold(self) -> float:
+        """The live threshold (``speculative_accept_threshold_acc``; launch flag or
+        the last ``/set_internal_state``)."""
+        return float({**self.launch, **self.live}["speculative_accept_threshold_acc"])
 
     def answer(self, payload: dict) -> dict:
-        """A whole response with the threshold rule; every sampling parameter must be explicit."""
-        from ..engine import generate
+        """A whole response: the verifier's prefill token, then verify rounds with
+        the threshold rule until EOS, a stop string or ``max_new_tokens``."""
+        from ..engine import AR, generate
         from ..sampling import SamplingParams
 
-        sp = payload.get("sampling_params", {})
-        missing = [k for k in self.SAMPLING_KEYS if k not in sp]
-        if missing:  # the real server would fill them from the model's generation_config
-            raise ValueError(f"sampling parameters left to the server's defaults: {missing}")
-        self.payloads.append(payload)
+        sp = self.sampling_params(payload)
         ids = [int(t) for t in payload["input_ids"]]
         top_k = int(sp["top_k"])
         sampling = SamplingParams(float(sp["temperature"]), top_k if top_k > 0 else None, float(sp["top_p"]))
+        if self.launch["enable_deterministic_inference"]:
+            seed = 42 if sp["sampling_seed"] is None else int(sp["sampling_seed"])
+        else:  # SGLang then draws its coins with torch.rand: the seed is ignored
+            seed = secrets.randbits(62)
+        stop = [sp["stop"]] if isinstance(sp["stop"], str) else list(sp["stop"] or [])
+        budget = int(sp["max_new_tokens"])
         with self._lock:
-            out = generate(self.pair, ids, method="sglang_threshold", knob=self.threshold, n_draft=self.n_draft,
-                           sampling=sampling, max_new_tokens=int(sp["max_new_tokens"]), seed=int(sp["sampling_seed"]))
-        s = out.stats
-        return {
-            "text": out.text,
-            "output_ids": out.token_ids,
-            "meta_info": {
-                "id": f"req-{self.requests}",
-                "finish_reason": {"type": "length" if s.finish_reason == "length" else "stop"},
-                "prompt_tokens": len(ids), "completion_tokens": s.response_tokens, "cached_tokens": 0,
-                "spec_verify_ct": s.rounds, self.keys[0]: s.accepted, self.keys[1]: s.drafted,
-            },
-        }
+            first = generate(self.pair, ids, method=AR, sampling=sampling, max_new_tokens=1, seed=seed, stop=stop)
+            out, rest = list(first.token_ids), None
+            if budget > 1 and first.stats.finish_reason != "stop":  # not EOS, no stop string
+                rest = generate(self.pair, ids + out, method="sglang_threshold", knob=self.threshold,
+                                n_draft=self.n_draft, sampling=sampling, max_new_tokens=budget - 1, seed=seed,
+                                stop=stop)
+                out += rest.token_ids
+        text = self.pair.decode(out)
+        hits = [text.index(s) for s in stop if s and s in text]
+        if hits:
+            reason = {"type": "stop", "matched": next(s for s in stop if s and text.index(s) == min(hits))}
+            text = text[: min(hits)]
+        elif out[-1] in self.pair.eos_token_ids:
+            reason = {"type": "stop", "matched": out[-1]}
+        else:
+            reason = {"type": "length", "length": len(out)}
+        meta = {"id": f"req-{self.requests}", "finish_reason": reason, "prompt_tokens": len(ids),
+                "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0,
+                "completion_tokens": len(out), "cached_tokens": 0}
+        rounds = rest.stats.rounds if rest is not None else 0
+        if rounds > 0:  # no verify round: no spec_* key at all
+            accepted, proposed = rest.stats.accepted, rounds * self.n_draft
+            meta.update({"spec_verify_ct": rounds, self.keys[0]: accepted, self.keys[1]: proposed})
+            if self.keys == ("spec_num_correct_drafts", "spec_num_proposed_drafts"):
+                meta.update(spec_accept_rate=accepted / proposed, spec_accept_length=len(out) / rounds)
+        return {"text": text, "output_ids": out, "meta_info": meta}
