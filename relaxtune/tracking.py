@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -133,18 +134,18 @@ class Tracker:
         parent = self.study_runs[method]
         key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
         run_id = self._run(f"trial-{number}", parent, key)
-        self.client.set_tag(run_id, "relaxtune.state", state)
-        if note:
-            self.client.set_tag(run_id, "relaxtune.note", note[:5000])
+        from mlflow.entities import Metric, Param, RunTag
+
         logged = self.client.get_run(run_id).data.params
-        for key, value in {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"],
-                           "task_version": self.task.version}.items():
-            if key not in logged:
-                self.client.log_param(run_id, key, value)
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.client.log_metric(run_id, key, float(value), step=number)
-                self.client.log_metric(parent, key, float(value), step=number)
+        wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"],
+                  "task_version": self.task.version}
+        tags = {"relaxtune.state": state} | ({"relaxtune.note": note[:5000]} if note else {})
+        now = int(time.time() * 1000)
+        values = [Metric(k, float(v), now, number) for k, v in metrics.items() if isinstance(v, (int, float))]
+        # one request per run (a shared tracking server sees one call, not one per metric)
+        self.client.log_batch(run_id, metrics=values, params=[Param(k, str(v)) for k, v in wanted.items() if k not in logged],
+                              tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(parent, metrics=values)
         if result is not None and result.records:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]
             self._log_table(run_id, rows, "samples.json")
