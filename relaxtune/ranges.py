@@ -12,11 +12,11 @@ from the same records as an evaluation in one piece.
 
 from __future__ import annotations
 
-import zlib
+import random
 
 from .evaluation import EvalResult, summarize
 
-__all__ = ["split", "merge", "rotated"]
+__all__ = ["split", "merge", "worker_order"]
 
 
 def split(n: int, size: int | None) -> list[range]:
@@ -34,12 +34,11 @@ def split(n: int, size: int | None) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def rotated(ranges: list[range], worker: str) -> list[range]:
-    """``ranges`` starting at an offset that depends on ``worker``, so workers that
-    evaluate the same configuration one range at a time start in different places
-    (and skip what the others already recorded)."""
-    k = zlib.crc32(worker.encode()) % len(ranges)
-    return ranges[k:] + ranges[:k]
+def worker_order(ranges: list[range], worker: str) -> list[range]:
+    """``ranges`` in an order drawn from ``worker``'s label, so workers evaluating the
+    same configuration one range at a time start in different places and do not
+    follow each other range by range (each skips what the others recorded)."""
+    return random.Random(worker).sample(ranges, len(ranges))
 
 
 def merge(results: list[EvalResult]) -> EvalResult:

@@ -158,6 +158,21 @@ class StorageLock:
                 yield
 
 
+def _write_ahead_log(engine) -> None:
+    """SQLite in write-ahead-log mode with normal sync: readers never wait for the
+    writer and a commit costs no sync of the whole file (workers write often)."""
+    from sqlalchemy import event
+
+    def pragmas(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
+    engine.dispose()  # connections opened before the listener reopen with it
+
+
 @functools.lru_cache(maxsize=None)
 def storage_lock(url: str) -> StorageLock:
     """The one ``StorageLock`` of this process for ``url`` (so holding it and taking it
@@ -194,6 +209,8 @@ class TrialQueue:
             with self.lock():  # concurrent creation of the tables would collide
                 rdb = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
                                  grace_period=stale_after, heartbeat_stale_trial_callback=self._stale)
+        if self.lock.kind == "sqlite":
+            _write_ahead_log(rdb.engine)
         # Optuna's cache around it, shared by every Study object of this worker (a Trial only
         # works through a cache that has seen it), as create_study/load_study would wrap it
         self.storage = optuna.storages.get_storage(rdb)

@@ -82,13 +82,15 @@ class Tracker:
     def _run(self, name: str, parent: str | None, key: dict, tags: dict | None = None) -> str:
         """The run identified by ``key`` tags and this job (resumed), or a new one named ``name``."""
         key = {**key, "relaxtune.job": self.job_id}
-        with self._lock():
-            found = self._find(key)
-            if found:
-                self.client.update_run(found[0].info.run_id, status="RUNNING")
-                return found[0].info.run_id
-            all_tags = {"mlflow.runName": name, **key, **(tags or {})} | ({"mlflow.parentRunId": parent} if parent else {})
-            return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+        found = self._find(key)
+        if not found:
+            with self._lock():  # looked for again: another worker may have just created it
+                found = self._find(key)
+                if not found:
+                    all_tags = {"mlflow.runName": name, **key, **(tags or {})} | ({"mlflow.parentRunId": parent} if parent else {})
+                    return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+        self.client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
 
     def _log_dataset(self, problems) -> None:
         import mlflow

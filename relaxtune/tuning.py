@@ -39,7 +39,7 @@ from .evaluation import DecodeConfig, EvalResult, evaluate
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .methods import get_method
-from .ranges import merge, rotated, split
+from .ranges import merge, split, worker_order
 from .settings import TuneSettings, study_name
 from .speed import CostProfile, modeled_speedup
 from .studies import Plan, TrialQueue, default_worker, finished
@@ -85,7 +85,7 @@ class TrialReport:
     metrics: dict
 
 
-RangeRunner = Callable[[Callable[[range], EvalResult], list[range]], list[EvalResult]]
+RangeRunner = Callable[[DecodeConfig, list[range]], list[EvalResult]]
 
 
 @dataclass
@@ -98,17 +98,18 @@ class Tuner:
         backend: the model pair.
         profile: measured ``CostProfile`` or a c_rel value.
         tracker: an optional ``relaxtune.tracking.Tracker``.
-        evaluate_fn: how a range of problems is evaluated (the Prefect flow wraps it
-            in a task); default ``relaxtune.evaluation.evaluate``.
+        evaluate_fn: how a range of problems is evaluated; default
+            ``relaxtune.evaluation.evaluate``.
         progress: show progress bars.
         new_trials: run trials (False: only read what the studies hold, for export).
         log: receives one line per finished trial.
         worker: this worker's label in the studies (default ``<host>:<pid>``).
-        run_ranges: runs ``fn(range)`` for each range of ``settings.range_size``
-            problems and returns the results in range order (the Prefect flow runs
-            them concurrently); default: one after the other, from an offset that
-            depends on ``worker`` so that workers evaluating the same configuration
-            spread over its ranges.
+        run_ranges: evaluates a configuration on ranges of ``self.problems`` (indices,
+            ``settings.range_size`` problems each) and returns the results in range
+            order (the Prefect flow submits them as concurrent task runs); default:
+            ``evaluate_fn`` on one range after the other, in an order drawn from
+            ``worker``, so that workers evaluating the same configuration spread over
+            its ranges.
     """
 
     settings: TuneSettings
@@ -140,11 +141,11 @@ class Tuner:
                       problems=problems[r.start:r.stop], progress=self.progress)
 
         ranges = split(len(problems), self.settings.range_size)
+        if self.run_ranges is not None:
+            return merge(self.run_ranges(config, ranges))
         if len(ranges) == 1:
             return one(ranges[0])
-        if self.run_ranges is not None:
-            return merge(self.run_ranges(one, ranges))
-        results = {r.start: one(r) for r in rotated(ranges, self.worker)}
+        results = {r.start: one(r) for r in worker_order(ranges, self.worker)}
         return merge([results[r.start] for r in ranges])
 
     def baseline(self, n_draft: int) -> EvalResult:
@@ -239,15 +240,15 @@ class Tuner:
             plan = Plan(1 if pin is not None else self.settings.trials, grid, self.settings.trials, self._suggest(method))
         return self.queue.open(name, self._sampler(0), plan)
 
-    def tune(self, methods: list[str], submit: Callable[[], Future] | None = None) -> list[MethodOutcome]:
+    def tune(self, methods: list[str], submit: Callable[[Callable], Future] | None = None) -> list[MethodOutcome]:
         """Run (or resume, or join other workers on) the methods' studies until each
         has its wanted number of completed or pruned trials (``settings.trials``, one
         for a pinned point) or as many failures; then choose each method's point.
 
         Args:
             methods: method ids, tuned in this order (their queues are drained together).
-            submit: starts one ``next_trial`` call and returns its future (the Prefect flow
-                submits a task run); default: ``settings.parallel_trials`` threads.
+            submit: ``submit(next_trial)`` starts one call of it and returns its future (the
+                Prefect flow submits a task run); default: ``settings.parallel_trials`` threads.
         """
         studies, run_ids = {}, {}
         for method in methods:
@@ -269,7 +270,7 @@ class Tuner:
         """``tune([method])``: one method's study."""
         return self.tune([method])[0]
 
-    def _drive(self, submit: Callable[[], Future] | None) -> None:
+    def _drive(self, submit: Callable[[Callable], Future] | None) -> None:
         """Keep ``settings.parallel_trials`` ``next_trial`` calls in flight until the studies are done."""
         lanes = self.settings.parallel_trials
         if submit is None and lanes == 1:
@@ -277,14 +278,14 @@ class Tuner:
                 pass
             return
         pool = ThreadPoolExecutor(lanes, thread_name_prefix="trial") if submit is None else None
-        start = submit or (lambda: pool.submit(self.next_trial))
+        submit = submit or pool.submit
         try:
-            pending = {start() for _ in range(lanes)}
+            pending = {submit(self.next_trial) for _ in range(lanes)}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     if future.result() is not None:  # this lane ran a trial: look for the next one
-                        pending.add(start())
+                        pending.add(submit(self.next_trial))
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)

@@ -39,13 +39,18 @@ def test_tune_task_flow_end_to_end(harness, tmp_path, tiny_pair_dirs):
     assert again["accuracy"] == summary["accuracy"] and again["l_accept"] == summary["l_accept"]
 
 
-def test_prefect_yaml_deploys_every_task():
-    from flows.tune import tune_task
+def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
+    from flows.tune import tune_new, tune_task
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    deployments = {d["parameters"]["task"]: d for d in spec["deployments"]}
-    assert set(deployments) == set(list_tasks())
-    for name, d in deployments.items():
+    per_task = {d["parameters"]["task"]: d for d in spec["deployments"] if d["entrypoint"].endswith(":tune_task")}
+    assert set(per_task) == set(list_tasks())
+    for name, d in per_task.items():
         assert d["entrypoint"] == "flows/tune.py:tune_task" and d["work_pool"]["name"] == "relaxtune"
         assert d["schedules"][0]["cron"].count(" ") == 4
         tune_task.validate_parameters(d["parameters"])  # the parameters fit the flow's signature
+    (new,) = [d for d in spec["deployments"] if d["entrypoint"] == "flows/tune.py:tune_new"]
+    minute, hour, day, month, weekday = new["schedules"][0]["cron"].split()
+    assert (day, month, weekday) == ("*", "*", "*") and minute.isdigit() and hour.isdigit()  # daily
+    tune_new.validate_parameters(new["parameters"])
+    assert "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY=true" in (ROOT / "prefect.yaml").read_text()

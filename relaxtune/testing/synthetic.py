@@ -85,15 +85,15 @@ class Synthetic:
         return summarize(records, path)
 
 
-def write_task(folder: str | Path, n_problems: int) -> str:
-    """Write a synthetic task (``synthetic.yaml`` and its ``n_problems`` rows) into
+def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> str:
+    """Write a synthetic task (``<name>.yaml`` and its ``n_problems`` rows) into
     ``folder``; returns the YAML's path (a ``--task`` value)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "synthetic.jsonl").write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n"
-                                                    for i in range(n_problems)))
-    path = folder / "synthetic.yaml"
-    path.write_text(f"name: synthetic\nversion: 1\ndataset: {{path: json, data_files: {folder / 'synthetic.jsonl'}}}\n"
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n_problems)))
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
                     "grader: {kind: math}\nsampling: {temperature: 0.6}\nmax_new_tokens: 64\n")
     return str(path)
 
@@ -110,14 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
     args = ap.parse_args(argv)
 
+    import datasets  # noqa: F401 - what the job imports on first use: part of starting the process,
+    import matplotlib.pyplot  # noqa: F401   as the imports above are, not of the job
+    import mlflow.data  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import optuna  # noqa: F401
+    import scipy.stats  # noqa: F401
+    import sqlalchemy  # noqa: F401
+
     from relaxtune.job import run_tune_job
     from relaxtune.settings import TuneSettings
+    from relaxtune.tracking import Tracker  # noqa: F401
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
     started = time.time()
     config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
                              evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay),
-                             log=lambda message: print(message, flush=True))
+                             log=lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True))
     print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
                       "config": config.model_dump(mode="json")}), flush=True)
     return 0
