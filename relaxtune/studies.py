@@ -62,10 +62,17 @@ def finished(trials: list[FrozenTrial]) -> int:
     return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
 
 
+def _retry_history(trial: FrozenTrial) -> list[int]:
+    """Numbers of the stale trials ``trial`` retries, the first one first (Optuna's record)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback.retry_history(trial)
+
+
 def failures(trials: list[FrozenTrial]) -> int:
     """FAIL trials that used up a slot: failed evaluations, and stale trials that
     were not retried (a retried stale trial lives on in its WAITING copy)."""
-    retried = {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+    retried = {n for t in trials for n in _retry_history(t)}
     return sum(t.state == TrialState.FAIL and t.number not in retried for t in trials)
 
 
@@ -226,10 +233,12 @@ class TrialQueue:
                 self._top_up(study, plan)
         return study
 
-    def _top_up(self, study: optuna.Study, plan: Plan) -> None:
+    def _top_up(self, study: optuna.Study, plan: Plan) -> bool:
+        """Enqueue what the study lacks to reach ``plan.wanted`` live trials; False (and
+        nothing enqueued) once its failures reach ``plan.budget``: it takes no more trials."""
         trials = study.get_trials(deepcopy=False)
         if failures(trials) >= plan.budget:
-            return
+            return False
         missing = plan.wanted - sum(t.state in LIVE for t in trials)
         tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
         for point in [p for p in plan.grid if p not in tried] + [{}] * max(missing, 0):
@@ -237,10 +246,11 @@ class TrialQueue:
                 break
             study.enqueue_trial(point)
             missing -= 1
+        return True
 
     def _stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's stale-trial callback (runs under the lock, in ``fail_stale``)."""
-        retried = len(RetryHeartbeatStaleTrialCallback.retry_history(trial)) < MAX_RETRY
+        retried = len(_retry_history(trial)) < MAX_RETRY
         self._retry(study, trial)
         _log.warning("trial %d of %s went stale (no heartbeat from %s); %s", trial.number, study.study_name,
                      trial.user_attrs.get(WORKER_ATTR, "an unknown worker"),
@@ -261,8 +271,9 @@ class TrialQueue:
         """Take the next trial of the first study (in order) with one waiting.
 
         Under the lock: fail stale trials (they come back as retries), top every
-        queue up to its plan, pop a WAITING trial, record its first heartbeat,
-        mark it with this worker and draw its parameters (with ``sampler_for(number)``).
+        queue up to its plan, pop a WAITING trial (none from a study whose failures
+        spent its budget), record its first heartbeat, mark it with this worker and
+        draw its parameters (with ``sampler_for(number)``).
 
         Returns:
             ``(key, trial)``; ``"wait"`` when no trial is waiting but some still run
@@ -273,10 +284,9 @@ class TrialQueue:
             for key, study in studies.items():
                 self._fail_stale(study)
                 plan = self.plans.get(study.study_name)
-                if plan is not None:
-                    self._top_up(study, plan)
-                trial_id = study._pop_waiting_trial_id()  # atomic: Optuna's own queue pop
-                if trial_id is None:
+                open_ = plan is None or self._top_up(study, plan)
+                trial_id = study._pop_waiting_trial_id() if open_ else None  # atomic: Optuna's own queue pop
+                if trial_id is None:  # (the others' running trials still end before the studies are done)
                     running |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
                     continue
                 self.storage.record_heartbeat(trial_id)
