@@ -37,7 +37,8 @@ __all__ = ["generate_and_grade", "run_trial", "tune_one", "evaluation_cache_key"
 
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
-BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url", "concurrency")
+BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url",
+                  "concurrency")
 
 
 def _transient(task, task_run, state) -> bool:
@@ -103,7 +104,8 @@ def backend_identity(settings: TuneSettings) -> dict:
 def backend_tag(settings: TuneSettings) -> str:
     """``relaxtune-backend:<verifier server host:port>`` or ``relaxtune-backend:<this host>``
     (in-process models): one tag per machine that generates."""
-    return f"relaxtune-backend:{urlsplit(settings.verifier_url).netloc if settings.verifier_url else socket.gethostname()}"
+    where = urlsplit(settings.verifier_url).netloc if settings.verifier_url else socket.gethostname()
+    return f"relaxtune-backend:{where}"
 
 
 def evaluation_cache_key(context, parameters: dict) -> str:

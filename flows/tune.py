@@ -80,8 +80,8 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     def submit_trial(next_trial):
         return as_future(run_trial.submit(register(key, next_trial)))
 
-    config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s), submit_trial=submit_trial,
-                                worker=worker, log=logger.info)
+    config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s),
+                                submit_trial=submit_trial, worker=worker, log=logger.info)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
                 f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
     return config.model_dump(mode="json")
@@ -100,8 +100,8 @@ def tune_all(tasks: list[str] | None = None, methods: list[str] | None = None, l
              parallel_tasks: int = 1) -> dict[str, str]:
     """Tune every task of ``evals/`` (or the given ones), ``parallel_tasks`` at a
     time; returns task -> recommended method."""
-    return _tune_many({t: t for t in tasks or list_tasks()}, parallel_tasks, methods=methods, limit=limit, epsilon=epsilon,
-                      trials=trials, settings=settings)
+    return _tune_many({t: t for t in tasks or list_tasks()}, parallel_tasks, methods=methods, limit=limit,
+                      epsilon=epsilon, trials=trials, settings=settings)
 
 
 @flow(name="tune_new", log_prints=True)

@@ -182,8 +182,8 @@ def run_tune_job(
         from .studies import storage_lock
         from .tracking import Tracker
 
-        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems, job_id(settings, spec, pair),
-                          storage_lock(settings.storage_url))
+        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+                          job_id(settings, spec, pair), storage_lock(settings.storage_url))
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:

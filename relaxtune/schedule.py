@@ -35,14 +35,16 @@ class Pending:
 
 
 def _tuned_at(config: dict, path: Path) -> float:
-    """When a tuned config was made (its ``created`` field, else the file's modification time), in seconds since the epoch."""
+    """When a tuned config was made, in seconds since the epoch: its ``created`` field,
+    else the file's modification time."""
     try:
         return dt.datetime.fromisoformat(str(config["created"])).timestamp()
     except (KeyError, TypeError, ValueError):
         return path.stat().st_mtime
 
 
-def untuned(folders: list[str | os.PathLike] | None = None, output_dir: str | os.PathLike = "relaxtune-runs") -> list[Pending]:
+def untuned(folders: list[str | os.PathLike] | None = None,
+            output_dir: str | os.PathLike = "relaxtune-runs") -> list[Pending]:
     """The task specs of ``evals_dir()`` and ``folders`` (``*.yaml``) that need tuning,
     in name order.
 

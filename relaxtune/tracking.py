@@ -87,7 +87,8 @@ class Tracker:
             with self._lock():  # looked for again: another worker may have just created it
                 found = self._find(key)
                 if not found:
-                    all_tags = {"mlflow.runName": name, **key, **(tags or {})} | ({"mlflow.parentRunId": parent} if parent else {})
+                    all_tags = {"mlflow.runName": name, **key, **(tags or {})}
+                    all_tags |= {"mlflow.parentRunId": parent} if parent else {}
                     return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
         self.client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
@@ -111,15 +112,16 @@ class Tracker:
             parent = str(Path(artifact_file).parent)
             self.client.log_artifact(run_id, str(path), None if parent == "." else parent)
         logged = json.loads(self.client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
-        if {"path": artifact_file, "type": "table"} not in logged:  # how the UI knows a table
-            self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [{"path": artifact_file, "type": "table"}]))
+        entry = {"path": artifact_file, "type": "table"}
+        if entry not in logged:  # how the UI knows a table
+            self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
 
     # ------------------------------------------------------------------ studies
 
     def start_study(self, method: str, study) -> str:
         """The study's run (created or resumed); returns its id."""
-        run_id = self._run(study.study_name, self.task_run_id, {"relaxtune.kind": "study", "relaxtune.study": study.study_name},
-                           {"relaxtune.method": method})
+        key = {"relaxtune.kind": "study", "relaxtune.study": study.study_name}
+        run_id = self._run(study.study_name, self.task_run_id, key, {"relaxtune.method": method})
         self.study_runs[method], self.studies[method] = run_id, study.study_name
         spec = get_method(method)
         existing = self.client.get_run(run_id).data.params
@@ -145,8 +147,8 @@ class Tracker:
         now = int(time.time() * 1000)
         values = [Metric(k, float(v), now, number) for k, v in metrics.items() if isinstance(v, (int, float))]
         # one request per run (a shared tracking server sees one call, not one per metric)
-        self.client.log_batch(run_id, metrics=values, params=[Param(k, str(v)) for k, v in wanted.items() if k not in logged],
-                              tags=[RunTag(k, v) for k, v in tags.items()])
+        params = [Param(k, str(v)) for k, v in wanted.items() if k not in logged]
+        self.client.log_batch(run_id, metrics=values, params=params, tags=[RunTag(k, v) for k, v in tags.items()])
         self.client.log_batch(parent, metrics=values)
         if result is not None and result.records:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]

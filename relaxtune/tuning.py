@@ -237,7 +237,8 @@ class Tuner:
             mid = self.settings.mid_n_draft
             grid = [pin] if pin is not None else [{"n_draft": mid} | ({"knob": v} if v is not None else {})
                                                  for v in get_method(method).grid or (None,)]
-            plan = Plan(1 if pin is not None else self.settings.trials, grid, self.settings.trials, self._suggest(method))
+            wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
+            plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
         return self.queue.open(name, self._sampler(0), plan)
 
     def tune(self, methods: list[str], submit: Callable[[Callable], Future] | None = None) -> list[MethodOutcome]:
@@ -353,7 +354,8 @@ class Tuner:
                 _set_constraints(trial, constraint_values(metrics, self.settings))
                 trial.study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
             else:
-                for key, value in ({"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}).items():
+                attrs = {"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}
+                for key, value in attrs.items():
                     trial.set_user_attr(key, value)
                 _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
                 trial.study.tell(trial, state=states[state])

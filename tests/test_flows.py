@@ -39,7 +39,8 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs):
 
     def worker(label: str, lanes: int) -> None:  # what a Prefect worker on another host runs
         results[label] = tune_task.with_options(flow_run_name=label)(
-            task=task, methods=["cactus"], limit=4, trials=6, n_drafts=[2], settings=settings | {"parallel_trials": lanes})
+            task=task, methods=["cactus"], limit=4, trials=6, n_drafts=[2],
+            settings=settings | {"parallel_trials": lanes})
 
     threads = [threading.Thread(target=worker, args=(label, lanes)) for label, lanes in (("first", 2), ("second", 1))]
     for t in threads:

@@ -77,7 +77,8 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
         study = optuna.load_study(study_name=f"{name}__{method}__synthetic-pair", storage=settings["storage"])
         ran.update(t.user_attrs.get("worker", "?") for t in study.trials if t.state.name in ("COMPLETE", "PRUNED"))
     return {"job": max(r["ended"] for r in reports) - min(r["started"] for r in reports),
-            "process": exited - launched, "agree": all(c == configs[0] for c in configs), "ran": dict(sorted(ran.items())),
+            "process": exited - launched, "agree": all(c == configs[0] for c in configs),
+            "ran": dict(sorted(ran.items())),
             "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()}}
 
 
@@ -133,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         agree = all(x["agree"] for x in runs[w])
         print(f"{w:>7} {_spread(job):>20} {statistics.median(job) / base_job:>6.2f} {_spread(proc):>24} "
               f"{statistics.median(proc) / base_proc:>6.2f}  {'yes' if agree else 'NO':>13}  {runs[w][-1]['ran']}")
-    noisy = [w for w in counts if len(runs[w]) > 1 and
-             (max(x["job"] for x in runs[w]) - min(x["job"] for x in runs[w])) / statistics.median(x["job"] for x in runs[w]) > 0.1]
+    jobs = {w: [x["job"] for x in runs[w]] for w in counts}
+    noisy = [w for w in counts if (max(jobs[w]) - min(jobs[w])) / statistics.median(jobs[w]) > 0.1]
     if noisy:
         print(f"noisy: job times of {', '.join(map(str, noisy))} worker(s) spread over 10 % between repeats")
     if 4 in runs and counts[0] == 1:
         ratio = statistics.median(x["job"] for x in runs[4]) / base_job
-        print(f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {'met' if ratio <= TARGET else 'MISSED'}")
+        verdict = "met" if ratio <= TARGET else "MISSED"
+        print(f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}")
     return 0
 
 
