@@ -61,7 +61,7 @@ def mlflow_server(pg_database, tmp_path):
         log.close()
 
 
-def _running(storage: str, names: list[str]) -> list[tuple[str, optuna.trial.FrozenTrial]]:
+def _running(storage, names: list[str]) -> list[tuple[str, optuna.trial.FrozenTrial]]:
     """(study name, trial) of every RUNNING trial."""
     out = []
     for name in names:
@@ -88,12 +88,13 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
                "--cliff", "0.8", "--worker", label]
         workers[label] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT,
                                            start_new_session=True), out)
+    watch = optuna.storages.RDBStorage(storage)  # one engine for every look (each URL load would open a pool)
     try:
         deadline = time.time() + 180
         victim = None
         while victim is None:  # the first trial seen running for half a second: kill its worker
             assert time.time() < deadline and all(p.poll() is None for p, _ in workers.values()), "no trial ran"
-            for name, t in _running(storage, names):
+            for name, t in _running(watch, names):
                 if (time.time() - t.datetime_start.timestamp()) > 0.5 and t.user_attrs.get("worker") in workers:
                     killed_study, victim = name, t
                     break
@@ -115,7 +116,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     # exactly --trials finished per study, every grid point once, the killed trial retried once
     trials = {}
     for name in names:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=watch)
         trials[name] = study.get_trials(deepcopy=False)
         done = [t for t in trials[name] if t.state.name in ("COMPLETE", "PRUNED")]
         method = name.split("__")[1]
@@ -150,3 +151,4 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
         theirs = {k: v for k, v in single["methods"][method].items() if k not in ("failed", "mlflow_run_id")}
         assert mine == theirs and mine["knob"] == {"cactus": 0.25, "mentored": 0.7}[method]
     assert configs[0]["recommendation"] == single["recommendation"]
+    watch.engine.dispose()
