@@ -24,8 +24,14 @@ class Study:
         self.study_name = name
 
 
-def tracker(tmp_path, job: str, pair: str = "pair", task=SPEC) -> Tracker:
-    return Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", task, pair, {"x": 1}, PROBLEMS[:3], job)
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory) -> str:
+    """One MLflow store for the module (creating one takes seconds); each test tracks its own task."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def tracker(uri: str, job: str, task: str, pair: str = "pair") -> Tracker:
+    return Tracker(uri, SPEC.model_copy(update={"name": task}), pair, {"x": 1}, PROBLEMS[:3], job)
 
 
 def runs_of(t: Tracker, kind: str):
@@ -46,11 +52,11 @@ def test_job_ids_follow_the_settings_that_shape_trials():
     assert job_id(base.model_copy(update={"job_id": "mine"}), SPEC, "pair") == "mine"
 
 
-def test_trial_runs_are_never_shared_between_jobs(tmp_path):
-    first = tracker(tmp_path, "job-a")
+def test_trial_runs_are_never_shared_between_jobs(uri):
+    first = tracker(uri, "job-a", "jobs")
     first.start_study("cactus", Study("s__cactus__pair"))
     first.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
-    second = tracker(tmp_path, "job-b")  # another job (other settings), same study name and trial number
+    second = tracker(uri, "job-b", "jobs")  # another job (other settings), same study name and trial number
     second.start_study("cactus", Study("s__cactus__pair"))
     second.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 2}, {"l_accept": 1.5}, "COMPLETE", None)
     trials = runs_of(first, "trial")
@@ -58,37 +64,37 @@ def test_trial_runs_are_never_shared_between_jobs(tmp_path):
     by_job = {r.data.tags["relaxtune.job"]: r for r in trials}
     assert by_job["job-a"].data.params["n_draft"] == "4" and by_job["job-a"].data.metrics["l_accept"] == 3.0
     assert by_job["job-b"].data.params["n_draft"] == "2" and by_job["job-b"].data.metrics["l_accept"] == 1.5
-    again = tracker(tmp_path, "job-a")  # a restart of the first job finds its runs
+    again = tracker(uri, "job-a", "jobs")  # a restart of the first job finds its runs
     again.start_study("cactus", Study("s__cactus__pair"))
     again.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
     assert again.task_run_id == first.task_run_id and len(runs_of(again, "trial")) == 2
 
 
 @pytest.mark.parametrize("pair", ["O'Brien's pair", 'the "best" pair', "both ' and \" quotes"])
-def test_names_with_quotes_are_found_again(tmp_path, pair):
-    task = SPEC.model_copy(update={"name": f"task {pair}"})
-    first = tracker(tmp_path, f"job {pair}", pair, task)
-    first.start_study("cactus", Study(f"{task.name}__cactus__x"))
+def test_names_with_quotes_are_found_again(uri, pair):
+    task = f"task {pair}"
+    first = tracker(uri, f"job {pair}", task, pair)
+    first.start_study("cactus", Study(f"{task}__cactus__x"))
     first.log_trial("cactus", 3, {"knob": 0.5, "n_draft": 4}, {"accuracy": 0.5}, "COMPLETE", None)
-    again = tracker(tmp_path, f"job {pair}", pair, task)
-    again.start_study("cactus", Study(f"{task.name}__cactus__x"))
+    again = tracker(uri, f"job {pair}", task, pair)
+    again.start_study("cactus", Study(f"{task}__cactus__x"))
     again.log_trial("cactus", 3, {"knob": 0.5, "n_draft": 4}, {"accuracy": 0.5}, "COMPLETE", None)
     assert again.task_run_id == first.task_run_id and again.study_runs == first.study_runs
-    assert len(runs_of(again, "trial")) == 1 and runs_of(again, "task")[0].info.run_name == f"{task.name}__{pair}"
+    assert len(runs_of(again, "trial")) == 1 and runs_of(again, "task")[0].info.run_name == f"{task}__{pair}"
 
 
-def test_filter_literals_never_break_the_filter(tmp_path):
+def test_filter_literals_never_break_the_filter(uri):
     assert filter_literal("plain") == "'plain'" and filter_literal("O'Brien") == '"O\'Brien"'
     assert filter_literal('say "hi"') == "'say \"hi\"'" and filter_literal("'\"") is None
-    client = MlflowClient(f"sqlite:///{tmp_path / 'f.db'}")
-    exp = client.create_experiment("e")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("filters")
     run = client.create_run(exp, tags={"k": "O'Brien"}).info.run_id
     found = client.search_runs([exp], filter_string=f"tags.k = {filter_literal('O' + chr(39) + 'Brien')}")
     assert [r.info.run_id for r in found] == [run]
 
 
-def test_relogging_a_table_or_figure_replaces_it(tmp_path):
-    t = tracker(tmp_path, "job")
+def test_relogging_a_table_or_figure_replaces_it(uri, tmp_path):
+    t = tracker(uri, "job", "tables")
     rows = [{"label": "a", "speedup": 1.0}, {"label": "b", "speedup": 2.0}]
     for _ in range(3):  # e.g. a resumed job drawing its study's front again
         t._log_table(t.task_run_id, rows, "pareto_front.json")
@@ -111,15 +117,15 @@ def test_relogging_a_table_or_figure_replaces_it(tmp_path):
     assert t.client.get_run(other).data.tags["mlflow.loggedArtifacts"] == json.dumps(logged)
 
 
-def test_tracker_works_inside_an_active_mlflow_run(tmp_path):
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'outer.db'}")
+def test_tracker_works_inside_an_active_mlflow_run(uri):
+    mlflow.set_tracking_uri(uri)
     try:
         with mlflow.start_run() as outer:
-            t = tracker(tmp_path, "job")
+            t = tracker(uri, "job", "inside")
             t.start_study("cactus", Study("s__cactus__pair"))
             t.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"accuracy": 1.0}, "COMPLETE", None)
             assert mlflow.active_run().info.run_id == outer.info.run_id  # untouched, still the caller's
-        assert t.client.get_run(t.task_run_id).inputs.dataset_inputs[0].dataset.name == "synthetic-v2"
+        assert t.client.get_run(t.task_run_id).inputs.dataset_inputs[0].dataset.name == "inside-v2"
         assert mlflow.get_run(outer.info.run_id).data.params == {}
     finally:
         mlflow.set_tracking_uri(None)
