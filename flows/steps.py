@@ -33,7 +33,7 @@ from relaxtune.settings import TuneSettings, spec_digest
 from relaxtune.tasks import load_problems, load_task
 
 __all__ = ["generate_and_grade", "run_trial", "tune_one", "evaluation_cache_key", "backend_identity", "backend_tag",
-           "as_future", "fan_out", "load_backend", "problems_of"]
+           "as_future", "fan_out", "load_backend", "problems_of", "register", "unregister"]
 
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
@@ -139,6 +139,11 @@ def register(key: str, fn: Callable) -> str:
     """Make ``fn`` callable by ``run_trial(key)`` in this process; returns ``key``."""
     _CALLS[key] = fn
     return key
+
+
+def unregister(key: str) -> None:
+    """Forget what ``register`` made callable under ``key``."""
+    _CALLS.pop(key, None)
 
 
 @task(cache_policy=NONE, task_run_name="trial ({key})")

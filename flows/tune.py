@@ -21,7 +21,7 @@ import uuid
 from prefect import flow, get_run_logger
 
 from flows.steps import (as_future, backend_tag, fan_out, generate_and_grade, load_backend, problems_of, register,
-                         run_trial, tune_one)
+                         run_trial, tune_one, unregister)
 from relaxtune.evaluation import DecodeConfig
 from relaxtune.ranges import merge, split
 from relaxtune.settings import TuneSettings
@@ -80,8 +80,11 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     def submit_trial(next_trial):
         return as_future(run_trial.submit(register(key, next_trial)))
 
-    config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s),
-                                submit_trial=submit_trial, worker=worker, log=logger.info)
+    try:
+        config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s),
+                                    submit_trial=submit_trial, worker=worker, log=logger.info)
+    finally:
+        unregister(key)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
                 f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
     return config.model_dump(mode="json")

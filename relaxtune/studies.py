@@ -97,9 +97,10 @@ class Plan:
 class StorageLock:
     """A lock shared by every process and host that uses one storage URL.
 
-    PostgreSQL: a transaction-scoped advisory lock; MySQL/MariaDB: ``GET_LOCK``;
-    SQLite: ``fcntl.flock`` on ``<database>.lock`` (SQLite is one host anyway); an
-    in-memory SQLite or another database: a lock within this process only (with a
+    Threads of this process first take a lock among themselves, then the one
+    between processes: PostgreSQL, a transaction-scoped advisory lock; MySQL or
+    MariaDB, ``GET_LOCK``; SQLite, ``fcntl.flock`` on ``<database>.lock`` (SQLite
+    is one host anyway); an in-memory SQLite or another database, none (with a
     warning for the latter). Re-entrant within a thread. Released when its holder
     dies (the connection or the file closes).
     """
@@ -111,12 +112,12 @@ class StorageLock:
         parsed = make_url(url)
         self.kind = parsed.get_backend_name()
         self._held = threading.local()
-        self._thread_lock = threading.RLock()
+        self._thread_lock = threading.Lock()
         self._engine = self._file = None
         if self.kind == "sqlite" and parsed.database not in (None, "", ":memory:"):
             self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + ".lock")
         elif self.kind in ("postgresql", "mysql", "mariadb"):
-            self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=4)
+            self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
         elif self.kind != "sqlite":
             warnings.warn(f"no cross-process lock for {self.kind} storages: run one worker per study, or use "
                           "PostgreSQL, MySQL or SQLite", stacklevel=2)
@@ -130,7 +131,7 @@ class StorageLock:
             finally:
                 self._held.depth -= 1
             return
-        with self._acquire():
+        with self._thread_lock, self._acquire():  # one connection per process waits for the lock
             self._held.depth = 1
             try:
                 yield
@@ -161,8 +162,7 @@ class StorageLock:
                 finally:
                     conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
         else:
-            with self._thread_lock:
-                yield
+            yield
 
 
 def _write_ahead_log(engine) -> None:
@@ -259,6 +259,8 @@ class TrialQueue:
             self.on_stale(study, trial, retried)
 
     def _fail_stale(self, study: optuna.Study) -> None:
+        """Fail the study's stale trials (heartbeat older than the grace period, or none
+        kept at all) and hand each to ``_stale``; under the lock."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)

@@ -94,6 +94,8 @@ class Tracker:
         return found[0].info.run_id
 
     def _log_dataset(self, problems) -> None:
+        """The problems as the task run's dataset input, through the client (``mlflow.log_input``
+        needs the run active in this thread, which would clash with a caller's active run)."""
         import mlflow
         import pandas as pd
         from mlflow.entities import DatasetInput, InputTag
@@ -102,7 +104,8 @@ class Tracker:
                            for p in problems])
         dataset = mlflow.data.from_pandas(df, name=f"{self.task.name}-v{self.task.version}")
         context = InputTag("mlflow.data.context", "tuning")  # what mlflow.log_input(context=...) writes
-        self.client.log_inputs(self.task_run_id, [DatasetInput(dataset._to_mlflow_entity(), [context])])
+        entity = dataset._to_mlflow_entity()  # what mlflow.log_input sends
+        self.client.log_inputs(self.task_run_id, [DatasetInput(entity, [context])])
 
     def _log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
         """``MlflowClient.log_table``, but replacing the table (log_table appends to an existing one)."""
