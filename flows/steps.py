@@ -64,9 +64,15 @@ def _cached_backend(task: str, fields: tuple):
     return load_backend(TuneSettings(task=task, **dict(fields)))
 
 
-@functools.lru_cache(maxsize=16)
 def problems_of(task: str, limit: int | None) -> tuple:
-    """The task's problems, loaded once per process (every range of every trial asks)."""
+    """The task's problems, loaded once per process and spec content (every range of
+    every trial asks; an edited spec loads them anew)."""
+    spec = load_task(task)
+    return _problems(task, spec_digest(spec), limit)
+
+
+@functools.lru_cache(maxsize=16)
+def _problems(task: str, digest: str, limit: int | None) -> tuple:
     return tuple(load_problems(load_task(task), limit))
 
 
