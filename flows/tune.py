@@ -1,85 +1,57 @@
-"""Prefect 3 flows: ``evaluate_point``, ``tune_task``, ``tune_all``.
+"""Prefect 3 flows: ``evaluate_point``, ``tune_task``, ``tune_all``, ``tune_new``.
 
-Thin wrappers over the library (``relaxtune.job.run_tune_job`` and
-``relaxtune.evaluation.evaluate``): every evaluation of a tuning trial runs as
-the Prefect task ``generate_and_grade``, which takes ids and settings (never
-model objects: models load once per process through a cached loader), is
-cached on its inputs, retries transient backend errors, and carries a
-``relaxtune-backend:<pair>`` tag for a concurrency limit
-(``prefect concurrency-limit create relaxtune-backend:<pair> 1``).
+Thin wrappers over the library (``relaxtune.job.run_tune_job``,
+``relaxtune.evaluation.evaluate``, ``relaxtune.schedule.untuned``); the Prefect
+tasks are in ``flows/steps.py``. ``tune_task`` is one worker of a tuning job: it
+submits the job's trials as concurrent task runs (``parallel_trials`` at a time,
+taken from the methods' study queues) and each evaluation as task runs over
+ranges of problems (``range_size``), merged into one result. Run ``tune_task``
+with the same parameters on several workers (one per GPU host or SGLang
+deployment, against one PostgreSQL storage): they share the studies, finish
+exactly ``trials`` trials per method, and each exports the same config.
+``tune_all`` and ``tune_new`` fan tasks out the same way (``parallel_tasks`` at a
+time); ``tune_new`` tunes every task spec that has no tuned config for its
+version yet, or whose spec changed since (deployed daily by ``prefect.yaml``).
 """
 
 from __future__ import annotations
 
-import functools
+import uuid
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import INPUTS
+from prefect import flow, get_run_logger
 
-from relaxtune.evaluation import DecodeConfig, EvalResult, evaluate
-from relaxtune.tasks import list_tasks, load_problems, load_task
+from flows.steps import (as_future, backend_tag, fan_out, generate_and_grade, load_backend, problems_of, register,
+                         run_trial, tune_one, unregister)
+from relaxtune.evaluation import DecodeConfig
+from relaxtune.ranges import merge, split
 from relaxtune.settings import TuneSettings
-
-TRANSIENT = (OSError,)  # connection errors and timeouts included
-
-
-def _transient(task, task_run, state) -> bool:
-    """Retry only transient backend faults, not bad input."""
-    try:
-        state.result()
-    except TRANSIENT:
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-    return False
+from relaxtune.studies import default_worker
+from relaxtune.tasks import list_tasks
 
 
-BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url", "concurrency")
+def _ranges_runner(settings: TuneSettings):
+    """``Tuner.run_ranges`` for a flow: one ``generate_and_grade`` task run per range, concurrently."""
+    as_dict = settings.model_dump()
+    tagged = generate_and_grade.with_options(tags=[backend_tag(settings)])
 
+    def run_ranges(config: DecodeConfig, ranges: list[range]):
+        futures = [tagged.submit(as_dict, config.method, config.knob, config.n_draft, config.seed, r.start, r.stop)
+                   for r in ranges]
+        return [f.result() for f in futures]
 
-def _backend(settings: TuneSettings):
-    """The settings' backend (in-process pair or SGLang), loaded once per process."""
-    return _cached_backend(settings.task, tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_backend(task: str, fields: tuple):
-    from relaxtune.job import load_backend
-
-    return load_backend(TuneSettings(task=task, **dict(fields)))
-
-
-@functools.lru_cache(maxsize=16)
-def _problems(task: str, limit: int | None) -> tuple:
-    """The task's problems, loaded once per process (every stage of every trial asks)."""
-    return tuple(load_problems(load_task(task), limit))
-
-
-@task(cache_policy=INPUTS, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient, persist_result=True)
-def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int, n_problems: int) -> EvalResult:
-    """Generate and grade one configuration on the first ``n_problems`` problems
-    (records resume from disk, so a retry redoes only unfinished samples)."""
-    s = TuneSettings(**settings)
-    spec = load_task(s.task)
-    problems = list(_problems(s.task, s.limit)[:n_problems])
-    return evaluate(spec, _backend(s), DecodeConfig(method, knob, n_draft, seed), output_dir=s.output_dir,
-                    problems=problems, progress=False)
-
-
-def _tagged(settings: dict, pair: str):
-    return generate_and_grade.with_options(tags=[f"relaxtune-backend:{pair}"])
+    return run_ranges
 
 
 @flow(name="evaluate_point", log_prints=True)
 def evaluate_point(task: str, method: str = "strict", alpha: float | None = None, n_draft: int = 4, seed: int = 0,
                    limit: int | None = None, drafter: str | None = None, verifier: str | None = None,
-                   dtype: str = "bfloat16", output_dir: str = "relaxtune-runs") -> dict:
-    """Evaluate one (method, alpha, N) point on a task; returns the result summary."""
-    s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir,
+                   dtype: str = "bfloat16", output_dir: str = "relaxtune-runs", range_size: int | None = None) -> dict:
+    """Evaluate one (method, alpha, N) point on a task, in ranges of ``range_size``
+    problems run as concurrent task runs; returns the merged result's summary."""
+    s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir, range_size=range_size,
                      **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v})
-    n = len(_problems(task, limit))
-    result = _tagged(s.model_dump(), "point")(s.model_dump(), method, alpha, n_draft, seed, n)
-    summary = result.summary()
+    ranges = split(len(problems_of(task, limit)), s.range_size)
+    summary = merge(_ranges_runner(s)(DecodeConfig(method, alpha, n_draft, seed), ranges)).summary()
     print(f"{task} {method} {alpha} N={n_draft}: accuracy {summary['accuracy']:.3f} "
           f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}], l_accept {summary['l_accept']:.2f}")
     return summary
@@ -88,10 +60,12 @@ def evaluate_point(task: str, method: str = "strict", alpha: float | None = None
 @flow(name="tune_task", log_prints=True)
 def tune_task(task: str, methods: list[str] | None = None, limit: int | None = None, epsilon: float = 0.05,
               trials: int = 8, n_drafts: list[int] | None = None, settings: dict | None = None) -> dict:
-    """Tune every method on one task (the same job as ``relaxtune tune``);
-    returns the exported config as a dict. ``settings`` holds any other
-    ``TuneSettings`` field."""
-    from relaxtune.job import prepare, run_tune_job
+    """Tune every method on one task (the same job as ``relaxtune tune``), as one
+    worker of it; returns the exported config as a dict. ``settings`` holds any
+    other ``TuneSettings`` field (``storage``, ``parallel_trials``, ``range_size``, ...)."""
+    from prefect.runtime import flow_run
+
+    from relaxtune.job import run_tune_job
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
     if methods:
@@ -100,25 +74,54 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
         fields["n_drafts"] = n_drafts
     s = TuneSettings(**fields)
     logger = get_run_logger()
-    spec, problems, backend = prepare(s, _backend(s))
-    pair = backend.name
-    as_dict = s.model_dump()
+    worker = f"{default_worker()}/{flow_run.name or 'flow'}"
+    key = f"{worker}/{uuid.uuid4().hex[:8]}"
 
-    def evaluate_fn(spec, backend, config, *, output_dir, problems, progress):
-        return _tagged(as_dict, pair)(as_dict, config.method, config.knob, config.n_draft, config.seed, len(problems))
+    def submit_trial(next_trial):
+        return as_future(run_trial.submit(register(key, next_trial)))
 
-    config, path = run_tune_job(s, backend, progress=False, evaluate_fn=evaluate_fn, log=logger.info)
+    try:
+        config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s),
+                                    submit_trial=submit_trial, worker=worker, log=logger.info)
+    finally:
+        unregister(key)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
                 f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
     return config.model_dump(mode="json")
 
 
+def _tune_many(tasks: dict[str, str], parallel_tasks: int, **kwargs) -> dict[str, str]:
+    """``tune_task`` for each of ``tasks`` (name -> name or YAML path), ``parallel_tasks``
+    at a time; name -> recommended method."""
+    configs = fan_out(list(tasks.values()), lambda task: as_future(tune_one.submit(task, kwargs)), parallel_tasks)
+    return {name: cfg["recommendation"]["method"] for name, cfg in zip(tasks, configs)}
+
+
 @flow(name="tune_all", log_prints=True)
 def tune_all(tasks: list[str] | None = None, methods: list[str] | None = None, limit: int | None = None,
-             epsilon: float = 0.05, trials: int = 8, settings: dict | None = None) -> dict[str, str]:
-    """Tune every task of ``evals/`` (or the given ones); returns task -> recommended method."""
-    out = {}
-    for name in tasks or list_tasks():
-        cfg = tune_task(name, methods=methods, limit=limit, epsilon=epsilon, trials=trials, settings=settings)
-        out[name] = cfg["recommendation"]["method"]
-    return out
+             epsilon: float = 0.05, trials: int = 8, settings: dict | None = None,
+             parallel_tasks: int = 1) -> dict[str, str]:
+    """Tune every task of ``evals/`` (or the given ones), ``parallel_tasks`` at a
+    time; returns task -> recommended method."""
+    return _tune_many({t: t for t in tasks or list_tasks()}, parallel_tasks, methods=methods, limit=limit,
+                      epsilon=epsilon, trials=trials, settings=settings)
+
+
+@flow(name="tune_new", log_prints=True)
+def tune_new(folders: list[str] | None = None, methods: list[str] | None = None, limit: int | None = None,
+             epsilon: float = 0.05, trials: int = 8, settings: dict | None = None,
+             parallel_tasks: int = 1) -> dict[str, str]:
+    """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
+    for its version in the output folder yet, or whose spec changed after its
+    config was made (``relaxtune.schedule.untuned``); returns task -> recommended method."""
+    from relaxtune.schedule import untuned
+
+    output_dir = (settings or {}).get("output_dir", TuneSettings.model_fields["output_dir"].default)
+    pending = untuned(folders, output_dir)
+    logger = get_run_logger()
+    for p in pending:
+        logger.info(f"{p.name} ({p.path}): {p.reason}")
+    if not pending:
+        logger.info("every task spec has a current tuned config: nothing to tune")
+    return _tune_many({p.name: p.path for p in pending}, parallel_tasks, methods=methods, limit=limit, epsilon=epsilon,
+                      trials=trials, settings=settings)

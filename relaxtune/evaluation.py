@@ -280,18 +280,19 @@ def evaluate(
         return record, graders.submit(_grade, spec, problem, gen.text, truncated)
 
     # generation: max_concurrency sequences at once (1 for in-process models);
-    # grading overlaps with it; records are written in submission order
+    # grading overlaps with it; records are written in submission order, each in
+    # one unbuffered write to the O_APPEND file, so records of several workers
+    # appending to the same file never interleave
     concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
     with ThreadPoolExecutor(concurrency) as generators, ThreadPoolExecutor(grade_workers) as graders, \
-            open(path, "a") as out:
+            open(path, "ab", buffering=0) as out:
         jobs = [generators.submit(run_one, p, r) for p, r in todo]
         for job in jobs:
             record, verdict = job.result()
             if verdict is not None:
                 v = verdict.result()
                 record.update(extracted=v.extracted, verdict=v.verdict, correct=v.correct, grader_detail=v.detail)
-            out.write(json.dumps(record) + "\n")
-            out.flush()
+            out.write((json.dumps(record) + "\n").encode())
             done[(record["problem_id"], record["repeat"])] = record
             if bar is not None:
                 bar.update(1)

@@ -11,6 +11,8 @@ feasible the recommendation is strict at its best draft length.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -204,7 +206,7 @@ def save_config(config: TunedConfig, path: str | Path) -> Path:
     """Write the config as YAML (atomically) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # workers may share the folder
     tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, width=120))
     tmp.replace(path)
     return path

@@ -5,6 +5,8 @@ tune``) and the Prefect flow (``flows/tune.py``) both call ``run_tune_job``."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +17,7 @@ from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
-from .settings import TuneSettings
+from .settings import TuneSettings, job_id
 from .tuning import Tuner
 
 __all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError"]
@@ -145,8 +147,14 @@ def run_tune_job(
     track: bool = True,
     new_trials: bool = True,
     log: Callable[[str], None] = print,
+    submit_trial: Callable | None = None,
+    run_ranges: Callable | None = None,
+    worker: str | None = None,
 ) -> tuple[TunedConfig, Path]:
     """Tune every method of ``settings`` on its task and export the tuned config.
+    Any number of workers (processes, hosts, Prefect flow runs) may run the same
+    job against one storage: they share the studies' trials and each exports the
+    same config.
 
     Args:
         settings: the job.
@@ -156,6 +164,8 @@ def run_tune_job(
         track: log to MLflow.
         new_trials: False re-exports from what the studies already hold.
         log: where one-line progress messages go.
+        submit_trial, run_ranges, worker: how trials and problem ranges run
+            (``Tuner.tune``'s ``submit``, ``Tuner.run_ranges``), and this worker's label.
 
     Returns:
         ``(config, path)`` of the exported YAML.
@@ -169,18 +179,23 @@ def run_tune_job(
     profile = cost_profile(settings, spec, problems, backend, log, new_trials)
     tracker = None
     if track:
+        from .studies import storage_lock
         from .tracking import Tracker
 
-        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems)
-    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log)
+        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+                          job_id(settings, spec, pair), storage_lock(settings.storage_url))
+    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
+                  run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
         Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
-        job_file(settings.output_dir, spec.name).write_text(yaml.safe_dump(settings.model_dump(), sort_keys=False))
-    outcomes = []
+        saved = job_file(settings.output_dir, spec.name)
+        tmp = saved.with_name(f"{saved.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # workers may share the folder
+        tmp.write_text(yaml.safe_dump(settings.model_dump(), sort_keys=False))
+        os.replace(tmp, saved)
     verb = "tuning" if new_trials else "reading the study of"
     for method in settings.methods:
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
-        outcomes.append(tuner.tune_method(method))
+    outcomes = tuner.tune(settings.methods, submit_trial)
     if not new_trials:
         pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
         _check_export(outcomes, problems, profile, settings.n_drafts, pinned)

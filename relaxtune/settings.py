@@ -1,18 +1,20 @@
-"""The settings of a tuning job (CLI flags and ``--config`` YAML keys), and study names."""
+"""The settings of a tuning job (CLI flags and ``--config`` YAML keys), study names and job ids."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .embedded import DRAFTER, VERIFIER
 from .methods import get_method
 
-__all__ = ["TuneSettings", "study_name"]
+__all__ = ["TuneSettings", "study_name", "job_id", "spec_digest"]
 
 
 class TuneSettings(BaseModel):
@@ -44,6 +46,15 @@ class TuneSettings(BaseModel):
     max_length_ratio: float | None = Field(None, gt=0, description="optional guard: L_relax / L_strict")
     max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard: truncated share")
     export: str | None = Field(None, description="tuned config path; default <output_dir>/<task>.tuned.yaml")
+    parallel_trials: int = Field(1, ge=1, description="trials this worker runs at once (threads, or Prefect task "
+                                 "runs), taken from the methods' queues in order")
+    heartbeat: int = Field(30, ge=1, description="seconds between heartbeats of a running trial")
+    grace_period: int | None = Field(None, ge=1, description="seconds without a heartbeat before a running trial "
+                                     "counts as stale and is retried once; default 4 x heartbeat")
+    range_size: int | None = Field(None, ge=1, description="problems per evaluation range: ranges run as separate "
+                                   "task runs (Prefect) or are shared among workers (strict), then merge")
+    job_id: str | None = Field(None, description="the tuning job's id in MLflow (every worker of one job shares it); "
+                               "default: a digest of the storage, the task and the settings that shape trials")
 
     @field_validator("methods")
     @classmethod
@@ -75,6 +86,18 @@ class TuneSettings(BaseModel):
             raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
         return sorted(set(n_drafts))
 
+    @model_validator(mode="after")
+    def _grace_after_heartbeat(self):
+        if self.grace_period is not None and self.grace_period <= self.heartbeat:
+            raise ValueError(f"grace_period ({self.grace_period} s) must exceed heartbeat ({self.heartbeat} s), or a "
+                             "live trial between two heartbeats would count as stale")
+        return self
+
+    @property
+    def stale_after(self) -> int:
+        """Seconds without a heartbeat after which a running trial is stale (``grace_period`` or 4 x ``heartbeat``)."""
+        return self.grace_period or 4 * self.heartbeat
+
     @property
     def storage_url(self) -> str:
         """The Optuna storage URL."""
@@ -90,3 +113,27 @@ def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
     task from version 2 on, so a new task version starts fresh studies."""
     task = task if version == 1 else f"{task}-v{version}"
     return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
+
+
+# settings that change what a trial measures or how it is judged: jobs that differ in one never share MLflow runs
+JOB_FIELDS = ("limit", "seed", "n_drafts", "stage_size", "c_rel", "epsilon", "confidence", "max_length_ratio",
+              "max_truncated")
+
+
+def spec_digest(spec) -> str:
+    """SHA-256 (hex, 16 digits) of a task spec's content (``TaskSpec``; the file's path left out)."""
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+
+
+def job_id(settings: TuneSettings, spec, pair: str) -> str:
+    """The tuning job's id: ``settings.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
+    the Optuna storage (password left out), the task spec, the model pair and ``JOB_FIELDS``. Every
+    worker of one job computes the same id (neither the output folder, the server URLs nor the number
+    of trials enter it); a job with other settings gets another."""
+    if settings.job_id:
+        return settings.job_id
+    from sqlalchemy.engine import make_url
+
+    storage = make_url(settings.storage_url).render_as_string(hide_password=True)
+    key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: getattr(settings, f) for f in JOB_FIELDS}
+    return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"

@@ -9,21 +9,31 @@ Run layout (experiment ``relaxtune-<task>``):
                                    version), metrics, per-sample table
 
 Metrics are logged with ``step = trial number`` on the study run too, so the
-MLflow UI charts a study's progress. Runs are found again by tags on restart
-(no duplicates). The default store is ``sqlite:///mlflow.db`` (MLflow 3 refuses
-the ``./mlruns`` file store). Params are write-once and truncated at 6000
-characters, so the config goes in as an artifact, never as a param.
+MLflow UI charts a study's progress. Every run carries the tuning job's id
+(``relaxtune.settings.job_id``) and is found again by tags (kind, job, study,
+trial number), never by name: a restart or another worker of the same job finds
+the same runs, a job with other settings never writes into them. Runs are
+created under the storage's lock (``relaxtune.studies.storage_lock``), so
+workers starting together create each run once. Re-logging a table or a figure
+replaces it. The tracker never starts an MLflow run, so it works inside one the
+caller has active. The default store is ``sqlite:///mlflow.db`` (MLflow 3
+refuses the ``./mlruns`` file store); many workers share a tracking server
+(``mlflow server`` on a PostgreSQL backend store). Params are write-once and
+truncated at 6000 characters, so the config goes in as an artifact, never as a param.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from .methods import get_method
 from .pareto import Point, combined_figure, front_figure, points_table, study_points
 
-__all__ = ["Tracker", "DEFAULT_URI"]
+__all__ = ["Tracker", "DEFAULT_URI", "filter_literal"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 SAMPLE_COLUMNS = ("problem_id", "repeat", "seed", "verdict", "correct", "extracted", "finish_reason",
@@ -37,52 +47,85 @@ class Tracker:
         uri: tracking URI (default ``sqlite:///mlflow.db``).
         task: the task spec; pair: the pair's name; settings: a dict of the job's settings.
         problems: the problems (logged as the dataset input).
+        job_id: the tuning job's id (``relaxtune.settings.job_id``).
+        lock: a context-manager factory that serialises run creation across the
+            job's workers (``relaxtune.studies.storage_lock(storage_url)``); default none.
     """
 
-    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems) -> None:
-        import mlflow
+    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None) -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri or DEFAULT_URI
-        mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
-        self.task, self.pair = task, pair
-        name = f"relaxtune-{task.name}"
-        exp = self.client.get_experiment_by_name(name)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(name)
-        self.task_run_id = self._run(f"{task.name}__{pair}", None, {"relaxtune.kind": "task", "relaxtune.task_version": str(task.version)})
+        self.task, self.pair, self.job_id = task, pair, job_id
+        self._lock = lock or nullcontext
         self.study_runs: dict[str, str] = {}
+        self.studies: dict[str, str] = {}
         self.points: dict[str, list[Point]] = {}
-        if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
-            self._log_dataset(problems)
+        name = f"relaxtune-{task.name}"
+        with self._lock():  # the first client of a new store creates its tables
+            exp = self.client.get_experiment_by_name(name)
+            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(name)
+            self.task_run_id = self._run(f"{task.name}__{pair}", None, {"relaxtune.kind": "task"},
+                                         {"relaxtune.task_version": str(task.version)})
+            if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
+                self._log_dataset(problems)
         self.client.log_dict(self.task_run_id, settings, "settings.json")
 
-    def _run(self, name: str, parent: str | None, tags: dict) -> str:
-        """Find the run with this name under ``parent`` (resume) or create it."""
-        filt = f"tags.`mlflow.runName` = '{name}'" + (f" and tags.`mlflow.parentRunId` = '{parent}'" if parent else "")
-        found = self.client.search_runs([self.experiment_id], filter_string=filt, max_results=1)
-        if found:
-            self.client.update_run(found[0].info.run_id, status="RUNNING")
-            return found[0].info.run_id
-        all_tags = {"mlflow.runName": name, **tags} | ({"mlflow.parentRunId": parent} if parent else {})
-        return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+    def _find(self, tags: dict[str, str]):
+        """Active runs of the experiment carrying every tag in ``tags``, oldest first."""
+        clauses = [f"tags.`{k}` = {q}" for k, v in tags.items() if (q := filter_literal(v)) is not None]
+        runs = self.client.search_runs([self.experiment_id], filter_string=" and ".join(clauses),
+                                       order_by=["attributes.start_time ASC"])
+        return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
+
+    def _run(self, name: str, parent: str | None, key: dict, tags: dict | None = None) -> str:
+        """The run identified by ``key`` tags and this job (resumed), or a new one named ``name``."""
+        key = {**key, "relaxtune.job": self.job_id}
+        found = self._find(key)
+        if not found:
+            with self._lock():  # looked for again: another worker may have just created it
+                found = self._find(key)
+                if not found:
+                    all_tags = {"mlflow.runName": name, **key, **(tags or {})}
+                    all_tags |= {"mlflow.parentRunId": parent} if parent else {}
+                    return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+        self.client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
 
     def _log_dataset(self, problems) -> None:
+        """The problems as the task run's dataset input, through the client (``mlflow.log_input``
+        needs the run active in this thread, which would clash with a caller's active run)."""
         import mlflow
         import pandas as pd
+        from mlflow.entities import DatasetInput, InputTag
 
         df = pd.DataFrame([{"id": p.id, "prompt": p.prompt, "gold": json.dumps(p.gold) if isinstance(p.gold, dict) else p.gold}
                            for p in problems])
         dataset = mlflow.data.from_pandas(df, name=f"{self.task.name}-v{self.task.version}")
-        with mlflow.start_run(run_id=self.task_run_id):
-            mlflow.log_input(dataset, context="tuning")
+        context = InputTag("mlflow.data.context", "tuning")  # what mlflow.log_input(context=...) writes
+        entity = dataset._to_mlflow_entity()  # what mlflow.log_input sends
+        self.client.log_inputs(self.task_run_id, [DatasetInput(entity, [context])])
+
+    def _log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
+        """``MlflowClient.log_table``, but replacing the table (log_table appends to an existing one)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(artifact_file).name
+            _frame(rows).to_json(path, orient="split", index=False, date_format="iso")  # log_table's format
+            parent = str(Path(artifact_file).parent)
+            self.client.log_artifact(run_id, str(path), None if parent == "." else parent)
+        logged = json.loads(self.client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
+        entry = {"path": artifact_file, "type": "table"}
+        if entry not in logged:  # how the UI knows a table
+            self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
 
     # ------------------------------------------------------------------ studies
 
     def start_study(self, method: str, study) -> str:
         """The study's run (created or resumed); returns its id."""
-        run_id = self._run(study.study_name, self.task_run_id, {"relaxtune.kind": "study", "relaxtune.method": method})
-        self.study_runs[method] = run_id
+        key = {"relaxtune.kind": "study", "relaxtune.study": study.study_name}
+        run_id = self._run(study.study_name, self.task_run_id, key, {"relaxtune.method": method})
+        self.study_runs[method], self.studies[method] = run_id, study.study_name
         spec = get_method(method)
         existing = self.client.get_run(run_id).data.params
         for key, value in {"method": method, "knob_name": spec.knob or "-", "study_name": study.study_name,
@@ -91,23 +134,28 @@ class Tracker:
                 self.client.log_param(run_id, key, value)
         return run_id
 
-    def log_trial(self, method: str, number: int, params: dict, metrics: dict, state: str, result) -> None:
-        """A nested run for one trial; metrics also on the study run at ``step = number``."""
+    def log_trial(self, method: str, number: int, params: dict, metrics: dict, state: str, result,
+                  note: str | None = None) -> None:
+        """The nested run of trial ``number`` (found by study, number and job); metrics also on
+        the study run at ``step = number``; ``note`` (e.g. why it failed) as a tag."""
         parent = self.study_runs[method]
-        run_id = self._run(f"trial-{number}", parent, {"relaxtune.kind": "trial", "relaxtune.state": state})
-        self.client.set_tag(run_id, "relaxtune.state", state)
+        key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
+        run_id = self._run(f"trial-{number}", parent, key)
+        from mlflow.entities import Metric, Param, RunTag
+
         logged = self.client.get_run(run_id).data.params
-        for key, value in {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"],
-                           "task_version": self.task.version}.items():
-            if key not in logged:
-                self.client.log_param(run_id, key, value)
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.client.log_metric(run_id, key, float(value), step=number)
-                self.client.log_metric(parent, key, float(value), step=number)
+        wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"],
+                  "task_version": self.task.version}
+        tags = {"relaxtune.state": state} | ({"relaxtune.note": note[:5000]} if note else {})
+        now = int(time.time() * 1000)
+        values = [Metric(k, float(v), now, number) for k, v in metrics.items() if isinstance(v, (int, float))]
+        # one request per run (a shared tracking server sees one call, not one per metric)
+        params = [Param(k, str(v)) for k, v in wanted.items() if k not in logged]
+        self.client.log_batch(run_id, metrics=values, params=params, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(parent, metrics=values)
         if result is not None and result.records:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]
-            self.client.log_table(run_id, data=_frame(rows), artifact_file="samples.json")
+            self._log_table(run_id, rows, "samples.json")
         self.client.set_terminated(run_id, status="FINISHED" if state == "COMPLETE" else "KILLED" if state == "PRUNED" else "FAILED")
 
     def baseline_points(self, tuner) -> list[Point]:
@@ -134,7 +182,7 @@ class Tracker:
         fig = front_figure(everything, f"{self.task.name}: {method} (epsilon {tuner.settings.epsilon:g})")
         self.client.log_figure(run_id, fig, "pareto_front.png")
         plt.close(fig)
-        self.client.log_table(run_id, data=_frame(points_table(everything)), artifact_file="pareto_front.json")
+        self._log_table(run_id, points_table(everything), "pareto_front.json")
         self.client.set_tag(run_id, "relaxtune.chosen_trial", str(chosen) if chosen is not None else "none (use strict)")
         self.client.log_metric(run_id, "tokens_spent", float(outcome.tokens))
         self.client.set_terminated(run_id)
@@ -154,3 +202,13 @@ def _frame(rows: list[dict]):
     import pandas as pd
 
     return pd.DataFrame(rows)
+
+
+def filter_literal(value: str) -> str | None:
+    """``value`` as a string literal of an MLflow search filter, or None when it
+    cannot be one. MLflow strips the outer quotes and never unescapes, so a value
+    with a single quote goes in double quotes and vice versa; one with both has no
+    literal (match it after the search)."""
+    if "'" not in value:
+        return f"'{value}'"
+    return f'"{value}"' if '"' not in value else None

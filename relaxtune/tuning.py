@@ -2,9 +2,14 @@
 capability-loss constraint.
 
 One Optuna study per (task, method, pair), named ``<task>__<method>__<pair>``, in
-an RDB storage with ``load_if_exists`` (a killed job resumes; trials left
-RUNNING are failed and re-enqueued, and their finished samples are reused from
-the JSONL records). The sampler is multi-objective TPE with constraints (``Trial.set_constraint``):
+an RDB storage that any number of worker processes and hosts share
+(``relaxtune.studies``: each study's queue holds exactly ``trials`` trials, the
+paper's grid first; workers only run trials they take from it; heartbeats tell a
+dead worker's trial, which is retried once with the same parameters, and its
+finished samples are reused from the JSONL records). The sampler is
+multi-objective TPE with constraints (``Trial.set_constraint``), seeded per
+trial number and lying constantly about running trials, so workers draw
+different points:
 
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
@@ -16,14 +21,17 @@ Cost control: a trial is evaluated in stages of ``stage_size`` problems and
 pruned as soon as the lower bound of its drop already exceeds epsilon. Strict
 runs once per (task, pair, N, seed) and is reused by every study (its records
 are cached on disk); it also stands for AR (same output distribution), giving
-``L_AR``. A failed or NaN evaluation is a FAILED trial, never a crash; pruned
-and failed trials count as violating the constraint.
+``L_AR``. A failed or NaN evaluation is a FAILED trial, never a crash, replaced
+by a new one while fewer than ``trials`` have failed; pruned and failed trials
+count as violating the constraint.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,11 +39,13 @@ from .evaluation import DecodeConfig, EvalResult, evaluate
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .methods import get_method
+from .ranges import merge, split, worker_order
 from .settings import TuneSettings, study_name
 from .speed import CostProfile, modeled_speedup
+from .studies import Plan, TrialQueue, default_worker, finished
 from .tasks import Problem, TaskSpec
 
-__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "feasible", "choose",
+__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
            "constraint_values", "drop_ucb_at", "study_tokens"]
 
 
@@ -58,8 +68,29 @@ class MethodOutcome:
 
 
 @dataclass
+class TrialReport:
+    """One trial this worker ran.
+
+    Attributes:
+        method: method id; number: the trial's number in its study; params: knob, n_draft.
+        state: COMPLETE, PRUNED or FAIL; LOST when another worker declared it stale
+            meanwhile (its retry runs elsewhere, nothing of it was stored here).
+        metrics: its metrics (the last stage's when pruned; empty when failed or lost).
+    """
+
+    method: str
+    number: int
+    params: dict
+    state: str
+    metrics: dict
+
+
+RangeRunner = Callable[[DecodeConfig, list[range]], list[EvalResult]]
+
+
+@dataclass
 class Tuner:
-    """Runs the studies of one task.
+    """Runs the studies of one task, as one worker among any number sharing the storage.
 
     Args:
         settings: the job.
@@ -67,11 +98,18 @@ class Tuner:
         backend: the model pair.
         profile: measured ``CostProfile`` or a c_rel value.
         tracker: an optional ``relaxtune.tracking.Tracker``.
-        evaluate_fn: how a point is evaluated (the Prefect flow wraps it in a task);
-            default ``relaxtune.evaluation.evaluate``.
+        evaluate_fn: how a range of problems is evaluated; default
+            ``relaxtune.evaluation.evaluate``.
         progress: show progress bars.
         new_trials: run trials (False: only read what the studies hold, for export).
         log: receives one line per finished trial.
+        worker: this worker's label in the studies (default ``<host>:<pid>``).
+        run_ranges: evaluates a configuration on ranges of ``self.problems`` (indices,
+            ``settings.range_size`` problems each) and returns the results in range
+            order (the Prefect flow submits them as concurrent task runs); default:
+            ``evaluate_fn`` on one range after the other, in an order drawn from
+            ``worker``, so that workers evaluating the same configuration spread over
+            its ranges.
     """
 
     settings: TuneSettings
@@ -85,20 +123,38 @@ class Tuner:
     new_trials: bool = True
     log: Callable[[str], None] = lambda message: None
     baselines: dict[int, EvalResult] = field(default_factory=dict)
+    worker: str = field(default_factory=default_worker)
+    run_ranges: RangeRunner | None = None
+
+    def __post_init__(self) -> None:
+        self._baseline_lock = threading.Lock()
+        self._queue: TrialQueue | None = None
+        self._studies: dict[str, object] = {}
 
     # ------------------------------------------------------------- evaluation
 
     def _evaluate(self, config: DecodeConfig, problems: list[Problem]) -> EvalResult:
         fn = self.evaluate_fn or evaluate
-        return fn(self.spec, self.backend, config, output_dir=self.settings.output_dir, problems=problems,
-                  progress=self.progress)
+
+        def one(r: range) -> EvalResult:
+            return fn(self.spec, self.backend, config, output_dir=self.settings.output_dir,
+                      problems=problems[r.start:r.stop], progress=self.progress)
+
+        ranges = split(len(problems), self.settings.range_size)
+        if self.run_ranges is not None:
+            return merge(self.run_ranges(config, ranges))
+        if len(ranges) == 1:
+            return one(ranges[0])
+        results = {r.start: one(r) for r in worker_order(ranges, self.worker)}
+        return merge([results[r.start] for r in ranges])
 
     def baseline(self, n_draft: int) -> EvalResult:
         """Strict at draft length N on all problems (cached in memory and on disk)."""
-        if n_draft not in self.baselines:
-            config = DecodeConfig("strict", None, n_draft, self.settings.seed)
-            self.baselines[n_draft] = self._evaluate(config, self.problems)
-        return self.baselines[n_draft]
+        with self._baseline_lock:
+            if n_draft not in self.baselines:
+                config = DecodeConfig("strict", None, n_draft, self.settings.seed)
+                self.baselines[n_draft] = self._evaluate(config, self.problems)
+            return self.baselines[n_draft]
 
     def strict_speedup(self, n_draft: int) -> float:
         """Modeled speed-up of strict at N (length ratio 1)."""
@@ -133,110 +189,191 @@ class Tuner:
         knob, n_draft = server.point()
         return {"knob": knob, "n_draft": n_draft}
 
-    def _distributions(self, method: str) -> dict:
-        from optuna.distributions import CategoricalDistribution, FloatDistribution
+    def _suggest(self, method: str) -> Callable:
+        """Draws a taken trial's parameters (enqueued and retried trials keep theirs)."""
+        spec, pin = get_method(method), self.pinned(method)
 
-        spec = get_method(method)
-        if (pin := self.pinned(method)) is not None:
-            return {"n_draft": CategoricalDistribution([pin["n_draft"]]),
-                    "knob": FloatDistribution(pin["knob"], pin["knob"])}
-        dist = {"n_draft": CategoricalDistribution(self.settings.n_drafts)}
-        if spec.has_knob:
-            low, high, log = spec.search
-            dist["knob"] = FloatDistribution(low, high, log=log)
-        return dist
+        def suggest(trial) -> None:
+            if pin is not None:
+                trial.suggest_categorical("n_draft", [pin["n_draft"]])
+                trial.suggest_float("knob", pin["knob"], pin["knob"])
+                return
+            trial.suggest_categorical("n_draft", self.settings.n_drafts)
+            if spec.has_knob:
+                low, high, log = spec.search
+                trial.suggest_float("knob", low, high, log=log)
 
-    def open_study(self, method: str):
-        """Create or load the method's study; fail stale RUNNING trials and
-        re-enqueue them; enqueue the paper's grid into a new study."""
+        return suggest
+
+    def _sampler(self, number: int):
+        """The sampler that draws trial ``number``: seeded by (seed, number), so a trial's
+        draw does not depend on which worker takes it or how many draws came before."""
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # multivariate TPE
-        sampler = optuna.samplers.TPESampler(seed=self.settings.seed, n_startup_trials=4, multivariate=True)
+        seed = (self.settings.seed * 1_000_003 + number) % 2**32
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, constant_liar=True)
+
+    @property
+    def queue(self) -> TrialQueue:
+        """The studies' storage and queues (opened on first use)."""
+        if self._queue is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            s = self.settings
+            self._queue = TrialQueue(s.storage_url, s.heartbeat, s.stale_after, self.worker, self._on_stale)
+        return self._queue
+
+    def open_study(self, method: str):
+        """Create or load the method's study; when running trials, top its queue up to
+        ``settings.trials`` (one for a pinned point), the paper's grid first."""
         pin = self.pinned(method)
         pair = getattr(self.backend, "name", "backend")
         name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
                           self.spec.version)
-        study = optuna.create_study(
-            storage=self.settings.storage_url, sampler=sampler, study_name=name,
-            directions=["maximize", "maximize"], load_if_exists=True,
-        )
-        trials = study.get_trials(deepcopy=False)
-        for t in trials:
-            if t.state == optuna.trial.TrialState.RUNNING:  # left by a killed run
-                study.enqueue_trial(dict(t.params))
-                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        if not trials and not self.new_trials:  # export: read what is there, add nothing
-            pass
-        elif not trials and pin is not None:
-            study.enqueue_trial(pin)
-        elif not trials:
-            spec = get_method(method)
+        plan = None
+        if self.new_trials:
             mid = self.settings.mid_n_draft
-            for value in spec.grid or (None,):
-                params = {"n_draft": mid} | ({"knob": value} if value is not None else {})
-                study.enqueue_trial(params)
-        return study
+            grid = [pin] if pin is not None else [{"n_draft": mid} | ({"knob": v} if v is not None else {})
+                                                 for v in get_method(method).grid or (None,)]
+            wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
+            plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
+        return self.queue.open(name, self._sampler(0), plan)
+
+    def tune(self, methods: list[str], submit: Callable[[Callable], Future] | None = None) -> list[MethodOutcome]:
+        """Run (or resume, or join other workers on) the methods' studies until each
+        has its wanted number of completed or pruned trials (``settings.trials``, one
+        for a pinned point) or as many failures; then choose each method's point.
+
+        Args:
+            methods: method ids, tuned in this order (their queues are drained together).
+            submit: ``submit(next_trial)`` starts one call of it and returns its future (the
+                Prefect flow submits a task run); default: ``settings.parallel_trials`` threads.
+        """
+        studies, run_ids = {}, {}
+        for method in methods:
+            get_method(method).check_temperature(self.spec.sampling.temperature)
+            study = studies[method] = self.open_study(method)
+            if self.new_trials:
+                study.set_user_attr("problems", len(self.problems))  # what an export must match
+                if done := finished(study.get_trials(deepcopy=False)):
+                    self.log(f"resuming {study.study_name}: {done} trial(s) already finished")
+            if self.tracker:
+                run_ids[method] = self.tracker.start_study(method, study)
+        if self.new_trials:
+            self._studies = studies
+            self._drive(submit)
+        return [MethodOutcome(m, study, choose(study, self.settings), run_ids.get(m), tokens=study_tokens(study))
+                for m, study in studies.items()]
 
     def tune_method(self, method: str) -> MethodOutcome:
-        """Run (or resume) the method's study until it has ``settings.trials``
-        completed or pruned trials (or as many failures); one trial when the
-        backend serves a single pinned point for the method."""
+        """``tune([method])``: one method's study."""
+        return self.tune([method])[0]
+
+    def _drive(self, submit: Callable[[Callable], Future] | None) -> None:
+        """Keep ``settings.parallel_trials`` ``next_trial`` calls in flight until the studies are done."""
+        lanes = self.settings.parallel_trials
+        if submit is None and lanes == 1:
+            while self.next_trial() is not None:
+                pass
+            return
+        pool = ThreadPoolExecutor(lanes, thread_name_prefix="trial") if submit is None else None
+        submit = submit or pool.submit
+        try:
+            pending = {submit(self.next_trial) for _ in range(lanes)}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if future.result() is not None:  # this lane ran a trial: look for the next one
+                        pending.add(submit(self.next_trial))
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def next_trial(self) -> TrialReport | None:
+        """Take the next waiting trial of the studies ``tune`` opened and run it;
+        while none is waiting but some still run (here or on other workers), wait
+        for one to finish or go stale. None when every study is finished."""
+        while True:
+            claim = self.queue.claim(self._studies, self._sampler)
+            if claim is None:
+                return None
+            if claim == "wait":
+                self.queue.wait()
+                continue
+            method, trial = claim
+            return self._run_trial(method, trial)
+
+    def _run_trial(self, method: str, trial) -> TrialReport:
         import optuna
 
-        spec = get_method(method)
-        spec.check_temperature(self.spec.sampling.temperature)
-        study = self.open_study(method)
-        if self.new_trials:
-            study.set_user_attr("problems", len(self.problems))  # what an export must match
-        dists = self._distributions(method)
-        states = optuna.trial.TrialState
-        run_id = self.tracker.start_study(method, study) if self.tracker else None
-        done = sum(t.state in (states.COMPLETE, states.PRUNED) for t in study.get_trials(deepcopy=False))
-        if done and self.new_trials:
-            self.log(f"resuming {study.study_name}: {done} trial(s) already finished")
-        while True:
-            trials = study.get_trials(deepcopy=False)
-            finished = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
-            failures = sum(t.state == states.FAIL for t in trials)
-            wanted = 1 if self.pinned(method) is not None else self.settings.trials  # one point: one trial
-            if not self.new_trials or finished >= wanted or failures >= self.settings.trials:
-                break
-            trial = study.ask(dists)
-            knob, n = trial.params.get("knob"), trial.params["n_draft"]
-            last: dict = {}
+        knob, n = trial.params.get("knob"), trial.params["n_draft"]
+        last: dict = {}
 
-            def on_stage(done: int, m: dict, trial=trial) -> None:
-                last.update(m)
-                trial.set_user_attr(f"stage_{done}", {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"]})
-                if m["drop_lcb"] > self.settings.epsilon:
-                    raise optuna.TrialPruned(f"drop >= {m['drop_lcb']:.3f} after {done} problems")
+        def on_stage(done: int, m: dict) -> None:
+            last.update(m)
+            trial.set_user_attr(f"stage_{done}", {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"]})
+            if m["drop_lcb"] > self.settings.epsilon:
+                raise optuna.TrialPruned(f"drop >= {m['drop_lcb']:.3f} after {done} problems")
 
+        result, note = None, None
+        with self.queue.heartbeat(trial):
             try:
                 metrics, result = self.evaluate_point(method, knob, n, on_stage)
                 if not all(math.isfinite(v) for v in (metrics["speedup"], metrics["accuracy"])):
                     raise ValueError(f"non-finite objective {metrics['speedup']}, {metrics['accuracy']}")
+                state = "COMPLETE"
             except optuna.TrialPruned as pruned:
-                trial.set_user_attr("metrics", last)
-                _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
-                trial.set_user_attr("pruned", str(pruned))
-                study.tell(trial, state=states.PRUNED)
-                metrics, result, state = last, None, "PRUNED"
+                metrics, state, note = last, "PRUNED", str(pruned)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                metrics, state = {}, "LOST"
             except Exception as err:  # noqa: BLE001 - a failed evaluation must not end the study
-                trial.set_user_attr("error", f"{type(err).__name__}: {err}")
-                _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
-                study.tell(trial, state=states.FAIL)
-                metrics, result, state = {}, None, "FAIL"
-            else:
+                metrics, state, note = {}, "FAIL", f"{type(err).__name__}: {err}"
+            if state != "LOST":
+                state = self._tell(trial, state, metrics, note)
+        report = TrialReport(method, trial.number, dict(trial.params), state, metrics)
+        if state == "LOST":
+            self.log(f"{method} trial {trial.number} was declared stale by another worker (no heartbeat within "
+                     f"{self.settings.stale_after} s) and runs again there; nothing of it is kept here")
+            return report
+        if self.tracker:
+            self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
+        done = finished(trial.study.get_trials(deepcopy=False))
+        self.log(_trial_line(method, trial.number, trial.params, metrics, state, done, self.settings.trials))
+        return report
+
+    def _tell(self, trial, state: str, metrics: dict, note: str | None) -> str:
+        """Store the trial's outcome; LOST when another worker failed it as stale meanwhile."""
+        import optuna
+
+        states = optuna.trial.TrialState
+        try:
+            if state == "COMPLETE":
                 trial.set_user_attr("metrics", metrics)
                 _set_constraints(trial, constraint_values(metrics, self.settings))
-                study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
-                state = "COMPLETE"
-            if self.tracker:
-                self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
-            self.log(_trial_line(method, trial.number, trial.params, metrics, state, finished + 1, self.settings.trials))
-        return MethodOutcome(method, study, choose(study, self.settings), run_id, tokens=study_tokens(study))
+                trial.study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
+            else:
+                attrs = {"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}
+                for key, value in attrs.items():
+                    trial.set_user_attr(key, value)
+                _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
+                trial.study.tell(trial, state=states[state])
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            now = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+            if now.state != states.FAIL:
+                raise
+            return "LOST"
+        return state
+
+    def _on_stale(self, study, trial, retried: bool) -> None:
+        """A trial of one of our studies went stale (found by this worker): log it as failed."""
+        method = next((m for m, s in self._studies.items() if s.study_name == study.study_name), None)
+        what = "retried with the same parameters" if retried else "already retried once: replaced by a new trial"
+        self.log(f"{study.study_name} trial {trial.number} went stale (no heartbeat from "
+                 f"{trial.user_attrs.get('worker', 'its worker')} for {self.settings.stale_after} s): {what}")
+        if self.tracker and method is not None:
+            self.tracker.log_trial(method, trial.number, trial.params, {}, "FAIL", None, note=f"stale: {what}")
 
 
 def _trial_line(method: str, number: int, params: dict, m: dict, state: str, done: int, total: int) -> str:

@@ -72,3 +72,61 @@ def tiny_backend(tiny_pair_dirs):
     from relaxtune.backends.hf import load_pair
 
     return load_pair(*tiny_pair_dirs, dtype="float32")
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+PG_ADMIN = os.environ.get("RELAXTUNE_TEST_PG", "postgresql://rt:rt@127.0.0.1:5432/postgres")
+
+
+def _pg_reachable() -> str | None:
+    """None when the test server answers, else why not."""
+    import psycopg
+
+    try:
+        psycopg.connect(PG_ADMIN, connect_timeout=3).close()
+        return None
+    except psycopg.Error as err:
+        return str(err).strip().splitlines()[0]
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The PostgreSQL 15 server of these machines (``.ci/run`` starts it and creates the
+    role ``rt``); skips with the reason when it is not installed or does not answer."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pg_ctlcluster") is None:
+        pytest.skip("PostgreSQL is not installed here (no pg_ctlcluster): the multi-worker PostgreSQL tests need "
+                    "the Debian package postgresql-15, started by .ci/run")
+    why = _pg_reachable()
+    if why is not None and os.geteuid() == 0:  # installed but stopped: start it as .ci/run does
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start"], capture_output=True)
+        why = _pg_reachable()
+    if why is not None:
+        pytest.skip(f"PostgreSQL does not answer at {PG_ADMIN} ({why}): start it and create the role as .ci/run does")
+    return PG_ADMIN
+
+
+@pytest.fixture
+def pg_database(pg_server):
+    """A fresh database on the test server: a factory ``new(tag) -> SQLAlchemy URL``
+    (psycopg 3 driver); every database it made is dropped when the test ends."""
+    import uuid
+
+    import psycopg
+
+    made: list[str] = []
+
+    def new(tag: str = "db") -> str:
+        name = f"rt_test_{tag}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return pg_server.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{name}"
+
+    yield new
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -34,9 +34,17 @@ TUNE_FLAGS = dict(
     max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
     max_truncated=typer.Option(None, help="optional guard on the truncated share"),
     export=typer.Option(None, help="tuned config path \\[default: <output-dir>/<task>.tuned.yaml]"),
+    parallel_trials=typer.Option(None, help="trials this worker runs at once \\[default: 1]; start the same command "
+                                 "on other hosts with the same --storage to add workers"),
+    heartbeat=typer.Option(None, help="seconds between heartbeats of a running trial \\[default: 30]"),
+    grace_period=typer.Option(None, help="seconds without a heartbeat before a trial is retried \\[default: 4 x "
+                              "heartbeat]"),
+    range_size=typer.Option(None, help="problems per evaluation range, shared among workers \\[default: all]"),
+    job_id=typer.Option(None, help="the job's id in MLflow \\[default: a digest of storage, task and settings]"),
 )
 TUNE_TYPES = dict(concurrency=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float, confidence=float,
-                   max_length_ratio=float, max_truncated=float)  # the others are str
+                   max_length_ratio=float, max_truncated=float, parallel_trials=int, heartbeat=int, grace_period=int,
+                   range_size=int)  # the others are str
 
 
 def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):

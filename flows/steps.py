@@ -1,0 +1,203 @@
+"""The Prefect tasks of the flows, their cache key, and fan-out helpers.
+
+- ``generate_and_grade``: one configuration on one range of problems. Cached on
+  its inputs plus what they only name: the task's version and a digest of its
+  spec, the backend's identity (the in-process pair's model files and dtype, or
+  the SGLang servers and the models they report) and relaxtune's version, so a
+  bumped task, edited spec, replaced model or relaunched server is never served
+  a stale result. Retried on transient backend errors; tagged
+  ``relaxtune-backend:<host or server>`` for a per-backend concurrency limit
+  (``prefect concurrency-limit create relaxtune-backend:<host> 2``).
+- ``run_trial``: takes the next trial of a tuning job's studies and runs it, one
+  task run per trial (``Tuner.next_trial``).
+- ``tune_one``: one task's ``tune_task`` flow, as a task run (so ``tune_all`` and
+  ``tune_new`` can run several tasks at once).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import socket
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from relaxtune.evaluation import DecodeConfig, EvalResult, evaluate
+from relaxtune.settings import TuneSettings, spec_digest
+from relaxtune.tasks import load_problems, load_task
+
+__all__ = ["generate_and_grade", "run_trial", "tune_one", "evaluation_cache_key", "backend_identity", "backend_tag",
+           "as_future", "fan_out", "load_backend", "problems_of", "register", "unregister"]
+
+TRANSIENT = (OSError,)  # connection errors and timeouts included
+MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
+BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url",
+                  "concurrency")
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry only transient backend faults, not bad input."""
+    try:
+        state.result()
+    except TRANSIENT:
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+    return False
+
+
+def load_backend(settings: TuneSettings):
+    """The settings' backend (in-process pair or SGLang), loaded once per process."""
+    return _cached_backend(settings.task, tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_backend(task: str, fields: tuple):
+    from relaxtune.job import load_backend
+
+    return load_backend(TuneSettings(task=task, **dict(fields)))
+
+
+def problems_of(task: str, limit: int | None) -> tuple:
+    """The task's problems, loaded once per process and spec content (every range of
+    every trial asks; an edited spec loads them anew)."""
+    spec = load_task(task)
+    return _problems(task, spec_digest(spec), limit)
+
+
+@functools.lru_cache(maxsize=16)
+def _problems(task: str, digest: str, limit: int | None) -> tuple:
+    return tuple(load_problems(load_task(task), limit))
+
+
+@functools.lru_cache(maxsize=32)
+def _server(url: str) -> dict:
+    """An SGLang server: its URL and the model it reports (``/get_model_info``), once per process."""
+    import httpx
+
+    try:
+        info = httpx.get(url.rstrip("/") + "/get_model_info", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        info = None  # unreachable: the evaluation itself will fail and say so
+    return {"url": url, "model": info}
+
+
+def _model(model: str) -> object:
+    """A model's identity: a local folder's model files (name, bytes, modification
+    time), else the name (an embedded model or a hub id)."""
+    path = Path(model)
+    if not path.is_dir():
+        return model
+    return [model] + sorted([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in path.iterdir()
+                            if f.is_file() and f.suffix in MODEL_FILES)
+
+
+def backend_identity(settings: TuneSettings) -> dict:
+    """What serves the evaluations: the SGLang servers (URL and reported model) and
+    the tokenizer, or the in-process drafter and verifier (model files) and dtype."""
+    if settings.verifier_url:
+        urls = (settings.drafter_url, settings.verifier_url, settings.native_url)
+        return {"servers": [_server(u) for u in urls if u], "tokenizer": settings.tokenizer or settings.verifier}
+    return {"drafter": _model(settings.drafter), "verifier": _model(settings.verifier), "dtype": settings.dtype}
+
+
+def backend_tag(settings: TuneSettings) -> str:
+    """``relaxtune-backend:<verifier server host:port>`` or ``relaxtune-backend:<this host>``
+    (in-process models): one tag per machine that generates."""
+    where = urlsplit(settings.verifier_url).netloc if settings.verifier_url else socket.gethostname()
+    return f"relaxtune-backend:{where}"
+
+
+def evaluation_cache_key(context, parameters: dict) -> str:
+    """``generate_and_grade``'s cache key: SHA-256 of its inputs, the task's name,
+    version and spec digest, the backend's identity and relaxtune's version."""
+    from importlib import metadata
+
+    settings = TuneSettings(**parameters["settings"])
+    spec = load_task(settings.task)
+    key = {"inputs": parameters, "task": [spec.name, spec.version, spec_digest(spec)],
+           "backend": backend_identity(settings), "relaxtune": metadata.version("relaxtune")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@task(cache_key_fn=evaluation_cache_key, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient,
+      persist_result=True, task_run_name="{method} {knob} N={n_draft} problems {start}-{stop}")
+def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int, start: int,
+                       stop: int) -> EvalResult:
+    """Generate and grade one configuration on problems ``[start, stop)`` (records
+    resume from disk, so a retry redoes only unfinished samples)."""
+    s = TuneSettings(**settings)
+    problems = list(problems_of(s.task, s.limit)[start:stop])
+    return evaluate(load_task(s.task), load_backend(s), DecodeConfig(method, knob, n_draft, seed),
+                    output_dir=s.output_dir, problems=problems, progress=False)
+
+
+_CALLS: dict[str, Callable] = {}  # what run_trial runs, by key (task runs take names, not objects)
+
+
+def register(key: str, fn: Callable) -> str:
+    """Make ``fn`` callable by ``run_trial(key)`` in this process; returns ``key``."""
+    _CALLS[key] = fn
+    return key
+
+
+def unregister(key: str) -> None:
+    """Forget what ``register`` made callable under ``key``."""
+    _CALLS.pop(key, None)
+
+
+@task(cache_policy=NONE, task_run_name="trial ({key})")
+def run_trial(key: str) -> dict | None:
+    """Take the next trial of a tuning job and run it (``Tuner.next_trial``); its
+    report as a dict, or None when the job's studies are finished."""
+    report = _CALLS[key]()
+    return None if report is None else vars(report)
+
+
+@task(cache_policy=NONE, task_run_name="tune {task}")
+def tune_one(task: str, kwargs: dict) -> dict:
+    """The ``tune_task`` flow of one task (a subflow run), as a task run."""
+    from flows.tune import tune_task
+
+    return tune_task(task=task, **kwargs)
+
+
+def as_future(prefect_future) -> Future:
+    """A ``concurrent.futures.Future`` that resolves with a Prefect future's result
+    (or its exception), whatever the task runner."""
+    out: Future = Future()
+
+    def done(f) -> None:
+        try:
+            out.set_result(f.result())
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits
+            out.set_exception(err)
+
+    prefect_future.add_done_callback(done)
+    return out
+
+
+def fan_out(items: list, start: Callable[[object], Future], limit: int) -> list:
+    """``start(item)`` for every item, at most ``limit`` in flight; the results in item order.
+
+    Raises:
+        the first failed item's exception, once every item has run (one failing
+        task does not stop the others).
+    """
+    results: dict[int, object] = {}
+    pending: dict[Future, int] = {}
+    queue = list(enumerate(items))
+    while queue or pending:
+        while queue and len(pending) < max(1, limit):
+            i, item = queue.pop(0)
+            pending[start(item)] = i
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[pending.pop(future)] = future
+    return [results[i].result() for i in range(len(items))]

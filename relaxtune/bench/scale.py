@@ -1,0 +1,149 @@
+"""Wall time of one fixed tuning job run by 1, 2 and 4 workers sharing its studies.
+
+    python -m relaxtune.bench.scale [--workers 1,2,4] [--repeats 2] [--problems 32]
+                                    [--trials 12] [--delay 0.25] [--storage URL] [--quick]
+
+Each run starts W worker processes at once (``python -m relaxtune.testing.synthetic``)
+on a fresh copy of the same job: the synthetic evaluation, whose cost per sample
+is a sleep of ``--delay`` seconds (it occupies no CPU, so this 2-core machine
+hosts 4 workers the way 4 GPU hosts would: what is measured is the coordination
+overhead), methods cactus and mentored with ``--trials`` trials each, stages and
+pruning, strict shared by problem ranges, MLflow tracking on one store created
+beforehand, the tuned config exported by every worker. Reported per W, as the
+median of ``--repeats`` runs with their range: the job's wall time (from the
+first worker's start, after its imports, to the last worker's end) and the
+processes' wall time (launch to exit, imports included), each as a ratio to one
+worker, which trials each worker ran, and whether every worker exported the
+same config. Target (issue 11): 4 workers within 0.35 of one worker's job time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+TARGET = 0.35  # 4 workers' job wall time over one worker's
+
+
+def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
+    """One run of the job by ``workers`` processes; their timings and configs."""
+    from relaxtune.testing.synthetic import write_task
+
+    folder = root / name
+    settings = dict(task=write_task(folder, args.problems, name), methods=["cactus", "mentored"], n_drafts=[4],
+                    trials=args.trials, stage_size=_stage(args), range_size=_range(args),
+                    c_rel=0.2, output_dir=str(folder / "runs"), mlflow_uri=mlflow_uri, heartbeat=2, grace_period=10,
+                    storage=args.storage or f"sqlite:///{folder / 'optuna.db'}")
+    (folder / "settings.json").write_text(json.dumps(settings))
+    cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(folder / "settings.json"), "--delay",
+           str(args.delay), "--cliff", "0.8"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    launched = time.time()
+    procs = []
+    for i in range(workers):
+        out = open(folder / f"worker{i}.log", "w")
+        procs.append((subprocess.Popen(cmd + ["--worker", f"w{i}"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True), out))
+    try:
+        for proc, out in procs:
+            proc.wait(timeout=args.timeout)
+            out.close()
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    exited = time.time()
+    reports = []
+    for i, (proc, _) in enumerate(procs):
+        log = (folder / f"worker{i}.log").read_text()
+        if proc.returncode != 0:
+            raise RuntimeError(f"worker {i} of the {workers}-worker run failed ({proc.returncode}):\n{log[-3000:]}")
+        reports.append(json.loads(log.strip().splitlines()[-1]))
+    configs = [{k: v for k, v in r["config"].items() if k != "created"} for r in reports]
+    ran = Counter()
+    import optuna
+
+    for method in settings["methods"]:
+        study = optuna.load_study(study_name=f"{name}__{method}__synthetic-pair", storage=settings["storage"])
+        ran.update(t.user_attrs.get("worker", "?") for t in study.trials if t.state.name in ("COMPLETE", "PRUNED"))
+    return {"job": max(r["ended"] for r in reports) - min(r["started"] for r in reports),
+            "process": exited - launched, "agree": all(c == configs[0] for c in configs),
+            "ran": dict(sorted(ran.items())),
+            "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()}}
+
+
+def _stage(args) -> int:
+    return max(1, args.problems // 3)
+
+
+def _range(args) -> int:
+    return max(1, args.problems // 8)
+
+
+def _spread(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{med:7.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", default="1,2,4", help="worker counts, comma separated")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per worker count (median and range reported)")
+    ap.add_argument("--problems", type=int, default=32)
+    ap.add_argument("--trials", type=int, default=12, help="trials per method")
+    ap.add_argument("--delay", type=float, default=0.25, help="seconds per generated sample")
+    ap.add_argument("--storage", default=None, help="Optuna storage URL (default: a fresh SQLite file per run)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    ap.add_argument("--quick", action="store_true", help="16 problems, 4 trials, 0.05 s per sample, one repeat")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.problems, args.trials, args.delay, args.repeats = 16, 4, 0.05, 1
+    counts = [int(w) for w in args.workers.split(",")]
+
+    from mlflow.tracking import MlflowClient
+
+    root = Path(tempfile.mkdtemp(prefix="relaxtune-scale-"))
+    mlflow_uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(mlflow_uri).search_experiments()  # create the store's tables before any timing
+    stamp = int(time.time())
+    print(f"scale: 2 methods x {args.trials} trials, {args.problems} problems x {args.delay:g} s per sample "
+          f"(a sleep), stages of {_stage(args)}, ranges of {_range(args)}; storage "
+          f"{'SQLite' if not args.storage else args.storage.split(':')[0]}; {args.repeats} repeat(s); {os.cpu_count()} "
+          f"CPU cores shared with whatever else runs; work in {root}", flush=True)
+    runs: dict[int, list[dict]] = {w: [] for w in counts}
+    for r in range(args.repeats):  # interleaved, so slow phases of the machine spread over every count
+        for w in counts:
+            runs[w].append(_run(w, root, args, f"scale{stamp}_w{w}_r{r}", mlflow_uri))
+            print(f"  run {r + 1}/{args.repeats}, {w} worker(s): job {runs[w][-1]['job']:.1f} s", flush=True)
+    base_job = statistics.median(x["job"] for x in runs[counts[0]])
+    base_proc = statistics.median(x["process"] for x in runs[counts[0]])
+    print(f"\n{'workers':>7} {'job wall s (range)':>20} {'ratio':>6} {'process wall s (range)':>24} {'ratio':>6}  "
+          f"{'configs agree':>13}  trials finished per worker")
+    for w in counts:
+        job, proc = [x["job"] for x in runs[w]], [x["process"] for x in runs[w]]
+        agree = all(x["agree"] for x in runs[w])
+        print(f"{w:>7} {_spread(job):>20} {statistics.median(job) / base_job:>6.2f} {_spread(proc):>24} "
+              f"{statistics.median(proc) / base_proc:>6.2f}  {'yes' if agree else 'NO':>13}  {runs[w][-1]['ran']}")
+    jobs = {w: [x["job"] for x in runs[w]] for w in counts}
+    noisy = [w for w in counts if (max(jobs[w]) - min(jobs[w])) / statistics.median(jobs[w]) > 0.1]
+    if noisy:
+        print(f"noisy: job times of {', '.join(map(str, noisy))} worker(s) spread over 10 % between repeats")
+    if 4 in runs and counts[0] == 1:
+        ratio = statistics.median(x["job"] for x in runs[4]) / base_job
+        verdict = "met" if ratio <= TARGET else "MISSED"
+        print(f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

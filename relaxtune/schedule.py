@@ -1,0 +1,86 @@
+"""Which task specs need tuning: the ``tune_new`` flow's scheduled look at
+``evals/`` (and any other folder of task specs).
+
+A spec needs tuning when its task has no tuned config in the output folder
+(``<output_dir>/<task>.tuned.yaml``), when that config was tuned for another
+version of the task, or when the spec file was modified after the config was
+made (a task edited under the same version is refused by the job itself, which
+then says so).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .tasks import evals_dir, load_task
+
+__all__ = ["Pending", "untuned"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A task spec to tune: ``name`` (the task), ``path`` (its YAML), ``reason`` (why)."""
+
+    name: str
+    path: str
+    reason: str
+
+
+def _tuned_at(config: dict, path: Path) -> float:
+    """When a tuned config was made, in seconds since the epoch: its ``created`` field,
+    else the file's modification time."""
+    try:
+        return dt.datetime.fromisoformat(str(config["created"])).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return path.stat().st_mtime
+
+
+def untuned(folders: list[str | os.PathLike] | None = None,
+            output_dir: str | os.PathLike = "relaxtune-runs") -> list[Pending]:
+    """The task specs of ``evals_dir()`` and ``folders`` (``*.yaml``) that need tuning,
+    in name order.
+
+    A spec that does not load is skipped with a warning (the others still tune); a
+    task name met again in a later folder is skipped with a warning (its tuned
+    config would collide with the first one's).
+
+    Raises:
+        FileNotFoundError: a folder in ``folders`` does not exist.
+    """
+    dirs = [evals_dir()] + [Path(f) for f in folders or []]
+    for d in dirs[1:]:
+        if not d.is_dir():
+            raise FileNotFoundError(f"no folder of task specs at {d}")
+    seen: dict[str, Path] = {}
+    out = []
+    for d in dirs:
+        for path in sorted(d.glob("*.yaml")):
+            try:
+                spec = load_task(path)
+            except (ValueError, OSError) as err:
+                _log.warning("skipping %s: %s", path, err)
+                continue
+            if spec.name in seen:
+                if seen[spec.name].resolve() != path.resolve():
+                    _log.warning("skipping %s: task %s is already defined by %s", path, spec.name, seen[spec.name])
+                continue
+            seen[spec.name] = path
+            config_path = Path(output_dir) / f"{spec.name}.tuned.yaml"
+            if not config_path.exists():
+                out.append(Pending(spec.name, str(path), "never tuned"))
+                continue
+            config = yaml.safe_load(config_path.read_text()) or {}
+            if config.get("task_version") != spec.version:
+                out.append(Pending(spec.name, str(path), f"tuned for version {config.get('task_version')}, "
+                                                         f"the spec is version {spec.version}"))
+            elif path.stat().st_mtime > _tuned_at(config, config_path):
+                out.append(Pending(spec.name, str(path), "spec modified after its tuned config was made"))
+    return sorted(out, key=lambda p: p.name)

@@ -1,0 +1,326 @@
+"""Study bookkeeping for many workers: one Optuna RDB storage (SQLite, PostgreSQL,
+MySQL) shared by every worker process and host of a tuning job.
+
+- The queue. A study holds exactly the trials it should finish: the paper's grid
+  first, then empty trials whose parameters the sampler draws when a worker takes
+  them (``Plan``). Workers only run trials they take from this queue (Optuna's
+  atomic pop of a WAITING trial), never ``Study.ask`` (which creates a trial when
+  the queue is empty), so a study ends at exactly ``Plan.wanted`` finished
+  (COMPLETE or PRUNED) trials however many workers run it.
+- Heartbeats. A worker records a heartbeat for each trial it runs every
+  ``heartbeat`` seconds (``RDBStorage(heartbeat_interval=...)``). A RUNNING trial
+  whose last heartbeat is older than the grace period is stale (its worker died):
+  it is failed and retried ONCE with the same parameters
+  (``RetryHeartbeatStaleTrialCallback(max_retry=1)``: a WAITING copy). A live
+  trial is never stale, so opening a study never fails another worker's trial.
+  RUNNING trials without our worker mark (left by a relaxtune that kept no
+  heartbeats) are stale at once.
+- Top-up. Every change of the queue happens under one lock per storage
+  (``StorageLock``: a PostgreSQL advisory lock, MySQL ``GET_LOCK``, a file lock
+  next to an SQLite file), and is computed from the study's state: whenever the
+  study holds fewer live trials (finished, RUNNING or WAITING) than wanted, the
+  grid points not tried yet and then empty trials fill the gap, while failed
+  evaluations (and stale trials already retried) stay under the failure budget.
+  So a failed trial is replaced exactly once, whoever notices.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = ["Plan", "StorageLock", "storage_lock", "TrialQueue", "default_worker", "failures", "finished", "MAX_RETRY"]
+
+MAX_RETRY = 1  # a stale trial runs again once with the same parameters
+WORKER_ATTR = "worker"  # user attribute: which worker (host:pid) runs the trial
+LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+_LOCK_NAME = "relaxtune-trial-queue"
+_log = logging.getLogger(__name__)
+
+
+def default_worker() -> str:
+    """``<host>:<pid>``: the label a worker marks its trials with."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def finished(trials: list[FrozenTrial]) -> int:
+    """COMPLETE or PRUNED trials."""
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+
+
+def _retry_history(trial: FrozenTrial) -> list[int]:
+    """Numbers of the stale trials ``trial`` retries, the first one first (Optuna's record)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback.retry_history(trial)
+
+
+def failures(trials: list[FrozenTrial]) -> int:
+    """FAIL trials that used up a slot: failed evaluations, and stale trials that
+    were not retried (a retried stale trial lives on in its WAITING copy)."""
+    retried = {n for t in trials for n in _retry_history(t)}
+    return sum(t.state == TrialState.FAIL and t.number not in retried for t in trials)
+
+
+@dataclass
+class Plan:
+    """What a study's queue should hold.
+
+    Attributes:
+        wanted: finished (COMPLETE or PRUNED) trials the study should reach.
+        grid: points (``{"knob", "n_draft"}``) enqueued before any sampled one.
+        budget: failures after which a failed trial is no longer replaced.
+        suggest: draws a taken trial's parameters (``trial.suggest_*``); enqueued and
+            retried trials keep theirs.
+    """
+
+    wanted: int
+    grid: list[dict]
+    budget: int
+    suggest: Callable[[optuna.Trial], None] = field(default=lambda trial: None, repr=False)
+
+
+class StorageLock:
+    """A lock shared by every process and host that uses one storage URL.
+
+    Threads of this process first take a lock among themselves, then the one
+    between processes: PostgreSQL, a transaction-scoped advisory lock; MySQL or
+    MariaDB, ``GET_LOCK``; SQLite, ``fcntl.flock`` on ``<database>.lock`` (SQLite
+    is one host anyway); an in-memory SQLite or another database, none (with a
+    warning for the latter). Re-entrant within a thread. Released when its holder
+    dies (the connection or the file closes).
+    """
+
+    def __init__(self, url: str) -> None:
+        import sqlalchemy
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        self.kind = parsed.get_backend_name()
+        self._held = threading.local()
+        self._thread_lock = threading.Lock()
+        self._engine = self._file = None
+        if self.kind == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + ".lock")
+        elif self.kind in ("postgresql", "mysql", "mariadb"):
+            self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
+        elif self.kind != "sqlite":
+            warnings.warn(f"no cross-process lock for {self.kind} storages: run one worker per study, or use "
+                          "PostgreSQL, MySQL or SQLite", stacklevel=2)
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if getattr(self._held, "depth", 0):
+            self._held.depth += 1
+            try:
+                yield
+            finally:
+                self._held.depth -= 1
+            return
+        with self._thread_lock, self._acquire():  # one connection per process waits for the lock
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
+
+    @contextmanager
+    def _acquire(self) -> Iterator[None]:
+        from sqlalchemy import text
+
+        if self._file is not None:
+            import fcntl
+
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._file, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes (or its holder dies)
+                yield
+        elif self._engine is not None and self.kind == "postgresql":
+            key = int.from_bytes(hashlib.blake2b(_LOCK_NAME.encode(), digest_size=8).digest(), "big", signed=True)
+            with self._engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+                yield
+        elif self._engine is not None:
+            with self._engine.connect() as conn:
+                conn.execute(text("SELECT GET_LOCK(:name, -1)"), {"name": _LOCK_NAME})
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
+        else:
+            yield
+
+
+def _write_ahead_log(engine) -> None:
+    """SQLite in write-ahead-log mode with normal sync: readers never wait for the
+    writer and a commit costs no sync of the whole file (workers write often)."""
+    from sqlalchemy import event
+
+    def pragmas(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
+    engine.dispose()  # connections opened before the listener reopen with it
+
+
+@functools.lru_cache(maxsize=None)
+def storage_lock(url: str) -> StorageLock:
+    """The one ``StorageLock`` of this process for ``url`` (so holding it and taking it
+    again in the same thread, e.g. the tracker inside a queue operation, never deadlocks)."""
+    return StorageLock(url)
+
+
+class TrialQueue:
+    """The trial queues of one worker's studies in one RDB storage.
+
+    Args:
+        url: SQLAlchemy URL of the Optuna storage.
+        heartbeat: seconds between heartbeats of a running trial (integer, Optuna's unit).
+        stale_after: seconds without a heartbeat after which a RUNNING trial is stale.
+        worker: this worker's label (``default_worker()``).
+        on_stale: called as ``on_stale(study, trial, retried)`` for each trial this
+            worker found stale (``retried``: a WAITING copy runs it again).
+
+    Raises:
+        ImportError: the storage's database driver is missing (e.g. ``relaxtune[postgres]``).
+    """
+
+    def __init__(self, url: str, heartbeat: int, stale_after: int, worker: str,
+                 on_stale: Callable[[optuna.Study, FrozenTrial, bool], None] | None = None) -> None:
+        self.lock = storage_lock(url)
+        self.heartbeat_interval, self.worker, self.on_stale = heartbeat, worker, on_stale
+        self.plans: dict[str, Plan] = {}
+        engine_kwargs: dict = {"pool_pre_ping": True}
+        if self.lock.kind == "sqlite":
+            engine_kwargs["connect_args"] = {"timeout": 120}  # workers wait for each other's writes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+            with self.lock():  # concurrent creation of the tables would collide
+                rdb = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+                                 grace_period=stale_after, heartbeat_stale_trial_callback=self._stale)
+        if self.lock.kind == "sqlite":
+            _write_ahead_log(rdb.engine)
+        # Optuna's cache around it, shared by every Study object of this worker (a Trial only
+        # works through a cache that has seen it), as create_study/load_study would wrap it
+        self.storage = optuna.storages.get_storage(rdb)
+
+    def open(self, name: str, sampler: optuna.samplers.BaseSampler, plan: Plan | None) -> optuna.Study:
+        """Create or load the study ``name`` (two objectives, maximised); with a
+        ``plan``, top its queue up to the plan (without: read only)."""
+        with self.lock():
+            study = optuna.create_study(storage=self.storage, sampler=sampler, study_name=name,
+                                        directions=["maximize", "maximize"], load_if_exists=True)
+            if plan is not None:
+                self.plans[name] = plan
+                self._top_up(study, plan)
+        return study
+
+    def _top_up(self, study: optuna.Study, plan: Plan) -> bool:
+        """Enqueue what the study lacks to reach ``plan.wanted`` live trials; False (and
+        nothing enqueued) once its failures reach ``plan.budget``: it takes no more trials."""
+        trials = study.get_trials(deepcopy=False)
+        if failures(trials) >= plan.budget:
+            return False
+        missing = plan.wanted - sum(t.state in LIVE for t in trials)
+        tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
+        for point in [p for p in plan.grid if p not in tried] + [{}] * max(missing, 0):
+            if missing <= 0:
+                break
+            study.enqueue_trial(point)
+            missing -= 1
+        return True
+
+    def _stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Optuna's stale-trial callback (runs under the lock, in ``fail_stale``)."""
+        retried = len(_retry_history(trial)) < MAX_RETRY
+        self._retry(study, trial)
+        _log.warning("trial %d of %s went stale (no heartbeat from %s); %s", trial.number, study.study_name,
+                     trial.user_attrs.get(WORKER_ATTR, "an unknown worker"),
+                     "retried with the same parameters" if retried else "already retried once: replaced")
+        if self.on_stale is not None:
+            self.on_stale(study, trial, retried)
+
+    def _fail_stale(self, study: optuna.Study) -> None:
+        """Fail the study's stale trials (heartbeat older than the grace period, or none
+        kept at all) and hand each to ``_stale``; under the lock."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if WORKER_ATTR not in t.user_attrs:  # no worker keeps its heartbeat: left by a killed older run
+                self._stale(study, study.tell(t.number, state=TrialState.FAIL))
+
+    def claim(self, studies: dict[str, optuna.Study],
+              sampler_for: Callable[[int], optuna.samplers.BaseSampler]) -> tuple[str, optuna.Trial] | str | None:
+        """Take the next trial of the first study (in order) with one waiting.
+
+        Under the lock: fail stale trials (they come back as retries), top every
+        queue up to its plan, pop a WAITING trial (none from a study whose failures
+        spent its budget), record its first heartbeat, mark it with this worker and
+        draw its parameters (with ``sampler_for(number)``).
+
+        Returns:
+            ``(key, trial)``; ``"wait"`` when no trial is waiting but some still run
+            (a stale one may come back); None when every study is finished.
+        """
+        with self.lock():
+            running = False
+            for key, study in studies.items():
+                self._fail_stale(study)
+                plan = self.plans.get(study.study_name)
+                open_ = plan is None or self._top_up(study, plan)
+                trial_id = study._pop_waiting_trial_id() if open_ else None  # atomic: Optuna's own queue pop
+                if trial_id is None:  # (the others' running trials still end before the studies are done)
+                    running |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                    continue
+                self.storage.record_heartbeat(trial_id)
+                number = self.storage.get_trial_number_from_id(trial_id)
+                own = optuna.load_study(study_name=study.study_name, storage=self.storage, sampler=sampler_for(number))
+                trial = optuna.Trial(own, trial_id)
+                trial.set_user_attr(WORKER_ATTR, self.worker)
+                if plan is not None:
+                    plan.suggest(trial)
+                return key, trial
+        return "wait" if running else None
+
+    @contextmanager
+    def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
+        """Record ``trial``'s heartbeat every ``heartbeat`` seconds while the block runs."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_interval):
+                try:
+                    self.storage.record_heartbeat(trial._trial_id)
+                except Exception as err:  # noqa: BLE001 - a missed beat is retried; staleness is the judge
+                    _log.warning("heartbeat of trial %d failed: %s", trial.number, err)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def wait(self) -> None:
+        """Sleep between two looks at a queue with nothing waiting (a fraction of a heartbeat)."""
+        time.sleep(min(5.0, max(0.2, self.heartbeat_interval / 2)))

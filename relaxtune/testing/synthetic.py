@@ -1,0 +1,136 @@
+"""A synthetic evaluation with a known optimum (no models) for the tuner's tests,
+the multi-worker tests and the scale benchmark, and a worker process that runs
+the main job on it:
+
+    python -m relaxtune.testing.synthetic SETTINGS.json [--delay 0.05] [--cliff 1] [--drop 0.5]
+
+Strict is always right; a relaxed point with knob k accepts ``N k / (k + 1)``
+drafts per round and, past ``cliff``, gets every ``1/drop``-th problem wrong
+(by problem number, so a range of problems is judged as in the whole). With
+``delay``, each sample not recorded yet costs ``delay`` seconds of sleep (a
+stand-in for generation that occupies no CPU) and is then appended to a JSONL
+file per configuration under the output folder, so workers share finished
+samples as they do with real records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from relaxtune.evaluation import EvalResult, records_path, summarize
+from relaxtune.tasks import Problem, TaskSpec
+
+__all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
+
+SPEC = TaskSpec(name="synthetic", version=2, dataset={"path": "json", "data_files": "unused.jsonl"},
+                grader={"kind": "math"}, max_new_tokens=64)
+PROBLEMS = [Problem(str(i), f"q{i}", str(i)) for i in range(200)]
+
+
+class SyntheticPair:
+    """A stand-in backend: a name, nothing to load or measure."""
+
+    name = "synthetic-pair"
+
+
+class Synthetic:
+    """``evaluate`` stand-in (same signature). Records every call in ``calls`` as
+    ``(method, knob, n_draft, number of problems)``.
+
+    Args:
+        cliff: knob values above it lose accuracy; drop: the share of problems then wrong.
+        fail_above: knob values above it raise (a failing evaluation).
+        delay: seconds per sample not recorded yet (0: nothing recorded, no sleep).
+    """
+
+    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None, delay: float = 0.0):
+        self.cliff, self.drop, self.fail_above, self.delay = cliff, drop, fail_above, delay
+        self.calls: list[tuple] = []
+
+    def _record(self, config, problem: Problem) -> dict:
+        k = config.knob
+        relaxed = config.method != "strict"
+        l_accept = config.n_draft * (k / (k + 1)) if relaxed and k is not None else config.n_draft * 0.5
+        bad_every = int(round(1 / self.drop)) if relaxed and k is not None and k > self.cliff else 0
+        correct = not (bad_every and int(problem.id) % bad_every == 0)
+        rounds = 10
+        return dict(problem_id=problem.id, repeat=0, failed=False, correct=correct,
+                    verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
+                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
+
+    def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
+        self.calls.append((config.method, config.knob, config.n_draft, len(problems)))
+        if self.fail_above is not None and config.knob is not None and config.knob > self.fail_above:
+            raise RuntimeError("evaluation exploded")
+        path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "synthetic"))
+        records = [self._record(config, p) for p in problems]
+        if self.delay > 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            done = set()
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    try:
+                        done.add(json.loads(line)["problem_id"])
+                    except (json.JSONDecodeError, KeyError):
+                        continue  # a line cut by a kill
+            with open(path, "ab", buffering=0) as out:
+                for record in records:
+                    if record["problem_id"] not in done:
+                        time.sleep(self.delay)
+                        out.write((json.dumps(record) + "\n").encode())
+        return summarize(records, path)
+
+
+def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> str:
+    """Write a synthetic task (``<name>.yaml`` and its ``n_problems`` rows) into
+    ``folder``; returns the YAML's path (a ``--task`` value)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n_problems)))
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
+                    "grader: {kind: math}\nsampling: {temperature: 0.6}\nmax_new_tokens: 64\n")
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One worker: the main job (``run_tune_job``) on the synthetic evaluation. Prints
+    its log, then one JSON line: ``{"worker", "started", "ended", "config"}`` (times
+    in seconds since the epoch, taken after the imports)."""
+    ap = argparse.ArgumentParser(description="one synthetic tuning worker")
+    ap.add_argument("settings", help="JSON file of TuneSettings fields")
+    ap.add_argument("--delay", type=float, default=0.0, help="seconds per new sample")
+    ap.add_argument("--cliff", type=float, default=1.0)
+    ap.add_argument("--drop", type=float, default=0.5)
+    ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
+    args = ap.parse_args(argv)
+
+    import datasets  # noqa: F401 - what the job imports on first use: part of starting the process,
+    import matplotlib.pyplot  # noqa: F401   as the imports above are, not of the job
+    import mlflow.data  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import optuna  # noqa: F401
+    import scipy.stats  # noqa: F401
+    import sqlalchemy  # noqa: F401
+
+    from relaxtune.job import run_tune_job
+    from relaxtune.settings import TuneSettings
+    from relaxtune.tracking import Tracker  # noqa: F401
+
+    settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
+    started = time.time()
+    config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
+                             evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay),
+                             log=lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True))
+    print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
+                      "config": config.model_dump(mode="json")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

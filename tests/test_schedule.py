@@ -1,0 +1,43 @@
+"""Which task specs the scheduled ``tune_new`` flow tunes."""
+
+import os
+import time
+
+import pytest
+import yaml
+
+from relaxtune.schedule import untuned
+
+from .tiny_task import write_tiny_task
+
+
+def _config(path, task: str, version: int, created: str | None = None) -> None:
+    fields = {"task": task, "task_version": version} | ({"created": created} if created else {})
+    path.write_text(yaml.safe_dump(fields))
+
+
+def test_new_bumped_and_edited_specs_need_tuning(tmp_path, monkeypatch):
+    evals, extra, runs = tmp_path / "evals", tmp_path / "extra", tmp_path / "runs"
+    for d in (evals, extra, runs):
+        d.mkdir()
+    monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
+    spec = write_tiny_task(evals)  # tiny_math v1
+    assert [(p.name, p.reason) for p in untuned([], runs)] == [("tiny_math", "never tuned")]
+
+    _config(runs / "tiny_math.tuned.yaml", "tiny_math", 1, "2999-01-01T00:00:00+00:00")
+    assert untuned([], runs) == []  # tuned for this version, after the spec was written
+    _config(runs / "tiny_math.tuned.yaml", "tiny_math", 1)  # no `created`: the file's time counts
+    os.utime(spec, (time.time() + 60, time.time() + 60))
+    assert [p.reason for p in untuned([], runs)] == ["spec modified after its tuned config was made"]
+    _config(runs / "tiny_math.tuned.yaml", "tiny_math", 1, "2000-01-01T00:00:00+00:00")
+    assert [p.reason for p in untuned([], runs)] == ["spec modified after its tuned config was made"]
+    _config(runs / "tiny_math.tuned.yaml", "tiny_math", 2, "2999-01-01T00:00:00+00:00")
+    assert [p.reason for p in untuned([], runs)] == ["tuned for version 2, the spec is version 1"]
+
+    other = write_tiny_task(extra)  # the same task name in an extra folder: the first one wins
+    (extra / "other.yaml").write_text(open(other).read().replace("name: tiny_math", "name: other_task"))
+    (extra / "broken.yaml").write_text("name: [unclosed")  # skipped with a warning, the others still tune
+    found = untuned([extra], runs)
+    assert [(p.name, p.path) for p in found] == [("other_task", str(extra / "other.yaml")), ("tiny_math", spec)]
+    with pytest.raises(FileNotFoundError, match="no folder of task specs"):
+        untuned([tmp_path / "missing"], runs)

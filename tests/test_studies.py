@@ -1,0 +1,169 @@
+"""Several workers on one study (threads here, each with its own storage objects, on
+one SQLite file): exact trial counts, live trials never failed, stale trials retried
+once, the storage lock."""
+
+import threading
+import time
+
+import optuna
+import pytest
+
+from relaxtune.ranges import merge, split, worker_order
+from relaxtune.studies import StorageLock, TrialQueue, failures
+from relaxtune.tuning import Tuner, TuneSettings
+
+from .synthetic import PROBLEMS, SPEC, Synthetic, SyntheticPair
+
+NAME = "synthetic-v2__cactus__synthetic-pair"
+
+
+def make(tmp_path, worker: str, synthetic=None, **over) -> Tuner:
+    fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=6, stage_size=20, output_dir=str(tmp_path),
+                  c_rel=0.2, heartbeat=1, grace_period=3) | over
+    return Tuner(TuneSettings(**fields), SPEC, PROBLEMS[:40], SyntheticPair(), 0.2, progress=False, worker=worker,
+                 evaluate_fn=synthetic or Synthetic(cliff=1.0, delay=0.01))
+
+
+def run_together(tuners: list[Tuner], method: str = "cactus") -> list:
+    """Each tuner's ``tune_method`` in its own thread; their outcomes."""
+    outcomes: list = [None] * len(tuners)
+    errors: list = []
+
+    def work(i: int) -> None:
+        try:
+            outcomes[i] = tuners[i].tune_method(method)
+        except Exception as err:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(tuners))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    return outcomes
+
+
+def trials_of(tmp_path) -> list:
+    return optuna.load_study(study_name=NAME, storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials
+
+
+def test_workers_finish_exactly_the_wanted_trials_and_agree(tmp_path):
+    tuners = [make(tmp_path, f"w{i}", trials=7) for i in range(3)]
+    tuners[2].settings.parallel_trials = 2  # a worker running two trials at once
+    outcomes = run_together(tuners)
+    trials = trials_of(tmp_path)
+    assert [t.state.name for t in trials].count("FAIL") == 0
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == len(trials) == 7
+    grid = [t.params["knob"] for t in trials if "fixed_params" in t.system_attrs and t.system_attrs["fixed_params"]]
+    assert sorted(grid) == [0.1, 0.25, 1.0, 10.0]  # the grid once each, then 3 sampled points
+    assert len({t.params["knob"] for t in trials}) == 7  # seeded per trial number: no two workers drew the same point
+    assert {t.user_attrs["worker"] for t in trials} == {"w0", "w1", "w2"}
+    assert len({o.chosen.number for o in outcomes}) == 1  # every worker's summary agrees
+
+
+def test_a_worker_joining_never_fails_a_live_trial(tmp_path):
+    first = make(tmp_path, "first", Synthetic(delay=0.05), trials=2)
+    first.open_study("cactus")  # the storage exists before this thread looks into it
+    thread = threading.Thread(target=first.tune_method, args=("cactus",))
+    thread.start()
+    deadline = time.time() + 60
+    while not any(t.state.name == "RUNNING" for t in trials_of(tmp_path)):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    second = make(tmp_path, "second", Synthetic(delay=0.05), trials=2)
+    second.open_study("cactus")  # what made `tell` raise "Cannot tell a FAIL trial" in the first worker
+    second.tune_method("cactus")
+    thread.join(timeout=60)
+    states = [t.state.name for t in trials_of(tmp_path)]
+    assert states.count("FAIL") == 0 and len(states) == 2
+
+
+def _ghost(tmp_path, tuner: Tuner):
+    """A worker that takes the next trial and dies (no heartbeat after the first)."""
+    queue = TrialQueue(tuner.settings.storage_url, tuner.settings.heartbeat, tuner.settings.stale_after, "ghost")
+    study = optuna.load_study(study_name=NAME, storage=queue.storage)
+    queue.plans[NAME] = tuner.queue.plans[NAME]
+    method, trial = queue.claim({"cactus": study}, tuner._sampler)
+    return trial
+
+
+def test_a_stale_trial_is_retried_once_with_its_parameters_then_replaced(tmp_path):
+    tuner = make(tmp_path, "live", trials=3, grace_period=2)
+    tuner.open_study("cactus")
+    dead = _ghost(tmp_path, tuner)  # takes grid point 0.1 and dies
+    time.sleep(3.5)  # older than the grace period (SQLite keeps heartbeats to the second)
+    tuner.queue.claim({"cactus": tuner.open_study("cactus")}, tuner._sampler)  # the live worker notices: retry queued
+    trials = trials_of(tmp_path)
+    assert trials[dead.number].state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retry) == 1 and retry[0].params == dead.params == {"n_draft": 4, "knob": 0.1}
+    assert failures(trials) == 0  # a retried stale trial is not a failure
+
+
+def test_a_stale_retry_is_not_retried_again_and_the_study_still_ends_exactly(tmp_path):
+    tuner = make(tmp_path, "live", trials=2, grace_period=2)
+    tuner.open_study("cactus")
+    first = _ghost(tmp_path, tuner)  # grid point 0.1, dies
+    time.sleep(3.5)
+    second = _ghost(tmp_path, tuner)  # finds the first stale (retry queued), takes grid point 0.25, dies
+    third = _ghost(tmp_path, tuner)  # takes the retry of the first, dies
+    assert third.params == first.params and second.params["knob"] == 0.25
+    time.sleep(3.5)
+    outcome = tuner.tune_method("cactus")  # the second is retried; the third, a retry already, is not
+    trials = outcome.study.trials
+    assert [t.number for t in trials if t.state.name == "FAIL"] == [first.number, second.number, third.number]
+    retries = {t.number: t.system_attrs["retry_history"] for t in trials if "failed_trial" in t.system_attrs}
+    assert sorted(retries.values()) == [[first.number], [second.number]]  # the third (a retry) has no retry
+    assert retries[third.number] == [first.number]
+    assert failures(trials) == 1  # the retry's death used up a slot, replaced by the next grid point
+    done = sorted(t.params["knob"] for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
+    assert done == [0.25, 1.0]  # exactly --trials finished: the retried 0.25 and the replacement
+
+
+def test_failures_are_replaced_until_the_budget_is_spent(tmp_path):
+    tuner = make(tmp_path, "w", Synthetic(fail_above=-1.0), trials=3)  # every relaxed evaluation fails
+    outcome = tuner.tune_method("cactus")
+    states = [t.state.name for t in outcome.study.trials]
+    # each failure queued a replacement; the third spent the budget: the study took no more trials
+    assert states == ["FAIL"] * 3 + ["WAITING"] * 2 and failures(outcome.study.trials) == 3
+    assert outcome.chosen is None
+
+
+def test_storage_lock_excludes_other_holders_and_is_reentrant(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    a, b = StorageLock(url), StorageLock(url)  # two holders, as two processes would be
+    events = []
+
+    def hold() -> None:
+        with a():
+            events.append(("a in", time.monotonic()))
+            with a():  # re-entrant within a thread
+                time.sleep(0.3)
+            events.append(("a out", time.monotonic()))
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    while not events:
+        time.sleep(0.01)
+    with b():
+        events.append(("b in", time.monotonic()))
+    thread.join()
+    assert [e[0] for e in events] == ["a in", "a out", "b in"]
+    with pytest.warns(UserWarning, match="no cross-process lock"):
+        StorageLock("oracle://u:p@h/db")
+
+
+def test_ranges_split_merge_and_spread():
+    assert split(10, 4) == [range(0, 4), range(4, 8), range(8, 10)] and split(3, None) == [range(0, 3)]
+    with pytest.raises(ValueError, match="range size"):
+        split(3, 0)
+    ranges = split(64, 4)
+    orders = [worker_order(ranges, f"host:{pid}") for pid in range(4)]
+    assert all(sorted(o, key=lambda r: r.start) == ranges for o in orders)
+    assert len({o[0].start for o in orders}) > 1  # workers start in different places
+    config = type("C", (), {"method": "cactus", "knob": 2.0, "n_draft": 4, "label": "r"})()
+    whole = Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[:30], progress=False)
+    parts = [Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[r.start:r.stop],
+                                  progress=False) for r in split(30, 7)]
+    assert merge(parts).summary() == whole.summary() and merge(parts).records == whole.records

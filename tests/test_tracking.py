@@ -1,0 +1,131 @@
+"""MLflow run identity: job ids, runs found by (study, trial number, job), quotes in
+names, tables and figures replaced on re-logging, an MLflow run already active."""
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from relaxtune.settings import TuneSettings, job_id  # noqa: E402
+from relaxtune.tracking import Tracker, filter_literal  # noqa: E402
+
+from .synthetic import PROBLEMS, SPEC  # noqa: E402
+
+
+class Study:
+    def __init__(self, name: str):
+        self.study_name = name
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory) -> str:
+    """One MLflow store for the module (creating one takes seconds); each test tracks its own task."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def tracker(uri: str, job: str, task: str, pair: str = "pair") -> Tracker:
+    return Tracker(uri, SPEC.model_copy(update={"name": task}), pair, {"x": 1}, PROBLEMS[:3], job)
+
+
+def runs_of(t: Tracker, kind: str):
+    return [r for r in t.client.search_runs([t.experiment_id]) if r.data.tags.get("relaxtune.kind") == kind]
+
+
+def test_job_ids_follow_the_settings_that_shape_trials():
+    base = TuneSettings(task="x", storage="postgresql+psycopg://rt:secret@db.example/rt", n_drafts=[4])
+    same = base.model_copy(update={"storage": "postgresql+psycopg://rt:other@db.example/rt", "trials": 30,
+                                   "output_dir": "elsewhere", "verifier_url": None, "parallel_trials": 4})
+    assert job_id(base, SPEC, "pair") == job_id(same, SPEC, "pair")  # password, trials, folder, workers: same job
+    assert job_id(base, SPEC, "pair").startswith("synthetic-")
+    others = [base.model_copy(update={"n_drafts": [2]}), base.model_copy(update={"epsilon": 0.1}),
+              base.model_copy(update={"limit": 10}), base.model_copy(update={"storage": "sqlite:///other.db"})]
+    assert len({job_id(s, SPEC, "pair") for s in others} | {job_id(base, SPEC, "pair")}) == 5
+    assert job_id(base, SPEC, "other-pair") != job_id(base, SPEC, "pair")
+    assert job_id(base, SPEC.model_copy(update={"max_new_tokens": 32}), "pair") != job_id(base, SPEC, "pair")
+    assert job_id(base.model_copy(update={"job_id": "mine"}), SPEC, "pair") == "mine"
+
+
+def test_trial_runs_are_never_shared_between_jobs(uri):
+    first = tracker(uri, "job-a", "jobs")
+    first.start_study("cactus", Study("s__cactus__pair"))
+    first.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
+    second = tracker(uri, "job-b", "jobs")  # another job (other settings), same study name and trial number
+    second.start_study("cactus", Study("s__cactus__pair"))
+    second.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 2}, {"l_accept": 1.5}, "COMPLETE", None)
+    trials = runs_of(first, "trial")
+    assert len(trials) == 2 and len(runs_of(first, "study")) == 2 and len(runs_of(first, "task")) == 2
+    by_job = {r.data.tags["relaxtune.job"]: r for r in trials}
+    assert by_job["job-a"].data.params["n_draft"] == "4" and by_job["job-a"].data.metrics["l_accept"] == 3.0
+    assert by_job["job-b"].data.params["n_draft"] == "2" and by_job["job-b"].data.metrics["l_accept"] == 1.5
+    again = tracker(uri, "job-a", "jobs")  # a restart of the first job finds its runs
+    again.start_study("cactus", Study("s__cactus__pair"))
+    again.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
+    assert again.task_run_id == first.task_run_id and len(runs_of(again, "trial")) == 2
+
+
+@pytest.mark.parametrize("pair", ["O'Brien's pair", 'the "best" pair', "both ' and \" quotes"])
+def test_names_with_quotes_are_found_again(uri, pair):
+    task = f"task {pair}"
+    first = tracker(uri, f"job {pair}", task, pair)
+    first.start_study("cactus", Study(f"{task}__cactus__x"))
+    first.log_trial("cactus", 3, {"knob": 0.5, "n_draft": 4}, {"accuracy": 0.5}, "COMPLETE", None)
+    again = tracker(uri, f"job {pair}", task, pair)
+    again.start_study("cactus", Study(f"{task}__cactus__x"))
+    again.log_trial("cactus", 3, {"knob": 0.5, "n_draft": 4}, {"accuracy": 0.5}, "COMPLETE", None)
+    assert again.task_run_id == first.task_run_id and again.study_runs == first.study_runs
+    assert len(runs_of(again, "trial")) == 1 and runs_of(again, "task")[0].info.run_name == f"{task}__{pair}"
+
+
+def test_filter_literals_never_break_the_filter(uri):
+    assert filter_literal("plain") == "'plain'" and filter_literal("O'Brien") == '"O\'Brien"'
+    assert filter_literal('say "hi"') == "'say \"hi\"'" and filter_literal("'\"") is None
+    client = MlflowClient(uri)
+    exp = client.create_experiment("filters")
+    run = client.create_run(exp, tags={"k": "O'Brien"}).info.run_id
+    found = client.search_runs([exp], filter_string=f"tags.k = {filter_literal('O' + chr(39) + 'Brien')}")
+    assert [r.info.run_id for r in found] == [run]
+
+
+def test_relogging_a_table_or_figure_replaces_it(uri, tmp_path):
+    t = tracker(uri, "job", "tables")
+    rows = [{"label": "a", "speedup": 1.0}, {"label": "b", "speedup": 2.0}]
+    for _ in range(3):  # e.g. a resumed job drawing its study's front again
+        t._log_table(t.task_run_id, rows, "pareto_front.json")
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, len(rows)])
+        t.client.log_figure(t.task_run_id, fig, "pareto_front.png")
+        plt.close(fig)
+        rows = rows + [{"label": "c", "speedup": 3.0}]
+    path = t.client.download_artifacts(t.task_run_id, "pareto_front.json", str(tmp_path))
+    table = json.loads(Path(path).read_text())
+    assert table["columns"] == ["label", "speedup"] and [r[0] for r in table["data"]] == ["a", "b", "c", "c"]
+    assert sorted(a.path for a in t.client.list_artifacts(t.task_run_id)) == \
+        ["pareto_front.json", "pareto_front.png", "settings.json"]
+    logged = json.loads(t.client.get_run(t.task_run_id).data.tags["mlflow.loggedArtifacts"])
+    assert logged == [{"path": "pareto_front.json", "type": "table"}]  # the UI shows it as a table, once
+    other = t.client.create_run(t.experiment_id).info.run_id  # MLflow's own log_table, once: the same file and tag
+    t.client.log_table(other, data=pd.DataFrame(rows[:-1]), artifact_file="pareto_front.json")
+    theirs = t.client.download_artifacts(other, "pareto_front.json", str(tmp_path / "theirs"))
+    assert json.loads(Path(theirs).read_text()) == table
+    assert t.client.get_run(other).data.tags["mlflow.loggedArtifacts"] == json.dumps(logged)
+
+
+def test_tracker_works_inside_an_active_mlflow_run(uri):
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run() as outer:
+            t = tracker(uri, "job", "inside")
+            t.start_study("cactus", Study("s__cactus__pair"))
+            t.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"accuracy": 1.0}, "COMPLETE", None)
+            assert mlflow.active_run().info.run_id == outer.info.run_id  # untouched, still the caller's
+        assert t.client.get_run(t.task_run_id).inputs.dataset_inputs[0].dataset.name == "inside-v2"
+        assert mlflow.get_run(outer.info.run_id).data.params == {}
+    finally:
+        mlflow.set_tracking_uri(None)
