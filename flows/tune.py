@@ -56,12 +56,17 @@ def _problems(task: str, limit: int | None) -> tuple:
 
 
 @task(cache_policy=INPUTS, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient, persist_result=True)
-def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int, n_problems: int) -> EvalResult:
-    """Generate and grade one configuration on the first ``n_problems`` problems
-    (records resume from disk, so a retry redoes only unfinished samples)."""
+def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int, n_problems: int,
+                       problem_ids: tuple[str, ...] | None = None) -> EvalResult:
+    """Generate and grade one configuration on the first ``n_problems`` problems,
+    or on ``problem_ids`` (a held-out split) when given (records resume from
+    disk, so a retry redoes only unfinished samples)."""
     s = TuneSettings(**settings)
     spec = load_task(s.task)
     problems = list(_problems(s.task, s.limit)[:n_problems])
+    if problem_ids is not None:
+        by_id = {p.id: p for p in _problems(s.task, s.limit)}
+        problems = [by_id[i] for i in problem_ids]
     return evaluate(spec, _backend(s), DecodeConfig(method, knob, n_draft, seed), output_dir=s.output_dir,
                     problems=problems, progress=False)
 
@@ -105,7 +110,8 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     as_dict = s.model_dump()
 
     def evaluate_fn(spec, backend, config, *, output_dir, problems, progress):
-        return _tagged(as_dict, pair)(as_dict, config.method, config.knob, config.n_draft, config.seed, len(problems))
+        return _tagged(as_dict, pair)(as_dict, config.method, config.knob, config.n_draft, config.seed, len(problems),
+                                      tuple(p.id for p in problems))
 
     config, path = run_tune_job(s, backend, progress=False, evaluate_fn=evaluate_fn, log=logger.info)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "

@@ -44,6 +44,9 @@ class TuneSettings(BaseModel):
     max_length_ratio: float | None = Field(None, gt=0, description="optional guard: L_relax / L_strict")
     max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard: truncated share")
     export: str | None = Field(None, description="tuned config path; default <output_dir>/<task>.tuned.yaml")
+    confirm: Literal["seeds", "holdout"] = Field(
+        "seeds", description="confirmation samples: fresh seeds on the same problems, or a held-out half of them")
+    confirmations: int = Field(2, ge=1, description="points confirmed at most per method (the confidence is split)")
 
     @field_validator("methods")
     @classmethod

@@ -35,7 +35,7 @@ from .settings import TuneSettings, study_name
 from .speed import CostProfile, modeled_speedup
 from .tasks import Problem, TaskSpec
 
-__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "feasible", "choose",
+__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "feasible", "choose", "candidates",
            "constraint_values", "drop_ucb_at", "study_tokens"]
 
 
@@ -45,7 +45,8 @@ class MethodOutcome:
 
     Attributes:
         method: method id; study: the Optuna study (name, trials).
-        chosen: the chosen feasible trial (max speed-up, then accuracy), or None.
+        chosen: the chosen feasible trial (``choose``: max speed-up, then accuracy, not dominated by
+            strict), or None.
         mlflow_run_id: the study's MLflow run.
         tokens: model tokens spent by the study's trials (strict excluded).
     """
@@ -104,6 +105,10 @@ class Tuner:
         """Modeled speed-up of strict at N (length ratio 1)."""
         b = self.baseline(n_draft)
         return modeled_speedup(self.profile, min(b.l_accept, float(n_draft)), n_draft)
+
+    def strict_points(self) -> dict[int, tuple[float, float]]:
+        """Strict at every draft length evaluated so far: N -> (modeled speed-up, accuracy)."""
+        return {n: (self.strict_speedup(n), b.accuracy) for n, b in sorted(self.baselines.items())}
 
     def evaluate_point(self, method: str, knob: float | None, n_draft: int,
                        on_stage: Callable[[int, dict], None] | None = None) -> tuple[dict, EvalResult]:
@@ -236,7 +241,8 @@ class Tuner:
             if self.tracker:
                 self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
             self.log(_trial_line(method, trial.number, trial.params, metrics, state, finished + 1, self.settings.trials))
-        return MethodOutcome(method, study, choose(study, self.settings), run_id, tokens=study_tokens(study))
+        return MethodOutcome(method, study, choose(study, self.settings, self.strict_points()), run_id,
+                             tokens=study_tokens(study))
 
 
 def _trial_line(method: str, number: int, params: dict, m: dict, state: str, done: int, total: int) -> str:
@@ -248,12 +254,27 @@ def _trial_line(method: str, number: int, params: dict, m: dict, state: str, don
             f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
 
 
-def choose(study, settings: TuneSettings | None = None):
-    """The feasible completed trial with the highest speed-up (then accuracy), or None."""
-    candidates = [t for t in study.get_trials(deepcopy=False) if feasible(t, settings)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda t: (t.values[0], t.values[1], -t.number))
+def candidates(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
+    """The feasible completed trials, best first (speed-up, then accuracy), one per
+    point (knob, N), leaving out every trial strict dominates: ``strict`` maps each
+    evaluated draft length to strict's (modeled speed-up, accuracy), and strict at
+    some N dominates a trial that is no faster and no more accurate."""
+    seen, out = set(), []
+    for t in sorted((t for t in study.get_trials(deepcopy=False) if feasible(t, settings)),
+                    key=lambda t: (-t.values[0], -t.values[1], t.number)):
+        point = (t.params.get("knob"), t.params["n_draft"])
+        if point in seen or any(s >= t.values[0] and a >= t.values[1] for s, a in (strict or {}).values()):
+            continue
+        seen.add(point)
+        out.append(t)
+    return out
+
+
+def choose(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None):
+    """The best of ``candidates`` (the feasible trial with the highest speed-up,
+    then accuracy, that strict does not dominate), or None."""
+    ranked = candidates(study, settings, strict)
+    return ranked[0] if ranked else None
 
 
 def study_tokens(study) -> int:

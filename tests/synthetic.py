@@ -1,10 +1,11 @@
-"""A synthetic evaluation with a known optimum, for tuner tests (no models)."""
+"""Synthetic evaluations with a known truth, for tuner and confirmation tests (no models)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from relaxtune.evaluation import summarize
+from relaxtune.evaluation import sample_seed, summarize
 from relaxtune.tasks import Problem, TaskSpec
 
 SPEC = TaskSpec(name="synthetic", version=2, dataset={"path": "json", "data_files": "unused.jsonl"},
@@ -12,28 +13,58 @@ SPEC = TaskSpec(name="synthetic", version=2, dataset={"path": "json", "data_file
 PROBLEMS = [Problem(str(i), f"q{i}", str(i)) for i in range(200)]
 
 
-class Synthetic:
-    """``evaluate`` stand-in: strict is always right; a relaxed point with knob k
-    accepts ``N * k / (k + 1)`` drafts per round and gets every problem wrong
-    past ``cliff`` (a step drop of ``drop``). Records every call."""
+def _record(problem: Problem, repeat: int, correct: bool, l_accept: float, seed: int = 0) -> dict:
+    rounds = 10
+    return dict(problem_id=problem.id, repeat=repeat, seed=seed, failed=False, correct=correct,
+                verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
+                stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
 
-    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None):
-        self.cliff, self.drop, self.fail_above = cliff, drop, fail_above
+
+class Synthetic:
+    """``evaluate`` stand-in: strict is always right and accepts ``N * strict_accept``
+    drafts per round; a relaxed point with knob k accepts ``N * k / (k + 1)`` and
+    gets every ``1/drop``-th problem wrong past ``cliff``. Records every call."""
+
+    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None,
+                 strict_accept: float = 0.2):
+        self.cliff, self.drop, self.fail_above, self.strict_accept = cliff, drop, fail_above, strict_accept
         self.calls: list[tuple] = []
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress):
-        self.calls.append((config.method, config.knob, config.n_draft, len(problems)))
+        self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
         k = config.knob
         if self.fail_above is not None and k is not None and k > self.fail_above:
             raise RuntimeError("evaluation exploded")
         relaxed = config.method != "strict"
-        l_accept = config.n_draft * (k / (k + 1)) if relaxed and k is not None else config.n_draft * 0.5
+        l_accept = config.n_draft * (k / (k + 1) if relaxed and k is not None else self.strict_accept)
         bad_every = int(round(1 / self.drop)) if relaxed and k is not None and k > self.cliff else 0
+        records = [_record(p, 0, not (bad_every and i % bad_every == 0), l_accept) for i, p in enumerate(problems)]
+        return summarize(records, Path(output_dir) / f"{config.label}.jsonl")
+
+
+class Lucky:
+    """``evaluate`` stand-in where luck can pass the search: strict is always
+    right (acceptance ``N * 0.2``); a relaxed point with knob k accepts
+    ``N * k / (k + 1)`` and fails each sample independently with probability
+    ``loss(k)`` (its true drop), drawn from the sample's seed, except that on the
+    search's base seed ``search_seed`` points with k >= ``lucky_from`` lose
+    nothing (they pass the search by luck). Records every call."""
+
+    def __init__(self, loss=lambda k: 0.0 if k <= 1.0 else 0.3, lucky_from: float = 5.0, search_seed: int = 0,
+                 repeats: int = 1):
+        self.loss, self.lucky_from, self.search_seed, self.repeats = loss, lucky_from, search_seed, repeats
+        self.calls: list[tuple] = []
+
+    def __call__(self, spec, backend, config, *, output_dir, problems, progress):
+        self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
+        k = config.knob
+        relaxed = config.method != "strict"
+        l_accept = config.n_draft * (k / (k + 1) if relaxed else 0.2)
+        lucky = relaxed and config.seed == self.search_seed and k >= self.lucky_from
         records = []
-        for i, p in enumerate(problems):
-            correct = not (bad_every and i % bad_every == 0)
-            rounds = 10
-            records.append(dict(problem_id=p.id, repeat=0, failed=False, correct=correct, verdict="correct" if correct else "wrong",
-                                output="x", finish_reason="stop", response_tokens=100,
-                                stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0}))
+        for p in problems:
+            for r in range(self.repeats):
+                seed = sample_seed(config.seed, p.id, r)
+                wrong = relaxed and not lucky and random.Random(seed).random() < self.loss(k)
+                records.append(_record(p, r, not wrong, l_accept, seed))
         return summarize(records, Path(output_dir) / f"{config.label}.jsonl")

@@ -34,9 +34,13 @@ TUNE_FLAGS = dict(
     max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
     max_truncated=typer.Option(None, help="optional guard on the truncated share"),
     export=typer.Option(None, help="tuned config path \\[default: <output-dir>/<task>.tuned.yaml]"),
+    confirm=typer.Option(None, help="confirm chosen points on fresh 'seeds' (default) or on a 'holdout' half of the "
+                         "problems the search never sees"),
+    confirmations=typer.Option(None, help="points confirmed at most per method; the confidence is split evenly over "
+                               "every confirmation the search allows \\[default: 2]"),
 )
 TUNE_TYPES = dict(concurrency=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float, confidence=float,
-                   max_length_ratio=float, max_truncated=float)  # the others are str
+                  max_length_ratio=float, max_truncated=float, confirmations=int)  # the others are str
 
 
 def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):
