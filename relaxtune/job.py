@@ -66,24 +66,27 @@ def _check_holdout(settings: TuneSettings, spec, problems) -> None:
 
 
 def _check_search_problems(settings: TuneSettings, spec, pair: str, problems) -> str:
-    """Refuse to resume or export a study searched on other problems (``--confirm``
-    or ``--limit`` changed); returns the digest of the search problems.
+    """With ``--confirm holdout``, refuse studies holding trials searched on other
+    problems (another ``--limit``, ``--seed`` or ``--confirm``): they may have
+    seen the held-out half. Fresh seeds are independent of every search sample,
+    so ``--confirm seeds`` resumes any study. Returns the search problems' digest.
 
     Raises:
-        JobError: a study of this job holds trials searched on another problem set.
+        JobError: such a study, naming the fix.
     """
     import optuna
 
     digest = hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
+    if settings.confirm != "holdout":
+        return digest
     names = set(optuna.study.get_all_study_names(storage=settings.storage_url))
     for method in settings.methods:
         name = study_name(spec.name, method, pair, spec.version)
-        if name not in names:
-            continue
-        stored = optuna.load_study(study_name=name, storage=settings.storage_url).user_attrs.get("search_problems")
-        if stored is not None and stored != digest:
-            raise JobError(f"study {name} searched another set of problems (another --limit, --seed or --confirm): "
-                           "run with its settings, or give another --output-dir / --storage")
+        study = optuna.load_study(study_name=name, storage=settings.storage_url) if name in names else None
+        if study is not None and study.get_trials(deepcopy=False) and study.user_attrs.get("search_problems") != digest:
+            raise JobError(f"study {name} holds trials searched on other problems (another --limit, --seed or "
+                           "--confirm), which may include the held-out half: --confirm holdout needs a fresh study "
+                           "(another --output-dir / --storage), or use --confirm seeds")
     return digest
 
 
