@@ -32,7 +32,9 @@ DEFAULT_DISCORDANCE = 0.1  # typical of common random numbers: about 10 discorda
 
 def fewest_problems(epsilon: float, confidence: float, repeats: int = 1) -> int:
     """The fewest problems (x ``repeats``) whose smallest certifiable drop is at
-    most ``epsilon`` at ``confidence`` (never fewer than ``ln(1 - c) / ln(1 - epsilon)``).
+    most ``epsilon`` at ``confidence``: never fewer than ``ln(1 - c) / ln(1 - epsilon)``,
+    then found by doubling and bisection (the exact bound of a perfect sample is
+    not strictly monotone in n, so a smaller n may occasionally fit too).
 
     Raises:
         ValueError: epsilon outside (0, 1], confidence outside (0, 1).
