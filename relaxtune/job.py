@@ -53,6 +53,7 @@ def prepare(settings: TuneSettings, backend=None):
 
 
 def _check_holdout(settings: TuneSettings, spec, problems) -> None:
+    """Refuse ``--confirm holdout`` when the held-out half cannot certify epsilon even with no discordance."""
     from .planning import fewest_problems
     from .stats import smallest_certifiable_drop
 
@@ -214,7 +215,8 @@ def run_tune_job(
     """
     spec, everything, backend = prepare(settings, backend)
     pair = getattr(backend, "name", "backend")
-    problems, held_out = holdout_split(everything, settings.seed) if settings.confirm == "holdout" else (everything,) * 2
+    holdout = settings.confirm == "holdout"
+    problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
     digest = _check_search_problems(settings, spec, pair, problems)
     profile = cost_profile(settings, spec, problems, backend, log, new_trials)
     tracker = None

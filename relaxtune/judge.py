@@ -12,8 +12,8 @@ from .settings import TuneSettings
 from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .stats import DropBound, drop_bound, paired_counts
 
-__all__ = ["point_metrics", "constraint_values", "drop_ucb_at", "stored_bound", "feasible", "set_constraints", "CONSTRAINTS",
-           "VIOLATED"]
+__all__ = ["point_metrics", "constraint_values", "drop_ucb_at", "stored_bound", "feasible", "set_constraints",
+           "CONSTRAINTS", "VIOLATED"]
 
 VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 
@@ -82,8 +82,9 @@ def stored_bound(metrics: dict, confidence: float) -> DropBound:
         return drop_bound(metrics["per_problem"], confidence)
     n, b, c = (metrics[k] for k in ("n", "strict_only", "relaxed_only"))
     if any(isinstance(v, bool) or int(v) != v for v in (n, b, c)) or n < 1 or b < 0 or c < 0 or b + c > n:
-        raise ValueError(f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need n >= 1 "
-                         "and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; evaluate it again")
+        raise ValueError(f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need "
+                         "n >= 1 and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; "
+                         "evaluate it again")
     n, b, c = int(n), int(b), int(c)
     return drop_bound([(1, 1, 0)] * b + [(1, 0, 1)] * c + [(1, 0, 0)] * (n - b - c), confidence)
 

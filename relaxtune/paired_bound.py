@@ -6,11 +6,12 @@ strict-only correct and ``c`` relaxed-only correct, the accuracy drop is
 discordance ``delta = p10 + p01``; given it, the number of discordant pairs is
 ``m ~ Bin(n, delta)`` and ``b | m ~ Bin(m, theta)`` with ``theta = (delta + D) / (2 delta)``.
 
-The upper bound is Buehler's exact construction (Buehler 1957, JASA 52:482;
-for paired proportions Lloyd 2008, Biometrics 64:716) ordered by Tango's
-asymptotic score bound (Tango 1998, Stat Med 17:891; the exact unconditional
-score approach of Hsueh, Liu and Chen 2001, Biometrics 57:478): outcomes are
-ranked by their Tango upper bound ``T(b, c)``, and
+The upper bound is Buehler's exact construction (Buehler 1957, JASA 52:482)
+ordered by an approximate bound, as Lloyd and Moldovan (Stat Med 2008) do for
+independent proportions; here the ordering is Tango's asymptotic score bound
+for paired proportions (Tango 1998, Stat Med 17:891; the score statistic of the
+exact unconditional tests of Hsueh, Liu and Chen, Biometrics 2001). Outcomes
+are ranked by their Tango upper bound ``T(b, c)``, and
 
     U(b, c) = sup{ D : sup_delta P_{D,delta}( T(B, C) <= T(b, c) ) > alpha }.
 
@@ -35,7 +36,7 @@ _TIE = 1e-9  # score ties (the observed outcome itself) belong to the tail
 
 
 def tango_score(b, c, n: int, d0):
-    """Tango's score statistic for H0: drop = ``d0`` (Tango 1998, eq. 3):
+    """Tango's score statistic for H0: drop = ``d0`` (Tango 1998):
     ``(b - c - n d0) / sqrt(n (2 p01~ + d0 (1 - d0)))`` with ``p01~`` the MLE of
     the relaxed-only probability under H0. Broadcasts over ``b``, ``c``, ``d0``;
     a zero variance gives 0 for a zero numerator, else +-inf. Decreasing in
@@ -106,9 +107,10 @@ def _sup(n: int, t: np.ndarray, d0: float) -> float:
     grid = _grid(d0)
     vals = _tail(n, t, d0, grid)
     best = float(vals.max())
-    peaks = [i for i in range(len(grid)) if vals[i] >= vals[max(i - 1, 0)] and vals[i] >= vals[min(i + 1, len(grid) - 1)]]
+    last = len(grid) - 1
+    peaks = [i for i in range(len(grid)) if vals[i] >= vals[max(i - 1, 0)] and vals[i] >= vals[min(i + 1, last)]]
     for i in sorted(peaks, key=lambda i: -vals[i])[:3]:
-        lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+        lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, last)]
         if hi > lo:
             r = optimize.minimize_scalar(lambda x: -_tail(n, t, d0, x)[0], bounds=(lo, hi), method="bounded",
                                          options={"xatol": 1e-10})
@@ -192,11 +194,13 @@ def exact_pvalue_table(n: int, margin: float, confidence: float) -> tuple[np.nda
     order = np.argsort(u, kind="stable")
     last = np.searchsorted(u[order], u[order] + _TIE, side="right") - 1  # ties share their tail
     bo, co = b[order], c[order]
-    log_c = special.gammaln(n + 1) - special.gammaln(bo + 1) - special.gammaln(co + 1) - special.gammaln(n - bo - co + 1)
+    log_c = (special.gammaln(n + 1) - special.gammaln(bo + 1) - special.gammaln(co + 1)
+             - special.gammaln(n - bo - co + 1))
     best = np.zeros(len(b))
     for delta in _grid(margin):
         p10, p01 = max((delta + margin) / 2, 0.0), max((delta - margin) / 2, 0.0)
-        log_p = log_c + special.xlogy(bo, p10) + special.xlogy(co, p01) + special.xlogy(n - bo - co, max(1 - delta, 0.0))
+        log_p = (log_c + special.xlogy(bo, p10) + special.xlogy(co, p01)
+                 + special.xlogy(n - bo - co, max(1 - delta, 0.0)))
         best = np.maximum(best, np.cumsum(np.exp(log_p))[last])
     p = np.empty(len(b))
     p[order] = np.minimum(best, 1.0)

@@ -8,7 +8,7 @@ a target needs.
   and equal to it up to about 200 problems at c = 0.9.
 - Problems needed to certify epsilon at confidence c with probability ``power``
   for a point with true drop D and discordance delta (normal approximation to
-  the bound, Connor 1987, Biometrics 43:207, one-sided):
+  the bound, one-sided, after Connor 1987, Biometrics 43:207):
 
       K = (z_c + z_power)^2 V / (epsilon - D)^2,   V = (delta - D^2) / R
 
@@ -103,7 +103,8 @@ class SamplePlan:
         head = (f"with {self.problems} problems x {self.repeats} the smallest certifiable drop is "
                 f"{self.smallest_certifiable:.3f} ({self.confidence:.0%} one-sided)")
         if self.needed is None:
-            return f"{head}; a point whose true drop is {self.true_drop:g} >= epsilon {self.epsilon:g} cannot be certified"
+            return (f"{head}; a point whose true drop is {self.true_drop:g} >= epsilon {self.epsilon:g} cannot be "
+                    "certified")
         spread = ("" if self.repeats == 1 or self.needed_concentrated == self.needed else
                   f" if the loss spreads evenly over problems ({self.needed_concentrated} if it concentrates in a few)")
         return (f"{head}; about {self.needed} problems x {self.repeats} would certify {self.epsilon:g}{spread} for a "

@@ -41,10 +41,12 @@ def brute_pvalue(n: int, tail: np.ndarray, d0: float, grid: int = 2001) -> float
     """Direct trinomial sum over the tail (no decomposition in m), maximised over a
     fine grid of discordance."""
     bi, ci = tail[:, 0], tail[:, 1]
-    log_c = special.gammaln(n + 1) - special.gammaln(bi + 1) - special.gammaln(ci + 1) - special.gammaln(n - bi - ci + 1)
+    log_c = (special.gammaln(n + 1) - special.gammaln(bi + 1) - special.gammaln(ci + 1)
+             - special.gammaln(n - bi - ci + 1))
     delta = np.linspace(max(abs(d0), 1e-12), 1.0, grid)[:, None]
     p10, p01 = (delta + d0) / 2, np.maximum((delta - d0) / 2, 0.0)
-    log_p = log_c + special.xlogy(bi, p10) + special.xlogy(ci, p01) + special.xlogy(n - bi - ci, np.maximum(1 - delta, 0))
+    log_p = (log_c + special.xlogy(bi, p10) + special.xlogy(ci, p01)
+             + special.xlogy(n - bi - ci, np.maximum(1 - delta, 0)))
     return float(np.exp(log_p).sum(axis=1).max())
 
 
@@ -173,7 +175,8 @@ def test_betting_bound_is_the_smallest_mean_whose_capital_reaches_one_over_alpha
         for order in orders:
             k, mean, var, wealth, sum_x, sum_sq = len(x), 0.5, 0.25, 1.0, 0.0, 0.0
             for i, xi in enumerate((x[j] for j in order), 1):
-                wealth *= 1 + min(math.sqrt(2 * math.log(1 / (1 - confidence)) / (k * var)), BET_CAP / (1 - m)) * (m - xi)
+                bet = min(math.sqrt(2 * math.log(1 / (1 - confidence)) / (k * var)), BET_CAP / (1 - m))
+                wealth *= 1 + bet * (m - xi)
                 sum_sq, sum_x = sum_sq + (xi - mean) ** 2, sum_x + xi
                 mean, var = (0.5 + sum_x) / (i + 1), (0.25 + sum_sq) / (i + 1)
             total += wealth
