@@ -30,7 +30,8 @@ from .judge import constraint_values, drop_ucb_at, point_metrics
 from .tasks import Problem
 from .tuning import candidates
 
-__all__ = ["Attempt", "Confirmation", "confirm", "confirmation_seed", "holdout_split", "split_confidence", "RULE"]
+__all__ = ["Attempt", "Confirmation", "confirm", "fresh_point", "confirmation_seed", "holdout_split",
+           "split_confidence", "RULE"]
 
 RULE = ("Bonferroni: the confidence c is split evenly over the T confirmations the search allows "
         "(methods x min(--confirmations, feasible candidates)); each is judged at 1 - (1 - c) / T, so every "
@@ -113,6 +114,29 @@ class Confirmation:
         return next((a for a in self.attempts if a.passed), None)
 
 
+def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, problems: list[Problem], seed: int, *,
+                profile, confidence: float, output_dir: str, evaluate_fn: Callable | None = None,
+                progress: bool = False) -> tuple[dict, EvalResult, EvalResult]:
+    """Run a point and strict at the same draft length on ``problems`` with base
+    ``seed`` (e.g. ``confirmation_seed(job seed, attempt)``) and judge the pair, for
+    any task: a confirmation, or a point tuned on one task evaluated on another.
+
+    Args:
+        spec, backend: the task and the model pair; method, knob, n_draft: the point.
+        profile: costs (``CostProfile`` or c_rel) for the modeled speed-up.
+        confidence: one-sided confidence of the drop bound in the metrics.
+        evaluate_fn: evaluation override with ``relaxtune.evaluation.evaluate``'s signature.
+
+    Returns:
+        ``(metrics, strict, relaxed)``: ``relaxtune.judge.point_metrics`` (drop bound
+        ``drop_ucb``, ``bound_method``, counts) and the two evaluations.
+    """
+    fn = evaluate_fn or evaluate
+    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed)
+    strict, relaxed = (fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs)
+    return point_metrics(strict, relaxed, n_draft, profile, confidence), strict, relaxed
+
+
 def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool = True,
             log: Callable[[str], None] = lambda message: None) -> dict[str, Confirmation]:
     """Confirm each method's candidates in turn (``relaxtune.tuning.candidates``:
@@ -141,14 +165,14 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
         out[method] = result = Confirmation(method, planned, level)
         for k, trial in enumerate(trials, 1):
             knob, n_draft, seed = trial.params.get("knob"), trial.params["n_draft"], confirmation_seed(s.seed, k)
-            configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed)
-            if not new_trials and not all(_recorded(tuner, c, problems) for c in configs):
+            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems):
                 result.missing = (f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
                                   "generates; run `relaxtune tune` to confirm")
                 log(f"{method}: {result.missing}")
                 break
-            strict, relaxed = (_evaluate(tuner, c, problems) for c in configs)
-            m = point_metrics(strict, relaxed, n_draft, tuner.profile, level)
+            m, strict, relaxed = fresh_point(tuner.spec, tuner.backend, method, knob, n_draft, problems, seed,
+                                             profile=tuner.profile, confidence=level, output_dir=s.output_dir,
+                                             evaluate_fn=tuner.evaluate_fn, progress=tuner.progress)
             passed = all(v <= 0 for v in constraint_values(m, judge).values())
             search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
             result.attempts.append(Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed,
@@ -161,16 +185,12 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
     return out
 
 
-def _evaluate(tuner, config: DecodeConfig, problems: list[Problem]) -> EvalResult:
-    fn = tuner.evaluate_fn or evaluate
-    return fn(tuner.spec, tuner.backend, config, output_dir=tuner.settings.output_dir, problems=problems,
-              progress=tuner.progress)
-
-
-def _recorded(tuner, config: DecodeConfig, problems: list[Problem]) -> bool:
+def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem]) -> bool:
+    """Both evaluations of a confirmation are finished on disk (an export reads, never generates)."""
     from .engine import native_server
 
-    name = getattr(tuner.backend, "name", "backend")
-    if native_server(tuner.backend, config.method) is not None:
-        name += "+native"  # as evaluate names SGLang's own server's records
-    return records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
+    pair = getattr(tuner.backend, "name", "backend")
+    native = "+native" if native_server(tuner.backend, method) is not None else ""  # as evaluate names them
+    return all(records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
+               for config, name in ((DecodeConfig("strict", None, n_draft, seed), pair),
+                                    (DecodeConfig(method, knob, n_draft, seed), pair + native)))
