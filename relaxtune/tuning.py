@@ -9,8 +9,10 @@ the JSONL records). The sampler is multi-objective TPE with constraints (``Trial
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
   one-sided ``confidence`` bound of the PAIRED drop (same problems, repeats and
-  seeds for strict and the trial: common random numbers), plus optional rambling
-  guards (length ratio, truncated share).
+  seeds for strict and the trial: common random numbers; ``relaxtune.stats.drop_bound``),
+  plus optional rambling guards (length ratio, truncated share). A point strict
+  dominates is never chosen (``choose``); the job confirms the chosen point on
+  fresh samples (``relaxtune.confirm``).
 
 Cost control: a trial is evaluated in stages of ``stage_size`` problems and
 pruned as soon as the lower bound of its drop already exceeds epsilon. Strict
