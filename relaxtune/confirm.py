@@ -92,7 +92,8 @@ class Attempt:
                 "seed": self.seed, "confidence": self.confidence, "passed": self.passed, "n": m["n"],
                 "problems": m["problems"], "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"],
                 "drop": m["drop"], "drop_upper_bound": m["drop_ucb"], "bound_method": m["bound_method"],
-                "search_drop_upper_bound": self.search_drop_upper_bound, "modeled_speedup": m["speedup"]}
+                "search_drop_upper_bound": self.search_drop_upper_bound, "l_accept": m["l_accept"],
+                "length_ratio": m["length_ratio"], "modeled_speedup": m["speedup"]}
 
 
 @dataclass

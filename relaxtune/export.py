@@ -216,9 +216,11 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
     else:
         rec["serving"] = methods[rec["method"]].serving
     planned = next(iter(confirmations.values())).planned if confirmations else 0
-    seen = [c["discordance"] for r in methods.values() if (c := r.closest) and "discordance" in c]
-    sample = plan(len(tuner.problems), spec.repeats, s.epsilon, s.confidence,
-                  discordance=min(seen) if seen else DEFAULT_DISCORDANCE)
+    tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
+             if t.state.name == "COMPLETE" and "strict_only" in (m := t.user_attrs.get("metrics", {}))]
+    pairs = sum(m["n"] for m in tried)  # discordance pooled over every completed trial, else the default
+    discordance = sum(m["strict_only"] + m["relaxed_only"] for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
+    sample = plan(len(tuner.problems), spec.repeats, s.epsilon, s.confidence, discordance=discordance)
     profile = tuner.profile
     return TunedConfig(
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from relaxtune.cli.app import console
+from relaxtune.cli.tune import _summary
 from relaxtune.confirm import confirm, confirmation_seed, holdout_split, split_confidence
 from relaxtune.evaluation import sample_seed
 from relaxtune.export import build_config, load_config, save_config
@@ -147,6 +149,12 @@ def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     assert result.search_drop_upper_bound is not None and len(result.confirmation["attempts"]) == 2
     assert any("FAILED" in line for line in lines) and any("confirmed" in line for line in lines)
     assert load_config(path).methods["cactus"].drop_upper_bound == result.drop_upper_bound
+    assert config.recommendation.method == "cactus" and "speed margin" in config.recommendation.reason
+    with console.capture() as captured:  # the summary `relaxtune tune` prints
+        _summary(config, path)
+    text = " ".join(captured.get().split())
+    assert "yes (try 2)" in text and "confirmation on fresh seeds (60 problems): 2 allowed, each at 95.0%" in text
+    assert f"{result.search_drop_upper_bound:.3f} │ {result.drop_upper_bound:.3f}" in text  # search and confirm UCB
     assert config.sample["problems"] == 60 and config.sample["smallest_certifiable"] < 0.15
     client = MlflowClient(uri)
     study = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
