@@ -87,6 +87,18 @@ def test_fixed_cases_invert_an_independent_p_value():
     assert u > tango_upper(10, 4, 164, 0.9) > 6 / 164
 
 
+def test_the_score_orders_outcomes_as_the_exact_bound_assumes():
+    """Tango's score rises with strict-only pairs at a fixed number of discordant pairs (the
+    tail is a prefix in b for each m) and falls with the drop tested (ranking by the score at
+    the observed bound is ranking by Tango's bound)."""
+    d0 = np.linspace(-0.999, 0.999, 301)
+    for n in (2, 7, 30, 60):
+        for m in range(n + 1):
+            b = np.arange(m + 1)
+            z = tango_score(b[:, None], (m - b)[:, None], n, d0[None, :])
+            assert np.all(np.diff(z, axis=0) >= -1e-12) and np.all(np.diff(z, axis=1) <= 1e-12), (n, m)
+
+
 @pytest.mark.parametrize("n", [1, 3, 6])
 def test_every_outcome_matches_brute_force(n):
     for b in range(n + 1):
