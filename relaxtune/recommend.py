@@ -99,14 +99,14 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
 
     observed, s_relax, s_strict = (v[0] for v in difference(full_p, full_s))
     boot = difference(w_point, w_strict)[0]
-    margin = observed - float(np.quantile(boot, 1.0 - confidence))
+    margin = max(observed - float(np.quantile(boot, 1.0 - confidence)), 0.0)
     how = (f"one-sided {confidence:.0%} percentile bootstrap over problems of the speed-up difference "
            f"({RESAMPLES} resamples)")
     spread = cost_spread(profile)
     if spread and n_draft != strict_n:
         margin = math.hypot(margin, spread * s_relax, spread * s_strict)
         how += f", with the cost profile's {spread:.1%} spread of each round cost added in quadrature"
-    return SpeedMargin(float(observed), max(float(margin), 0.0), confidence, how)
+    return SpeedMargin(float(observed), float(margin), confidence, how)
 
 
 def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]) -> dict:
