@@ -114,10 +114,11 @@ class Tracker:
             _frame(rows).to_json(path, orient="split", index=False, date_format="iso")  # log_table's format
             parent = str(Path(artifact_file).parent)
             self.client.log_artifact(run_id, str(path), None if parent == "." else parent)
-        logged = json.loads(self.client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
         entry = {"path": artifact_file, "type": "table"}
-        if entry not in logged:  # how the UI knows a table
-            self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
+        with self._lock():  # read-modify-write of one tag: workers finishing the same study at once
+            logged = json.loads(self.client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
+            if entry not in logged:  # how the UI knows a table
+                self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
 
     # ------------------------------------------------------------------ studies
 
@@ -157,6 +158,25 @@ class Tracker:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]
             self._log_table(run_id, rows, "samples.json")
         self.client.set_terminated(run_id, status="FINISHED" if state == "COMPLETE" else "KILLED" if state == "PRUNED" else "FAILED")
+
+    def log_confirmation(self, method: str, confirmation) -> None:
+        """A method's confirmation on its study run: every attempt as ``confirmation.json``,
+        the search and confirmation bounds of the last attempt as metrics (``search_drop_ucb``,
+        ``confirm_drop_ucb`` at ``confirm_confidence``) and the outcome as a tag."""
+        run_id = self.study_runs[method]
+        attempts = [a.summary() for a in confirmation.attempts]
+        self.client.log_dict(run_id, {"confidence": confirmation.confidence, "planned": confirmation.planned,
+                                      "attempts": attempts, "missing": confirmation.missing}, "confirmation.json")
+        if attempts:
+            last = attempts[-1]
+            for key, value in {"search_drop_ucb": last["search_drop_upper_bound"],
+                               "confirm_drop_ucb": last["drop_upper_bound"], "confirm_confidence": last["confidence"],
+                               "confirm_accuracy": last["accuracy"], "confirm_strict_accuracy": last["strict_accuracy"],
+                               "confirm_n": last["n"], "confirm_attempts": len(attempts)}.items():
+                self.client.log_metric(run_id, key, float(value))
+        done = confirmation.confirmed
+        self.client.set_tag(run_id, "relaxtune.confirmed",
+                            f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
 
     def baseline_points(self, tuner) -> list[Point]:
         """AR at speed-up 1 and strict at every evaluated N."""

@@ -12,26 +12,43 @@ from .options import settings_from, tune_options
 
 
 def _summary(config, path) -> None:
+    conf = config.confirmation
     table = Table(title=f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
                         f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}")
-    for col in ("method", "feasible", "knob", "N", "strict acc", "acc", "drop UCB", "l_accept", "L ratio", "speed-up",
-                "trials (pruned/failed)", "tokens"):
+    for col in ("method", "confirmed", "knob", "N", "strict acc", "acc", "search UCB", "confirm UCB", "l_accept",
+                "L ratio", "speed-up", "trials (pruned/failed)", "tokens"):
         table.add_column(col, justify="right")
     f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
     for r in config.methods.values():
+        tried = len((r.confirmation or {}).get("attempts", []))
         if r.feasible:
-            table.add_row(r.method, "yes", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}", f(r.n_draft, "d"),
-                          f(r.strict_accuracy), f(r.accuracy), f(r.drop_upper_bound), f(r.l_accept, ".2f"),
-                          f(r.length_ratio, ".2f"), f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})",
-                          str(r.tokens_spent))
+            table.add_row(r.method, f"yes (try {tried})", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                          f(r.n_draft, "d"), f(r.strict_accuracy), f(r.accuracy), f(r.search_drop_upper_bound),
+                          f(r.drop_upper_bound), f(r.l_accept, ".2f"), f(r.length_ratio, ".2f"),
+                          f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
             continue
-        c = r.closest or {}
+        attempts = (r.confirmation or {}).get("attempts") or []
+        c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
         knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
-        table.add_row(r.method, "[red]no[/red] (closest)", knob, f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")),
-                      f(c.get("accuracy")), f(c.get("drop_upper_bound")), f(c.get("l_accept"), ".2f"),
+        search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
+        table.add_row(r.method, f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]", knob,
+                      f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")), f(c.get("accuracy")), f(search),
+                      f(c.get("drop_upper_bound") if attempts else None), f(c.get("l_accept"), ".2f"),
                       f(c.get("length_ratio"), ".2f"), f(c.get("modeled_speedup"), ".2f"),
                       f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
     console.print(table)
+    for r in config.methods.values():  # why a method exports no point (its row: the last failed or the closest)
+        if r.note:
+            console.print(f"{r.method}: {r.note}", soft_wrap=True)
+    if conf["planned"]:
+        where = "fresh seeds" if conf["samples"] == "seeds" else "the held-out problems"
+        console.print(f"confirmation on {where} ({conf['problems']} problems): {conf['planned']} allowed, each at "
+                      f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
+                      "UCB is the exported bound)")
+    sample = config.sample  # what would decide, when nothing could be certified
+    console.print(sample["line"] if not any(r.feasible for r in config.methods.values()) else
+                  f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
+                  f"{sample['smallest_certifiable']:.3f}")
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
