@@ -11,6 +11,8 @@ the confirmations; what the sample can certify (``sample``,
 ``relaxtune.planning``); then one recommendation across methods
 (``relaxtune.recommend``). When no point is confirmed, or none beats strict
 by more than the speed margin, the recommendation is strict at its best N.
+``relaxtune transfer`` later adds a ``transfer`` section: how the task's
+point holds on other tasks, and theirs on it (``relaxtune.transfer``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pydantic import BaseModel, ConfigDict
 
 from .methods import get_method
 
-__all__ = ["MethodResult", "Recommendation", "TunedConfig", "build_config", "save_config", "load_config", "serving_args"]
+__all__ = ["MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
+           "load_config", "serving_args"]
 
 SCHEMA_VERSION = 2  # 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
 
@@ -86,8 +89,54 @@ class Recommendation(_Model):
     speed_margin: dict | None = None  # {difference, margin, confidence, how}: relaxed only when difference > margin
 
 
+class TransferCell(_Model):
+    """A tuned point of one task judged on another (``relaxtune.transfer``): a
+    source task's confirmed point of a method against the target's strict at the
+    same N, paired on the same problems and seeds, bounded at the transfer's
+    ``confidence_each``. ``samples`` is "confirmation" on the diagonal (the
+    target's own point on the samples of its passed confirmation) and "search"
+    elsewhere (the target's search problems and seed); ``error`` says why a
+    cell has no numbers (its evaluation failed: not within epsilon)."""
+
+    knob: float | None
+    n_draft: int
+    within_epsilon: bool
+    epsilon: float  # the target's
+    drop_upper_bound: float | None = None
+    drop: float | None = None
+    n: int | None = None
+    problems: int
+    seed: int
+    samples: str
+    accuracy: float | None = None
+    strict_accuracy: float | None = None
+    modeled_speedup: float | None = None  # on the target, at the target's costs
+    error: str | None = None
+
+
+class Transfer(_Model):
+    """The ``transfer`` section of a tuned config, written by ``relaxtune transfer``.
+
+    ``sources``: source task -> method -> that task's tuned point judged on this
+    task (this task's own point is the diagonal, on its confirmation samples);
+    ``targets``: target task -> method -> this task's tuned point judged on
+    that task, against its epsilon (empty: never checked beyond its own task).
+    Every cell is judged at ``confidence_each``, the transfer's ``confidence``
+    split over its ``cells`` (``rule``)."""
+
+    tasks: list[str]
+    confidence: float
+    confidence_each: float
+    cells: int
+    rule: str
+    sources: dict[str, dict[str, TransferCell]] = {}
+    targets: dict[str, dict[str, TransferCell]] = {}
+    created: str
+    mlflow: dict | None = None
+
+
 class TunedConfig(_Model):
-    """The exported file."""
+    """The exported file (``transfer``: written later by ``relaxtune transfer``)."""
 
     schema_version: int = SCHEMA_VERSION
     task: str
@@ -112,6 +161,7 @@ class TunedConfig(_Model):
     relaxtune_version: str
     created: str
     mlflow: dict | None = None
+    transfer: Transfer | None = None
 
 
 def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, verifier: str, sampling: dict) -> dict:

@@ -33,7 +33,7 @@ from pathlib import Path
 from .methods import get_method
 from .pareto import Point, combined_figure, front_figure, points_table, study_points
 
-__all__ = ["Tracker", "DEFAULT_URI", "filter_literal"]
+__all__ = ["Tracker", "DEFAULT_URI", "filter_literal", "experiment_id", "find_runs", "log_table"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 SAMPLE_COLUMNS = ("problem_id", "repeat", "seed", "verdict", "correct", "extracted", "finish_reason",
@@ -62,10 +62,8 @@ class Tracker:
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         self.points: dict[str, list[Point]] = {}
-        name = f"relaxtune-{task.name}"
         with self._lock():  # the first client of a new store creates its tables
-            exp = self.client.get_experiment_by_name(name)
-            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(name)
+            self.experiment_id = experiment_id(self.client, f"relaxtune-{task.name}")
             self.task_run_id = self._run(f"{task.name}__{pair}", None, {"relaxtune.kind": "task"},
                                          {"relaxtune.task_version": str(task.version)})
             if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
@@ -74,10 +72,7 @@ class Tracker:
 
     def _find(self, tags: dict[str, str]):
         """Active runs of the experiment carrying every tag in ``tags``, oldest first."""
-        clauses = [f"tags.`{k}` = {q}" for k, v in tags.items() if (q := filter_literal(v)) is not None]
-        runs = self.client.search_runs([self.experiment_id], filter_string=" and ".join(clauses),
-                                       order_by=["attributes.start_time ASC"])
-        return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
+        return find_runs(self.client, self.experiment_id, tags)
 
     def _run(self, name: str, parent: str | None, key: dict, tags: dict | None = None) -> str:
         """The run identified by ``key`` tags and this job (resumed), or a new one named ``name``."""
@@ -108,17 +103,8 @@ class Tracker:
         self.client.log_inputs(self.task_run_id, [DatasetInput(entity, [context])])
 
     def _log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
-        """``MlflowClient.log_table``, but replacing the table (log_table appends to an existing one)."""
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / Path(artifact_file).name
-            _frame(rows).to_json(path, orient="split", index=False, date_format="iso")  # log_table's format
-            parent = str(Path(artifact_file).parent)
-            self.client.log_artifact(run_id, str(path), None if parent == "." else parent)
-        entry = {"path": artifact_file, "type": "table"}
-        with self._lock():  # read-modify-write of one tag: workers finishing the same study at once
-            logged = json.loads(self.client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
-            if entry not in logged:  # how the UI knows a table
-                self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
+        """``log_table`` under the job's lock."""
+        log_table(self.client, run_id, rows, artifact_file, self._lock)
 
     # ------------------------------------------------------------------ studies
 
@@ -216,6 +202,37 @@ class Tracker:
         plt.close(fig)
         self.client.log_artifact(self.task_run_id, str(config_path))
         self.client.set_terminated(self.task_run_id)
+
+
+def experiment_id(client, name: str) -> str:
+    """The id of the experiment ``name``, created when missing."""
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name)
+
+
+def find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
+    """Active runs of an experiment carrying every tag in ``tags`` (values compared
+    exactly, quotes included: ``filter_literal``), oldest first."""
+    clauses = [f"tags.`{k}` = {q}" for k, v in tags.items() if (q := filter_literal(v)) is not None]
+    runs = client.search_runs([experiment_id], filter_string=" and ".join(clauses),
+                              order_by=["attributes.start_time ASC"])
+    return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
+
+
+def log_table(client, run_id: str, rows: list[dict], artifact_file: str, lock=nullcontext) -> None:
+    """``MlflowClient.log_table``, but replacing the table (log_table appends to an
+    existing one); ``lock`` guards the read-modify-write of the run's table tag
+    (workers finishing the same study at once)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        _frame(rows).to_json(path, orient="split", index=False, date_format="iso")  # log_table's format
+        parent = str(Path(artifact_file).parent)
+        client.log_artifact(run_id, str(path), None if parent == "." else parent)
+    entry = {"path": artifact_file, "type": "table"}
+    with lock():
+        logged = json.loads(client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
+        if entry not in logged:  # how the UI knows a table
+            client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
 
 
 def _frame(rows: list[dict]):

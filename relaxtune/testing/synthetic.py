@@ -39,7 +39,9 @@ class SyntheticPair:
 
 class Synthetic:
     """``evaluate`` stand-in (same signature). Records every call in ``calls`` as
-    ``(method, knob, n_draft, number of problems, base seed)``.
+    ``(method, knob, n_draft, number of problems, base seed)`` and, with ``delay``,
+    every sample it generated (not recorded yet) in ``generated`` as
+    ``(task, config label, problem id)``.
 
     Args:
         cliff: knob values above it lose accuracy; drop: the share of problems then wrong.
@@ -53,6 +55,7 @@ class Synthetic:
         self.cliff, self.drop, self.fail_above, self.delay = cliff, drop, fail_above, delay
         self.strict_accept = strict_accept
         self.calls: list[tuple] = []
+        self.generated: list[tuple[str, str, str]] = []
 
     def _record(self, config, problem: Problem) -> dict:
         k = config.knob
@@ -85,6 +88,7 @@ class Synthetic:
                     if record["problem_id"] not in done:
                         time.sleep(self.delay)
                         out.write((json.dumps(record) + "\n").encode())
+                        self.generated.append((spec.name, config.label, record["problem_id"]))
         return summarize(records, path)
 
 

@@ -1,0 +1,396 @@
+"""Transfer matrix: does a relaxation tuned on one task hold on another?
+
+For tasks with tuned configs (``relaxtune tune``), each method's confirmed point
+(method, knob, N) of every source task S is judged on every target task T,
+against T's strict at the same N, paired on the same problems and seeds
+(common random numbers), with the metrics and constraint of a tuning trial
+(``relaxtune.judge.point_metrics`` and ``constraint_values``: the drop bound
+``relaxtune.stats.drop_bound`` against T's epsilon, plus T's rambling guards)
+at a confirmation's confidence (below). The diagonal is each task's own point.
+
+Samples (``relaxtune.confirm.fresh_point``; ``evaluate`` skips finished
+samples, so every record that exists is reused and none is generated twice):
+
+- off the diagonal, T's search samples (T's search problems and base seed). S's
+  point was chosen on S's samples alone, so T's are fresh for it; T's strict at
+  N is the search's baseline (read back when T's search ran that N), and a
+  point T's search also tried is read back whole;
+- on the diagonal, the samples of T's passed confirmation (fresh seeds, or the
+  held-out half): T's search samples chose T's point and would flatter it; the
+  confirmation's records exist, so the diagonal generates nothing.
+
+Confidence split (Bonferroni, as for confirmations): the cells are fixed before
+any is evaluated, K = sum over methods of (sources with a confirmed point) x
+(targets), and each is judged at one-sided ``1 - (1 - c) / K``, so with
+confidence c every cell marked within epsilon holds at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from .confirm import fresh_point, holdout_split, split_confidence
+from .export import Transfer, TransferCell, TunedConfig, load_config, save_config
+from .judge import constraint_values
+from .settings import TuneSettings
+from .speed import CostProfile
+from .tasks import Problem, TaskSpec, load_problems, load_task
+
+__all__ = ["TransferError", "TunedTask", "Cell", "TransferMatrix", "load_tuned", "tuned_point", "plan_cells",
+           "evaluate_cells", "sections", "write_sections", "run_transfer", "RULE"]
+
+RULE = ("Bonferroni: the confidence c is split evenly over the K cells judged (methods x sources with a confirmed "
+        "point x targets, the diagonal included); each is judged at 1 - (1 - c) / K, so every cell marked within "
+        "epsilon holds at once with confidence c")
+
+
+class TransferError(ValueError):
+    """The transfer cannot run as asked (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class TunedTask:
+    """A task with a tuned config, as the transfer reads it.
+
+    Attributes:
+        spec: the task; config: its tuned config; path: the config's file.
+        settings: the tuning run's settings that judge a point on this task (epsilon,
+            rambling guards) and locate its samples (seed, problems, output folder).
+        search: the problems its search ran on (off-diagonal cells);
+        confirm: those its confirmations ran on (the diagonal).
+        profile: the costs its trials were priced with (``CostProfile`` or c_rel).
+    """
+
+    spec: TaskSpec
+    config: TunedConfig
+    path: Path
+    settings: TuneSettings
+    search: list[Problem] = field(repr=False)
+    confirm: list[Problem] = field(repr=False)
+    profile: CostProfile | float
+
+
+def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
+    """Read a task's tuned config and the settings of its tuning run from
+    ``output_dir`` (``<task>.tuned.yaml``, or the ``export`` path its
+    ``<task>.job.yaml`` names); the config decides the samples (seed, problems,
+    confirmation), the job file adds the rambling guards and SGLang servers.
+
+    Raises:
+        TransferError: no tuned config, one that does not validate, one tuned for
+            another version of the task, or a task whose problems changed since.
+        FileNotFoundError / ValueError: an unknown or invalid task.
+    """
+    from .job import job_file
+
+    spec = load_task(task)
+    saved = job_file(output_dir, spec.name)
+    job = yaml.safe_load(saved.read_text()) if saved.exists() else None
+    job = job if isinstance(job, dict) else {}
+    path = Path(job.get("export") or Path(output_dir) / f"{spec.name}.tuned.yaml")
+    if not path.exists():
+        raise TransferError(f"no tuned config for {spec.name} at {path}: run `relaxtune tune --task {task} "
+                            f"--output-dir {output_dir}` first")
+    try:
+        config = load_config(path)
+    except ValueError as err:
+        raise TransferError(f"{path} is not a tuned config of this relaxtune ({err}); re-export it with "
+                            "`relaxtune export`") from None
+    if config.task_version != spec.version:
+        raise TransferError(f"{path} was tuned for {spec.name} v{config.task_version}, the task is now "
+                            f"v{spec.version}: run `relaxtune tune --task {task}` again")
+    holdout = config.confirmation.get("samples") == "holdout"
+    limit = config.problems + (config.confirmation["problems"] if holdout else 0)
+    everything = load_problems(spec, limit)
+    search, held = holdout_split(everything, config.seed) if holdout else (everything, everything)
+    if len(search) != config.problems:
+        raise TransferError(f"{spec.name} has {len(everything)} problems now, its tuned config ran on "
+                            f"{config.problems}{' (search half)' if holdout else ''}: its data changed; re-tune it")
+    keep = {k: job[k] for k in ("max_length_ratio", "max_truncated", "drafter_url", "verifier_url", "tokenizer",
+                                "native_url", "concurrency") if job.get(k) is not None}
+    settings = TuneSettings(task=task, epsilon=config.epsilon, confidence=config.confidence, seed=config.seed,
+                            limit=limit, confirm="holdout" if holdout else "seeds", drafter=config.drafter,
+                            verifier=config.verifier, dtype=config.dtype, output_dir=str(output_dir), **keep)
+    profile = CostProfile.from_dict(config.cost_profile) if config.cost_profile else config.c_rel
+    return TunedTask(spec, config, path, settings, search, held, profile)
+
+
+def tuned_point(config: TunedConfig, method: str) -> tuple[float | None, int, int] | None:
+    """``(knob, n_draft, seed)`` of the method's confirmed point and the base seed of
+    the confirmation it passed, or None when the config confirmed none."""
+    result = config.methods.get(method)
+    if result is None or not result.feasible:
+        return None
+    passed = [a for a in (result.confirmation or {}).get("attempts", []) if a.get("passed")]
+    return (result.knob, result.n_draft, passed[-1]["seed"]) if passed else None
+
+
+@dataclass
+class Cell:
+    """``source``'s confirmed point of ``method`` judged on ``target``.
+
+    Attributes:
+        method, source, target: task names; knob, n_draft: the point.
+        samples: "confirmation" (the diagonal) or "search"; seed: their base seed;
+            problems: how many problems (x the target's repeats).
+        epsilon: the target's; confidence: one-sided, after the split.
+        metrics: ``relaxtune.judge.point_metrics`` on the target (``drop_ucb`` at
+            ``confidence``, ``speedup`` at the target's costs); empty when the
+            evaluation failed.
+        within: every constraint of the target holds.
+        error: why the evaluation failed, or None.
+    """
+
+    method: str
+    source: str
+    target: str
+    knob: float | None
+    n_draft: int
+    samples: str
+    seed: int
+    problems: int
+    epsilon: float
+    confidence: float
+    metrics: dict = field(default_factory=dict)
+    within: bool = False
+    error: str | None = None
+
+    @property
+    def diagonal(self) -> bool:
+        """The target's own point."""
+        return self.source == self.target
+
+    def exported(self) -> TransferCell:
+        """The cell as the tuned configs show it."""
+        m = self.metrics
+        return TransferCell(knob=self.knob, n_draft=self.n_draft, within_epsilon=self.within, epsilon=self.epsilon,
+                            drop_upper_bound=m.get("drop_ucb"), drop=m.get("drop"), n=m.get("n"),
+                            problems=self.problems, seed=self.seed, samples=self.samples, accuracy=m.get("accuracy"),
+                            strict_accuracy=m.get("strict_accuracy"), modeled_speedup=m.get("speedup"),
+                            error=self.error)
+
+    def row(self) -> dict:
+        """One row of the transfer table."""
+        m = self.metrics
+        return {"method": self.method, "source": self.source, "target": self.target, "knob": self.knob,
+                "n_draft": self.n_draft, "samples": self.samples, "seed": self.seed, "problems": self.problems,
+                "n": m.get("n"), "strict_accuracy": m.get("strict_accuracy"), "accuracy": m.get("accuracy"),
+                "drop": m.get("drop"), "drop_upper_bound": m.get("drop_ucb"), "confidence": self.confidence,
+                "epsilon": self.epsilon, "within_epsilon": self.within, "bound_method": m.get("bound_method"),
+                "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"),
+                "modeled_speedup": m.get("speedup"), "error": self.error}
+
+
+@dataclass
+class TransferMatrix:
+    """Every cell of a transfer run.
+
+    Attributes:
+        tasks: task names, rows and columns in this order; methods: one matrix each.
+        confidence: the family's one-sided confidence; confidence_each: each cell's.
+        cells: judged cells (a source without a confirmed point has none in its row).
+        pair: the model pair; key: the run's identity (tasks, methods, confidence,
+            pair and each tuned config's version and creation time).
+    """
+
+    tasks: list[str]
+    methods: list[str]
+    confidence: float
+    confidence_each: float
+    cells: list[Cell]
+    pair: str
+    key: str
+
+    def cell(self, method: str, source: str, target: str) -> Cell | None:
+        """The cell, or None when ``source`` has no confirmed point of ``method``."""
+        return next((c for c in self.cells if (c.method, c.source, c.target) == (method, source, target)), None)
+
+    def rows(self) -> list[dict]:
+        """The transfer table: one row per cell."""
+        return [c.row() for c in self.cells]
+
+
+def plan_cells(tuned: dict[str, TunedTask], methods: list[str]) -> list[tuple[str, str, str]]:
+    """``(method, source, target)`` of every cell to judge: every source with a
+    confirmed point of the method, on every task (its own included)."""
+    return [(m, s, t) for m in methods for s in tuned if tuned_point(tuned[s].config, m) is not None for t in tuned]
+
+
+def _profile(target: TunedTask, source: TunedTask, n_draft: int) -> CostProfile | float:
+    """The target's costs; a round cost at a draft length the target never measured
+    comes from the source's profile (same pair and machine) when it has it."""
+    mine, theirs = target.profile, source.profile
+    if (isinstance(mine, CostProfile) and isinstance(theirs, CostProfile) and n_draft + 1 not in mine.t_verify
+            and n_draft + 1 in theirs.t_verify):
+        return CostProfile(mine.t_ar, mine.t_draft, {**mine.t_verify, n_draft + 1: theirs.t_verify[n_draft + 1]},
+                           mine.source)
+    return mine
+
+
+def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: float, backend, *,
+                   evaluate_fn: Callable | None = None, progress: bool = True,
+                   log: Callable[[str], None] = lambda message: None) -> TransferMatrix:
+    """Judge every cell of ``plan_cells`` (module doc: samples and confidence split).
+
+    Args:
+        tuned: task name -> ``TunedTask`` (rows and columns in this order).
+        methods: one matrix each; confidence: the family's, in (0, 1).
+        backend: the model pair every config was tuned with.
+        evaluate_fn: evaluation override with ``relaxtune.evaluation.evaluate``'s signature.
+        log: one line per cell.
+
+    Returns:
+        ``TransferMatrix``. A cell whose evaluation raises keeps the error and is
+        not within epsilon; the others still run.
+    """
+    planned = plan_cells(tuned, methods)
+    level = split_confidence(confidence, len(planned))
+    cells = []
+    for i, (method, source, target) in enumerate(planned, 1):
+        src, tgt = tuned[source], tuned[target]
+        knob, n_draft, confirm_seed = tuned_point(src.config, method)
+        diagonal = source == target
+        problems, seed = (tgt.confirm, confirm_seed) if diagonal else (tgt.search, tgt.config.seed)
+        cell = Cell(method, source, target, knob, n_draft, "confirmation" if diagonal else "search", seed,
+                    len(problems), tgt.config.epsilon, level)
+        try:
+            cell.metrics, _, _ = fresh_point(tgt.spec, backend, method, knob, n_draft, problems, seed,
+                                             profile=_profile(tgt, src, n_draft), confidence=level,
+                                             output_dir=tgt.settings.output_dir, evaluate_fn=evaluate_fn,
+                                             progress=progress)
+            judge = tgt.settings.model_copy(update={"confidence": level})
+            cell.within = all(v <= 0 for v in constraint_values(cell.metrics, judge).values())
+        except Exception as err:  # noqa: BLE001 - one failed cell must not lose the others
+            cell.error = f"{type(err).__name__}: {err}"
+        knob_text = "" if knob is None else f" {src.config.methods[method].knob_name}={knob:g}"
+        head = f"[{i}/{len(planned)}] {method}{knob_text} N={n_draft}: {source} -> {target} ({cell.samples} samples)"
+        if cell.error:
+            log(f"{head}: FAILED ({cell.error})")
+        else:
+            m = cell.metrics
+            log(f"{head}: accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f} (n={m['n']}), drop <= "
+                f"{m['drop_ucb']:.3f} at {level:.1%}, epsilon {cell.epsilon:g}: "
+                + ("within" if cell.within else "OVER") + f", speed-up {m['speedup']:.2f}")
+        cells.append(cell)
+    configs = [(name, t.config.task_version, t.config.created) for name, t in tuned.items()]
+    pair = getattr(backend, "name", "backend")
+    ident = json.dumps({"tasks": configs, "methods": methods, "confidence": confidence, "pair": pair})
+    key = f"transfer-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+    return TransferMatrix(list(tuned), list(methods), confidence, level, cells, pair, key)
+
+
+def sections(matrix: TransferMatrix, mlflow: dict[str, dict] | None = None) -> dict[str, Transfer]:
+    """Task name -> the ``transfer`` section of its tuned config (``mlflow``: task
+    name -> where its transfer run is)."""
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    out = {}
+    for name in matrix.tasks:
+        sources: dict[str, dict[str, TransferCell]] = {}
+        targets: dict[str, dict[str, TransferCell]] = {}
+        for c in matrix.cells:
+            if c.target == name:
+                sources.setdefault(c.source, {})[c.method] = c.exported()
+            elif c.source == name:
+                targets.setdefault(c.target, {})[c.method] = c.exported()
+        out[name] = Transfer(tasks=matrix.tasks, confidence=matrix.confidence, confidence_each=matrix.confidence_each,
+                             cells=len(matrix.cells), rule=RULE, sources=sources, targets=targets, created=created,
+                             mlflow=(mlflow or {}).get(name))
+    return out
+
+
+def write_sections(tuned: dict[str, TunedTask], parts: dict[str, Transfer],
+                   log: Callable[[str], None] = lambda message: None) -> list[Path]:
+    """Write each task's ``transfer`` section into its tuned config (read again
+    first; a config re-tuned since the transfer read it is left alone, and said
+    so). Returns the files written."""
+    written = []
+    for name, part in parts.items():
+        task = tuned[name]
+        current = load_config(task.path)
+        if current.created != task.config.created:
+            log(f"{task.path} changed during the transfer (tuned again?): its transfer section is not written; run "
+                "`relaxtune transfer` again")
+            continue
+        written.append(save_config(current.model_copy(update={"transfer": part}), task.path))
+    return written
+
+
+def _methods(tuned: dict[str, TunedTask], methods: list[str] | None) -> list[str]:
+    """The methods to judge: those given, else every method some config confirmed.
+
+    Raises:
+        TransferError: a method no config confirmed a point for, or none at all.
+    """
+    from .methods import get_method
+
+    confirmed = list(dict.fromkeys(m for t in tuned.values() for m in t.config.methods
+                                   if tuned_point(t.config, m) is not None))
+    for m in methods or []:
+        get_method(m)
+        if m not in confirmed:
+            raise TransferError(f"no task has a confirmed point for {m} (confirmed: {', '.join(confirmed) or 'none'}): "
+                                "tune it, or leave it out of --methods")
+    if not confirmed:
+        raise TransferError("no task has a confirmed point for any method, so no setting can transfer: tune with more "
+                            "problems (--limit) or a larger --epsilon (see `relaxtune plan`)")
+    return list(methods or confirmed)
+
+
+def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence: float | None = None, *,
+                 output_dir: str | Path = "relaxtune-runs", mlflow_uri: str | None = None, backend=None,
+                 evaluate_fn: Callable | None = None, progress: bool = True, track: bool = True,
+                 log: Callable[[str], None] = print) -> tuple[TransferMatrix, list[Path]]:
+    """The transfer matrix of ``tasks`` end to end: read their tuned configs, judge
+    every cell, log the table and figure to MLflow (``relaxtune.transfer_tracking``),
+    write each config's ``transfer`` section.
+
+    Args:
+        tasks: at least two task names or YAML paths, each tuned in ``output_dir``.
+        methods: default every method some config confirmed a point for.
+        confidence: the family's one-sided confidence; default the highest of the configs'.
+        backend: the model pair (default: loaded from the first task's tuning settings).
+        evaluate_fn: evaluation override (the Prefect flow's task); track: log to MLflow.
+
+    Returns:
+        ``(matrix, configs written)``.
+
+    Raises:
+        TransferError: fewer than two tasks, a task given twice, configs tuned with
+            different model pairs, or as ``load_tuned`` and the method check.
+    """
+    from .job import load_backend
+
+    tuned: dict[str, TunedTask] = {}
+    for task in tasks:
+        t = load_tuned(task, output_dir)
+        if t.spec.name in tuned:
+            raise TransferError(f"task {t.spec.name} is given twice")
+        tuned[t.spec.name] = t
+    if len(tuned) < 2:
+        raise TransferError("a transfer needs at least two tasks (--tasks A,B)")
+    pairs = {(t.config.drafter, t.config.verifier, t.config.dtype) for t in tuned.values()}
+    if len(pairs) > 1:
+        raise TransferError("the tuned configs come from different model pairs (" + "; ".join(
+            f"{n}: {t.config.drafter} -> {t.config.verifier} ({t.config.dtype})" for n, t in tuned.items())
+            + "): a transfer compares tasks on one pair; tune them all with the same --drafter, --verifier, --dtype")
+    methods = _methods(tuned, methods)
+    if confidence is None:
+        confidence = max(t.config.confidence for t in tuned.values())
+    if not 0 < confidence < 1:
+        raise TransferError(f"confidence must be in (0, 1), got {confidence}")
+    if backend is None:
+        backend = load_backend(next(iter(tuned.values())).settings)
+    matrix = evaluate_cells(tuned, methods, confidence, backend, evaluate_fn=evaluate_fn, progress=progress, log=log)
+    runs = None
+    if track:
+        from .transfer_tracking import log_transfer
+
+        runs = log_transfer(matrix, mlflow_uri)
+    return matrix, write_sections(tuned, sections(matrix, runs), log)
