@@ -53,15 +53,16 @@ def _transient(task, task_run, state) -> bool:
 
 
 def load_backend(settings: TuneSettings):
-    """The settings' backend (in-process pair or SGLang), loaded once per process."""
-    return _cached_backend(settings.task, tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
+    """The settings' backend (in-process pair or SGLang), loaded once per process
+    whatever the task (a transfer evaluates several tasks on one pair)."""
+    return _cached_backend(tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_backend(task: str, fields: tuple):
+def _cached_backend(fields: tuple):
     from relaxtune.job import load_backend
 
-    return load_backend(TuneSettings(task=task, **dict(fields)))
+    return load_backend(TuneSettings.model_construct(**dict(fields)))  # only its backend fields are read
 
 
 def problems_of(task: str, limit: int | None) -> tuple:

@@ -385,8 +385,13 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
         confidence = max(t.config.confidence for t in tuned.values())
     if not 0 < confidence < 1:
         raise TransferError(f"confidence must be in (0, 1), got {confidence}")
+    cells = plan_cells(tuned, methods)
+    log(f"{len(cells)} cells ({', '.join(methods)}: each source's confirmed point on every task), each judged at "
+        f"{split_confidence(confidence, len(cells)):.2%} one-sided")
     if backend is None:
-        backend = load_backend(next(iter(tuned.values())).settings)
+        first = next(iter(tuned.values())).settings
+        log(f"loading {first.drafter} -> {first.verifier} (generates only samples not recorded yet)")
+        backend = load_backend(first)
     matrix = evaluate_cells(tuned, methods, confidence, backend, evaluate_fn=evaluate_fn, progress=progress, log=log)
     runs = None
     if track:

@@ -106,6 +106,50 @@ def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
     assert (day, month, weekday) == ("*", "*", "*") and minute.isdigit() and hour.isdigit()  # daily
     tune_new.validate_parameters(new["parameters"])
     assert "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY=true" in (ROOT / "prefect.yaml").read_text()
+    from flows.transfer import transfer_matrix
+
+    (transfer,) = [d for d in spec["deployments"] if d["entrypoint"] == "flows/transfer.py:transfer_matrix"]
+    transfer_matrix.validate_parameters(transfer["parameters"])
+    assert set(transfer["parameters"]["tasks"]) <= set(per_task)
+
+
+def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_path, tiny_pair_dirs):
+    """Two tiny tasks tuned at the same point (cactus delta = 0.1, N = 2): the diagonal is
+    read from the confirmations' records, each other cell from the other task's search
+    (its strict and its trial of that point), so neither the flow nor the command
+    generates a sample; both judge the same cells."""
+    from typer.testing import CliRunner
+
+    from flows.transfer import transfer_matrix
+    from relaxtune.cli import app
+    from relaxtune.export import load_config
+    from relaxtune.job import run_tune_job
+    from relaxtune.stats import drop_bound
+
+    settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.9, methods=["cactus"], limit=4, trials=1, n_drafts=[2])
+    tasks = [write_tiny_task(tmp_path, name=name) for name in ("tiny_math", "tiny_sums")]
+    for task in tasks:
+        config, _ = run_tune_job(TuneSettings(**settings | {"task": task}), progress=False, track=False,
+                                 log=lambda message: None)
+        assert (config.methods["cactus"].feasible, config.methods["cactus"].knob) == (True, 0.1)
+    runs = tmp_path / "runs"
+    records = {p: p.read_text() for p in runs.rglob("*.jsonl")}
+    result = transfer_matrix(tasks=tasks, output_dir=str(runs), mlflow_uri=settings["mlflow_uri"])
+    assert {p: p.read_text() for p in runs.rglob("*.jsonl")} == records  # nothing generated
+    cells = [(r["source"], r["target"], r["samples"], r["within_epsilon"]) for r in result["cells"]]
+    assert cells == [("tiny_math", "tiny_math", "confirmation", True), ("tiny_math", "tiny_sums", "search", True),
+                     ("tiny_sums", "tiny_math", "search", True), ("tiny_sums", "tiny_sums", "confirmation", True)]
+    assert sorted(Path(p).name for p in result["written"]) == ["tiny_math.tuned.yaml", "tiny_sums.tuned.yaml"]
+    assert load_config(runs / "tiny_sums.tuned.yaml").transfer.targets["tiny_math"]["cactus"].within_epsilon
+    out = CliRunner().invoke(app, ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs),
+                                   "--mlflow-uri", settings["mlflow_uri"]], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert {p: p.read_text() for p in runs.rglob("*.jsonl")} == records
+    bounds = {round(r["drop_upper_bound"], 3) for r in result["cells"]}
+    assert bounds == {round(drop_bound([(1, 0, 0)] * 4, 0.975).upper, 3)}  # no discordance, 0.9 over four cells
+    text = " ".join(out.output.split())
+    assert text.count(f"\u2713 <= {bounds.pop():.3f} (eps 0.9)") == 4 and "tiny_sums (delta=0.1 N=2)" in text
+    assert "each cell judged at 97.50% one-sided" in text and text.count("transfer section written to") == 2
 
 
 def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair_dirs):

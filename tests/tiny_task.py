@@ -5,11 +5,11 @@ from pathlib import Path
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def write_tiny_task(directory: Path, max_new_tokens: int = 10) -> str:
-    """Write ``tiny_math.yaml`` into ``directory`` and return its path."""
-    path = Path(directory) / "tiny_math.yaml"
+def write_tiny_task(directory: Path, max_new_tokens: int = 10, name: str = "tiny_math") -> str:
+    """Write ``<name>.yaml`` into ``directory`` and return its path."""
+    path = Path(directory) / f"{name}.yaml"
     path.write_text(f"""
-name: tiny_math
+name: {name}
 version: 1
 dataset: {{path: json, data_files: {FIXTURES / 'tiny_math.jsonl'}}}
 fields: {{question: question, answer: answer}}
