@@ -27,7 +27,6 @@ confidence c every cell marked within epsilon holds at once.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -37,18 +36,15 @@ from typing import Callable
 import yaml
 
 from .confirm import fresh_point, holdout_split, split_confidence
-from .export import Transfer, TransferCell, TunedConfig, load_config, save_config
+from .export import TunedConfig, load_config
 from .judge import constraint_values
 from .settings import TuneSettings
 from .speed import CostProfile
 from .tasks import Problem, TaskSpec, load_problems, load_task
+from .transfer_matrix import RULE, Cell, TransferMatrix, sections, write_sections
 
 __all__ = ["TransferError", "TunedTask", "Cell", "TransferMatrix", "load_tuned", "tuned_point", "plan_cells",
-           "evaluate_cells", "sections", "write_sections", "run_transfer", "RULE"]
-
-RULE = ("Bonferroni: the confidence c is split evenly over the K cells judged (methods x sources with a confirmed "
-        "point x targets, the diagonal included); each is judged at 1 - (1 - c) / K, so every cell marked within "
-        "epsilon holds at once with confidence c")
+           "evaluate_cells", "run_transfer", "RULE"]
 
 
 class TransferError(ValueError):
@@ -132,91 +128,6 @@ def tuned_point(config: TunedConfig, method: str) -> tuple[float | None, int, in
     return (result.knob, result.n_draft, passed[-1]["seed"]) if passed else None
 
 
-@dataclass
-class Cell:
-    """``source``'s confirmed point of ``method`` judged on ``target``.
-
-    Attributes:
-        method, source, target: task names; knob, n_draft: the point.
-        samples: "confirmation" (the diagonal) or "search"; seed: their base seed;
-            problems: how many problems (x the target's repeats).
-        epsilon: the target's; confidence: one-sided, after the split.
-        metrics: ``relaxtune.judge.point_metrics`` on the target (``drop_ucb`` at
-            ``confidence``, ``speedup`` at the target's costs); empty when the
-            evaluation failed.
-        within: every constraint of the target holds.
-        error: why the evaluation failed, or None.
-    """
-
-    method: str
-    source: str
-    target: str
-    knob: float | None
-    n_draft: int
-    samples: str
-    seed: int
-    problems: int
-    epsilon: float
-    confidence: float
-    metrics: dict = field(default_factory=dict)
-    within: bool = False
-    error: str | None = None
-
-    @property
-    def diagonal(self) -> bool:
-        """The target's own point."""
-        return self.source == self.target
-
-    def exported(self) -> TransferCell:
-        """The cell as the tuned configs show it."""
-        m = self.metrics
-        return TransferCell(knob=self.knob, n_draft=self.n_draft, within_epsilon=self.within, epsilon=self.epsilon,
-                            drop_upper_bound=m.get("drop_ucb"), drop=m.get("drop"), n=m.get("n"),
-                            problems=self.problems, seed=self.seed, samples=self.samples, accuracy=m.get("accuracy"),
-                            strict_accuracy=m.get("strict_accuracy"), modeled_speedup=m.get("speedup"),
-                            error=self.error)
-
-    def row(self) -> dict:
-        """One row of the transfer table."""
-        m = self.metrics
-        return {"method": self.method, "source": self.source, "target": self.target, "knob": self.knob,
-                "n_draft": self.n_draft, "samples": self.samples, "seed": self.seed, "problems": self.problems,
-                "n": m.get("n"), "strict_accuracy": m.get("strict_accuracy"), "accuracy": m.get("accuracy"),
-                "drop": m.get("drop"), "drop_upper_bound": m.get("drop_ucb"), "confidence": self.confidence,
-                "epsilon": self.epsilon, "within_epsilon": self.within, "bound_method": m.get("bound_method"),
-                "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"),
-                "modeled_speedup": m.get("speedup"), "error": self.error}
-
-
-@dataclass
-class TransferMatrix:
-    """Every cell of a transfer run.
-
-    Attributes:
-        tasks: task names, rows and columns in this order; methods: one matrix each.
-        confidence: the family's one-sided confidence; confidence_each: each cell's.
-        cells: judged cells (a source without a confirmed point has none in its row).
-        pair: the model pair; key: the run's identity (tasks, methods, confidence,
-            pair and each tuned config's version and creation time).
-    """
-
-    tasks: list[str]
-    methods: list[str]
-    confidence: float
-    confidence_each: float
-    cells: list[Cell]
-    pair: str
-    key: str
-
-    def cell(self, method: str, source: str, target: str) -> Cell | None:
-        """The cell, or None when ``source`` has no confirmed point of ``method``."""
-        return next((c for c in self.cells if (c.method, c.source, c.target) == (method, source, target)), None)
-
-    def rows(self) -> list[dict]:
-        """The transfer table: one row per cell."""
-        return [c.row() for c in self.cells]
-
-
 def plan_cells(tuned: dict[str, TunedTask], methods: list[str]) -> list[tuple[str, str, str]]:
     """``(method, source, target)`` of every cell to judge: every source with a
     confirmed point of the method, on every task (its own included)."""
@@ -286,42 +197,6 @@ def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: 
     return TransferMatrix(list(tuned), list(methods), confidence, level, cells, pair, key)
 
 
-def sections(matrix: TransferMatrix, mlflow: dict[str, dict] | None = None) -> dict[str, Transfer]:
-    """Task name -> the ``transfer`` section of its tuned config (``mlflow``: task
-    name -> where its transfer run is)."""
-    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    out = {}
-    for name in matrix.tasks:
-        sources: dict[str, dict[str, TransferCell]] = {}
-        targets: dict[str, dict[str, TransferCell]] = {}
-        for c in matrix.cells:
-            if c.target == name:
-                sources.setdefault(c.source, {})[c.method] = c.exported()
-            elif c.source == name:
-                targets.setdefault(c.target, {})[c.method] = c.exported()
-        out[name] = Transfer(tasks=matrix.tasks, confidence=matrix.confidence, confidence_each=matrix.confidence_each,
-                             cells=len(matrix.cells), rule=RULE, sources=sources, targets=targets, created=created,
-                             mlflow=(mlflow or {}).get(name))
-    return out
-
-
-def write_sections(tuned: dict[str, TunedTask], parts: dict[str, Transfer],
-                   log: Callable[[str], None] = lambda message: None) -> list[Path]:
-    """Write each task's ``transfer`` section into its tuned config (read again
-    first; a config re-tuned since the transfer read it is left alone, and said
-    so). Returns the files written."""
-    written = []
-    for name, part in parts.items():
-        task = tuned[name]
-        current = load_config(task.path)
-        if current.created != task.config.created:
-            log(f"{task.path} changed during the transfer (tuned again?): its transfer section is not written; run "
-                "`relaxtune transfer` again")
-            continue
-        written.append(save_config(current.model_copy(update={"transfer": part}), task.path))
-    return written
-
-
 def _methods(tuned: dict[str, TunedTask], methods: list[str] | None) -> list[str]:
     """The methods to judge: those given, else every method some config confirmed.
 
@@ -363,7 +238,8 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
 
     Raises:
         TransferError: fewer than two tasks, a task given twice, configs tuned with
-            different model pairs, or as ``load_tuned`` and the method check.
+            different model pairs, every cell failed, or as ``load_tuned`` and the
+            method check.
     """
     from .job import load_backend
 
@@ -393,6 +269,8 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
         log(f"loading {first.drafter} -> {first.verifier} (generates only samples not recorded yet)")
         backend = load_backend(first)
     matrix = evaluate_cells(tuned, methods, confidence, backend, evaluate_fn=evaluate_fn, progress=progress, log=log)
+    if all(c.error for c in matrix.cells):  # e.g. servers down: keep the sections and runs of the last transfer
+        raise TransferError(f"every cell failed (the first: {matrix.cells[0].error}): nothing logged or written")
     runs = None
     if track:
         from .transfer_tracking import log_transfer

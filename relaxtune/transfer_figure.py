@@ -54,8 +54,8 @@ def matrix_figure(matrix):
     margins = [c.metrics["drop_ucb"] - c.epsilon for c in matrix.cells if c.metrics]
     lim = 1.5 * max([abs(v) for v in margins] + [0.05])  # the darkest shades unused: the text stays legible
     norm = TwoSlopeNorm(vmin=-lim, vcenter=0.0, vmax=lim)
-    fig, axes = plt.subplots(1, len(methods), figsize=(0.8 + len(methods) * (1.4 + 2.0 * k), 1.6 + 1.3 * k), squeeze=False,
-                             layout="constrained")
+    size = (0.8 + len(methods) * (1.4 + 2.0 * k), 1.6 + 1.3 * k)
+    fig, axes = plt.subplots(1, len(methods), figsize=size, squeeze=False, layout="constrained")
     image = None
     for ax, method in zip(axes[0], methods):
         grid = np.full((k, k), np.nan)

@@ -17,7 +17,8 @@ from relaxtune.job import run_tune_job
 from relaxtune.settings import TuneSettings
 from relaxtune.stats import drop_bound
 from relaxtune.tasks import load_problems, load_task
-from relaxtune.transfer import TransferError, run_transfer
+from relaxtune.transfer import Cell, TransferError, TransferMatrix, run_transfer
+from relaxtune.transfer_figure import OVER, WITHIN, matrix_figure
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 
@@ -27,8 +28,10 @@ PROBLEMS = 40
 class PerTask:
     """``evaluate`` stand-in: each task its own ``Synthetic`` truth, every new sample recorded on disk."""
 
-    def __init__(self):
-        self.by_task = {"safe": Synthetic(cliff=100.0, delay=1e-4), "fragile": Synthetic(cliff=1.0, delay=1e-4)}
+    def __init__(self, fail_above: dict[str, float] | None = None):
+        fail = fail_above or {}
+        self.by_task = {"safe": Synthetic(cliff=100.0, delay=1e-4, fail_above=fail.get("safe")),
+                        "fragile": Synthetic(cliff=1.0, delay=1e-4, fail_above=fail.get("fragile"))}
 
     def __call__(self, spec, backend, config, **kw):
         return self.by_task[spec.name](spec, backend, config, **kw)
@@ -121,13 +124,14 @@ def test_the_tuned_configs_gain_a_transfer_section_that_round_trips(tuned, tmp_p
     before = {n: load_config(Path(output_dir) / f"{n}.tuned.yaml") for n in ("safe", "fragile")}
     matrix, written = transfer(tuned)
     assert sorted(p.name for p in written) == ["fragile.tuned.yaml", "safe.tuned.yaml"]
-    fragile, safe = load_config(Path(output_dir) / "fragile.tuned.yaml"), load_config(Path(output_dir) / "safe.tuned.yaml")
+    fragile, safe = (load_config(Path(output_dir) / f"{n}.tuned.yaml") for n in ("fragile", "safe"))
     assert fragile.model_copy(update={"transfer": None}) == before["fragile"]  # nothing else changed
     part = fragile.transfer
     assert part.tasks == ["safe", "fragile"] and part.cells == 4 and part.confidence_each == pytest.approx(0.975)
     assert "Bonferroni" in part.rule and set(part.sources) == {"safe", "fragile"} and set(part.targets) == {"safe"}
     theirs, mine = part.sources["safe"]["cactus"], part.sources["fragile"]["cactus"]
-    assert (theirs.knob, theirs.within_epsilon, theirs.n, theirs.samples, theirs.epsilon) == (10.0, False, 20, "search", 0.2)
+    assert (theirs.knob, theirs.within_epsilon, theirs.n, theirs.samples, theirs.epsilon) == \
+        (10.0, False, 20, "search", 0.2)
     assert theirs.drop_upper_bound == pytest.approx(matrix.cell("cactus", "safe", "fragile").metrics["drop_ucb"])
     assert (mine.knob, mine.within_epsilon, mine.samples, mine.n) == (1.0, True, "confirmation", 20)
     assert part.targets["safe"]["cactus"].within_epsilon and part.targets["safe"]["cactus"].epsilon == 0.15
@@ -143,7 +147,8 @@ def test_the_figure_and_table_are_logged_in_each_task_and_across_tasks(tuned, tm
     for experiment in ("relaxtune-safe", "relaxtune-fragile", "relaxtune-transfer"):
         exp = client.get_experiment_by_name(experiment)
         (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "transfer"]
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"transfer_matrix.png", "transfer_matrix.json"}
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"transfer_matrix.png",
+                                                                            "transfer_matrix.json"}
         table = json.loads(Path(client.download_artifacts(run.info.run_id, "transfer_matrix.json",
                                                           str(tmp_path / experiment))).read_text())
         rows = [dict(zip(table["columns"], r)) for r in table["data"]]
@@ -179,3 +184,50 @@ def test_bad_requests_are_refused_with_the_way_out(tuned, tmp_path):
     save_config(config.model_copy(update={"verifier": "another-verifier"}), path)
     with pytest.raises(TransferError, match="different model pairs"):
         transfer(tuned)
+
+
+def test_the_target_judges_with_its_own_guards_and_a_failed_cell_is_kept(tuned):
+    """A rambling guard of the target's tuning run (safe: length ratio <= 0.5, which
+    every point breaks) holds every cell judged on safe out of epsilon, the diagonal
+    included; an evaluation that fails on fragile is an error cell, the others run."""
+    tasks, output_dir, _ = tuned
+    job = Path(output_dir) / "safe.job.yaml"
+    job.write_text(job.read_text() + "max_length_ratio: 0.5\n")
+    matrix, _ = transfer(tuned, PerTask(fail_above={"fragile": 5.0}))
+    cell = {(c.source, c.target): c for c in matrix.cells}
+    assert not cell["safe", "safe"].within and not cell["fragile", "safe"].within
+    assert cell["safe", "safe"].metrics["drop_ucb"] < 0.15 and cell["safe", "safe"].metrics["length_ratio"] == 1.0
+    assert cell["fragile", "fragile"].within  # fragile's tuning run had no guard
+    broken = cell["safe", "fragile"]
+    assert broken.error == "RuntimeError: evaluation exploded" and not broken.within and broken.metrics == {}
+    exported = load_config(Path(output_dir) / "fragile.tuned.yaml").transfer.sources["safe"]["cactus"]
+    assert exported.error == broken.error and exported.within_epsilon is False and exported.drop_upper_bound is None
+    with pytest.raises(TransferError, match="every cell failed"):
+        transfer(tuned, PerTask(fail_above={"fragile": 0.0, "safe": 0.0}))
+    assert load_config(Path(output_dir) / "fragile.tuned.yaml").transfer.sources["safe"]["cactus"] == exported
+
+
+def _cell(method, source, target, ucb=None, within=False, error=None):
+    metrics = {} if ucb is None else {"drop_ucb": ucb, "speedup": 1.5, "n": 30}
+    return Cell(method, source, target, 1.0, 4, "search", 0, 30, 0.1, 0.99, metrics, within, error)
+
+
+def test_the_figure_marks_every_cell_by_its_verdict():
+    """Three tasks: c has no confirmed cactus point (its row is grey), a -> b is over
+    epsilon (a cross, hatched), b -> c failed (a cross, hatched); the diagonal is outlined."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    cells = [_cell("cactus", "a", "a", 0.02, True), _cell("cactus", "a", "b", 0.3),
+             _cell("cactus", "a", "c", 0.05, True), _cell("cactus", "b", "a", 0.09, True),
+             _cell("cactus", "b", "b", 0.01, True), _cell("cactus", "b", "c", error="RuntimeError: boom")]
+    fig = matrix_figure(TransferMatrix(["a", "b", "c"], ["cactus"], 0.9, 0.9833, cells, "pair", "key"))
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert sum(t.startswith(WITHIN) for t in texts) == 4 and sum(t.startswith(OVER) for t in texts) == 2
+    assert f"{OVER} \u22640.300" in texts[1] and texts[5] == f"{OVER} failed" and texts.count("no tuned\npoint") == 3
+    patches = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert sum(p.get_hatch() == "///" for p in patches) == 2  # the two crosses
+    assert sum(p.get_hatch() is None for p in patches) == 3  # the diagonal's outlines
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a\ndelta=1 N=4", "b\ndelta=1 N=4", "c"]
+    plt.close(fig)
