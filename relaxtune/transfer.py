@@ -88,7 +88,10 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
 
     spec = load_task(task)
     saved = job_file(output_dir, spec.name)
-    job = yaml.safe_load(saved.read_text()) if saved.exists() else None
+    try:
+        job = yaml.safe_load(saved.read_text()) if saved.exists() else None
+    except yaml.YAMLError:  # a damaged job file: the config alone decides, without guards
+        job = None
     job = job if isinstance(job, dict) else {}
     path = Path(job.get("export") or Path(output_dir) / f"{spec.name}.tuned.yaml")
     if not path.exists():

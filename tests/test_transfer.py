@@ -100,6 +100,9 @@ def test_a_setting_safe_on_its_task_is_flagged_on_a_task_it_breaks(tuned):
                                                                    level).upper)
     assert broken.metrics["drop_ucb"] > broken.epsilon == 0.2
     assert [c.epsilon for c in matrix.cells] == [0.15, 0.2, 0.15, 0.2]  # each target's own budget
+    own = load_config(Path(tuned[1]) / "safe.tuned.yaml").methods["cactus"]  # the diagonal replays the confirmation
+    assert (own.n, own.accuracy, own.modeled_speedup) == tuple(cell["safe", "safe"].metrics[k]
+                                                               for k in ("n", "accuracy", "speedup"))
     assert len(written) == 2
 
 
