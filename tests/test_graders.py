@@ -1,13 +1,17 @@
 """Graders on hand-written cases (the tables live in tests/conformance/)."""
 
+import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from relaxtune.graders import grade
 from relaxtune.graders.choice import extract_choice
 from relaxtune.graders.code import grade_code
-from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed
+from relaxtune.graders import math as math_grader
+from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed, scan_boxes
+from relaxtune.graders.workers import WorkerPool
 
 # ----------------------------------------------------------------------- math
 
@@ -46,9 +50,53 @@ def test_gold_helpers():
     assert gsm8k_gold("rationale\n#### 1,000") == "1000"
     assert last_boxed(r"a \boxed{\frac{1}{2}} b \boxed{x_{1}}") == "x_{1}"
     with pytest.raises(ValueError, match="does not parse"):
-        from relaxtune.graders.math import parse_gold
+        from relaxtune.graders.mathcheck import parse_gold
 
         parse_gold("")
+
+
+def _math_workers() -> set[int]:
+    """Process ids of this process's children running the math-verify worker."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and b"mathcheck.py" in cmdline:
+            found.add(int(entry))
+    return found
+
+
+def test_a_runaway_evaluation_is_stopped_at_the_deadline_and_blocks_no_one():
+    runaway = r"\boxed{10^{10^{10}}}"  # sympy would compute a ten-billion-digit integer, holding the GIL
+    with ThreadPoolExecutor(3) as pool:
+        slow = pool.submit(grade_math, runaway, "5", timeout=2)
+        quick = list(pool.map(lambda i: grade_math(rf"\boxed{{{i}}}", str(i)), range(6)))
+        verdict = slow.result()
+    assert [v.verdict for v in quick] == ["correct"] * 6
+    assert verdict.verdict == "grader_error" and "no answer within 2 s" in verdict.detail
+    assert _math_workers() == {w.proc.pid for w in math_grader._POOL._idle}  # the stopped worker is gone
+
+
+def test_worker_pool_says_why_a_worker_failed(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('math-verify is not installed')\n")
+    with pytest.raises(RuntimeError, match="did not start .*math-verify is not installed"):
+        WorkerPool(broken, size=1).ask({}, 5)
+    dies = tmp_path / "dies.py"
+    dies.write_text("import os, sys\nprint('ready', flush=True)\nsys.stdin.readline()\nos._exit(3)\n")
+    with pytest.raises(RuntimeError, match="ended without an answer .exit status 3"):
+        WorkerPool(dies, size=1).ask({"x": 1}, 5)
+
+
+def test_boxes_are_found_in_one_pass():
+    closed, unclosed = scan_boxes(r"a \boxed{\boxed{1}} b \boxed{\{2\}} c \fbox{3} d \boxed{4")
+    assert closed == [(2, r"\boxed{1}"), (9, "1"), (22, r"\{2\}"), (38, "3")] and unclosed == [49]
+    degenerate = r"\boxed{" * 200_000  # a looping model; quadratic scanning would take hours
+    assert grade_math(degenerate, "5", truncated=True).detail == r"truncated inside its last \boxed{}"
+    assert extract_choice(degenerate + "ANSWER: C") == "C"
 
 
 def test_math_grading_in_a_thread_pool():
