@@ -8,7 +8,7 @@ import pytest
 
 from relaxtune.graders import grade
 from relaxtune.graders.choice import extract_choice
-from relaxtune.graders.code import grade_code
+from relaxtune.graders.code import grade_code, special_judge_reason
 from relaxtune.graders import math as math_grader
 from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed, scan_boxes
 from relaxtune.graders.workers import WorkerPool
@@ -145,6 +145,38 @@ HE = {
 }
 GOOD = "```python\ndef add(xs, k):\n    return [x + k for x in xs]\n```"
 # Early exits, equality hacks, escapes, floods and the official semantics: tests/conformance/code.yaml
+
+
+@pytest.mark.parametrize("statement", [
+    "If there are multiple solutions, print any of them.",
+    "If there are multiple possible strings, print any one.",
+    "If multiple solutions exist, any of them will be accepted.",
+    "You may return the answer in any order.",
+    "You can output the edges in any order.",
+    "Any valid answer will be accepted.",
+    "It is guaranteed that a solution exists. If there are multiple solutions, you may print any one of them.",
+    "Your output will be judged correct if the absolute or relative error from the true answer is at most 10^{-6}.",
+    "Your answer is considered correct if its absolute or relative error does not exceed 10^{-9}.",
+    "Your answer will be considered correct if the absolute error is at most 10^{-6}.",
+])
+def test_special_judge_statements_are_detected(statement):
+    assert special_judge_reason(statement) is not None
+
+
+@pytest.mark.parametrize("statement", [
+    "If there are multiple answers, print the one with the smallest index.",
+    "If there are multiple such x, print the smallest one.",
+    "Print Yes if any of them is correct, and No otherwise.",
+    "Determine whether any of them is accepted by the machine.",
+    "Do not print any extra spaces.",
+    "If there is no solution, print -1.",
+    "Print the lexicographically smallest string among them.",
+    "Return the number of subarrays in which any element appears at least twice.",
+    "Print the answer rounded to exactly 6 decimal places.",
+    "The edges are given in any order. Print the number of components.",
+])
+def test_single_answer_statements_are_kept(statement):
+    assert special_judge_reason(statement) is None
 
 
 def test_sandbox_has_no_network():
