@@ -27,7 +27,8 @@ from .graders.base import THINK_END, THINK_START, answer_section
 from .stats import wilson_interval
 from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
 
-__all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path", "opens_thinking"]
+__all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
+           "opens_thinking"]
 
 
 

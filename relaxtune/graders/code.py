@@ -54,10 +54,11 @@ _SEVERAL = re.compile(
     r"(?!\s+(?:extra|other|additional)\b)"
     r"|(?<!\bif\s)(?<!\bwhether\s)\bany\s+(?:one\s+)?of\s+them\s+(?:is|will\s+be|would\s+be)\s+"
     r"(?:accepted|considered|correct|fine|ok)"
-    r"|\bany\s+(?:valid|correct|possible|such)\s+\w+\s+(?:is|are|will\s+be|would\s+be)\s+(?:accepted|considered\s+correct)"
+    r"|\bany\s+(?:valid|correct|possible|such)\s+\w+\s+(?:is|are|will\s+be|would\s+be)\s+"
+    r"(?:accepted|considered\s+correct)"
     r"|(?:return|print|output)\b[^.\n]{0,60}\bin\s+any\s+order"
-    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+|such\s+)?(?:solutions?|answers?|outputs?)"
-    r"\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
+    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+|such\s+)?"
+    r"(?:solutions?|answers?|outputs?)\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
 _TOLERANCE = re.compile(r"\b(?:absolute|relative)\s+(?:or\s+(?:absolute|relative)\s+)?errors?\b", re.I)
 
 
