@@ -8,7 +8,7 @@ import pytest
 
 from relaxtune.graders import grade
 from relaxtune.graders.choice import extract_choice
-from relaxtune.graders.code import grade_code, special_judge_reason
+from relaxtune.graders.code import extract_code, grade_code, special_judge_reason
 from relaxtune.graders import math as math_grader
 from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed, scan_boxes
 from relaxtune.graders.workers import WorkerPool
@@ -145,6 +145,12 @@ HE = {
 }
 GOOD = "```python\ndef add(xs, k):\n    return [x + k for x in xs]\n```"
 # Early exits, equality hacks, escapes, floods and the official semantics: tests/conformance/code.yaml
+
+
+def test_fences_are_read_in_linear_time():
+    assert extract_code("```" * 100_000) is None  # a looping model; a backtracking fence pattern takes hours
+    rambling = "~~~~\n" + "```\n" * 100_000 + "```python\nx = 1\n```"
+    assert extract_code(rambling) == "x = 1\n"  # the tilde fence never closed is text
 
 
 @pytest.mark.parametrize("statement", [

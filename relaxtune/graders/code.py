@@ -47,7 +47,8 @@ DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
 DEFAULT_MEMORY_MB = 1024  # address space per test
 DEFAULT_OUTPUT_MB = 16  # stdout (and stderr) per test
 BACKSTOP_CAP = 600.0  # wall seconds for one solution, all tests
-_FENCE = re.compile(r"(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)(?P=fence)", re.S)
+_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
+_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 _LIST_ITEM = re.compile(r"[ \t]*(?:(?:[-*+]|\d{1,3}[.)])[ \t]+)?")
 _SEVERAL = re.compile(
     r"(?<!\bnot\s)(?<!n't\s)(?<!\bno\s)\b(?:print|output|return|report|give|construct)\s+any\b"
@@ -66,6 +67,33 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.M) is not None
 
 
+def _fenced_blocks(response: str) -> list[tuple[int, str, str]]:
+    """``(start, language, body)`` of every closed fenced block: a run of three or more
+    backticks or tildes opens a block whose language follows on its line and whose body
+    starts on the next line; the next run of the same character, at least as long,
+    closes it. An opening never closed is skipped (text, or a cut-off block); once a
+    fence finds no closing, no later fence as long of that character is tried again,
+    so a degenerate response (thousands of runs) is read in linear time."""
+    runs, blocks, i = list(_FENCE_RUN.finditer(response)), [], 0
+    unclosed = {"`": float("inf"), "~": float("inf")}  # per character: the shortest fence that found no closing
+    while i < len(runs):
+        opening, i = runs[i], i + 1
+        fence, newline = opening.group(), response.find("\n", opening.end())
+        if newline < 0 or len(fence) >= unclosed[fence[0]]:
+            continue
+        j = i
+        while j < len(runs) and (runs[j].start() <= newline or runs[j].group()[0] != fence[0]
+                                 or len(runs[j].group()) < len(fence)):
+            j += 1
+        if j == len(runs):
+            unclosed[fence[0]] = len(fence)
+            continue
+        lang = _LANG.match(response, opening.end(), newline).group(1).lower()
+        blocks.append((opening.start(), lang, response[newline + 1:runs[j].start()]))
+        i = j + 1
+    return blocks
+
+
 def extract_code(response: str, entry: str | None = None) -> str | None:
     """The code of ``response``: its last fenced block tagged python/py/python3 (or, if
     none is tagged, its last untagged block); when ``entry`` is given and some of those
@@ -75,12 +103,11 @@ def extract_code(response: str, entry: str | None = None) -> str | None:
     when there is no block; an unclosed fence is not a block (a cut-off program is
     never run)."""
     blocks = []
-    for match in _FENCE.finditer(response):
-        body = match.group("body")
-        prefix = response[response.rfind("\n", 0, match.start()) + 1:match.start()].expandtabs(4)
+    for start, lang, body in _fenced_blocks(response):
+        prefix = response[response.rfind("\n", 0, start) + 1:start].expandtabs(4)
         if prefix and _LIST_ITEM.fullmatch(prefix):
             body = re.sub(rf"(?m)^ {{1,{len(prefix)}}}", "", body)
-        blocks.append((match.group("lang").lower(), body))
+        blocks.append((lang, body))
     tagged = [body for lang, body in blocks if lang in ("python", "py", "python3")]
     candidates = tagged or [body for lang, body in blocks if not lang]
     defining = [body for body in candidates if entry and _defines(body, entry)]
