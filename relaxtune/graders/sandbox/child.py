@@ -36,7 +36,7 @@ import types
 checks, confine = sys.modules["relaxtune_sandbox_checks"], sys.modules["relaxtune_sandbox_confine"]
 
 SETUP_FAILED = 121  # a child's exit status when its sandbox could not be set up
-_FRAME = 8  # bytes of length before each message between the HumanEval processes
+_LENGTH = 8  # bytes of length before each message between the HumanEval processes
 
 
 class NotPlain(BaseException):
@@ -88,19 +88,17 @@ def _not_plain_info(bad: str) -> dict:
 
 
 def _send(fd: int, message, _dumps=marshal.dumps, _write=os.write) -> None:
-    try:
-        data = _dumps(message)
-    except ValueError as err:  # a value nested too deep to send
-        data = _dumps(("raised", {"type": "ValueError", "message": str(err), "assertion": False, "exit": False,
-                                  "errno": None}))
-    data = len(data).to_bytes(_FRAME, "little") + data
+    """Write ``message`` (plain values) on ``fd``, its length first. Raises ValueError when
+    ``marshal`` cannot write it (nested too deep)."""
+    data = _dumps(message)
+    data = len(data).to_bytes(_LENGTH, "little") + data
     while data:
         data = data[_write(fd, data):]
 
 
 def _receive(fd: int, _read=os.read, _loads=marshal.loads):
     """The next message on ``fd``. Raises EOFError when the other process is gone."""
-    parts, size, want = [], None, _FRAME
+    parts, size, want = [], None, _LENGTH
     while want:
         chunk = _read(fd, min(want, 1 << 20))
         if not chunk:
@@ -115,7 +113,7 @@ def _receive(fd: int, _read=os.read, _loads=marshal.loads):
 
 def _run_solution(job: dict, args: list, _exec=exec, _compile=compile, _isinstance=isinstance, _getattr=getattr,
                   not_plain=checks.not_plain, prelude=checks.prelude(), _threads=threading.enumerate,
-                  _main=threading.main_thread()):
+                  _main=threading.main_thread(), NotPlain=NotPlain, not_plain_info=_not_plain_info):
     """Run a LiveCodeBench solution for one test; returns the payload to report (call-based:
     the value). A stdin program ends as a process does: after its non-daemon threads."""
     module = _module("__main__" if job["kind"] == "stdin" else "solution")
@@ -136,13 +134,13 @@ def _run_solution(job: dict, args: list, _exec=exec, _compile=compile, _isinstan
     value = _getattr(target, job["fn_name"])(*args)
     bad = not_plain(value)
     if bad is not None:
-        raise NotPlain(_not_plain_info(bad)["message"])
+        raise NotPlain(not_plain_info(bad)["message"])
     return value
 
 
 def _serve_candidate(job: dict, calls: int, results: int, me: int, _exec=exec, _compile=compile, send=_send,
-                     receive=_receive, describe=_describe, not_plain=checks.not_plain, _getpid=os.getpid,
-                     _exit=os._exit) -> None:
+                     receive=_receive, describe=_describe, not_plain=checks.not_plain, not_plain_info=_not_plain_info,
+                     _getpid=os.getpid, _exit=os._exit) -> None:
     """The HumanEval solution process (pid ``me``): run the program (prompt + completion), say
     whether it loaded, then answer each call of the test process until it closes the pipe.
     A forked copy of the solution never answers (it leaves at its first message)."""
@@ -157,7 +155,11 @@ def _serve_candidate(job: dict, calls: int, results: int, me: int, _exec=exec, _
     while True:
         if _getpid() != me:
             _exit(0)
-        send(results, reply)
+        try:
+            send(results, reply)
+        except ValueError as err:  # a value nested too deep to send
+            send(results, ("raised", {"type": "ValueError", "message": str(err), "assertion": False, "exit": False,
+                                      "errno": None}))
         if candidate is None:
             return
         try:
@@ -167,7 +169,7 @@ def _serve_candidate(job: dict, calls: int, results: int, me: int, _exec=exec, _
         try:
             value = candidate(*call_args, **call_kwargs)
             bad = not_plain(value)
-            reply = ("ok", value) if bad is None else ("raised", _not_plain_info(bad))
+            reply = ("ok", value) if bad is None else ("raised", not_plain_info(bad))
         except BaseException as err:  # noqa: BLE001
             reply = ("raised", describe(err, job))
 
