@@ -80,6 +80,19 @@ def test_a_runaway_evaluation_is_stopped_at_the_deadline_and_blocks_no_one():
     assert _math_workers() == {w.proc.pid for w in math_grader._POOL._idle}  # the stopped worker is gone
 
 
+def test_a_forked_process_grades_with_workers_of_its_own():
+    assert grade_math(r"\boxed{5}", "5").correct  # the parent has an idle worker now
+    pid = os.fork()
+    if pid == 0:  # a copy that reused the parent's worker would garble both conversations
+        ok = False
+        try:
+            ok = grade_math(r"\boxed{6}", "6").correct and grade_math(r"\boxed{6}", "7").verdict == "wrong"
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert [grade_math(rf"\boxed{{{i}}}", str(i)).correct for i in range(3)] == [True] * 3
+
+
 def test_worker_pool_says_why_a_worker_failed(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit('math-verify is not installed')\n")

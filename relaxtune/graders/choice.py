@@ -18,11 +18,12 @@ parentheses, brackets, ``\\boxed{``, ``\\text{``, ``\\mathbf{``,
 Letters are upper-case only (as in simple-evals, whose pattern's letter must
 equal the upper-case gold): "the answer is a consequence of symmetry" names no
 letter. A letter must end there (``ANSWER: Cl`` is not C), "I" followed by a
-lower-case word is the pronoun, a letter followed by ``=``, ``<``, ``>``, ``+``, ``^``
-starts a formula (``the answer is E = mc^2``), and a letter joined to another
-by "or", "and", ``,``, ``/``, ``&`` is a hedge that names none (``ANSWER: C or D``). When the last statement names a
-letter outside the choices (``ANSWER: E`` of four) there is no answer: an
-earlier one is not rescued. A stray letter without an anchor or box is never an
+lower-case word is the pronoun, a letter followed by ``=``, ``<``, ``>``, ``+``,
+``^`` starts a formula (``the answer is E = mc^2``), and a letter joined to
+another by "or", "and", ``,``, ``/``, ``&`` is a hedge that names none
+(``ANSWER: C or D``). When the last statement names a letter outside the
+choices (``ANSWER: E`` of four) there is no answer: an earlier one is not
+rescued. A stray letter without an anchor or box is never an
 answer; "cannot determine" and the like are reported as refusals.
 """
 

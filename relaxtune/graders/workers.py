@@ -5,7 +5,8 @@ started, then answers each request line (JSON) with one reply line (JSON). Each
 request holds one idle worker; a worker that passes its deadline is killed (so a
 computation that holds the GIL or eats memory ends with it) and a new one starts
 on the next request. Thread-safe: at most ``size`` workers run, further requests
-wait for one. Workers end with the process that started them (their stdin closes).
+wait for one. Workers end with the process that started them (their stdin closes);
+a forked copy of that process starts workers of its own.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class WorkerPool:
     def __init__(self, script: Path, size: int | None = None, args: tuple[str, ...] = ()):
         self.argv = [sys.executable, str(script), *args]
         self.size = size or min(8, os.cpu_count() or 1)
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)  # a forked copy must not share the parent's workers
+
+    def _forget(self) -> None:
         self._slots = threading.BoundedSemaphore(self.size)
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
