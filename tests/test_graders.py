@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from relaxtune.graders import grade
+from relaxtune.graders import math as math_grader
 from relaxtune.graders.choice import extract_choice
 from relaxtune.graders.code import extract_code, grade_code, special_judge_reason
-from relaxtune.graders import math as math_grader
 from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed, scan_boxes
 from relaxtune.graders.workers import WorkerPool
 
