@@ -1,6 +1,8 @@
 """Graders on hand-written cases (the tables live in tests/conformance/)."""
 
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,6 +93,16 @@ def test_a_forked_process_grades_with_workers_of_its_own():
             os._exit(0 if ok else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert [grade_math(rf"\boxed{{{i}}}", str(i)).correct for i in range(3)] == [True] * 3
+
+
+def test_math_grading_in_a_process_with_many_open_descriptors():
+    """A long-running job (MLflow, Prefect) holds many files: the worker's pipes pass FD_SETSIZE."""
+    script = ("import os, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (2048, 2048))\n"
+              "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+              "from relaxtune.graders.math import grade_math\nprint(grade_math(r'\\boxed{5}', '5').verdict)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent.parent)
+    assert run.stdout.strip() == "correct", run.stderr[-2000:]
 
 
 def test_worker_pool_says_why_a_worker_failed(tmp_path):

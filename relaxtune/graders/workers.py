@@ -43,9 +43,11 @@ class _Worker:
             EOFError: it ended.
         """
         fd = self.proc.stdout.fileno()
+        poll = select.poll()  # not select.select: a busy process's descriptors pass FD_SETSIZE
+        poll.register(fd, select.POLLIN)
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not poll.poll(left * 1000):
                 raise TimeoutError
             chunk = os.read(fd, 1 << 16)
             if not chunk:
