@@ -10,7 +10,7 @@ import pytest
 
 from relaxtune.graders import grade
 from relaxtune.graders import math as math_grader
-from relaxtune.graders.choice import extract_choice
+from relaxtune.graders.choice import extract_choice, prompt_answer_format
 from relaxtune.graders.code import extract_code, grade_code, special_judge_reason
 from relaxtune.graders.math import grade_math, gsm8k_gold, last_boxed, scan_boxes
 from relaxtune.graders.workers import WorkerPool
@@ -154,6 +154,22 @@ def test_choice_anchor_beats_letter_in_boxed_formula():
 )
 def test_choice_extraction(text, expected):
     assert extract_choice(text) == expected
+
+
+@pytest.mark.parametrize("template, prefix", [
+    ("The last line of your response should be of the form 'ANSWER: $LETTER' (without quotes) where LETTER is one "
+     "of ABCD.", "ANSWER:"),
+    ("...of the following format: 'Answer: $LETTER' (without quotes) where LETTER is one of ABCD.", "Answer:"),
+    ('Your final line must be "FINAL: X" where X is A, B, C or D.', "FINAL:"),
+    ('End with "Final answer: <letter>".', "Final answer:"),
+    ('Reply in the format "Choice: [LETTER]".', "Choice: ["),
+    ('finish your answer with "the answer is (X)" where X is the correct letter choice.', "the answer is ("),
+    ('Use the tag "X-ray" if needed. Answer with the letter only.', None),
+    ('Let "x = X" denote the unknown.', None),
+    ("Put the letter in \\boxed{}.", None),
+])
+def test_the_prompts_own_answer_format_is_found(template, prefix):
+    assert prompt_answer_format(template) == prefix
 
 
 def test_cannot_determine_is_no_answer():

@@ -13,7 +13,7 @@ the LAST of:
 The text is read in Unicode NFKC form without zero-width characters (full-width
 ``ＡＮＳＷＥＲ：Ｃ`` is ``ANSWER: C``). Between anchor and letter, markdown and
 LaTeX wrappers are skipped (``**``, backticks, quotes, ``$``, ``\\(``,
-parentheses, brackets, ``\\boxed{``, ``\\text{``, ``\\mathbf{``,
+parentheses, brackets (``<C>`` too), ``\\boxed{``, ``\\text{``, ``\\mathbf{``,
 ``\\underline{`` and the other font commands, "option").
 Letters are upper-case only (as in simple-evals, whose pattern's letter must
 equal the upper-case gold): "the answer is a consequence of symmetry" names no
@@ -38,10 +38,10 @@ from .math import boxes
 __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
 _FONT = r"\\(?:boxed|fbox|text(?:bf|it|sf|tt|rm|normal)?|math(?:bf|rm|it|sf|tt)|bm|boldsymbol|underline|emph)\s*\{"
-_WRAPPERS = rf"(?:\s|\*|_|\$|`|['\"‘’“”]|\\[(\[]|[(\[{{]|{_FONT}|(?i:option|choice|letter)\b)*"
+_WRAPPERS = rf"(?:\s|\*|_|\$|`|['\"‘’“”]|\\[(\[]|[(\[{{<]|{_FONT}|(?i:option|choice|letter)\b)*"
 _ONE_LETTER = r"[A-Z](?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
-_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<>+^])"
-           rf"(?![\s*`'\"’”)\]}}$]*(?:[,/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})")
+_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^])(?!(?<!<[A-Z])\s*>)"
+           rf"(?![\s*`'\"’”)\]}}>$]*(?:[,/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})")
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
@@ -50,15 +50,18 @@ _ANCHORS = [
 _BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
 _INNER_WRAP = re.compile(_FONT + r"([^{}]*)\}")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
-_FORMAT = re.compile(r"['\"‘“`]([^'\"’”`\n]{0,40}?)\$?LETTER[^'\"’”`\n]{0,20}['\"’”`]")
+_FORMAT = re.compile(r"['\"‘“`](?P<prefix>[^'\"’”`\n]{0,40}?)(?:\$?LETTER|<letter>|\{letter\}"
+                     r"|(?<=[:(\[] )X|(?<=[:(\[])X)(?![\w-])[^'\"’”`\n]{0,20}['\"’”`]", re.I)
 _REFUSAL = re.compile(r"cannot\s+(?:be\s+)?determine|can't\s+determine|cannot\s+be\s+determined|none\s+of\s+the", re.I)
 
 
 def prompt_answer_format(template: str) -> str | None:
-    """The answer prefix a prompt asks for, e.g. ``ANSWER:`` from "...of the form
-    'ANSWER: $LETTER' (without quotes)..."; None when the prompt names none."""
+    """The answer prefix a prompt asks for, in quotes before a placeholder for the
+    letter (``$LETTER``, ``<letter>``, ``{letter}``, or ``X`` after a colon or an
+    opening bracket): ``ANSWER:`` from "...of the form 'ANSWER: $LETTER' (without
+    quotes)...", ``FINAL:`` from 'end with "FINAL: X"'; None when it names none."""
     match = _FORMAT.search(template)
-    prefix = match.group(1).strip() if match else ""
+    prefix = match.group("prefix").strip() if match else ""
     return prefix or None
 
 
