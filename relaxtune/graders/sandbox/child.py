@@ -62,16 +62,17 @@ def _module(name: str) -> types.ModuleType:
     return module
 
 
-def _describe(err: BaseException, job: dict, _type=type, _isinstance=isinstance, _str=str, _getattr=getattr) -> dict:
+def _describe(err: BaseException, job: dict, _type=type, _isinstance=isinstance, _str=str, _getattr=getattr,
+              _int=int) -> dict:
     """What a solution (or the test) raised, for the harness (builtins bound beforehand)."""
     info = {"type": _type(err).__name__, "assertion": _isinstance(err, AssertionError),
-            "exit": _isinstance(err, SystemExit), "errno": _getattr(err, "errno", None)}
+            "exit": _isinstance(err, SystemExit), "errno": None}
     try:
         info["message"] = _str(err)[:300]
-    except BaseException:  # noqa: BLE001 - a hostile __str__
-        info["message"] = "?"
-    if not _isinstance(info["errno"], int):
-        info["errno"] = None
+        errno = _getattr(err, "errno", None)
+        info["errno"] = errno if _type(errno) is _int else None
+    except BaseException:  # noqa: BLE001 - a hostile __str__ or errno
+        info["message"] = info.get("message", "?")
     tb, line = err.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == "test.py":
