@@ -47,11 +47,6 @@ class Cell:
     within: bool = False
     error: str | None = None
 
-    @property
-    def diagonal(self) -> bool:
-        """The target's own point."""
-        return self.source == self.target
-
     def exported(self) -> TransferCell:
         """The cell as the tuned configs show it."""
         m = self.metrics
@@ -62,15 +57,11 @@ class Cell:
                             error=self.error)
 
     def row(self) -> dict:
-        """One row of the transfer table."""
+        """One row of the transfer table: the exported cell, where it sits, and how it was bounded."""
         m = self.metrics
-        return {"method": self.method, "source": self.source, "target": self.target, "knob": self.knob,
-                "n_draft": self.n_draft, "samples": self.samples, "seed": self.seed, "problems": self.problems,
-                "n": m.get("n"), "strict_accuracy": m.get("strict_accuracy"), "accuracy": m.get("accuracy"),
-                "drop": m.get("drop"), "drop_upper_bound": m.get("drop_ucb"), "confidence": self.confidence,
-                "epsilon": self.epsilon, "within_epsilon": self.within, "bound_method": m.get("bound_method"),
-                "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"),
-                "modeled_speedup": m.get("speedup"), "error": self.error}
+        return {"method": self.method, "source": self.source, "target": self.target} | self.exported().model_dump() | {
+            "confidence": self.confidence, "bound_method": m.get("bound_method"), "l_accept": m.get("l_accept"),
+            "length_ratio": m.get("length_ratio")}
 
 
 @dataclass
