@@ -8,9 +8,15 @@ committed token uncached so the next forward has a query. The drafter therefore
 feeds the previous round's last draft together with the new token when a round
 accepted everything.
 
+Batches (``BatchBackend``): every row of a ``Batch`` shares one ragged cache per
+model (``relaxtune.backends.ragged``); a drafting step, a scoring pass or an AR
+step is one forward for all rows, the same rollback rule applies row by row,
+and rows join (prefilled alone) and leave at any round. On this project's
+2-core CPU a forward's cost is mostly reading the weights, so 8 rows score 5
+tokens each for about 2.6 times the cost of one (``BATCH_SIZE_CPU``).
+
 Models are loaded once per process (``load_pair`` is cached on ids, dtype and
-threads). Batching over prompts is not done here: on a CPU a forward pass is
-compute-bound, so batching buys little; SGLang batches on GPU hosts.
+device).
 """
 
 from __future__ import annotations
@@ -24,9 +30,18 @@ from typing import Sequence
 import torch
 
 from ..speed import CostProfile
-from .base import DraftResult, Pick, SequenceState
+from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .ragged import RaggedCache, supports
 
-__all__ = ["HFBackend", "load_pair", "resolve_model_path"]
+__all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
+
+BATCH_SIZE_CPU = 8  # the fastest measured on the project's 2-core CPU (python -m relaxtune.bench.engine)
+BATCH_SIZE_GPU = 32
+
+
+def default_batch_size(device: torch.device | str) -> int:
+    """Sequences per batch when none is given: ``BATCH_SIZE_GPU`` on CUDA, else ``BATCH_SIZE_CPU``."""
+    return BATCH_SIZE_GPU if torch.device(device).type == "cuda" else BATCH_SIZE_CPU
 
 
 def _crop(cache, length: int) -> None:
@@ -51,12 +66,15 @@ class HFBackend:
         verifier: a causal LM with the same vocabulary width as the drafter.
         tokenizer: the shared tokenizer (used for ``decode`` and EOS ids).
         name: description for records (model ids).
+        batch_size: the most sequences ``relaxtune.evaluation.evaluate`` runs at
+            once (``default_batch_size`` of the device when None); 1 or a model
+            with sliding-window layers runs one sequence at a time.
 
     Raises:
-        ValueError: when the two models' logit widths differ.
+        ValueError: when the two models' logit widths differ, or batch_size < 1.
     """
 
-    def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf") -> None:
+    def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf", batch_size: int | None = None) -> None:
         self.drafter = drafter.eval() if drafter is not None else None
         self.verifier = verifier.eval()
         self.tokenizer = tokenizer
@@ -75,6 +93,10 @@ class HFBackend:
                 eos.update([ids] if isinstance(ids, int) else ids)
         self.eos_token_ids = frozenset(int(i) for i in eos)
         self.device = next(verifier.parameters()).device
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batchable = all(supports(m) for m in (drafter, verifier) if m is not None)
+        self.batch_size = (batch_size or default_batch_size(self.device)) if batchable else 0
 
     # ---------------------------------------------------------------- protocol
 
@@ -141,6 +163,111 @@ class HFBackend:
     def step(self, state: SequenceState) -> torch.Tensor:
         """Verifier raw logits ``[V]`` (float32) for the next token."""
         return self.score(state, [])[0]
+
+    # ----------------------------------------------------------------- batches
+
+    def start_batch(self) -> Batch:
+        """An empty batch with one ragged cache per model.
+
+        Raises:
+            ValueError: a model has sliding-window layers (``batch_size`` is 0).
+        """
+        if not self.batch_size:
+            raise ValueError(f"{self.name}: sliding-window attention layers cannot share a ragged batch cache")
+        batch = Batch()
+        batch.extra["v"] = RaggedCache(self.verifier, self.device)
+        if self.drafter is not None:
+            batch.extra["d"] = RaggedCache(self.drafter, self.device)
+        return batch
+
+    @staticmethod
+    def _caches(batch: Batch) -> list[tuple[str, RaggedCache]]:
+        return [(k, batch.extra[k]) for k in ("v", "d") if k in batch.extra]
+
+    def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
+        """Append one row per prompt: each model prefills all of it but the last
+        token in a forward of its own (``prefill_seconds``).
+
+        Raises:
+            ValueError: an empty prompt (nothing joins).
+        """
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt must hold at least one token")
+        states = [SequenceState(tokens=[int(t) for t in p], prompt_len=len(p)) for p in prompts]
+        joined: list[RaggedCache] = []
+        try:
+            for key, cache in self._caches(batch):
+                seconds = cache.join([s.tokens[:-1] for s in states])
+                joined.append(cache)
+                for s, t in zip(states, seconds):
+                    s.prefill_seconds += t
+                    if key == "v":
+                        s.verify_tokens_fed += len(s.tokens) - 1
+                    else:
+                        s.draft_tokens_fed += len(s.tokens) - 1
+        except BaseException:
+            for cache in joined:  # all caches keep the same rows
+                cache.leave(list(range(batch.rows, cache.rows)))
+            raise
+        batch.states.extend(states)
+        return states
+
+    def leave(self, batch: Batch, rows: Sequence[int]) -> None:
+        """Remove ``rows`` from the batch (their caches' rows with them)."""
+        for _, cache in self._caches(batch):
+            cache.leave(list(rows))
+        gone = set(rows)
+        batch.states = [s for i, s in enumerate(batch.states) if i not in gone]
+
+    def _batch_forward(self, batch: Batch, key: str, feeds: list[list[int]], keep: int) -> torch.Tensor:
+        """One forward of the ``key`` model ("v" or "d") for every row; each row is
+        charged its share of the seconds."""
+        t0 = time.perf_counter()
+        logits = batch.extra[key].forward(feeds, keep)
+        share = (time.perf_counter() - t0) / len(feeds)
+        kind = "verify" if key == "v" else "draft"
+        for state, feed in zip(batch.states, feeds):
+            setattr(state, f"{kind}_seconds", getattr(state, f"{kind}_seconds") + share)
+            setattr(state, f"{kind}_forwards", getattr(state, f"{kind}_forwards") + 1)
+            setattr(state, f"{kind}_tokens_fed", getattr(state, f"{kind}_tokens_fed") + len(feed))
+        return logits
+
+    def _lacking(self, batch: Batch, key: str) -> list[list[int]]:
+        """Per row, the committed tokens the ``key`` cache lacks (at least one)."""
+        return [s.tokens[len(fed):] for s, fed in zip(batch.states, batch.extra[key].fed)]
+
+    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``n`` tokens for every row, one drafter forward per step (the first
+        feeds the one or two committed tokens each row's cache lacks, left-padded).
+        Returns ids ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
+        if self.drafter is None:
+            raise RuntimeError("this backend has no drafter (AR only)")
+        feeds = self._lacking(batch, "d")
+        ids: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        for i in range(n + int(extra_step)):
+            rows.append(self._batch_forward(batch, "d", feeds, 1)[:, 0])
+            if i < n:
+                ids.append(pick(rows[-1], i).long())
+                feeds = [[t] for t in ids[-1].tolist()]
+        return torch.stack(ids, 1), torch.stack(rows, 1)
+
+    def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Verifier raw logits ``[R, N+1, V]`` (float32) over each row's lacking
+        token and its drafts ``draft_ids [R, N]`` (N may be 0: an AR step)."""
+        feeds = [lack + d for lack, d in zip(self._lacking(batch, "v"), draft_ids.tolist())]
+        return self._batch_forward(batch, "v", feeds, draft_ids.shape[1] + 1)
+
+    def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
+        """Append each row's tokens; each cache keeps, per row, the prefix it shares
+        with the row's sequence (leaving its last token uncached)."""
+        for r, (state, new) in enumerate(zip(batch.states, tokens)):
+            before = len(state.tokens)
+            state.tokens.extend(int(t) for t in new)
+            for _, cache in self._caches(batch):
+                cache.rollback(r, min(_common_prefix(cache.fed[r], state.tokens, before), len(state.tokens) - 1))
+        for _, cache in self._caches(batch):
+            cache.tidy()
 
     def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
         """Append ``tokens``; crop each cache to the prefix it shares with the
@@ -241,7 +368,8 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto") -> HFBackend:
+def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto",
+              batch_size: int | None = None) -> HFBackend:
     """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
 
     Args:
@@ -250,6 +378,7 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         dtype: torch dtype name ("bfloat16" is fastest on CPUs measured so far;
             "float32" for exact comparisons).
         device: "cpu", "cuda", "cuda:1", ... or "auto" (cuda when available).
+        batch_size: sequences an evaluation runs at once (None: ``default_batch_size``).
 
     Raises:
         ValueError: when the two tokenizers differ (speculative decoding needs the
@@ -275,4 +404,5 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
     # names in records and study names: embedded and hub ids as given, local folders by absolute path
     short = lambda m, p: p if m not in EMBEDDED and p != m and os.path.isdir(p) else m  # noqa: E731
     name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}")
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}",
+                     batch_size=batch_size)
