@@ -28,12 +28,13 @@ def test_records_results_and_resume(tiny_backend, tmp_path):
     assert first.n == 4 and first.failed == 0
     lines = first.path.read_text().splitlines()
     assert len(lines) == 4
-    rec = json.loads(lines[0])
+    rec = next(r for r in map(json.loads, lines) if (r["problem_id"], r["repeat"]) == ("0", 0))
     for key in ("task", "version", "problem_id", "repeat", "seed", "prompt_hash", "output", "extracted", "verdict",
                 "finish_reason", "prompt_tokens", "response_tokens", "stats"):
         assert key in rec, key
     assert rec["task"] == "tiny_math" and rec["version"] == 3 and rec["seed"] == sample_seed(5, "0", 0)
-    assert rec["stats"]["emitted"] == rec["stats"]["accepted"] + rec["stats"]["rounds"]
+    assert rec["stats"]["emitted"] == rec["response_tokens"]
+    assert rec["stats"]["rounds"] <= rec["stats"]["emitted"] <= rec["stats"]["accepted"] + rec["stats"]["rounds"]
     assert first.path.parts[-3] == "tiny_math-v3"
     # a restart with more problems keeps the finished samples and only runs the new ones
     second = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=4, progress=False)
@@ -73,28 +74,44 @@ def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
 
 
 class FailingBackend:
-    """Wraps a backend and fails on every second prompt."""
+    """Wraps a backend and fails every second sequence it starts (one at a time
+    or joining a batch); ``batched=False`` hides the batch protocol."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, batched: bool):
         self.inner, self.calls = inner, 0
         self.name, self.tokenizer = "failing", inner.tokenizer
+        self.batch_size = inner.batch_size if batched else 0
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
 
-    def start(self, prompt_ids):
+    def _count(self):
         self.calls += 1
         if self.calls % 2 == 0:
             raise ConnectionError("server went away")
+
+    def start(self, prompt_ids):
+        self._count()
         return self.inner.start(prompt_ids)
 
+    def join(self, batch, prompts):
+        for _ in prompts:
+            self._count()
+        return self.inner.join(batch, prompts)
 
-def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path):
-    result = evaluate(tiny_task(), FailingBackend(tiny_backend), DecodeConfig("strict"), output_dir=tmp_path, limit=4,
-                      progress=False)
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])
+def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path, batched):
+    result = evaluate(tiny_task(), FailingBackend(tiny_backend, batched), DecodeConfig("strict"), output_dir=tmp_path,
+                      limit=4, progress=False)
     assert result.n == 2 and result.failed == 2
     failed = [r for r in result.records if r["failed"]]
     assert all(r["verdict"] == "generation_error" and "server went away" in r["error"] for r in failed)
+    # the batch went on around the failures: the samples that joined equal a run without them
+    clean = evaluate(tiny_task(), tiny_backend, DecodeConfig("strict"), output_dir=tmp_path / "clean", limit=4,
+                     progress=False)
+    ok = {r["problem_id"]: r["output"] for r in result.records if not r["failed"]}
+    assert ok == {r["problem_id"]: r["output"] for r in clean.records if r["problem_id"] in ok}
 
 
 def test_thinking_budget_forces_the_answer(tiny_backend):

@@ -29,9 +29,10 @@ from typing import Sequence
 
 import torch
 
-from ..speed import CostProfile
-from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
-from .ragged import RaggedCache, supports
+from ..speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from .base import DraftResult, Pick, SequenceState
+from .hf_batch import BatchedForwards, common_prefix
+from .ragged import supports
 
 __all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
 
@@ -50,15 +51,7 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
-    n = min(len(a), len(b))
-    i = min(start, n)
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class HFBackend:
+class HFBackend(BatchedForwards):
     """A transformers drafter/verifier pair (CPU or one GPU).
 
     Args:
@@ -164,111 +157,6 @@ class HFBackend:
         """Verifier raw logits ``[V]`` (float32) for the next token."""
         return self.score(state, [])[0]
 
-    # ----------------------------------------------------------------- batches
-
-    def start_batch(self) -> Batch:
-        """An empty batch with one ragged cache per model.
-
-        Raises:
-            ValueError: a model has sliding-window layers (``batch_size`` is 0).
-        """
-        if not self.batch_size:
-            raise ValueError(f"{self.name}: sliding-window attention layers cannot share a ragged batch cache")
-        batch = Batch()
-        batch.extra["v"] = RaggedCache(self.verifier, self.device)
-        if self.drafter is not None:
-            batch.extra["d"] = RaggedCache(self.drafter, self.device)
-        return batch
-
-    @staticmethod
-    def _caches(batch: Batch) -> list[tuple[str, RaggedCache]]:
-        return [(k, batch.extra[k]) for k in ("v", "d") if k in batch.extra]
-
-    def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
-        """Append one row per prompt: each model prefills all of it but the last
-        token in a forward of its own (``prefill_seconds``).
-
-        Raises:
-            ValueError: an empty prompt (nothing joins).
-        """
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt must hold at least one token")
-        states = [SequenceState(tokens=[int(t) for t in p], prompt_len=len(p)) for p in prompts]
-        joined: list[RaggedCache] = []
-        try:
-            for key, cache in self._caches(batch):
-                seconds = cache.join([s.tokens[:-1] for s in states])
-                joined.append(cache)
-                for s, t in zip(states, seconds):
-                    s.prefill_seconds += t
-                    if key == "v":
-                        s.verify_tokens_fed += len(s.tokens) - 1
-                    else:
-                        s.draft_tokens_fed += len(s.tokens) - 1
-        except BaseException:
-            for cache in joined:  # all caches keep the same rows
-                cache.leave(list(range(batch.rows, cache.rows)))
-            raise
-        batch.states.extend(states)
-        return states
-
-    def leave(self, batch: Batch, rows: Sequence[int]) -> None:
-        """Remove ``rows`` from the batch (their caches' rows with them)."""
-        for _, cache in self._caches(batch):
-            cache.leave(list(rows))
-        gone = set(rows)
-        batch.states = [s for i, s in enumerate(batch.states) if i not in gone]
-
-    def _batch_forward(self, batch: Batch, key: str, feeds: list[list[int]], keep: int) -> torch.Tensor:
-        """One forward of the ``key`` model ("v" or "d") for every row; each row is
-        charged its share of the seconds."""
-        t0 = time.perf_counter()
-        logits = batch.extra[key].forward(feeds, keep)
-        share = (time.perf_counter() - t0) / len(feeds)
-        kind = "verify" if key == "v" else "draft"
-        for state, feed in zip(batch.states, feeds):
-            setattr(state, f"{kind}_seconds", getattr(state, f"{kind}_seconds") + share)
-            setattr(state, f"{kind}_forwards", getattr(state, f"{kind}_forwards") + 1)
-            setattr(state, f"{kind}_tokens_fed", getattr(state, f"{kind}_tokens_fed") + len(feed))
-        return logits
-
-    def _lacking(self, batch: Batch, key: str) -> list[list[int]]:
-        """Per row, the committed tokens the ``key`` cache lacks (at least one)."""
-        return [s.tokens[len(fed):] for s, fed in zip(batch.states, batch.extra[key].fed)]
-
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft ``n`` tokens for every row, one drafter forward per step (the first
-        feeds the one or two committed tokens each row's cache lacks, left-padded).
-        Returns ids ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
-        if self.drafter is None:
-            raise RuntimeError("this backend has no drafter (AR only)")
-        feeds = self._lacking(batch, "d")
-        ids: list[torch.Tensor] = []
-        rows: list[torch.Tensor] = []
-        for i in range(n + int(extra_step)):
-            rows.append(self._batch_forward(batch, "d", feeds, 1)[:, 0])
-            if i < n:
-                ids.append(pick(rows[-1], i).long())
-                feeds = [[t] for t in ids[-1].tolist()]
-        return torch.stack(ids, 1), torch.stack(rows, 1)
-
-    def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Verifier raw logits ``[R, N+1, V]`` (float32) over each row's lacking
-        token and its drafts ``draft_ids [R, N]`` (N may be 0: an AR step)."""
-        feeds = [lack + d for lack, d in zip(self._lacking(batch, "v"), draft_ids.tolist())]
-        return self._batch_forward(batch, "v", feeds, draft_ids.shape[1] + 1)
-
-    def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
-        """Append each row's tokens; each cache keeps, per row, the prefix it shares
-        with the row's sequence (leaving its last token uncached)."""
-        for r, (state, new) in enumerate(zip(batch.states, tokens)):
-            before = len(state.tokens)
-            state.tokens.extend(int(t) for t in new)
-            for _, cache in self._caches(batch):
-                cache.rollback(r, min(_common_prefix(cache.fed[r], state.tokens, before), len(state.tokens) - 1))
-        for _, cache in self._caches(batch):
-            cache.tidy()
-
     def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
         """Append ``tokens``; crop each cache to the prefix it shares with the
         sequence, leaving the last token uncached."""
@@ -279,48 +167,55 @@ class HFBackend:
             if cache_key not in state.extra:
                 continue
             fed = state.extra[fed_key]
-            keep = min(_common_prefix(fed, state.tokens, before), limit)
+            keep = min(common_prefix(fed, state.tokens, before), limit)
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
-    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], reps: int = 5) -> CostProfile:
-        """Measure forward costs on this machine: verifier on 1 token and on N + 1
-        tokens for each N, drafter on 1 token, each with a cache of the prompt plus
-        64 tokens. Each cost is the fastest of ``reps`` (other work on the machine
-        only ever adds time), and a pass over N + 1 tokens is never priced below
-        one step (a slow single-step sample would otherwise inflate every
-        modeled speed-up).
+    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
+                     max_passes: int = MAX_PASSES) -> CostProfile:
+        """Measure forward costs on this machine, one sequence at a time: verifier
+        on 1 token and on N + 1 tokens for each N, drafter on 1 token, each with
+        a cache of the prompt plus 64 tokens, timed in interleaved passes until
+        their spread is small (``relaxtune.speed.measure_interleaved``). Each
+        cost is the fastest pass, and a pass over N + 1 tokens is never priced
+        below one step (a slow single-step sample would otherwise inflate every
+        modeled speed-up). A spread still above ``SPREAD_TOLERANCE`` after
+        ``max_passes`` is written into the profile's ``flags``.
 
         Returns:
-            ``CostProfile`` (seconds).
+            ``CostProfile`` (seconds), with its spreads.
         """
         from transformers import DynamicCache
 
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
-        costs: dict[tuple[str, int], float] = {}
-        jobs = [("verify", self.verifier, sorted({1, *(n + 1 for n in n_drafts)}))]
-        if self.drafter is not None:
-            jobs.append(("draft", self.drafter, [1]))
-        for name, model, sizes in jobs:
-            cache = DynamicCache(config=model.config)
-            self._forward(model, cache, ctx, 1)
-            base = cache.get_seq_length()
-            for k in sizes:
-                self._forward(model, cache, ctx[-k:], k)  # warm-up: the first call of a shape is slow
-                _crop(cache, base)
-                times = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    self._forward(model, cache, ctx[-k:], k)
-                    times.append(time.perf_counter() - t0)
-                    _crop(cache, base)
-                costs[(name, k)] = min(times)
-        t_ar = costs[("verify", 1)]
+        models = {"verify": self.verifier} | ({"draft": self.drafter} if self.drafter is not None else {})
+        caches = {}
+        for name, model in models.items():
+            caches[name] = DynamicCache(config=model.config)
+            self._forward(model, caches[name], ctx, 1)
+        base = caches["verify"].get_seq_length()
+
+        def job(name: str, k: int):
+            def run() -> None:
+                self._forward(models[name], caches[name], ctx[-k:], k)
+                _crop(caches[name], base)
+            return run
+
+        shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
+        shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
+        fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
+                                                      min_passes=min_passes, max_passes=max_passes)
+        t_ar = fastest["t_ar"]
+        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
+        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
+                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
+                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
         return CostProfile(
-            t_ar=t_ar, t_draft=costs.get(("draft", 1), t_ar),
-            t_verify={k: max(v, t_ar) for (name, k), v in costs.items() if name == "verify" and k > 1},
+            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
+            t_verify={k: max(fastest[label], t_ar) for label, (name, k) in shapes.items() if label.startswith("t_verify")},
             source=f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
                    f"batch 1, measured {time.strftime('%Y-%m-%d')}",
+            spread=spread, passes=passes, flags=flags,
         )
 
     def decode(self, ids: Sequence[int]) -> str:
