@@ -34,7 +34,8 @@ def _transient(task, task_run, state) -> bool:
     return False
 
 
-BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url", "concurrency")
+BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url", "concurrency",
+                  "batch_size")
 
 
 def _backend(settings: TuneSettings):
@@ -91,7 +92,7 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     """Tune every method on one task (the same job as ``relaxtune tune``);
     returns the exported config as a dict. ``settings`` holds any other
     ``TuneSettings`` field."""
-    from relaxtune.job import prepare, run_tune_job
+    from relaxtune.job import cautions, prepare, run_tune_job
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
     if methods:
@@ -110,6 +111,8 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     config, path = run_tune_job(s, backend, progress=False, evaluate_fn=evaluate_fn, log=logger.info)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
                 f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
+    for line in cautions(config):
+        logger.warning(line)
     return config.model_dump(mode="json")
 
 
