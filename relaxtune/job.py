@@ -133,7 +133,8 @@ def _against_saved(earlier: CostProfile, fresh: CostProfile, n_drafts: list[int]
     if new_k:  # price new draft lengths on the saved scale: the ratio to t_AR is what was measured now
         added = {k: max(fresh.t_verify[k] * earlier.t_ar / fresh.t_ar, earlier.t_ar) for k in new_k}
         earlier = replace(earlier, t_verify={**earlier.t_verify, **added},
-                          spread={**earlier.spread, **{f"t_verify[{k}]": fresh.spread[f"t_verify[{k}]"] for k in new_k}})
+                          spread=earlier.spread | {f"t_verify[{k}]": fresh.spread[f"t_verify[{k}]"] for k in new_k
+                                                   if f"t_verify[{k}]" in fresh.spread})
         _save(saved, earlier)
         log(f"cost profile extended to verify(N+1) for N = {', '.join(str(k - 1) for k in sorted(new_k))} "
             f"(saved to {saved})")

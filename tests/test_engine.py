@@ -6,6 +6,7 @@ import torch
 from relaxtune.backends.hf import HFBackend
 from relaxtune.engine import generate
 from relaxtune.sampling import SamplingParams
+from relaxtune.speed import SPREAD_TOLERANCE
 
 from .conftest import P_FLOOR, chi2_pvalue
 from .tiny_models import noisy_copy, tiny_lm, tiny_pair
@@ -151,6 +152,9 @@ def test_mismatched_vocabularies_are_refused():
 
 def test_cost_profile_prices_every_draft_length_at_least_one_step():
     backend = tiny_pair(noise=0.2)
-    profile = backend.cost_profile(PROMPTS[1], [2, 5], reps=2)
-    assert set(profile.t_verify) == {3, 6}
+    profile = backend.cost_profile(PROMPTS[1], [2, 5], min_passes=2, max_passes=3)
+    assert set(profile.t_verify) == {3, 6} and 2 <= profile.passes <= 3
     assert all(t >= profile.t_ar > 0 for t in profile.t_verify.values()) and profile.t_draft > 0
+    assert set(profile.spread) == {"t_ar", "t_draft", "t_verify[3]", "t_verify[6]"}
+    noisy = [k for k, v in profile.spread.items() if v > SPREAD_TOLERANCE]
+    assert bool(profile.flags) == bool(noisy) and all(k in profile.flags[0] for k in noisy)
