@@ -30,10 +30,12 @@ class CharTokenizer:
 
 
 class ScriptedBackend:
-    """Generates ``script`` (token strings) after any prompt; ``eos`` names EOS tokens."""
+    """Generates ``script`` (token strings) after any prompt; ``eos`` names EOS tokens,
+    ``extra`` more tokens (for text the caller encodes)."""
 
-    def __init__(self, script: list[str], eos: tuple[str, ...] = (), batch_size: int = 4) -> None:
-        self.vocab = sorted(set(script) | set(eos) | {"?"})
+    def __init__(self, script: list[str], eos: tuple[str, ...] = (), batch_size: int = 4,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.vocab = sorted(set(script) | set(eos) | set(extra) | {"?"})
         self.script = [self.vocab.index(t) for t in script]
         self.tokenizer = CharTokenizer(self.vocab)
         self.vocab_size = len(self.vocab)

@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, sample_seed
+from relaxtune.responses import generate_responses
 from relaxtune.tasks import TaskSpec, load_problems
+
+from .scripted import ScriptedBackend
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -150,3 +153,53 @@ def test_refuses_greedy_collapse_before_generating(tiny_backend, tmp_path):
     with pytest.raises(ValueError, match="collapses to strict"):
         evaluate(tiny_task(sampling={"temperature": 0.0}), tiny_backend, DecodeConfig("cactus", 1.0),
                  output_dir=tmp_path, progress=False)
+
+
+class OneByOne:
+    """A backend without the batch protocol (as the SGLang client): threads, one sequence each."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.tokenizer = inner, inner.name, inner.tokenizer
+
+    def __getattr__(self, item):
+        if item in ("start_batch", "batch_size"):
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+
+@pytest.mark.parametrize("config", [DecodeConfig("strict", None, 3, seed=2), DecodeConfig("spec_cont_dec", 0.5, 2)])
+def test_batched_evaluation_equals_one_by_one(tiny_backend, tmp_path, config):
+    # thinking with a budget: some responses get the forced answer and re-join the batch as continuations
+    spec = tiny_task(repeats=3, thinking_budget=5, max_new_tokens=30, answer_now="\nnow.\n", stop=["e"])
+    results = {}
+    for label, backend, size in [("threads", OneByOne(tiny_backend), None), ("batch1", tiny_backend, 1),
+                                 ("batch8", tiny_backend, 8)]:
+        result = evaluate(spec, backend, config, output_dir=tmp_path / label, limit=4, progress=False,
+                          batch_size=size)
+        results[label] = {(r["problem_id"], r["repeat"]): (r["output"], r["finish_reason"], r["response_tokens"],
+                          r["stats"]["rounds"], r["stats"]["accepted"]) for r in result.records}
+    assert results["threads"] == results["batch1"] == results["batch8"] and len(results["batch8"]) == 12
+    assert any("</think>" in out[0] for out in results["batch8"].values())  # the forced answer happened
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_forced_answer_then_stops_after_think(batched):
+    script = ["<think>", "a", "|", "b", "c", "|", "d", "e", "f", "g"]
+    backend = ScriptedBackend(script, extra=("\n", "N", "O", "W", "</think>"), batch_size=3)
+    spec = tiny_task(thinking_budget=4, max_new_tokens=24, answer_now="\nNOW\n", stop=["|"])
+    config = DecodeConfig("strict", None, 2)
+    if batched:
+        items = [(k, [0] * (k + 1), 5) for k in range(3)]
+        out = dict(generate_responses(backend, spec, config, items))
+        assert out[0].token_ids == out[1].token_ids == out[2].token_ids
+        gen = out[0]
+    else:
+        gen = generate_response(backend, spec, [0], config, seed=5)
+    forced = "\nNOW\n</think>\n\n"
+    forced_ids = backend.tokenizer.encode(forced)
+    # the first 4 tokens think (the stop inside them does not fire), the answer is forced, then the
+    # continuation generates the script again and its first "|" ends the response
+    assert gen.text == "<think>a|b" + forced + "<think>a"
+    first, rest = [backend.vocab.index(t) for t in script[:4]], [backend.vocab.index(t) for t in script[:3]]
+    assert len(forced_ids) == 8 and gen.token_ids == first + forced_ids + rest
+    assert gen.stats.finish_reason == "stop" and gen.stats.response_tokens == 4 + 8 + 3
