@@ -128,6 +128,11 @@ def _finish(tokens: list[int], done: int, max_new_tokens: int, eos: frozenset[in
     return tokens, ""
 
 
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    hits = [text.index(s) for s in stop if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
 def stop_index(text: str, stop: Sequence[str], stop_after: str | None = None) -> int | None:
     """Where ``text`` is cut: the start of the earliest stop string, searched only
     after the first ``stop_after`` when given (None while it has not appeared);
@@ -227,24 +232,28 @@ def native_server(backend, method: str):
     return server if server is not None and method != AR and get_method(method).server_native else None
 
 
-def _native(server, decode, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
-            seed: int, stop: Sequence[str], stop_after: str | None) -> Generation:
-    """``sglang_threshold`` run by SGLang's own speculative server (one request).
-    Stop strings that apply only after ``stop_after`` are cut here (the server
-    would fire them inside the reasoning); its counters then cover the whole
-    generation."""
+def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
+            seed: int, stop: Sequence[str]) -> Generation:
+    """``sglang_threshold`` run by SGLang's own speculative server (one request)."""
     server.check(knob, n_draft)
     ids, text, reason, tel, seconds = server.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens,
-                                                      seed=seed, stop=stop if stop_after is None else ())
-    if stop_after is not None and stop and (cut := _stop_cut(decode, [], list(ids), stop, stop_after)) is not None:
-        (k, text), reason = cut, "stop"
-        ids = list(ids)[:k]
-    elif (at := stop_index(text, stop)) is not None:
-        text, reason = text[:at], "stop"
+                                                      seed=seed, stop=stop)
+    text, hit = _cut_at_stop(text, stop)
     stats = GenerationStats(rounds=tel.rounds, drafted=tel.proposed, accepted=tel.accepted, emitted=len(ids),
-                            response_tokens=len(ids), finish_reason=reason, wall_seconds=seconds,
-                            latency_seconds=seconds)
-    return Generation(list(ids), text, stats, {"telemetry_keys": list(tel.keys)})
+                            response_tokens=len(ids), finish_reason="stop" if hit else reason, wall_seconds=seconds)
+    return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
+
+
+def _cut_native(gen: Generation, decode, stop: Sequence[str], stop_after: str) -> Generation:
+    """A native server's response with stop strings that apply only after
+    ``stop_after`` (the server itself would fire them inside the reasoning): ids
+    and text cut as ``end_round`` cuts them (the server's counters cover the whole
+    generation)."""
+    if (cut := _stop_cut(decode, [], list(gen.token_ids), stop, stop_after)) is None:
+        return gen
+    k, text = cut
+    gen.stats.response_tokens, gen.stats.finish_reason = k, "stop"
+    return Generation(list(gen.token_ids)[:k], text, gen.stats, gen.extra)
 
 
 def generate(
@@ -293,8 +302,10 @@ def generate(
     knob = check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     spec = None if ar else get_method(method)
     if (native := native_server(backend, method)) is not None:
-        return _native(native, backend.decode, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop,
-                       stop_after)
+        if stop_after is None or not stop:
+            return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
+        gen = _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, ())
+        return _cut_native(gen, backend.decode, stop, stop_after)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
     greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
 

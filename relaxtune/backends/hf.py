@@ -31,7 +31,8 @@ import torch
 
 from ..speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .base import DraftResult, Pick, SequenceState
-from .hf_batch import BatchedForwards, common_prefix
+from .hf_batch import BatchedForwards
+from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
 from .ragged import supports
 
 __all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
@@ -167,7 +168,7 @@ class HFBackend(BatchedForwards):
             if cache_key not in state.extra:
                 continue
             fed = state.extra[fed_key]
-            keep = min(common_prefix(fed, state.tokens, before), limit)
+            keep = min(_common_prefix(fed, state.tokens, before), limit)
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
