@@ -12,6 +12,8 @@ draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
 the drafter's argmax), then N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
 the same seed share their random numbers (paired comparisons).
+``relaxtune.batch.generate_batch`` runs many responses together with the same
+randomness per response, and the same round accounting (``end_round``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class GenerationStats:
     Attributes:
         rounds: verification rounds (AR: decoding steps).
         drafted: drafted tokens (N per round).
-        accepted: accepted drafted tokens.
         accepted: accepted drafted tokens that made it into the response (a
             round cut by EOS, a stop string or ``max_new_tokens`` counts only
             the drafts before the cut), so ``l_accept`` describes the response.

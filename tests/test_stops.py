@@ -106,3 +106,33 @@ def test_stop_index():
     assert stop_index("a|b</think>c|d", ["|"], "</think>") == 12
     assert stop_index("a|b<think>", ["|"], "</think>") is None
     assert stop_index("xabcbc", ["bc", "abc"]) == 1  # the earliest start among those present
+
+
+class _Server:
+    """A native speculative server's stand-in: returns the script, noting the stop strings it was sent."""
+
+    def __init__(self, backend: ScriptedBackend, script: list[str]):
+        self.ids, self.backend, self.sent = ids_of(backend, *script), backend, None
+
+    def check(self, knob, n_draft):
+        pass
+
+    def generate(self, prompt_ids, *, sampling, max_new_tokens, seed, stop=()):
+        from relaxtune.backends.sglang_native import SpecTelemetry
+
+        self.sent = list(stop)
+        ids = self.ids[:max_new_tokens]
+        return ids, self.backend.decode(ids), "length", SpecTelemetry(3, 6, 9, ("a", "b")), 0.5
+
+
+def test_a_native_server_never_gets_stops_it_would_fire_inside_the_reasoning():
+    script = ["<think>", "a", "|", "b", "</think>", "c", "|", "d"]
+    backend = ScriptedBackend(script)
+    backend.native = server = _Server(backend, script)
+    g = generate(backend, [0], method="sglang_threshold", knob=1.0, n_draft=3, sampling=SAMPLING, max_new_tokens=8,
+                 stop=["|"], stop_after="</think>")
+    assert server.sent == [] and g.text == "<think>a|b</think>c" and g.token_ids == ids_of(backend, *script[:7])
+    assert g.stats.finish_reason == "stop" and g.stats.response_tokens == 7 and g.stats.rounds == 3
+    generate(backend, [0], method="sglang_threshold", knob=1.0, n_draft=3, sampling=SAMPLING, max_new_tokens=8,
+             stop=["|"])
+    assert server.sent == ["|"]  # without thinking the server applies them itself
