@@ -53,6 +53,7 @@ def test_rows_see_only_their_own_sequence(compact_every):
             cache.rollback(b, held)
             lacking[b] = seqs[b][held:]
         cache.tidy()
+        assert cache.width - max(map(len, cache.cols)) <= 0.5 * cache.width  # never twice the longest row
         if compact_every and step % compact_every == 0:
             cache.compact()
             assert bool(cache.valid.all(1).any()) or cache.rows == 0  # the longest row has no holes left
@@ -78,6 +79,25 @@ def test_holes_are_cropped_and_compacted():
     cache.rollback(0, 4)  # row 0 drops the two it was fed: trailing holes are cropped
     cache.tidy()
     assert cache.width == 4 and cache.fed == [[1, 2, 3, 9]]
+
+
+def test_holes_in_every_row_are_compacted_away():
+    model = tiny_lm(vocab=64, seed=3)
+    cache = RaggedCache(model, "cpu")
+    cache.join([[1], [2], [3]])
+    widths = []
+    for step in range(9):  # each round one row keeps all five fed tokens, the others one: holes everywhere
+        cache.forward([[5, 6, 7, 8, 9]] * 3, 1)
+        for r in range(3):
+            cache.rollback(r, len(cache.fed[r]) - (0 if r == step % 3 else 4))
+        cache.tidy()
+        widths.append(cache.width)
+    assert max(widths) < 1 + 9 * 5 and min(widths[3:]) < max(widths)  # compacted at least once
+    with torch.inference_mode():  # the compacted rows still see exactly their own tokens
+        out = cache.forward([[1]] * 3, 1)
+        for r in range(3):
+            ref = model(input_ids=torch.tensor([cache.fed[r]])).logits[0, -1]  # its tokens, then the 1 fed
+            assert torch.allclose(out[r, 0], ref, atol=1e-5)
 
 
 def test_bad_feeds_are_refused():

@@ -91,11 +91,15 @@ class BatchedForwards:
         t0 = time.perf_counter()
         logits = batch.extra[key].forward(feeds, keep)
         share = (time.perf_counter() - t0) / len(feeds)
-        kind = "verify" if key == "v" else "draft"
         for state, feed in zip(batch.states, feeds):
-            setattr(state, f"{kind}_seconds", getattr(state, f"{kind}_seconds") + share)
-            setattr(state, f"{kind}_forwards", getattr(state, f"{kind}_forwards") + 1)
-            setattr(state, f"{kind}_tokens_fed", getattr(state, f"{kind}_tokens_fed") + len(feed))
+            if key == "v":
+                state.verify_seconds += share
+                state.verify_forwards += 1
+                state.verify_tokens_fed += len(feed)
+            else:
+                state.draft_seconds += share
+                state.draft_forwards += 1
+                state.draft_tokens_fed += len(feed)
         return logits
 
     def _lacking(self, batch: Batch, key: str) -> list[list[int]]:

@@ -9,8 +9,9 @@ batch; each row uses only some of the S columns. ``valid [R, S]`` marks them:
   longest feed; pads are invalid columns;
 - a rollback (rejected drafts) marks the row's last columns invalid: no copy,
   the row simply stops attending to them; columns no row uses are cropped;
-- when more than half of the columns are holes, ``compact`` moves every row's
-  valid columns to the right end (one gather per layer).
+- when holes make the batch more than twice as wide as its longest row,
+  ``compact`` moves every row's valid columns to the right end (one gather
+  per layer).
 
 Each row's positions (RoPE) count only its valid columns, and the attention
 mask (built here, 4-D, additive) lets a query see its row's valid columns up to
@@ -21,11 +22,13 @@ Only full-attention layers are supported (``supports``).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 __all__ = ["RaggedCache", "supports"]
 
-COMPACT_WASTE = 0.5  # compact when more than this share of the cache's columns are holes
+COMPACT_WASTE = 0.5  # compact when compacting would remove more than this share of the columns
 PAD_ID = 0  # the token id fed at pad positions (its output is never read)
 
 
@@ -96,8 +99,6 @@ class RaggedCache:
         Returns:
             the seconds each row's prefill took.
         """
-        import time
-
         from transformers import DynamicCache
 
         seconds, caches = [], []
@@ -141,10 +142,9 @@ class RaggedCache:
         """Remove ``rows`` (indices into the batch) and crop columns nobody uses."""
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
-        if self._layers():
-            index = torch.tensor(keep, dtype=torch.long)
-            for layer in self._layers():
-                layer.keys, layer.values = layer.keys[index], layer.values[index]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
         self.fed = [self.fed[r] for r in keep]
         self.cols = [self.cols[r] for r in keep]
         self.valid = self.valid[keep]
@@ -199,10 +199,11 @@ class RaggedCache:
         del self.fed[row][keep:]
 
     def tidy(self) -> None:
-        """Crop columns no row uses at either end; compact when holes dominate."""
+        """Crop columns no row uses at either end; compact when that would remove
+        more than ``COMPACT_WASTE`` of the columns (attention reads them all)."""
         self._crop_right()
         self._crop_left()
-        if self.width and 1 - float(self.valid.float().mean()) > COMPACT_WASTE:
+        if self.width - max(map(len, self.cols), default=0) > COMPACT_WASTE * self.width:
             self.compact()
 
     def _crop_right(self) -> None:
