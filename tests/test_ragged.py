@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from relaxtune.backends.ragged import RaggedCache, supports
+from relaxtune.backends.ragged import PrefillStore, RaggedCache, supports
 
 from .tiny_models import tiny_lm
 
@@ -107,3 +107,28 @@ def test_bad_feeds_are_refused():
         cache.forward([[1]], 1)
     with pytest.raises(ValueError, match="keep = 2"):
         cache.forward([[1], [2, 3]], 2)
+
+
+def test_a_prompt_prefilled_once_joins_again_without_a_forward():
+    model = tiny_lm(vocab=64, seed=3)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    store = PrefillStore()
+    first = RaggedCache(model, "cpu", store)
+    first.join([[1, 2, 3], [4, 5]])
+    a = first.forward([[9], [9]], 1)
+    assert len(calls) == 3 and (store.hits, store.misses) == (0, 2)
+    again = RaggedCache(model, "cpu", store)  # the next evaluation of the same prompts
+    again.join([[4, 5], [1, 2, 3], [7]])
+    b = again.forward([[9], [9], [9]], 1)
+    assert len(calls) == 5 and (store.hits, store.misses) == (2, 3)  # only [7] was prefilled
+    assert torch.equal(b[0], a[1]) and torch.equal(b[1], a[0])
+    # a budget of about two prompts: the least recently used goes first
+    one_token = store.get([7])
+    per_token = sum(k.numel() * k.element_size() * 2 for k, _ in one_token)
+    two_tokens = [(k.repeat(1, 1, 2, 1), v.repeat(1, 1, 2, 1)) for k, v in one_token]
+    small = PrefillStore(max_bytes=5 * per_token)
+    for ids in ([1, 2], [3, 4], [5, 6]):
+        small.put(ids, two_tokens)
+        small.get([1, 2])  # keeps [1, 2] recently used
+    assert set(small.items) == {(1, 2), (5, 6)} and small.bytes == 4 * per_token

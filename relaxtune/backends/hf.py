@@ -33,7 +33,7 @@ from ..speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measu
 from .base import DraftResult, Pick, SequenceState
 from .hf_batch import BatchedForwards
 from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
-from .ragged import supports
+from .ragged import PrefillStore, supports
 
 __all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
 
@@ -91,6 +91,7 @@ class HFBackend(BatchedForwards):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         batchable = all(supports(m) for m in (drafter, verifier) if m is not None)
         self.batch_size = (batch_size or default_batch_size(self.device)) if batchable else 0
+        self.prefill_stores = {"v": PrefillStore(), "d": PrefillStore()}  # prompt prefills reused across batches
 
     # ---------------------------------------------------------------- protocol
 

@@ -30,7 +30,9 @@ def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
 
 class BatchedForwards:
     """``BatchBackend`` methods for a backend with ``drafter``, ``verifier``,
-    ``device``, ``name`` and ``batch_size`` (0: the models cannot batch)."""
+    ``device``, ``name``, ``batch_size`` (0: the models cannot batch) and
+    ``prefill_stores`` (a ``PrefillStore`` per model, "v" and "d", kept across
+    batches: the next evaluation of the same prompts skips their prefill)."""
 
     def start_batch(self) -> Batch:
         """An empty batch with one ragged cache per model.
@@ -41,9 +43,9 @@ class BatchedForwards:
         if not self.batch_size:
             raise ValueError(f"{self.name}: sliding-window attention layers cannot share a ragged batch cache")
         batch = Batch()
-        batch.extra["v"] = RaggedCache(self.verifier, self.device)
+        batch.extra["v"] = RaggedCache(self.verifier, self.device, self.prefill_stores["v"])
         if self.drafter is not None:
-            batch.extra["d"] = RaggedCache(self.drafter, self.device)
+            batch.extra["d"] = RaggedCache(self.drafter, self.device, self.prefill_stores["d"])
         return batch
 
     @staticmethod

@@ -4,7 +4,8 @@ Every layer holds one tensor ``[R, H, S, D]`` for the R sequences (rows) in the
 batch; each row uses only some of the S columns. ``valid [R, S]`` marks them:
 
 - a row that joins is prefilled alone (its own cache, all its prompt but the
-  last token) and then left-padded to the batch's width (or the batch to its);
+  last token; a ``PrefillStore`` keeps prefills for the next evaluation of the
+  same prompt) and then left-padded to the batch's width (or the batch to its);
 - a forward feeds each row the tokens its cache lacks, left-padded to the
   longest feed; pads are invalid columns;
 - a rollback (rejected drafts) marks the row's last columns invalid: no copy,
@@ -23,13 +24,51 @@ Only full-attention layers are supported (``supports``).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import torch
 
-__all__ = ["RaggedCache", "supports"]
+__all__ = ["RaggedCache", "PrefillStore", "supports"]
 
 COMPACT_WASTE = 0.5  # compact when compacting would remove more than this share of the columns
 PAD_ID = 0  # the token id fed at pad positions (its output is never read)
+
+
+class PrefillStore:
+    """Prompt prefills of one model, kept for reuse: a prompt evaluated again
+    (the next trial of a study, another repeat) joins a batch without a forward.
+    Least recently used first out, within ``max_bytes``; the kept tensors are
+    only ever copied from, never written.
+
+    Args:
+        max_bytes: the most bytes of keys and values kept (default 1 GiB).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes, self.bytes = int(max_bytes), 0
+        self.items: OrderedDict[tuple[int, ...], tuple[list, int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The layers' ``(keys, values)`` of ``ids``, or None."""
+        found = self.items.get(tuple(ids))
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.items.move_to_end(tuple(ids))
+        return found[0]
+
+    def put(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep ``layers`` for ``ids``, dropping the least recently used over the budget."""
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if size > self.max_bytes:
+            return
+        self.items[tuple(ids)] = (layers, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, dropped) = self.items.popitem(last=False)
+            self.bytes -= dropped
 
 
 def supports(model) -> bool:
@@ -53,12 +92,13 @@ class RaggedCache:
     Args:
         model: a transformers causal LM with full attention.
         device: where the model runs.
+        store: prompt prefills of this model kept for reuse (optional).
     """
 
-    def __init__(self, model, device: torch.device | str) -> None:
+    def __init__(self, model, device: torch.device | str, store: "PrefillStore | None" = None) -> None:
         from transformers import DynamicCache
 
-        self.model, self.device = model, torch.device(device)
+        self.model, self.device, self.store = model, torch.device(device), store
         self.cache = DynamicCache(config=model.config)
         self.valid = torch.zeros(0, 0, dtype=torch.bool)
         self.fed: list[list[int]] = []
@@ -91,41 +131,51 @@ class RaggedCache:
 
     # ------------------------------------------------------------ rows
 
+    def _prefill(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per layer, the keys and values ``[1, H, len(ids), D]`` of ``ids`` (from the
+        store, else one forward of their own); None for no tokens."""
+        from transformers import DynamicCache
+
+        if not ids:
+            return None
+        if self.store is not None and (kept := self.store.get(ids)) is not None:
+            return kept
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            self.model(input_ids=torch.tensor([ids], device=self.device), cache=cache, use_cache=True, logits_to_keep=1)
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        if self.store is not None:
+            self.store.put(ids, layers)
+        return layers
+
     def join(self, prefix_ids: list[list[int]]) -> list[float]:
-        """Add one row per sequence, prefilled with ``prefix_ids[i]`` (may be empty)
-        in a forward of its own, then right-aligned with the batch (the narrower
-        side is left-padded with invalid zero columns).
+        """Add one row per sequence, prefilled with ``prefix_ids[i]`` (may be empty;
+        from the ``PrefillStore`` when it holds them, else in a forward of its
+        own), then right-aligned with the batch (the narrower side is left-padded
+        with invalid zero columns).
 
         Returns:
             the seconds each row's prefill took.
         """
-        from transformers import DynamicCache
-
-        seconds, caches = [], []
+        seconds, prefills = [], []
         for ids in prefix_ids:
             t0 = time.perf_counter()
-            cache = DynamicCache(config=self.model.config)
-            if ids:
-                with torch.inference_mode():
-                    self.model(input_ids=torch.tensor([ids], device=self.device), cache=cache, use_cache=True,
-                               logits_to_keep=1)
-            caches.append(cache)
+            prefills.append(self._prefill(list(ids)))
             seconds.append(time.perf_counter() - t0)
         old_r, old_s = self.rows, self.width
         width = max([old_s] + [len(ids) for ids in prefix_ids])
         for i, layer in enumerate(self.cache.layers):
-            sources = [(slice(0, old_r), layer)] + [(old_r + k, c.layers[i]) for k, c in enumerate(caches)]
-            sources = [(at, src) for at, src in sources if src.is_initialized and src.keys.dim() == 4]
+            sources = [(slice(0, old_r), (layer.keys, layer.values))] if layer.is_initialized else []
+            sources += [(old_r + k, p[i]) for k, p in enumerate(prefills) if p is not None]
             if not sources:
                 continue  # nothing cached in this layer yet: the first forward initialises it
-            like = sources[0][1].keys
+            like = sources[-1][1][0]
             if not layer.is_initialized:
                 layer.lazy_initialization(like, like)
-            for name in ("keys", "values"):
-                out = like.new_zeros(old_r + len(caches), like.shape[1], width, like.shape[3])
-                for at, src in sources:
-                    t = getattr(src, name)
-                    out[at, :, width - t.shape[2]:] = t[0] if isinstance(at, int) else t
+            for j, name in enumerate(("keys", "values")):
+                out = like.new_zeros(old_r + len(prefills), like.shape[1], width, like.shape[3])
+                for at, kv in sources:
+                    out[at, :, width - kv[j].shape[2]:] = kv[j][0] if isinstance(at, int) else kv[j]
                 setattr(layer, name, out)
         shift = width - old_s
         valid = torch.zeros(old_r + len(prefix_ids), width, dtype=torch.bool)
