@@ -87,7 +87,8 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
       from the saved one by more than ``COST_MARGIN``, the saved profile is still
       used but carries a flag saying so (``--remeasure-costs`` adopts the new
       measurement, ``--c-rel`` fixes a value). A new draft length extends the
-      saved profile, its verify cost scaled by the two measurements' t_AR;
+      saved profile, its verify cost scaled by the two measurements' t_AR; a
+      noisy new measurement flags the saved profile as unconfirmed;
     - ``settings.remeasure_costs`` (or no saved profile): the new measurement,
       saved;
     - c_rel = 0.2 for backends that cannot measure (SGLang).
@@ -138,6 +139,11 @@ def _against_saved(earlier: CostProfile, fresh: CostProfile, n_drafts: list[int]
         _save(saved, earlier)
         log(f"cost profile extended to verify(N+1) for N = {', '.join(str(k - 1) for k in sorted(new_k))} "
             f"(saved to {saved})")
+    if fresh.flags:  # a disturbed check cannot tell whether the saved profile still holds
+        flag = (f"this run's check of the saved profile was disturbed ({fresh.summary()}): the speed-ups are priced "
+                "with the saved one, unconfirmed; run again on an idle machine, or give --c-rel")
+        log(f"warning: cost profile: {flag}")
+        return replace(earlier, flags=[*earlier.flags, flag])
     gap, ratio = fresh.difference(earlier)
     if gap > COST_MARGIN:
         flag = (f"this run measured {ratio} {gap:.0%} off the saved profile (margin {COST_MARGIN:.0%}; now "

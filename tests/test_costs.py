@@ -127,6 +127,11 @@ def test_the_saved_profile_is_compared_with_a_new_measurement(tmp_path):
     assert CostProfile.from_dict(json.loads(_saved(settings, spec, pair).read_text())).c_rel == pytest.approx(0.1)
     assert any("replacing the saved profile" in line for line in logs)
     assert len(pair.calls) == 4 and pair.calls[2] == [4, 10]
+    noisy = CostProfile(0.9, 0.05, {5: 0.9}, spread={"t_ar": 0.6}, flags=["noisy measurement: spread t_ar 60%"])
+    unconfirmed = cost_profile(settings, spec, problems, MeasuringPair(noisy), logs.append)
+    assert unconfirmed.c_rel == pytest.approx(0.1) and len(unconfirmed.flags) == 1  # no comparison with noise
+    assert "check of the saved profile was disturbed" in unconfirmed.flags[0] and "spread up to 60%" in \
+        unconfirmed.flags[0]
     # an export never measures; a fixed --c-rel overrides everything
     assert cost_profile(settings, spec, problems, MeasuringPair(), logs.append, new_trials=False).c_rel == \
         pytest.approx(0.1)
