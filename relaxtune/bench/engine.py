@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     tables = {t.strip() for t in args.tables.split(",") if t.strip()}
     if not tables <= {"single", "batch"} or args.repeats < 1 or args.prompts < 1:
         ap.error("--tables takes single and/or batch; --repeats and --prompts must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no CUDA device here (use --device cpu)")
 
     backend, prompts = build(args)
     print(f"{backend.name}, {args.dtype} on {backend.device}, {torch.get_num_threads()} threads, {len(prompts)} "
