@@ -38,7 +38,7 @@ __all__ = ["generate_and_grade", "run_trial", "tune_one", "evaluation_cache_key"
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
 BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url",
-                  "concurrency")
+                  "concurrency", "batch_size")
 
 
 def _transient(task, task_run, state) -> bool:

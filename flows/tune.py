@@ -66,7 +66,7 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     other ``TuneSettings`` field (``storage``, ``parallel_trials``, ``range_size``, ...)."""
     from prefect.runtime import flow_run
 
-    from relaxtune.job import run_tune_job
+    from relaxtune.job import cautions, run_tune_job
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
     if methods:
@@ -88,6 +88,8 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
         unregister(key)
     logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
                 f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
+    for line in cautions(config):
+        logger.warning(line)
     return config.model_dump(mode="json")
 
 

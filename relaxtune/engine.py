@@ -12,6 +12,8 @@ draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
 the drafter's argmax), then N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
 the same seed share their random numbers (paired comparisons).
+``relaxtune.batch.generate_batch`` runs many responses together with the same
+randomness per response, and the same round accounting (``end_round``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from .decoding import verify_rounds
 from .methods import Needs, get_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
 
-__all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR"]
+__all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR", "Limits", "end_round",
+           "stop_index"]
 
 AR = "ar"  # the autoregressive baseline's method id
 
@@ -39,13 +42,23 @@ class GenerationStats:
     Attributes:
         rounds: verification rounds (AR: decoding steps).
         drafted: drafted tokens (N per round).
-        accepted: accepted drafted tokens.
-        emitted: tokens the rounds emitted (``accepted + rounds``), before
-            truncation at EOS, a stop string or ``max_new_tokens``.
+        accepted: accepted drafted tokens that made it into the response (a
+            round cut by EOS, a stop string or ``max_new_tokens`` counts only
+            the drafts before the cut), so ``l_accept`` describes the response.
+        emitted: tokens the rounds put into the response (accepted drafts,
+            residual and bonus tokens; ``accepted + rounds`` unless the last
+            round's residual or bonus token was cut).
+        discarded: tokens the rounds emitted past the response's end (after
+            EOS, a stop string or the budget).
         response_tokens: tokens in the final response.
         finish_reason: "stop" (EOS or stop string) or "length".
-        draft_seconds / verify_seconds: wall seconds in drafter / verifier forwards.
-        wall_seconds: wall seconds of the whole call.
+        draft_seconds / verify_seconds: wall seconds in drafter / verifier
+            forwards (in a batch: this response's share of each forward).
+        prefill_seconds: wall seconds of prompt prefills run apart from the
+            rounds (the batched path; its share when batched).
+        wall_seconds: wall seconds of the call (in a batch: this response's
+            share of the batch's wall time, so shares add up to the batch's).
+        latency_seconds: wall seconds from start (joining the batch) to finish.
         draft_forwards / verify_forwards: forward passes.
     """
 
@@ -53,11 +66,14 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    discarded: int = 0
     response_tokens: int = 0
     finish_reason: str = ""
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     wall_seconds: float = 0.0
+    latency_seconds: float = 0.0
     draft_forwards: int = 0
     verify_forwards: int = 0
 
@@ -69,7 +85,7 @@ class GenerationStats:
     @property
     def overhead_seconds(self) -> float:
         """Wall seconds outside model forwards (sampling, rules, bookkeeping)."""
-        return self.wall_seconds - self.draft_seconds - self.verify_seconds
+        return self.wall_seconds - self.draft_seconds - self.verify_seconds - self.prefill_seconds
 
     @property
     def tokens_per_second(self) -> float:
@@ -118,6 +134,75 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+def stop_index(text: str, stop: Sequence[str], stop_after: str | None = None) -> int | None:
+    """Where ``text`` is cut: the start of the earliest stop string, searched only
+    after the first ``stop_after`` when given (None while it has not appeared);
+    None when no stop string occurs. Empty stop strings never match."""
+    start = 0
+    if stop_after is not None:
+        at = text.find(stop_after)
+        if at < 0:
+            return None
+        start = at + len(stop_after)
+    hits = [i for s in stop if s and (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_cut(decode, generated: list[int], new: list[int], stop: Sequence[str],
+              stop_after: str | None) -> tuple[int, str] | None:
+    """When a stop string completes inside ``new`` (this round's kept tokens),
+    the number of them up to and including the token that completes it, and the
+    response text cut before the stop string; else None."""
+    if stop_index(decode(generated + new), stop, stop_after) is None:
+        return None
+    for k in range(1, len(new) + 1):
+        text = decode(generated + new[:k])
+        if (at := stop_index(text, stop, stop_after)) is not None:
+            return k, text[:at]
+    raise AssertionError("unreachable: the whole round's text holds a stop string")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where a response ends: ``max_new_tokens`` (tokens), EOS ids, ``stop``
+    strings (searched only after ``stop_after`` when given, e.g. ``</think>``)."""
+
+    max_new_tokens: int
+    eos: frozenset[int] = frozenset()
+    stop: tuple[str, ...] = ()
+    stop_after: str | None = None
+
+
+def end_round(stats: GenerationStats, generated: list[int], emitted: list[int], accepted: int,
+              limits: Limits, decode) -> tuple[list[int], str, str | None]:
+    """Account one round of one sequence and cut its tokens where the response ends.
+
+    Args:
+        stats: the response's statistics (rounds, accepted, emitted, discarded updated).
+        generated: the response's tokens before this round.
+        emitted: the round's tokens (accepted drafts, then the residual or bonus).
+        accepted: accepted drafts among them.
+        limits: budget, EOS, stop strings.
+        decode: token ids to text.
+
+    Returns:
+        ``(kept, reason, text)``: the tokens to commit, "stop" / "length" / ""
+        (go on), and the final text when a stop string ended the response (None
+        otherwise). A stop string cuts the ids through the token that completes
+        it, the text before the stop string, and the statistics at the ids' cut.
+    """
+    kept, reason = _finish(emitted, len(generated), limits.max_new_tokens, limits.eos)
+    text = None
+    if limits.stop and (cut := _stop_cut(decode, generated, kept, limits.stop, limits.stop_after)) is not None:
+        (k, text), reason = cut, "stop"
+        kept = kept[:k]
+    stats.rounds += 1
+    stats.accepted += min(accepted, len(kept))
+    stats.emitted += len(kept)
+    stats.discarded += len(emitted) - len(kept)
+    return kept, reason, text
+
+
 def check_decode(method: str, knob: float | None, n_draft: int, temperature: float,
                  max_new_tokens: int = 1) -> float | None:
     """Validate a decoding configuration before any generation; return the knob as
@@ -163,6 +248,18 @@ def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingPar
     return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
 
 
+def _cut_native(gen: Generation, decode, stop: Sequence[str], stop_after: str) -> Generation:
+    """A native server's response with stop strings that apply only after
+    ``stop_after`` (the server itself would fire them inside the reasoning): ids
+    and text cut as ``end_round`` cuts them (the server's counters cover the whole
+    generation)."""
+    if (cut := _stop_cut(decode, [], list(gen.token_ids), stop, stop_after)) is None:
+        return gen
+    k, text = cut
+    gen.stats.response_tokens, gen.stats.finish_reason = k, "stop"
+    return Generation(list(gen.token_ids)[:k], text, gen.stats, gen.extra)
+
+
 def generate(
     backend: Backend,
     prompt_ids: Sequence[int],
@@ -174,6 +271,7 @@ def generate(
     max_new_tokens: int = 256,
     seed: int = 0,
     stop: Sequence[str] = (),
+    stop_after: str | None = None,
 ) -> Generation:
     """Generate one response with speculative decoding (or AR with ``method="ar"``).
 
@@ -186,7 +284,10 @@ def generate(
         sampling: the sampling transform, applied to both models.
         max_new_tokens: generation budget (tokens).
         seed: seed of this response's random numbers.
-        stop: stop strings; the text is cut before the first one.
+        stop: stop strings; the text is cut before the first one, the ids (and
+            the statistics) after the token that completes it.
+        stop_after: search stop strings only after the first occurrence of this
+            text (``</think>``: stops never fire inside the reasoning).
 
     Returns:
         ``Generation`` with ids, text and ``GenerationStats``.
@@ -205,7 +306,10 @@ def generate(
     knob = check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     spec = None if ar else get_method(method)
     if (native := native_server(backend, method)) is not None:
-        return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
+        if stop_after is None or not stop:
+            return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
+        gen = _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, ())
+        return _cut_native(gen, backend.decode, stop, stop_after)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
     greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
 
@@ -213,7 +317,8 @@ def generate(
     gen = torch.Generator().manual_seed(int(seed))
     state = backend.start(prompt_ids)
     stats = GenerationStats()
-    text, reason = "", ""
+    limits = Limits(max_new_tokens, backend.eos_token_ids, tuple(stop), stop_after)
+    text, reason = None, ""
     while not reason:
         if ar:
             z_p = backend.step(state)[None]
@@ -250,20 +355,12 @@ def generate(
             ).row(0)
             emitted, accepted = out.tokens, out.accepted
             stats.drafted += n_draft
-        stats.rounds += 1
-        stats.accepted += accepted
-        stats.emitted += len(emitted)
-        kept, reason = _finish(emitted, len(state.tokens) - state.prompt_len, max_new_tokens, backend.eos_token_ids)
+        kept, reason, text = end_round(stats, state.generated, emitted, accepted, limits, backend.decode)
         backend.commit(state, kept)
-        if stop:
-            text, hit = _cut_at_stop(backend.decode(state.generated), stop)
-            reason = "stop" if hit else reason
-    if not stop:
-        text = backend.decode(state.generated)
     stats.response_tokens = len(state.generated)
     stats.finish_reason = reason
     stats.draft_seconds, stats.verify_seconds = state.draft_seconds, state.verify_seconds
     stats.draft_forwards, stats.verify_forwards = state.draft_forwards, state.verify_forwards
-    stats.wall_seconds = time.perf_counter() - t_start
+    stats.wall_seconds = stats.latency_seconds = time.perf_counter() - t_start
     extra = {k: list(state.extra[k]) for k in TELEMETRY if k in state.extra}
-    return Generation(list(state.generated), text, stats, extra)
+    return Generation(list(state.generated), backend.decode(state.generated) if text is None else text, stats, extra)

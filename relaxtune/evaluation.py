@@ -1,12 +1,14 @@
 """Evaluate one decoding configuration on one task: generate, grade, record.
 
 Per-sample records are appended to a JSONL file as each sample is graded, so a
-killed run keeps every finished sample and a restart skips them. Generation
-runs ``backend.max_concurrency`` sequences at once (1 for in-process models,
-more for servers that batch) while grading runs in a thread pool (the math
-grader is thread-safe, code runs in sandboxed processes). A sample whose
-generation fails is recorded as failed and left out of the accuracy, never
-dropped or counted as wrong.
+killed run keeps every finished sample and a restart skips them. Generation is
+batched when the backend can (``BatchBackend``, the in-process models: up to
+``batch_size`` samples advance together, finished ones make room for the next;
+``relaxtune.responses.generate_responses``), else ``backend.max_concurrency``
+sequences run in threads (servers that batch on their side). Grading runs in
+a thread pool meanwhile (the math grader is thread-safe, code runs in
+sandboxed processes). A sample whose generation fails is recorded as failed and
+left out of the accuracy, never dropped or counted as wrong.
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Iterator
 
-from .backends.base import Backend
-from .engine import Generation, GenerationStats, check_decode, generate, native_server
+from .backends.base import Backend, is_batched
+from .engine import Generation, check_decode, native_server
 from .graders import Verdict, grade
-from .graders.base import THINK_END, THINK_START, answer_section
+from .graders.base import THINK_START, answer_section
+from .responses import generate_response, generate_responses
 from .stats import wilson_interval
 from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
 
 __all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
            "opens_thinking"]
+
 
 
 
@@ -128,39 +133,6 @@ def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
                          f"({', '.join(changed)}): bump `version:` in its YAML, or use another --output-dir")
 
 
-def _merge(a: GenerationStats, b: GenerationStats) -> GenerationStats:
-    out = GenerationStats()
-    for f in fields(GenerationStats):
-        va, vb = getattr(a, f.name), getattr(b, f.name)
-        setattr(out, f.name, vb if isinstance(va, str) else va + vb)
-    return out
-
-
-def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], config: DecodeConfig, seed: int) -> Generation:
-    """Generate with the task's budgets: the thinking budget first (when set), then
-    the forced "answer now" + ``</think>`` if thinking did not close, then the
-    rest of the total ``max_new_tokens``."""
-    kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params(), stop=spec.stop)
-    total = spec.max_new_tokens
-    first = generate(backend, prompt_ids, max_new_tokens=spec.thinking_budget or total, seed=seed, **kw)
-    if spec.thinking_budget is None or first.stats.finish_reason != "length":
-        return first
-    text, ids = first.text, list(first.token_ids)
-    if THINK_END not in text:
-        forced = spec.answer_now + THINK_END + "\n\n"
-        forced_ids = backend.tokenizer.encode(forced, add_special_tokens=False)
-        text, ids = text + forced, ids + list(forced_ids)
-    left = total - len(ids)
-    if left <= 0:  # no room left after the forced text
-        first.stats.response_tokens = len(ids)
-        return Generation(ids, text, first.stats)
-    rest = generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1, **kw)
-    stats = _merge(first.stats, rest.stats)
-    stats.response_tokens = len(ids) + len(rest.token_ids)
-    extra = {k: first.extra.get(k, []) + rest.extra.get(k, []) for k in set(first.extra) | set(rest.extra)}
-    return Generation(ids + rest.token_ids, text + rest.text, stats, extra)
-
-
 def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
     """Whether the prompt leaves a thinking block open (the chat templates of
     DeepSeek-R1 distills and QwQ end with ``<think>``): the response then starts
@@ -226,6 +198,7 @@ def evaluate(
     problems: list[Problem] | None = None,
     progress: bool = True,
     grade_workers: int = 2,
+    batch_size: int | None = None,
 ) -> EvalResult:
     """Run ``config`` on the task's problems (x ``spec.repeats``), grade, record.
 
@@ -238,6 +211,8 @@ def evaluate(
         problems: pre-loaded problems (else loaded from the spec).
         progress: show a progress bar.
         grade_workers: grading threads.
+        batch_size: samples generated together on a batching backend (default:
+            ``backend.batch_size``); 1 runs them one by one.
 
     Returns:
         ``EvalResult``.
@@ -264,41 +239,13 @@ def evaluate(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc=f"{spec.name} {config.label}", unit="sample")
-    def run_one(problem: Problem, repeat: int) -> tuple[dict, Future | None]:
-        seed = sample_seed(config.seed, problem.id, repeat)
-        prompt_ids = build_prompt_ids(backend.tokenizer, spec, problem)
-        record = dict(
-            task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat, seed=seed,
-            prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
-            method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
-        )
-        try:
-            gen = generate_response(backend, spec, prompt_ids, config, seed)
-        except Exception as err:  # recorded as failed, never as wrong
-            record.update(failed=True, error=f"{type(err).__name__}: {err}", verdict="generation_error", correct=None)
-            return record, None
-        record.update(
-            failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
-            response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict(),
-        )
-        if "missing_mass" in gen.extra:
-            record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
-        if "cached_tokens" in gen.extra:
-            record["cached_tokens"] = gen.extra["cached_tokens"]
-        truncated = gen.stats.finish_reason == "length"
-        text = THINK_START + gen.text if opens_thinking(backend.tokenizer, prompt_ids) else gen.text
-        return record, graders.submit(_grade, spec, problem, text, truncated)
+    prompts = {p.id: build_prompt_ids(backend.tokenizer, spec, p) for p, _ in todo}
+    items = [((p, r), prompts[p.id], sample_seed(config.seed, p.id, r)) for p, r in todo]
+    pending: list[tuple[dict, Future | None]] = []  # records wait for their verdicts, in generation order
 
-    # generation: max_concurrency sequences at once (1 for in-process models);
-    # grading overlaps with it; records are written in submission order, each in
-    # one unbuffered write to the O_APPEND file, so records of several workers
-    # appending to the same file never interleave
-    concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
-    with ThreadPoolExecutor(concurrency) as generators, ThreadPoolExecutor(grade_workers) as graders, \
-            open(path, "ab", buffering=0) as out:
-        jobs = [generators.submit(run_one, p, r) for p, r in todo]
-        for job in jobs:
-            record, verdict = job.result()
+    def flush(wait: bool) -> None:
+        while pending and (wait or pending[0][1] is None or pending[0][1].done()):
+            record, verdict = pending.pop(0)
             if verdict is not None:
                 v = verdict.result()
                 record.update(extracted=v.extracted, verdict=v.verdict, correct=v.correct, grader_detail=v.detail)
@@ -306,9 +253,61 @@ def evaluate(
             done[(record["problem_id"], record["repeat"])] = record
             if bar is not None:
                 bar.update(1)
+
+    # grading overlaps with generation; records are written in generation order, each
+    # in one unbuffered write to the O_APPEND file, so records of several workers
+    # appending to the same file never interleave
+    opens = {p.id: opens_thinking(backend.tokenizer, prompts[p.id]) for p, _ in todo}
+    with ThreadPoolExecutor(grade_workers) as graders, open(path, "ab", buffering=0) as out:
+        for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size):
+            prompt_ids = prompts[problem.id]
+            record = dict(
+                task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
+                seed=sample_seed(config.seed, problem.id, repeat),
+                prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
+                method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
+            )
+            if isinstance(gen, Exception):  # recorded as failed, never as wrong
+                record.update(failed=True, error=f"{type(gen).__name__}: {gen}", verdict="generation_error",
+                              correct=None)
+                pending.append((record, None))
+            else:
+                record.update(failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
+                              response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict())
+                if "missing_mass" in gen.extra:
+                    record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
+                if "cached_tokens" in gen.extra:
+                    record["cached_tokens"] = gen.extra["cached_tokens"]
+                truncated = gen.stats.finish_reason == "length"
+                text = THINK_START + gen.text if opens[problem.id] else gen.text
+                pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))
+            flush(wait=False)
+        flush(wait=True)
     if bar is not None:
         bar.close()
     return summarize([done[(p.id, r)] for p in problems for r in range(spec.repeats) if (p.id, r) in done], path)
+
+
+def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None
+               ) -> Iterator[tuple[object, Generation | Exception]]:
+    """``(key, Generation or exception)`` per item ``(key, prompt_ids, seed)``:
+    batched on a ``BatchBackend`` (in the order samples end), else
+    ``max_concurrency`` threads of ``generate_response`` (in item order)."""
+    if is_batched(backend):
+        yield from generate_responses(backend, spec, config, items, batch_size)
+        return
+
+    def one(prompt_ids: list[int], seed: int) -> Generation | Exception:
+        try:
+            return generate_response(backend, spec, prompt_ids, config, seed)
+        except Exception as err:  # noqa: BLE001 - recorded as failed
+            return err
+
+    concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
+    with ThreadPoolExecutor(concurrency) as pool:
+        jobs = [(key, ids, pool.submit(one, ids, seed)) for key, ids, seed in items]
+        for key, _, job in jobs:
+            yield key, job.result()
 
 
 def summarize(records: list[dict], path: Path) -> EvalResult:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,12 +18,12 @@ from .confirm import confirm, holdout_split
 from .evaluation import DecodeConfig, check_spec_unchanged, records_complete, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
-from .speed import CostProfile, c_rel_of
+from .speed import COST_MARGIN, CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
 from .settings import TuneSettings, job_id, study_name
 from .tuning import Tuner, choose
 
-__all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError"]
+__all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError", "cost_profile", "cautions"]
 
 
 class JobError(ValueError):
@@ -112,7 +113,7 @@ def load_backend(settings: TuneSettings):
                              name=f"sglang-{settings.drafter}->{settings.verifier}")
     from .backends.hf import load_pair
 
-    return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
+    return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype, batch_size=settings.batch_size)
 
 
 def job_file(output_dir: str | Path, task: str) -> Path:
@@ -123,35 +124,109 @@ def job_file(output_dir: str | Path, task: str) -> Path:
 
 def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None],
                  new_trials: bool = True) -> CostProfile | float:
-    """The job's costs: ``settings.c_rel`` when given; else the profile measured
-    once per (task, pair) and saved beside its records, extended when a new
-    draft length needs pricing (what earlier trials were priced with stays);
-    else c_rel = 0.2 for backends that cannot measure (SGLang). An export
-    (``new_trials=False``) never measures: it prices with what the trials used."""
+    """The job's costs.
+
+    - ``settings.c_rel`` when given (a fixed value overrides any measurement);
+    - else the profile saved beside the task's records (measured once per
+      output folder, so every trial is priced alike). A tuning run measures
+      the costs again and compares: when a cost ratio the model reads differs
+      from the saved one by more than ``COST_MARGIN``, the saved profile is still
+      used but carries a flag saying so (``--remeasure-costs`` adopts the new
+      measurement, ``--c-rel`` fixes a value). A new draft length extends the
+      saved profile, its verify cost scaled by the two measurements' t_AR; a
+      noisy new measurement flags the saved profile as unconfirmed;
+    - ``settings.remeasure_costs`` (or no saved profile): the new measurement,
+      saved;
+    - c_rel = 0.2 for backends that cannot measure (SGLang).
+
+    A measurement whose spread stays above ``SPREAD_TOLERANCE`` is flagged too.
+    An export (``new_trials=False``) never measures: it prices with the saved profile.
+
+    Raises:
+        JobError: an export without a saved profile (and without --c-rel).
+    """
     if settings.c_rel != "measured":
         return float(settings.c_rel)
     pair = getattr(backend, "name", "backend")
     saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
     earlier = CostProfile.from_dict(json.loads(saved.read_text())) if saved.exists() else None
-    if earlier is not None and (not new_trials or {n + 1 for n in settings.n_drafts} <= set(earlier.t_verify)):
-        log(f"cost profile of this job (measured once, reused so every number shares it): {saved}")
-        return earlier
-    if not new_trials and hasattr(backend, "cost_profile"):
-        raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give its "
-                       "--c-rel or run `relaxtune tune`")
+    if not new_trials:
+        if earlier is None and hasattr(backend, "cost_profile"):
+            raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
+                           "its --c-rel or run `relaxtune tune`")
+        return earlier if earlier is not None else 0.2
     if not hasattr(backend, "cost_profile"):
-        log("this backend cannot measure its costs: using c_rel = 0.2")
+        log("this backend cannot measure its costs: using c_rel = 0.2 (give the measured value with --c-rel)")
         return 0.2
-    profile = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problems[0]), sorted(settings.n_drafts))
-    if earlier is not None:  # keep what earlier trials were priced with; add only the new draft lengths
-        added = {k: max(t, earlier.t_ar) for k, t in profile.t_verify.items() if k not in earlier.t_verify}
-        profile = CostProfile(earlier.t_ar, earlier.t_draft, {**earlier.t_verify, **added}, earlier.source)
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(profile.to_dict(), indent=2))
-    log(f"measured cost profile: t_AR {profile.t_ar * 1e3:.1f} ms, t_draft {profile.t_draft * 1e3:.1f} ms, "
-        f"c_rel {profile.c_rel:.3f}; verify(N+1) ms: "
-        + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(profile.t_verify.items())) + f" (saved to {saved})")
-    return profile
+    log("measuring forward costs (interleaved passes until their spread is small)")
+    fresh = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problems[0]), sorted(settings.n_drafts))
+    for flag in fresh.flags:
+        log(f"warning: cost profile: {flag}")
+    if earlier is not None and settings.remeasure_costs:
+        log(f"--remeasure-costs: replacing the saved profile ({earlier.summary()}); trials already in the studies "
+            "keep the speed-ups they were priced with")
+    if earlier is None or settings.remeasure_costs:
+        _save(saved, fresh)
+        log(f"measured cost profile: {fresh.summary()} (saved to {saved})")
+        return fresh
+    return _against_saved(earlier, fresh, settings.n_drafts, saved, log)
+
+
+def _against_saved(earlier: CostProfile, fresh: CostProfile, n_drafts: list[int], saved: Path,
+                   log: Callable[[str], None]) -> CostProfile:
+    """The saved profile (extended to new draft lengths), flagged when this
+    run's measurement ``fresh`` differs from it by more than ``COST_MARGIN``."""
+    new_k = {n + 1 for n in n_drafts} - set(earlier.t_verify)
+    if new_k:  # price new draft lengths on the saved scale: the ratio to t_AR is what was measured now
+        added = {k: max(fresh.t_verify[k] * earlier.t_ar / fresh.t_ar, earlier.t_ar) for k in new_k}
+        earlier = replace(earlier, t_verify={**earlier.t_verify, **added},
+                          spread=earlier.spread | {f"t_verify[{k}]": fresh.spread[f"t_verify[{k}]"] for k in new_k
+                                                   if f"t_verify[{k}]" in fresh.spread})
+        _save(saved, earlier)
+        log(f"cost profile extended to verify(N+1) for N = {', '.join(str(k - 1) for k in sorted(new_k))} "
+            f"(saved to {saved})")
+    if fresh.flags:  # a disturbed check cannot tell whether the saved profile still holds
+        flag = (f"this run's check of the saved profile was disturbed ({fresh.summary()}): the speed-ups are priced "
+                "with the saved one, unconfirmed; run again on an idle machine, or give --c-rel")
+        log(f"warning: cost profile: {flag}")
+        return replace(earlier, flags=[*earlier.flags, flag])
+    gap, ratio = fresh.difference(earlier)
+    if gap > COST_MARGIN:
+        flag = (f"this run measured {ratio} {gap:.0%} off the saved profile (margin {COST_MARGIN:.0%}; now "
+                f"{fresh.summary()}): the speed-ups are priced with the saved one; --remeasure-costs adopts the new "
+                "measurement (a new --output-dir keeps studies apart), --c-rel fixes a value")
+        log(f"warning: cost profile: {flag}")
+        return replace(earlier, flags=[*earlier.flags, flag])
+    log(f"cost profile: the saved one ({earlier.summary()}), within {gap:.0%} of this run's measurement ({saved})")
+    return earlier
+
+
+def _save(path: Path, profile: CostProfile) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=2))
+
+
+def cautions(config: TunedConfig) -> list[str]:
+    """What a reader of the tuned config must not miss: cost-profile flags, and a
+    recommendation slower than plain decoding (modeled speed-up below 1)."""
+    out = [f"cost profile: {flag}" for flag in (config.cost_profile or {}).get("flags", [])]
+    rec = config.recommendation
+    if rec.modeled_speedup < 1:
+        out.append(f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
+                   f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
+                   "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)")
+    return out
+
+
+def _log_costs(tracker, profile: CostProfile | float) -> None:
+    """The cost profile on the MLflow task run: an artifact, c_rel and the worst spread, a flag tag."""
+    client, run = tracker.client, tracker.task_run_id
+    client.log_metric(run, "c_rel", c_rel_of(profile))
+    if isinstance(profile, CostProfile):
+        client.log_dict(run, profile.to_dict(), "cost_profile.json")
+        if profile.spread:
+            client.log_metric(run, "cost_spread_max", max(profile.spread.values()))
+        client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
 
 
 def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
@@ -236,13 +311,15 @@ def run_tune_job(
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), everything,
                           job_id(settings, spec, pair), storage_lock(settings.storage_url))
+        _log_costs(tracker, profile)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
         Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
         saved = job_file(settings.output_dir, spec.name)
         tmp = saved.with_name(f"{saved.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # workers may share the folder
-        tmp.write_text(yaml.safe_dump(settings.model_dump(), sort_keys=False))
+        job = settings.model_dump(exclude={"remeasure_costs"})  # a one-off action, not a setting to start from
+        tmp.write_text(yaml.safe_dump(job, sort_keys=False))
         os.replace(tmp, saved)
     verb = "tuning" if new_trials else "reading the study of"
     for method in settings.methods:

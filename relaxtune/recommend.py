@@ -8,9 +8,9 @@ half-width of ``S_relax - S_strict*`` (Efron and Tibshirani 1993, ch. 13):
 problems are resampled with replacement (a point's relaxed and strict samples
 of one problem move together), ``l_accept`` and lengths re-pooled, both
 speed-ups recomputed; the margin is ``observed difference - lower quantile``.
-When the cost profile carries a relative spread (``spread``, a fraction of the
-round cost, from repeated timings) and the two draft lengths differ, each
-speed-up's cost uncertainty (``spread * S``) is added in quadrature. A relaxed
+When the cost profile carries relative spreads (``CostProfile.spread``, from
+repeated interleaved passes; the worst is used) and the two draft lengths
+differ, each speed-up's cost uncertainty (``spread * S``) is added in quadrature. A relaxed
 point is recommended only when its difference exceeds the margin.
 """
 
@@ -46,9 +46,11 @@ class SpeedMargin:
 
 
 def cost_spread(profile: CostProfile | float) -> float | None:
-    """The profile's relative spread of round costs (a fraction), when it has one."""
-    spread = getattr(profile, "spread", None)
-    return float(spread) if isinstance(spread, (int, float)) and math.isfinite(spread) and spread >= 0 else None
+    """The profile's worst relative spread of its timings (a fraction: the gap between
+    the fastest and the median of its interleaved passes, ``CostProfile.spread``);
+    None for a fixed ``c_rel`` or a profile measured without repeats."""
+    spread = getattr(profile, "spread", None) or {}
+    return max((float(v) for v in spread.values() if math.isfinite(v) and v >= 0), default=None)
 
 
 def _per_problem(result: EvalResult, ids: list[str]) -> np.ndarray:

@@ -4,7 +4,8 @@ The transform is applied in the order temperature -> top-k -> top-p, each on the
 renormalised output of the previous step, as vLLM and SGLang do and as the paper
 uses it (T = 0.6, top-k = 20, top-p = 0.95 for both models; see
 ``shared/docs/relaxed-methods.md``, "Notation"). Ties at the top-k boundary are
-kept (as transformers' ``TopKLogitsWarper``). Temperature 0 is greedy: a one-hot
+kept (as transformers' ``TopKLogitsWarper``). With a top-k cut, top-p runs on the
+k kept values only (sorting a 152k-token row costs about 20 ms on a CPU). Temperature 0 is greedy: a one-hot
 row at the arg-max (the first index among exact ties).
 
 Rows come dense (``[..., V]`` logits) or sparse (``[..., K]`` token ids with their
@@ -90,18 +91,31 @@ def transform_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     if params.greedy:
         out = torch.zeros_like(z)
         return out.scatter_(-1, z.argmax(-1, keepdim=True), 1.0)
-    z = z / params.temperature
     if params.top_k and params.top_k < z.shape[-1]:
-        kth = z.topk(params.top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
+        k = params.top_k
+        top, where = z.topk(k + 1, dim=-1)  # sorted, descending; the (k+1)-th shows a tie at the cut
+        top = top / params.temperature
+        if not bool((top[..., k:] == top[..., k - 1 : k]).any()):
+            # no tie at the cut (the usual case): top-p over the k kept values only, instead of a sort of all V
+            return torch.zeros_like(z).scatter_(-1, where[..., :k], _nucleus(top[..., :k].softmax(-1), params.top_p))
+        z = z / params.temperature
+        z = z.masked_fill(z < top[..., k - 1 : k], float("-inf"))
+    else:
+        z = z / params.temperature
     probs = z.softmax(-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(-1, descending=True)
-        keep_sorted = _top_p_mask(sorted_probs, params.top_p)
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        probs = probs * keep
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = torch.zeros_like(sorted_probs).scatter_(-1, order, _nucleus(sorted_probs, params.top_p))
     return probs
+
+
+def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p over probabilities sorted in descending order: the kept ones,
+    renormalised (zero elsewhere); the rows themselves when ``top_p`` is 1."""
+    if top_p >= 1.0:
+        return sorted_probs
+    kept = sorted_probs * _top_p_mask(sorted_probs, top_p)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def transform_sparse(

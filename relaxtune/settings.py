@@ -32,9 +32,12 @@ class TuneSettings(BaseModel):
     tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
     native_url: str | None = Field(None, description="STANDALONE speculative SGLang server running sglang_threshold")
     concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
+    batch_size: int | None = Field(None, ge=1, description="sequences the in-process engine runs together "
+                                   "(default: 8 on a CPU, 32 on a GPU; 1: one at a time)")
     epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
     c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or measured")
+    remeasure_costs: bool = Field(False, description="measure the cost profile anew and replace the saved one")
     n_drafts: list[int] = [3, 5, 10, 20]
     trials: int = Field(8, ge=1, description="completed or pruned trials per method")
     limit: int | None = Field(None, ge=1, description="first N problems only")

@@ -6,16 +6,31 @@
 "+1" is the residual or bonus token every round emits), ``L`` the mean response
 length in tokens (strict has AR's expected length, so ``L_strict`` stands for
 ``L_AR``), ``c_rel`` the drafter's cost per token over the verifier's.
+
+Measured costs (``measure_interleaved``) are timed in passes that run every
+shape once, one after the other, so a disturbance from other work on the
+machine hits all of them alike; passes repeat until every shape's spread (the
+gap between its fastest and its median pass, relative to the fastest) is within
+``SPREAD_TOLERANCE``, or ``MAX_PASSES`` have run. The spread is kept with the
+profile, and a profile still noisy after the last pass says so in its ``flags``.
+The model stays the paper's single-stream latency model: batching changes
+throughput, not the modeled speed-up.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable, Hashable
 
-__all__ = ["speedup", "CostProfile", "PAPER_C_REL", "modeled_speedup", "c_rel_of"]
+__all__ = ["speedup", "CostProfile", "PAPER_C_REL", "modeled_speedup", "c_rel_of", "measure_interleaved",
+           "SPREAD_TOLERANCE", "COST_MARGIN", "MIN_PASSES", "MAX_PASSES"]
 
 PAPER_C_REL = (0.05, 0.2, 0.5)  # the c_rel values the paper sweeps
+SPREAD_TOLERANCE = 0.10  # a shape's (median - fastest) / fastest pass above this is noisy
+COST_MARGIN = 0.25  # a profile whose cost ratios differ from the saved one's by more is flagged
+MIN_PASSES, MAX_PASSES = 5, 15
 
 
 def _positive(name: str, value: float) -> float:
@@ -68,6 +83,11 @@ class CostProfile:
         t_verify: optional measured verifier seconds for one pass over k tokens,
             keyed by k (a round with draft length N verifies k = N + 1 tokens).
         source: where the numbers come from (machine, batch size, date).
+        spread: per timing ("t_ar", "t_draft", "t_verify[k]"), the relative gap
+            between its fastest and its median pass (0.1 = 10 %).
+        passes: interleaved passes the measurement took (0: not measured here).
+        flags: warnings a reader of the numbers must see (a noisy measurement, a
+            profile that differs from this machine's current costs).
 
     Raises:
         ValueError: non-positive or non-finite times.
@@ -77,6 +97,9 @@ class CostProfile:
     t_draft: float
     t_verify: dict[int, float] = field(default_factory=dict)
     source: str = ""
+    spread: dict[str, float] = field(default_factory=dict)
+    passes: int = 0
+    flags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _positive("t_ar", self.t_ar)
@@ -92,9 +115,31 @@ class CostProfile:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "CostProfile":
-        """The inverse of ``to_dict`` (``t_verify`` keys may come back as strings)."""
+        """The inverse of ``to_dict`` (``t_verify`` keys may come back as strings;
+        profiles saved before spreads were kept read back without them)."""
         return cls(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw.get("t_verify", {}).items()},
-                   raw.get("source", ""))
+                   raw.get("source", ""), dict(raw.get("spread", {})), int(raw.get("passes", 0)),
+                   list(raw.get("flags", [])))
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """What the speed model reads: ``c_rel`` and ``t_verify[k] / t_ar`` per k."""
+        return {"c_rel": self.c_rel} | {f"t_verify[{k}]/t_ar": t / self.t_ar for k, t in sorted(self.t_verify.items())}
+
+    def difference(self, other: "CostProfile") -> tuple[float, str]:
+        """The largest relative difference between the two profiles' shared
+        ``ratios`` (``|a - b| / b``, b from ``other``), and which ratio it is."""
+        mine, theirs = self.ratios, other.ratios
+        diffs = {k: abs(mine[k] - theirs[k]) / theirs[k] for k in mine.keys() & theirs.keys()}
+        key = max(diffs, key=diffs.get)
+        return diffs[key], key
+
+    def summary(self) -> str:
+        """One line: t_AR, t_draft, c_rel, verify costs and the worst spread."""
+        worst = max(self.spread.values(), default=None)
+        return (f"t_AR {self.t_ar * 1e3:.1f} ms, t_draft {self.t_draft * 1e3:.1f} ms, c_rel {self.c_rel:.3f}; "
+                "verify(N+1) ms: " + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(self.t_verify.items()))
+                + ("" if worst is None else f"; spread up to {worst:.0%} over {self.passes} interleaved passes"))
 
     @property
     def c_rel(self) -> float:
@@ -130,3 +175,56 @@ def modeled_speedup(profile: CostProfile | float, l_accept: float, n_draft: int,
 def c_rel_of(profile: CostProfile | float) -> float:
     """The c_rel of a measured profile, or the value itself."""
     return profile.c_rel if isinstance(profile, CostProfile) else float(profile)
+
+
+def measure_interleaved(
+    jobs: dict[Hashable, Callable[[], object]],
+    *,
+    min_passes: int = MIN_PASSES,
+    max_passes: int = MAX_PASSES,
+    tolerance: float = SPREAD_TOLERANCE,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[Hashable, float], dict[Hashable, float], int]:
+    """Time every job once per pass, in order, pass after pass, until each job's
+    spread is within ``tolerance`` (after at least ``min_passes``) or
+    ``max_passes`` have run. Each job is called once untimed first (the first
+    call of a shape is slow).
+
+    Args:
+        jobs: what to time, by name (e.g. one forward pass of one shape).
+        min_passes / max_passes: bounds on the passes.
+        tolerance: the largest acceptable spread, as a fraction.
+        clock: seconds (``time.perf_counter``; tests pass a scripted clock).
+
+    Returns:
+        ``(fastest, spread, passes)``: the fastest time per job (seconds; other
+        work only ever adds time), its spread ``(median - fastest) / fastest``,
+        and the passes run.
+
+    Raises:
+        ValueError: no jobs, or bounds with ``1 <= min_passes <= max_passes`` broken.
+    """
+    if not jobs or not 1 <= min_passes <= max_passes:
+        raise ValueError(f"need jobs and 1 <= min_passes <= max_passes, got {len(jobs)} jobs, "
+                         f"{min_passes}..{max_passes} passes")
+    for job in jobs.values():
+        job()
+    times: dict[Hashable, list[float]] = {name: [] for name in jobs}
+    passes = 0
+    while passes < max_passes:
+        for name, job in jobs.items():
+            t0 = clock()
+            job()
+            times[name].append(clock() - t0)
+        passes += 1
+        spread = {name: _spread(t) for name, t in times.items()}
+        if passes >= min_passes and max(spread.values()) <= tolerance:
+            break
+    return {name: min(t) for name, t in times.items()}, spread, passes
+
+
+def _spread(times: list[float]) -> float:
+    """``(median - fastest) / fastest`` (the lower median for an even count)."""
+    ordered = sorted(times)
+    fastest, median = ordered[0], ordered[(len(ordered) - 1) // 2]
+    return (median - fastest) / fastest if fastest > 0 else math.inf

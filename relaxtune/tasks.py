@@ -10,7 +10,9 @@ writing one YAML file: ``relaxtune tasks validate FILE`` checks it.
 Thinking mode follows the paper (``shared/docs/relaxed-methods.md``, protocol):
 when ``thinking_budget`` tokens are spent without ``</think>``, the fixed
 ``answer_now`` text and ``</think>`` are appended and generation continues up
-to ``max_new_tokens`` in total.
+to ``max_new_tokens`` in total. A thinking task's stop strings apply only after
+``</think>`` (a stop that could fire inside the reasoning would cut it short);
+stop strings holding a thinking marker, and empty ones, are refused at load.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .graders.base import THINK_END
 from .sampling import SamplingParams
 
 __all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
            "build_prompt_ids"]
 
+THINK_START = "<think>"
 ANSWER_NOW = (
     "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
 )
@@ -148,8 +152,21 @@ class TaskSpec(_Strict):
             raise ValueError(f"at most {len(LETTERS)} choices (letters {LETTERS}), got {len(self.fields.choices)}")
         if self.thinking_budget is not None and self.thinking_budget >= self.max_new_tokens:
             raise ValueError("thinking_budget must be below max_new_tokens (the total limit)")
+        if any(not s for s in self.stop):
+            raise ValueError("stop: an empty stop string would end every response at once; remove it")
+        markers = [s for s in self.stop if THINK_START in s or THINK_END in s] if self.thinks else []
+        if markers:
+            raise ValueError(f"stop: {markers[0]!r} holds a thinking marker; a thinking task's stop strings apply "
+                             f"only after {THINK_END} (they never cut the reasoning), so this one would cut the "
+                             "answer or never fire: remove it")
         self.sampling.params()
         return self
+
+    @property
+    def thinks(self) -> bool:
+        """True for a thinking task (``prompt.thinking`` or a ``thinking_budget``):
+        its stop strings apply only after ``</think>``."""
+        return self.prompt.thinking or self.thinking_budget is not None
 
 
 class ProblemList(list):

@@ -1,12 +1,16 @@
 """The command line on a tiny local model pair (no downloads)."""
 
+import json
+
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from relaxtune.backends.hf import load_pair
 from relaxtune.cli import app
 
 from .tiny_models import VOCAB, save_tiny_model
+from .tiny_task import write_tiny_task
 
 runner = CliRunner()
 
@@ -54,3 +58,29 @@ def test_pairs_with_different_tokenizers_are_refused(tmp_path, pair_dirs):
     other = save_tiny_model(tmp_path / "other", vocab=list(reversed(VOCAB)))
     with pytest.raises(ValueError, match="different tokenizers"):
         load_pair(other, pair_dirs[1], dtype="float32")
+
+
+def test_eval_takes_a_batch_size(pair_dirs, tmp_path):
+    drafter, verifier = pair_dirs
+    task = write_tiny_task(tmp_path)
+    outputs = {}
+    for size in ("1", "3"):
+        out = runner.invoke(app, ["eval", "--task", task, "--limit", "4", "--drafter", drafter, "--verifier", verifier,
+                                  "--dtype", "float32", "--batch-size", size, "--output-dir", str(tmp_path / size)],
+                            env={"COLUMNS": "200"})
+        assert out.exit_code == 0, out.output
+        (records,) = (tmp_path / size).rglob("*.jsonl")
+        outputs[size] = sorted((r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines()))
+    assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
+    out = runner.invoke(app, ["eval", "--task", task, "--batch-size", "0"], env={"COLUMNS": "200"})
+    assert out.exit_code != 0 and "batch-size" in out.output
+
+
+def test_tune_options_parse_batch_size_and_remeasure():
+    from relaxtune.cli.options import settings_from
+
+    s = settings_from(None, {"task": "humaneval", "batch_size": 4, "remeasure_costs": True})
+    assert s.batch_size == 4 and s.remeasure_costs
+    assert settings_from(None, {"task": "humaneval"}).batch_size is None  # the device's default
+    with pytest.raises(typer.BadParameter, match="--batch-size"):
+        settings_from(None, {"task": "humaneval", "batch_size": 0})

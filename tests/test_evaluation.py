@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
+from relaxtune.responses import generate_responses
 from relaxtune.tasks import TaskSpec, load_problems
+
+from .scripted import ScriptedBackend
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -28,12 +31,13 @@ def test_records_results_and_resume(tiny_backend, tmp_path):
     assert first.n == 4 and first.failed == 0
     lines = first.path.read_text().splitlines()
     assert len(lines) == 4
-    rec = json.loads(lines[0])
+    rec = next(r for r in map(json.loads, lines) if (r["problem_id"], r["repeat"]) == ("0", 0))
     for key in ("task", "version", "problem_id", "repeat", "seed", "prompt_hash", "output", "extracted", "verdict",
                 "finish_reason", "prompt_tokens", "response_tokens", "stats"):
         assert key in rec, key
     assert rec["task"] == "tiny_math" and rec["version"] == 3 and rec["seed"] == sample_seed(5, "0", 0)
-    assert rec["stats"]["emitted"] == rec["stats"]["accepted"] + rec["stats"]["rounds"]
+    assert rec["stats"]["emitted"] == rec["response_tokens"]
+    assert rec["stats"]["rounds"] <= rec["stats"]["emitted"] <= rec["stats"]["accepted"] + rec["stats"]["rounds"]
     assert first.path.parts[-3] == "tiny_math-v3"
     # a restart with more problems keeps the finished samples and only runs the new ones
     second = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=4, progress=False)
@@ -73,28 +77,44 @@ def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
 
 
 class FailingBackend:
-    """Wraps a backend and fails on every second prompt."""
+    """Wraps a backend and fails every second sequence it starts (one at a time
+    or joining a batch); ``batched=False`` hides the batch protocol."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, batched: bool):
         self.inner, self.calls = inner, 0
         self.name, self.tokenizer = "failing", inner.tokenizer
+        self.batch_size = inner.batch_size if batched else 0
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
 
-    def start(self, prompt_ids):
+    def _count(self):
         self.calls += 1
         if self.calls % 2 == 0:
             raise ConnectionError("server went away")
+
+    def start(self, prompt_ids):
+        self._count()
         return self.inner.start(prompt_ids)
 
+    def join(self, batch, prompts):
+        for _ in prompts:
+            self._count()
+        return self.inner.join(batch, prompts)
 
-def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path):
-    result = evaluate(tiny_task(), FailingBackend(tiny_backend), DecodeConfig("strict"), output_dir=tmp_path, limit=4,
-                      progress=False)
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])
+def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path, batched):
+    result = evaluate(tiny_task(), FailingBackend(tiny_backend, batched), DecodeConfig("strict"), output_dir=tmp_path,
+                      limit=4, progress=False)
     assert result.n == 2 and result.failed == 2
     failed = [r for r in result.records if r["failed"]]
     assert all(r["verdict"] == "generation_error" and "server went away" in r["error"] for r in failed)
+    # the batch went on around the failures: the samples that joined equal a run without them
+    clean = evaluate(tiny_task(), tiny_backend, DecodeConfig("strict"), output_dir=tmp_path / "clean", limit=4,
+                     progress=False)
+    ok = {r["problem_id"]: r["output"] for r in result.records if not r["failed"]}
+    assert ok == {r["problem_id"]: r["output"] for r in clean.records if r["problem_id"] in ok}
 
 
 def test_thinking_budget_forces_the_answer(tiny_backend):
@@ -150,3 +170,53 @@ def test_a_prompt_that_opens_thinking_is_seen():
     assert not opens_thinking(tok, [1, 2, 3, 4, 5, 4])  # Qwen3 with thinking off: an empty block, closed
     assert not opens_thinking(tok, [1, 2])  # the model opens its own block, if any
     assert not opens_thinking(tok, [3] + [4] * 20 + [1, 2])  # a <think> far back in the question is not the template's
+
+
+class OneByOne:
+    """A backend without the batch protocol (as the SGLang client): threads, one sequence each."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.tokenizer = inner, inner.name, inner.tokenizer
+
+    def __getattr__(self, item):
+        if item in ("start_batch", "batch_size"):
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+
+@pytest.mark.parametrize("config", [DecodeConfig("strict", None, 3, seed=2), DecodeConfig("spec_cont_dec", 0.5, 2)])
+def test_batched_evaluation_equals_one_by_one(tiny_backend, tmp_path, config):
+    # thinking with a budget: some responses get the forced answer and re-join the batch as continuations
+    spec = tiny_task(repeats=3, thinking_budget=5, max_new_tokens=30, answer_now="\nnow.\n", stop=["e"])
+    results = {}
+    for label, backend, size in [("threads", OneByOne(tiny_backend), None), ("batch1", tiny_backend, 1),
+                                 ("batch8", tiny_backend, 8)]:
+        result = evaluate(spec, backend, config, output_dir=tmp_path / label, limit=4, progress=False,
+                          batch_size=size)
+        results[label] = {(r["problem_id"], r["repeat"]): (r["output"], r["finish_reason"], r["response_tokens"],
+                          r["stats"]["rounds"], r["stats"]["accepted"]) for r in result.records}
+    assert results["threads"] == results["batch1"] == results["batch8"] and len(results["batch8"]) == 12
+    assert any("</think>" in out[0] for out in results["batch8"].values())  # the forced answer happened
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_forced_answer_then_stops_after_think(batched):
+    script = ["<think>", "a", "|", "b", "c", "|", "d", "e", "f", "g"]
+    backend = ScriptedBackend(script, extra=("\n", "N", "O", "W", "</think>"), batch_size=3)
+    spec = tiny_task(thinking_budget=4, max_new_tokens=24, answer_now="\nNOW\n", stop=["|"])
+    config = DecodeConfig("strict", None, 2)
+    if batched:
+        items = [(k, [0] * (k + 1), 5) for k in range(3)]
+        out = dict(generate_responses(backend, spec, config, items))
+        assert out[0].token_ids == out[1].token_ids == out[2].token_ids
+        gen = out[0]
+    else:
+        gen = generate_response(backend, spec, [0], config, seed=5)
+    forced = "\nNOW\n</think>\n\n"
+    forced_ids = backend.tokenizer.encode(forced)
+    # the first 4 tokens think (the stop inside them does not fire), the answer is forced, then the
+    # continuation generates the script again and its first "|" ends the response
+    assert gen.text == "<think>a|b" + forced + "<think>a"
+    first, rest = [backend.vocab.index(t) for t in script[:4]], [backend.vocab.index(t) for t in script[:3]]
+    assert len(forced_ids) == 8 and gen.token_ids == first + forced_ids + rest
+    assert gen.stats.finish_reason == "stop" and gen.stats.response_tokens == 4 + 8 + 3

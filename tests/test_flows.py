@@ -29,13 +29,32 @@ def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
             "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "range_size": 2, "heartbeat": 5} | over
 
 
-def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs):
+def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):
     import optuna
+    import flows.tune
     from flows.tune import tune_task
 
     task = write_tiny_task(tmp_path)
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.5)
     results: dict = {}
+    # Neither worker takes a trial before both are ready: a worker that starts late on a
+    # busy machine would otherwise find the study finished and the test would prove nothing.
+    both_ready, gated, lock = threading.Barrier(2, timeout=300), set(), threading.Lock()
+    register = flows.tune.register
+
+    def gated_register(key: str, next_trial):
+        label = key.rsplit("/", 2)[-2]
+
+        def gated_next_trial():
+            with lock:
+                first_call = label not in gated
+                gated.add(label)
+            if first_call:
+                both_ready.wait()
+            return next_trial()
+        return register(key, gated_next_trial)
+
+    monkeypatch.setattr(flows.tune, "register", gated_register)
 
     def worker(label: str, lanes: int) -> None:  # what a Prefect worker on another host runs
         results[label] = tune_task.with_options(flow_run_name=label)(

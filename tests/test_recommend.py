@@ -1,6 +1,5 @@
 """The recommendation's speed margin: a bootstrap over problems of the modeled speed-up difference."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,15 +44,8 @@ def test_a_near_tie_is_within_the_noise_and_a_clear_gain_is_not():
     assert identical.difference == identical.margin == 0.0 and not identical.beats
 
 
-@dataclass(frozen=True)
-class SpreadProfile(CostProfile):
-    """A cost profile that carries a relative spread of its round costs."""
-
-    spread: float = 0.0
-
-
 def test_cost_spread_widens_the_margin_only_across_draft_lengths():
-    profile = SpreadProfile(0.1, 0.02, {5: 0.1, 3: 0.1}, spread=0.05)
+    profile = CostProfile(0.1, 0.02, {5: 0.1, 3: 0.1}, spread={"t_ar": 0.01, "t_draft": 0.05, "t_verify[5]": 0.02})
     assert cost_spread(profile) == 0.05 and cost_spread(0.2) is None and cost_spread(CostProfile(0.1, 0.02)) is None
     relaxed, strict = result([30] * 8), result([20] * 8)
     same_n = speed_margin(relaxed, strict, 4, strict, 4, profile, 0.9)

@@ -51,6 +51,30 @@ def test_top_p_applies_to_renormalised_top_k():
     assert torch.allclose(out, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
 
 
+def _dense_reference(z: torch.Tensor, t: float, k: int, top_p: float) -> torch.Tensor:
+    """The transform written out over all V tokens: temperature, top-k mask, softmax, sort, top-p."""
+    z = z / t
+    z = z.masked_fill(z < z.topk(k, dim=-1).values[..., -1:], float("-inf"))
+    probs = z.softmax(-1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = (sorted_probs.cumsum(-1) - sorted_probs) < top_p
+    probs = probs * torch.zeros_like(keep).scatter_(-1, order, keep)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("k, top_p", [(20, 0.95), (20, 0.5), (5, 1.0), (64, 0.9)])
+def test_top_p_over_the_top_k_equals_the_full_sort(k, top_p):
+    z = torch.randn(3, 8, 5000, generator=torch.Generator().manual_seed(k)) * 4
+    fast = transform_logits(z, SamplingParams(temperature=0.6, top_k=k, top_p=top_p))
+    ref = _dense_reference(z, 0.6, k, top_p)
+    assert torch.equal(fast > 0, ref > 0) and torch.allclose(fast, ref, atol=1e-6)
+    assert ((fast > 0).sum(-1) <= k).all() and torch.allclose(fast.sum(-1), torch.ones(3, 8))
+    z[0, 0, :3] = z[0, 0].max() + 1  # a tie at the cut takes the full path and keeps both tied tokens
+    z[0, 0, 3:] = z[0, 0, 3:].clamp_max(z[0, 0, 0] - 1)
+    tied = transform_logits(z[0, 0], SamplingParams(top_k=2))
+    assert (tied > 0).sum() == 3
+
+
 @pytest.mark.parametrize("K", [20, 32])
 def test_sparse_top_k_reconstructs_dense_exactly(K):
     g = torch.Generator().manual_seed(3)

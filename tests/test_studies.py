@@ -29,9 +29,11 @@ def run_together(tuners: list[Tuner], method: str = "cactus") -> list:
     """Each tuner's ``tune_method`` in its own thread; their outcomes."""
     outcomes: list = [None] * len(tuners)
     errors: list = []
+    all_started = threading.Barrier(len(tuners), timeout=120)  # no worker runs ahead before the others exist
 
     def work(i: int) -> None:
         try:
+            all_started.wait()
             outcomes[i] = tuners[i].tune_method(method)
         except Exception as err:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(err)

@@ -87,6 +87,11 @@ def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
         (lambda r: r["grader"].update(kind="essay"), "kind"),
         (lambda r: r.update(thinking_budget=5000, max_new_tokens=4000), "thinking_budget"),
         (lambda r: r["sampling"].update(top_p=0.0), "top_p"),
+        (lambda r: r.update(stop=["\n\n", ""]), "empty stop string"),
+        (lambda r: r.update(stop=["</think>"]), "thinking marker"),
+        (lambda r: r.update(stop=["Answer:", "<think>"]), "thinking marker"),
+        (lambda r: r.update(stop=["x</think>y"]), "thinking marker"),
+        (lambda r: r.update(stop=["</think>"], thinking_budget=None), "thinking marker"),  # prompt.thinking alone
     ],
 )
 def test_invalid_specs_are_explained(tmp_path, change, match):
@@ -170,3 +175,13 @@ def test_choice_gold_carries_the_letters_and_the_prompts_answer_format(tmp_path)
     with pytest.raises(ValueError, match="at most 10 choices"):
         TaskSpec(**{**spec.model_dump(), "fields": {"question": "q", "answer": None,
                                                     "choices": [f"c{i}" for i in range(11)]}})
+
+
+def test_thinking_tasks_keep_their_stops_for_the_answer():
+    raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
+    spec = TaskSpec(**raw | {"stop": ["\n\nQuestion:"]})  # a thinking task: the stop waits for </think>
+    assert spec.thinks and spec.stop == ["\n\nQuestion:"]
+    plain = TaskSpec(**raw | {"stop": ["</think>"], "prompt": {"template": "{question}", "thinking": False},
+                              "thinking_budget": None})
+    assert not plain.thinks  # without thinking, </think> is an ordinary stop string
+    assert TaskSpec(**raw | {"prompt": {"template": "{question}", "thinking": False}}).thinks  # a budget thinks

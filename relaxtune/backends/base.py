@@ -12,6 +12,12 @@ and an autoregressive step is ``step(state)`` (verifier logits ``[V]``) then
 ``commit``. ``pick`` is the caller's sampler: it maps a raw drafter logit row
 ``[V]`` to the drafted token id, so sampling (and its randomness) stays with the
 caller and the backend never sees a method or a task.
+
+A backend that can advance many sequences at once also implements
+``BatchBackend``: a ``Batch`` of rows (one ``SequenceState`` each) that join and
+leave at any round (continuous refill), one forward per drafting step, one
+scoring pass and one commit for all rows, with ragged acceptance. Backends
+without it (the SGLang client) run one sequence per thread.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-__all__ = ["Backend", "DraftResult", "SequenceState", "Pick"]
+__all__ = ["Backend", "BatchBackend", "Batch", "DraftResult", "SequenceState", "Pick", "BatchPick", "is_batched"]
 
 Pick = Callable[[torch.Tensor], int]
+BatchPick = Callable[[torch.Tensor, int], torch.Tensor]  # (raw drafter logits [R, V], draft step) -> ids [R]
 
 
 @dataclass
@@ -38,7 +45,13 @@ class SequenceState:
         draft_forwards / verify_forwards: forward-pass counts.
         draft_tokens_fed / verify_tokens_fed: query tokens fed to each model
             (prefill included).
+        prefill_seconds: wall seconds of the prompt's prefill forwards when they
+            run apart from the rounds (batched path); 0 when the first round's
+            forwards include the prompt.
         extra: backend-specific state (caches, what each cache holds).
+
+    In a batch, a forward's seconds are shared equally among the rows it served,
+    so the rows' seconds add up to the batch's.
     """
 
     tokens: list[int]
@@ -49,6 +62,7 @@ class SequenceState:
     verify_forwards: int = 0
     draft_tokens_fed: int = 0
     verify_tokens_fed: int = 0
+    prefill_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -111,3 +125,66 @@ class Backend(Protocol):
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text."""
         ...
+
+
+@dataclass
+class Batch:
+    """The sequences a ``BatchBackend`` advances together.
+
+    Attributes:
+        states: one ``SequenceState`` per row, in row order (rows are renumbered
+            when some leave).
+        extra: backend-specific state (the batched caches).
+    """
+
+    states: list[SequenceState] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        """R, the sequences in the batch."""
+        return len(self.states)
+
+
+class BatchBackend(Backend, Protocol):
+    """A ``Backend`` that also advances R sequences at once (one forward per step
+    for all of them). Row r of every tensor is ``batch.states[r]``.
+
+    Attributes:
+        batch_size: the most rows a batch should hold (the evaluation's default).
+    """
+
+    batch_size: int
+
+    def start_batch(self) -> Batch:
+        """An empty batch."""
+        ...
+
+    def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
+        """Append one row per prompt (prefilling the prompt) and return their states."""
+        ...
+
+    def leave(self, batch: Batch, rows: Sequence[int]) -> None:
+        """Remove ``rows`` (indices) from the batch; later rows move up."""
+        ...
+
+    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``n`` tokens for every row, one drafter forward per step, calling
+        ``pick(logits [R, V], step) -> ids [R]``. Returns the drafted ids ``[R, n]``
+        and the raw drafter logits ``[R, n, V]`` (``[R, n+1, V]`` with ``extra_step``)."""
+        ...
+
+    def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Verifier raw logits ``[R, N+1, V]`` over each row's tokens plus its drafts
+        ``draft_ids [R, N]`` in one pass (``N = 0``: the next-token rows, AR)."""
+        ...
+
+    def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
+        """Append each row's emitted tokens and roll its caches back to what they
+        share with its new sequence."""
+        ...
+
+
+def is_batched(backend) -> bool:
+    """True when ``backend`` implements ``BatchBackend`` (and allows batching)."""
+    return callable(getattr(backend, "start_batch", None)) and int(getattr(backend, "batch_size", 0) or 0) >= 1

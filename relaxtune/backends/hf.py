@@ -8,9 +8,15 @@ committed token uncached so the next forward has a query. The drafter therefore
 feeds the previous round's last draft together with the new token when a round
 accepted everything.
 
+Batches (``BatchBackend``): every row of a ``Batch`` shares one ragged cache per
+model (``relaxtune.backends.ragged``); a drafting step, a scoring pass or an AR
+step is one forward for all rows, the same rollback rule applies row by row,
+and rows join (prefilled alone) and leave at any round. On this project's
+2-core CPU a forward's cost is mostly reading the weights, so 8 rows score 5
+tokens each for about 2.6 times the cost of one (``BATCH_SIZE_CPU``).
+
 Models are loaded once per process (``load_pair`` is cached on ids, dtype and
-threads). Batching over prompts is not done here: on a CPU a forward pass is
-compute-bound, so batching buys little; SGLang batches on GPU hosts.
+device).
 """
 
 from __future__ import annotations
@@ -23,10 +29,21 @@ from typing import Sequence
 
 import torch
 
-from ..speed import CostProfile
+from ..speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .base import DraftResult, Pick, SequenceState
+from .hf_batch import BatchedForwards
+from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
+from .ragged import PrefillStore, supports
 
-__all__ = ["HFBackend", "load_pair", "resolve_model_path"]
+__all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
+
+BATCH_SIZE_CPU = 8  # the fastest measured on the project's 2-core CPU (python -m relaxtune.bench.engine)
+BATCH_SIZE_GPU = 32
+
+
+def default_batch_size(device: torch.device | str) -> int:
+    """Sequences per batch when none is given: ``BATCH_SIZE_GPU`` on CUDA, else ``BATCH_SIZE_CPU``."""
+    return BATCH_SIZE_GPU if torch.device(device).type == "cuda" else BATCH_SIZE_CPU
 
 
 def _crop(cache, length: int) -> None:
@@ -35,15 +52,7 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
-    n = min(len(a), len(b))
-    i = min(start, n)
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class HFBackend:
+class HFBackend(BatchedForwards):
     """A transformers drafter/verifier pair (CPU or one GPU).
 
     Args:
@@ -51,12 +60,15 @@ class HFBackend:
         verifier: a causal LM with the same vocabulary width as the drafter.
         tokenizer: the shared tokenizer (used for ``decode`` and EOS ids).
         name: description for records (model ids).
+        batch_size: the most sequences ``relaxtune.evaluation.evaluate`` runs at
+            once (``default_batch_size`` of the device when None); 1 or a model
+            with sliding-window layers runs one sequence at a time.
 
     Raises:
-        ValueError: when the two models' logit widths differ.
+        ValueError: when the two models' logit widths differ, or batch_size < 1.
     """
 
-    def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf") -> None:
+    def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf", batch_size: int | None = None) -> None:
         self.drafter = drafter.eval() if drafter is not None else None
         self.verifier = verifier.eval()
         self.tokenizer = tokenizer
@@ -75,6 +87,11 @@ class HFBackend:
                 eos.update([ids] if isinstance(ids, int) else ids)
         self.eos_token_ids = frozenset(int(i) for i in eos)
         self.device = next(verifier.parameters()).device
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batchable = all(supports(m) for m in (drafter, verifier) if m is not None)
+        self.batch_size = (batch_size or default_batch_size(self.device)) if batchable else 0
+        self.prefill_stores = {"v": PrefillStore(), "d": PrefillStore()}  # prompt prefills reused across batches
 
     # ---------------------------------------------------------------- protocol
 
@@ -156,44 +173,51 @@ class HFBackend:
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
-    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], reps: int = 5) -> CostProfile:
-        """Measure forward costs on this machine: verifier on 1 token and on N + 1
-        tokens for each N, drafter on 1 token, each with a cache of the prompt plus
-        64 tokens. Each cost is the fastest of ``reps`` (other work on the machine
-        only ever adds time), and a pass over N + 1 tokens is never priced below
-        one step (a slow single-step sample would otherwise inflate every
-        modeled speed-up).
+    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
+                     max_passes: int = MAX_PASSES) -> CostProfile:
+        """Measure forward costs on this machine, one sequence at a time: verifier
+        on 1 token and on N + 1 tokens for each N, drafter on 1 token, each with
+        a cache of the prompt plus 64 tokens, timed in interleaved passes until
+        their spread is small (``relaxtune.speed.measure_interleaved``). Each
+        cost is the fastest pass, and a pass over N + 1 tokens is never priced
+        below one step (a slow single-step sample would otherwise inflate every
+        modeled speed-up). A spread still above ``SPREAD_TOLERANCE`` after
+        ``max_passes`` is written into the profile's ``flags``.
 
         Returns:
-            ``CostProfile`` (seconds).
+            ``CostProfile`` (seconds), with its spreads.
         """
         from transformers import DynamicCache
 
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
-        costs: dict[tuple[str, int], float] = {}
-        jobs = [("verify", self.verifier, sorted({1, *(n + 1 for n in n_drafts)}))]
-        if self.drafter is not None:
-            jobs.append(("draft", self.drafter, [1]))
-        for name, model, sizes in jobs:
-            cache = DynamicCache(config=model.config)
-            self._forward(model, cache, ctx, 1)
-            base = cache.get_seq_length()
-            for k in sizes:
-                self._forward(model, cache, ctx[-k:], k)  # warm-up: the first call of a shape is slow
-                _crop(cache, base)
-                times = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    self._forward(model, cache, ctx[-k:], k)
-                    times.append(time.perf_counter() - t0)
-                    _crop(cache, base)
-                costs[(name, k)] = min(times)
-        t_ar = costs[("verify", 1)]
+        models = {"verify": self.verifier} | ({"draft": self.drafter} if self.drafter is not None else {})
+        caches = {}
+        for name, model in models.items():
+            caches[name] = DynamicCache(config=model.config)
+            self._forward(model, caches[name], ctx, 1)
+        base = caches["verify"].get_seq_length()
+
+        def job(name: str, k: int):
+            def run() -> None:
+                self._forward(models[name], caches[name], ctx[-k:], k)
+                _crop(caches[name], base)
+            return run
+
+        shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
+        shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
+        fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
+                                                      min_passes=min_passes, max_passes=max_passes)
+        t_ar = fastest["t_ar"]
+        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
+        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
+                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
+                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
         return CostProfile(
-            t_ar=t_ar, t_draft=costs.get(("draft", 1), t_ar),
-            t_verify={k: max(v, t_ar) for (name, k), v in costs.items() if name == "verify" and k > 1},
+            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
+            t_verify={k: max(fastest[label], t_ar) for label, (name, k) in shapes.items() if label.startswith("t_verify")},
             source=f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
                    f"batch 1, measured {time.strftime('%Y-%m-%d')}",
+            spread=spread, passes=passes, flags=flags,
         )
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -241,7 +265,8 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto") -> HFBackend:
+def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto",
+              batch_size: int | None = None) -> HFBackend:
     """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
 
     Args:
@@ -250,6 +275,7 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         dtype: torch dtype name ("bfloat16" is fastest on CPUs measured so far;
             "float32" for exact comparisons).
         device: "cpu", "cuda", "cuda:1", ... or "auto" (cuda when available).
+        batch_size: sequences an evaluation runs at once (None: ``default_batch_size``).
 
     Raises:
         ValueError: when the two tokenizers differ (speculative decoding needs the
@@ -275,4 +301,5 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
     # names in records and study names: embedded and hub ids as given, local folders by absolute path
     short = lambda m, p: p if m not in EMBEDDED and p != m and os.path.isdir(p) else m  # noqa: E731
     name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}")
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}",
+                     batch_size=batch_size)

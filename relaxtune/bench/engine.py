@@ -1,22 +1,40 @@
 """relaxtune's engine against transformers' own generation, side by side in one process.
 
-    python -m relaxtune.bench.engine [--drafts 2,4,8] [--max-new-tokens 128] [--prompts 5]
+    python -m relaxtune.bench.engine [--tables single,batch] [--drafts 2,4,8] [--batch-sizes 1,4,8]
+        [--max-new-tokens 128] [--prompts 8] [--repeats 3] [--device cpu|cuda] [--random-weights]
 
-On the embedded pair (or ``--drafter`` / ``--verifier``), for each draft length N:
-(a) transformers ``generate`` AR, (b) transformers assisted generation with the
-same drafter and N (constant schedule, confidence threshold 0), (c) relaxtune AR,
-(d) relaxtune strict, (e) relaxtune cactus at delta = 1. All sample with the
-paper's transform (T 0.6, top-k 20, top-p 0.95) and ignore EOS so every run
-makes exactly ``--max-new-tokens`` tokens. Prints tokens/s, acceptance length,
-the ratios d/a, d/b, e/d, relaxtune's forward floor (the share of its wall time
-spent in model forwards), and the physical limit of this machine
-``S_max = (l_accept + 1) t_AR / (t_verify(N+1) + N t_draft)`` from the mean
-forward costs the runs themselves measured (t_AR from (c), the rest from (d)).
+On the embedded pair (or ``--drafter`` / ``--verifier``), two tables:
+
+single (one sequence at a time), for each draft length N: (a) transformers
+``generate`` AR, (b) transformers assisted generation with the same drafter
+and N (constant schedule, confidence threshold 0), (c) relaxtune AR, (d)
+relaxtune strict, (e) relaxtune cactus at delta = 1; tokens/s, acceptance
+length, the ratios d/a, d/b, e/d, relaxtune's forward floor (the share of its
+wall time spent in model forwards), the forward costs the runs measured (t_AR
+from (c), t_draft and t_verify(N+1) from (d)), c_rel, and the physical limit
+``S_max = (l_accept + 1) t_AR / (t_verify(N+1) + N t_draft)``.
+
+batch (``relaxtune.bench.batching``), for each batch size B: transformers'
+batched ``generate`` (AR, left-padded) against relaxtune's batched strict at
+``--batch-n-draft`` on the same prompts: aggregate tokens/s, per-sequence
+latency, and the ratios to relaxtune at B = 1 and to transformers.
+
+All runs sample with the paper's transform (T 0.6, top-k 20, top-p 0.95) and
+ignore EOS, so every response has exactly ``--max-new-tokens`` tokens. Every
+figure is the median of ``--repeats`` interleaved repeats with its spread
+((max - min) / median); a spread above 10 % marks a run disturbed by other work.
+
+``--random-weights`` builds both models from the embedded pair's architectures
+(or from ``--drafter`` / ``--verifier`` folders holding a ``config.json``) with
+random weights and random prompts: speeds, forward costs, c_rel, S_max and
+batched throughput are meaningful (on ``--device cuda`` too), acceptance is not
+(S_max is then also shown at l_accept = N, every draft accepted).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -37,6 +55,32 @@ PROMPTS = [
     "Write a Python function that parses a CSV line with quoted fields.",
 ]
 PAPER = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+NOISY = 0.10  # a spread above this marks a disturbed figure
+# the embedded pair's architectures (Qwen2.5-Coder-0.5B / 1.5B-Instruct), for --random-weights
+ARCH = {
+    DRAFTER.name: dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
+    VERIFIER.name: dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
+}
+QWEN2 = dict(num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6,
+             max_position_embeddings=32768, rope_theta=1e6)
+
+
+def median_spread(values: list[float]) -> tuple[float, float]:
+    """Median of repeated measurements and their spread ``(max - min) / median``."""
+    mid = statistics.median(values)
+    return mid, (max(values) - min(values)) / mid if mid else 0.0
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    """``median ±spread%`` (with ``!`` when the spread marks a disturbed run)."""
+    mid, spread = median_spread(values)
+    return f"{mid:.{digits}f} ±{spread:.0%}{'!' if spread > NOISY else ''}"
+
+
+def sync(device) -> None:
+    """Wait for queued GPU work before reading the clock."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
@@ -44,22 +88,54 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
-def _hf_generate(backend: HFBackend, prompts: list[list[int]], max_new: int, n_draft: int | None) -> float:
-    kw = dict(
-        do_sample=True, temperature=PAPER.temperature, top_k=PAPER.top_k, top_p=PAPER.top_p,
-        max_new_tokens=max_new, min_new_tokens=max_new,
-    )
+def random_model(name_or_dir: str, dtype: torch.dtype, device: str, seed: int = 0):
+    """A causal LM with random weights (seeded): an embedded name's architecture,
+    or a folder's ``config.json``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(**QWEN2, **ARCH[name_or_dir]) if name_or_dir in ARCH else AutoConfig.from_pretrained(name_or_dir)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def build(args) -> tuple[HFBackend, list[list[int]]]:
+    """The backend (EOS ignored) and the prompts' ids."""
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.random_weights:
+        dtype = getattr(torch, args.dtype)
+        drafter, verifier = (random_model(m, dtype, device, seed) for seed, m in enumerate((args.drafter, args.verifier)))
+        backend = HFBackend(drafter, verifier, name=f"random {args.drafter}->{args.verifier}")
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(backend.vocab_size, (30 + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
+    else:
+        backend = load_pair(args.drafter, args.verifier, dtype=args.dtype, device=device)
+        prompts = [_chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
+    backend.eos_token_ids = frozenset()  # fixed-length runs
+    return backend, prompts
+
+
+def hf_generate(backend: HFBackend, batch: list[list[int]], max_new: int, n_draft: int | None = None,
+                seed: int = 0) -> int:
+    """transformers ``generate`` on ``batch`` (left-padded); returns new tokens."""
+    kw = dict(do_sample=True, temperature=PAPER.temperature, top_k=PAPER.top_k, top_p=PAPER.top_p,
+              max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
     if n_draft is not None:
-        kw.update(
-            assistant_model=backend.drafter, num_assistant_tokens=n_draft,
-            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-        )
-    tokens, t0 = 0, time.perf_counter()
-    for i, ids in enumerate(prompts):
-        torch.manual_seed(i)
-        with torch.inference_mode():
-            out = backend.verifier.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), **kw)
-        tokens += out.shape[1] - len(ids)
+        kw.update(assistant_model=backend.drafter, num_assistant_tokens=n_draft,
+                  num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    width = max(map(len, batch))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=backend.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=backend.device)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = backend.verifier.generate(ids, attention_mask=mask, **kw)
+    sync(backend.device)
+    return (out.shape[1] - width) * len(batch)
+
+
+def _hf_single(backend: HFBackend, prompts: list[list[int]], max_new: int, n_draft: int | None) -> float:
+    t0 = time.perf_counter()
+    tokens = sum(hf_generate(backend, [p], max_new, n_draft, seed=i) for i, p in enumerate(prompts))
     return tokens / (time.perf_counter() - t0)
 
 
@@ -79,41 +155,75 @@ def _ours(backend: HFBackend, prompts: list[list[int]], max_new: int, method: st
                 t_draft=t["draft"] / t["d_fwd"] if t["d_fwd"] else 0.0)
 
 
+def single_table(backend: HFBackend, prompts: list[list[int]], drafts: list[int], max_new: int, repeats: int,
+                 random_weights: bool) -> None:
+    """One sequence at a time: (a)..(e) per N, each the median of interleaved repeats."""
+    runs: dict[str, list] = {}
+    for _ in range(repeats):
+        runs.setdefault("a", []).append(_hf_single(backend, prompts, max_new, None))
+        runs.setdefault("c", []).append(_ours(backend, prompts, max_new, "ar"))
+        for n in drafts:
+            runs.setdefault(f"b{n}", []).append(_hf_single(backend, prompts, max_new, n))
+            runs.setdefault(f"d{n}", []).append(_ours(backend, prompts, max_new, "strict", n_draft=n))
+            runs.setdefault(f"e{n}", []).append(_ours(backend, prompts, max_new, "cactus", 1.0, n_draft=n))
+    col = lambda key, field: [r[field] for r in runs[key]]  # noqa: E731
+    a, c_tps, t_ar = runs["a"], col("c", "tps"), col("c", "t_verify")
+    print(f"(a) transformers AR   {fmt(a)} tok/s")
+    print(f"(c) relaxtune AR      {fmt(c_tps)} tok/s   c/a {fmt([c / x for c, x in zip(c_tps, a)])}   "
+          f"forward share {statistics.median(col('c', 'floor')):.1%}   t_AR {fmt([t * 1e3 for t in t_ar], 1)} ms")
+    for n in drafts:
+        b, d, e = runs[f"b{n}"], col(f"d{n}", "tps"), col(f"e{n}", "tps")
+        l_acc, t_d, t_v = col(f"d{n}", "l_accept"), col(f"d{n}", "t_draft"), col(f"d{n}", "t_verify")
+        # the physical limit from the forward costs these runs measured: (l + 1) t_AR / (t_verify(N+1) + N t_draft)
+        s_max = [(l + 1) * ar / (v + n * dr) for l, ar, v, dr in zip(l_acc, t_ar, t_v, t_d)]
+        print(f"N = {n}")
+        print(f"  (b) transformers assisted {fmt(b)} tok/s")
+        print(f"  (d) relaxtune strict      {fmt(d)} tok/s  l_accept {fmt(l_acc)}  forward share "
+              f"{statistics.median(col(f'd{n}', 'floor')):.1%}  t_draft {fmt([x * 1e3 for x in t_d], 1)} ms  "
+              f"t_verify({n + 1}) {fmt([x * 1e3 for x in t_v], 1)} ms  c_rel {fmt([x / y for x, y in zip(t_d, t_ar)], 3)}")
+        print(f"  (e) relaxtune cactus 1.0  {fmt(e)} tok/s  l_accept {fmt(col(f'e{n}', 'l_accept'))}")
+        print(f"  d/a {fmt([x / y for x, y in zip(d, a)])}   d/b {fmt([x / y for x, y in zip(d, b)])}   "
+              f"e/d {fmt([x / y for x, y in zip(e, d)])}   S_max {fmt(s_max)}   "
+              f"(d/a)/S_max {fmt([x / y / s for x, y, s in zip(d, a, s_max)])}")
+        if random_weights:
+            ceiling = [(n + 1) * ar / (v + n * dr) for ar, v, dr in zip(t_ar, t_v, t_d)]
+            print(f"  random weights: acceptance is not meaningful; S_max at l_accept = N: {fmt(ceiling)}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from relaxtune.bench.batching import batch_table
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default=DRAFTER.name)
     ap.add_argument("--verifier", default=VERIFIER.name)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--drafts", default="2,4,8", help="draft lengths N, comma separated")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
+    ap.add_argument("--random-weights", action="store_true", help="models from the configs, random weights")
+    ap.add_argument("--tables", default="single,batch", help="which tables: single, batch")
+    ap.add_argument("--drafts", default="2,4,8", help="draft lengths N of the single table, comma separated")
+    ap.add_argument("--batch-sizes", default="1,4,8", help="batch sizes B of the batch table, comma separated")
+    ap.add_argument("--batch-n-draft", type=int, default=4, help="relaxtune strict's N in the batch table")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", type=int, default=5, help=f"how many of the {len(PROMPTS)} fixed prompts")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per run (the batch table needs one per row)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every figure")
     args = ap.parse_args(argv)
-    drafts = [int(s) for s in args.drafts.split(",")]
+    tables = {t.strip() for t in args.tables.split(",") if t.strip()}
+    if not tables <= {"single", "batch"} or args.repeats < 1 or args.prompts < 1:
+        ap.error("--tables takes single and/or batch; --repeats and --prompts must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no CUDA device here (use --device cpu)")
 
-    backend = load_pair(args.drafter, args.verifier, dtype=args.dtype)
-    backend.eos_token_ids = frozenset()  # fixed-length runs
-    prompts = [_chat_ids(backend.tokenizer, p) for p in PROMPTS[: args.prompts]]
-    print(f"{backend.name}, {args.dtype}, {torch.get_num_threads()} threads, {len(prompts)} prompts x "
-          f"{args.max_new_tokens} new tokens, T 0.6 top-k 20 top-p 0.95")
-
-    a = _hf_generate(backend, prompts, args.max_new_tokens, None)
-    c = _ours(backend, prompts, args.max_new_tokens, "ar")
-    print(f"(a) transformers AR   {a:6.2f} tok/s")
-    print(f"(c) relaxtune AR      {c['tps']:6.2f} tok/s   c/a {c['tps'] / a:.2f}   forward share {c['floor']:.1%}   "
-          f"t_AR {c['t_verify'] * 1e3:.0f} ms")
-    for n in drafts:
-        b = _hf_generate(backend, prompts, args.max_new_tokens, n)
-        d = _ours(backend, prompts, args.max_new_tokens, "strict", n_draft=n)
-        e = _ours(backend, prompts, args.max_new_tokens, "cactus", 1.0, n_draft=n)
-        # the physical limit from the forward costs these runs measured: (l + 1) t_AR / (t_verify(N+1) + N t_draft)
-        s_max = (d["l_accept"] + 1) * c["t_verify"] / (d["t_verify"] + n * d["t_draft"])
-        print(f"N = {n}")
-        print(f"  (b) transformers assisted {b:6.2f} tok/s")
-        print(f"  (d) relaxtune strict      {d['tps']:6.2f} tok/s  l_accept {d['l_accept']:.2f}  forward share {d['floor']:.1%}  "
-              f"t_draft {d['t_draft'] * 1e3:.0f} ms  t_verify({n + 1}) {d['t_verify'] * 1e3:.0f} ms")
-        print(f"  (e) relaxtune cactus 1.0  {e['tps']:6.2f} tok/s  l_accept {e['l_accept']:.2f}  forward share {e['floor']:.1%}")
-        print(f"  d/a {d['tps'] / a:.2f}   d/b {d['tps'] / b:.2f}   e/d {e['tps'] / d['tps']:.2f}   "
-              f"S_max {s_max:.2f}   (d/a)/S_max {d['tps'] / a / s_max:.2f}")
+    backend, prompts = build(args)
+    print(f"{backend.name}, {args.dtype} on {backend.device}, {torch.get_num_threads()} threads, {len(prompts)} "
+          f"prompts x {args.max_new_tokens} new tokens, T 0.6 top-k 20 top-p 0.95, median ±spread of "
+          f"{args.repeats} repeats ('!': spread over {NOISY:.0%}, the run was disturbed)")
+    if "single" in tables:
+        drafts = [int(s) for s in args.drafts.split(",")]
+        single_table(backend, prompts[: min(5, len(prompts))], drafts, args.max_new_tokens, args.repeats,
+                     args.random_weights)
+    if "batch" in tables:
+        sizes = [int(s) for s in args.batch_sizes.split(",")]
+        batch_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
     return 0
 
 

@@ -20,9 +20,14 @@ TUNE_FLAGS = dict(
     native_url=typer.Option(None, help="STANDALONE speculative SGLang server for sglang_threshold "
                             "(`relaxtune serve --native-threshold`)"),
     concurrency=typer.Option(None, help="sequences in flight against SGLang \\[default: 8]"),
+    batch_size=typer.Option(None, help="sequences the in-process engine decodes together \\[default: 8 on CPU, "
+                            "32 on GPU]"),
     epsilon=typer.Option(None, help="allowed accuracy drop vs strict \\[default: 0.05]"),
     confidence=typer.Option(None, help="one-sided confidence of the drop bound \\[default: 0.9]"),
-    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' \\[default: measured]"),
+    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' \\[default: measured]: a fixed "
+                       "value overrides the measured profile"),
+    remeasure_costs=typer.Option(None, "--remeasure-costs/--saved-costs", help="measure the cost profile anew, "
+                                 "replacing the one saved in --output-dir \\[default: saved-costs]"),
     n_drafts=typer.Option(None, help="comma-separated draft lengths \\[default: 3,5,10,20]"),
     trials=typer.Option(None, help="trials per method \\[default: 8]"),
     limit=typer.Option(None, help="first N problems only"),
@@ -46,9 +51,10 @@ TUNE_FLAGS = dict(
     confirmations=typer.Option(None, help="points confirmed at most per method; the confidence is split evenly over "
                                "every confirmation the search allows \\[default: 2]"),
 )
-TUNE_TYPES = dict(concurrency=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float, confidence=float,
-                  max_length_ratio=float, max_truncated=float, parallel_trials=int, heartbeat=int, grace_period=int,
-                  range_size=int, confirmations=int)  # the others are str
+TUNE_TYPES = dict(concurrency=int, batch_size=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float,
+                  confidence=float, max_length_ratio=float, max_truncated=float, remeasure_costs=bool,
+                  parallel_trials=int, heartbeat=int, grace_period=int, range_size=int,
+                  confirmations=int)  # the others are str
 
 
 def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):

@@ -89,6 +89,8 @@ def eval_(
     tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
     native_url: Optional[str] = TUNE_FLAGS["native_url"],
     concurrency: int = typer.Option(8, min=1, help="sequences in flight against SGLang"),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="sequences the in-process engine decodes together "
+                                             "\\[default: 8 on CPU, 32 on GPU]"),
     output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
@@ -116,7 +118,7 @@ def eval_(
                                                     tokenizer=tokenizer, native_url=native_url,
                                                     concurrency=concurrency))
             else:
-                backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+                backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size)
         except (ValueError, RuntimeError, OSError) as err:
             raise typer.BadParameter(str(err)) from None
     config = DecodeConfig(method, alpha, n_draft, seed)

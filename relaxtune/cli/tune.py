@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .app import app, console
@@ -12,6 +13,8 @@ from .options import settings_from, tune_options
 
 
 def _summary(config, path) -> None:
+    from ..job import cautions
+
     conf = config.confirmation
     table = Table(title=f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
                         f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}")
@@ -52,6 +55,8 @@ def _summary(config, path) -> None:
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
+    for line in cautions(config):
+        console.print(f"[bold yellow]warning[/bold yellow]: {escape(line)}", soft_wrap=True)
     console.print(f"tuned config: {path}", soft_wrap=True)
     if config.mlflow:
         console.print(f"MLflow: mlflow ui --backend-store-uri {config.mlflow['tracking_uri']}  "

@@ -1,0 +1,202 @@
+"""Batched generation: many responses of one decoding configuration advance together.
+
+``generate_batch`` keeps up to ``batch_size`` sequences (rows) in a
+``BatchBackend`` batch. Each round drafts N tokens for every row (one drafter
+forward per step), scores all rows in one verifier pass, runs
+``relaxtune.decoding.verify_rounds`` on the ``[R, N+1, V]`` rows (ragged
+acceptance), and commits each row's tokens. A row that ends (EOS, stop string,
+budget) leaves the batch and the next request joins at once (continuous refill).
+
+Randomness is per response, exactly as ``relaxtune.engine.generate``: one
+``torch.Generator`` seeded with the request's seed, N uniforms drawn for drafting
+and then N + 1 for verification per round (1 per AR step), in the same order.
+So a response does not depend on the batch it ran in: with float32 models it
+equals ``generate``'s token for token (up to float rounding of the batched
+forwards, which can move a sample that sits on a boundary); with bfloat16 the
+rounding differences are larger, as between any two batch shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from .backends.base import BatchBackend, SequenceState
+from .decoding import verify_rounds
+from .engine import AR, Generation, GenerationStats, Limits, check_decode, end_round
+from .methods import Needs, get_method
+from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+
+__all__ = ["Request", "generate_batch"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One response to generate.
+
+    Attributes:
+        prompt_ids: prompt token ids (at least one).
+        seed: seed of this response's random numbers.
+        max_new_tokens: generation budget (tokens, >= 1).
+        stop: stop strings (see ``relaxtune.engine.generate``).
+        stop_after: stop strings count only after this text (``</think>``).
+        key: anything the caller needs to recognise the response.
+
+    Raises:
+        ValueError: an empty prompt or a budget below 1.
+    """
+
+    prompt_ids: Sequence[int]
+    seed: int
+    max_new_tokens: int
+    stop: Sequence[str] = ()
+    stop_after: str | None = None
+    key: Any = None
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) == 0:
+            raise ValueError("a request's prompt must hold at least one token")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+
+
+@dataclass
+class _Row:
+    request: Request
+    state: SequenceState
+    gen: torch.Generator
+    limits: Limits
+    started: float
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    text: str | None = None
+    reason: str = ""
+
+
+def _result(row: _Row, decode) -> Generation:
+    s, st = row.stats, row.state
+    s.response_tokens, s.finish_reason = len(st.generated), row.reason
+    s.draft_seconds, s.verify_seconds, s.prefill_seconds = st.draft_seconds, st.verify_seconds, st.prefill_seconds
+    s.draft_forwards, s.verify_forwards = st.draft_forwards, st.verify_forwards
+    s.latency_seconds = time.perf_counter() - row.started
+    return Generation(list(st.generated), decode(st.generated) if row.text is None else row.text, s)
+
+
+def generate_batch(
+    backend: BatchBackend,
+    requests: Iterable[Request],
+    *,
+    method: str = "strict",
+    knob: float | None = None,
+    n_draft: int = 4,
+    sampling: SamplingParams = SamplingParams(),
+    batch_size: int | None = None,
+) -> Iterator[tuple[Request, Generation | Exception]]:
+    """Generate every request, ``batch_size`` at a time; yield each as it ends.
+
+    Args:
+        backend: a ``BatchBackend`` (``relaxtune.backends.hf.HFBackend``).
+        requests: the responses to generate. A ``collections.deque`` is consumed
+            from the left as rows free up, and the caller may append to it while
+            iterating (a continuation, e.g. after a thinking budget, joins the
+            running batch).
+        method: a method id of ``relaxtune.methods.METHODS``, or ``"ar"``.
+        knob: the method's knob (alpha).
+        n_draft: draft length N >= 1 (ignored for AR).
+        sampling: the sampling transform, applied to both models.
+        batch_size: most rows at once (default: ``backend.batch_size``).
+
+    Yields:
+        ``(request, Generation)`` in the order responses end; ``(request,
+        exception)`` for a request whose prompt could not join, and for every
+        row of a round whose forward failed (the batch then starts afresh).
+        ``wall_seconds`` is each response's share of the batch's wall time (so
+        shares add up to the elapsed time), ``latency_seconds`` its own span.
+
+    Raises:
+        ValueError: as ``relaxtune.engine.check_decode``, or batch_size < 1.
+    """
+    ar = method == AR
+    knob = check_decode(method, knob, n_draft, sampling.temperature)
+    spec = None if ar else get_method(method)
+    extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
+    greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
+    size = int(batch_size or backend.batch_size)
+    if size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    queue = requests if isinstance(requests, deque) else deque(requests)
+    batch, rows = backend.start_batch(), []
+    while queue or rows:
+        while queue and len(rows) < size:  # continuous refill: one prefill per joining prompt
+            request = queue.popleft()
+            t0 = time.perf_counter()
+            try:
+                (state,) = backend.join(batch, [list(request.prompt_ids)])
+            except Exception as err:  # noqa: BLE001 - this request fails alone
+                yield request, err
+                continue
+            limits = Limits(request.max_new_tokens, backend.eos_token_ids, tuple(request.stop), request.stop_after)
+            row = _Row(request, state, torch.Generator().manual_seed(int(request.seed)), limits, t0)
+            row.stats.wall_seconds = time.perf_counter() - t0
+            rows.append(row)
+        if not rows:
+            continue
+        t0 = time.perf_counter()
+        try:
+            outs = _round(backend, batch, rows, ar, spec, knob, n_draft, sampling, extra_step, greedy_drafts)
+        except Exception as err:  # noqa: BLE001 - the whole batch fails; the queue goes on in a new one
+            for row in rows:
+                yield row.request, err
+            batch, rows = backend.start_batch(), []
+            continue
+        kept = []
+        for row, (emitted, accepted) in zip(rows, outs):
+            if not ar:
+                row.stats.drafted += n_draft
+            tokens, row.reason, row.text = end_round(row.stats, row.state.generated, emitted, accepted, row.limits,
+                                                     backend.decode)
+            kept.append(tokens)
+        backend.commit_batch(batch, kept)
+        share = (time.perf_counter() - t0) / len(rows)
+        for row in rows:
+            row.stats.wall_seconds += share
+        done = [i for i, row in enumerate(rows) if row.reason]
+        if done:
+            backend.leave(batch, done)
+            finished = [rows[i] for i in done]
+            rows = [row for i, row in enumerate(rows) if not row.reason]
+            for row in finished:
+                yield row.request, _result(row, backend.decode)
+
+
+def _round(backend: BatchBackend, batch, rows: list[_Row], ar: bool, spec, knob, n_draft: int,
+           sampling: SamplingParams, extra_step: bool, greedy_drafts: bool) -> list[tuple[list[int], int]]:
+    """One round (one AR step) for every row: ``(emitted tokens, accepted drafts)`` per row."""
+    if ar:
+        z_p = backend.score_batch(batch, torch.zeros(len(rows), 0, dtype=torch.long))[:, 0]
+        u = torch.cat([draw_uniforms((1,), row.gen) for row in rows])
+        return [([t], 0) for t in sample_from_rows(transform_logits(z_p, sampling), u).tolist()]
+    u_draft = torch.stack([draw_uniforms((n_draft,), row.gen) for row in rows])
+    q_rows: list[torch.Tensor] = []
+
+    def pick(z: torch.Tensor, i: int) -> torch.Tensor:
+        if greedy_drafts:  # the drafter's argmax, q one-hot (SGLang's target-only rule)
+            ids = z.argmax(-1)
+            q_rows.append(torch.nn.functional.one_hot(ids, z.shape[-1]).float())
+            return ids
+        q_rows.append(transform_logits(z, sampling))
+        return sample_from_rows(q_rows[-1], u_draft[:, i])
+
+    ids, z_q = backend.draft_batch(batch, n_draft, pick, extra_step=extra_step)
+    if extra_step:
+        q_rows.append(transform_logits(z_q[:, -1], sampling))
+    z_p = backend.score_batch(batch, ids)
+    out = verify_rounds(
+        transform_logits(z_p, sampling), torch.stack(q_rows, 1), ids, spec, knob,
+        uniforms=torch.stack([draw_uniforms((n_draft + 1,), row.gen) for row in rows]),
+        z_p=z_p, z_q=z_q, temperature=sampling.temperature, validate=False,
+    )
+    return [(r.tokens, r.accepted) for r in map(out.row, range(len(rows)))]

@@ -1,0 +1,164 @@
+"""Cost profiles that survive a busy machine: interleaved timing until the spread is
+small, spreads and flags kept with the profile, the saved profile compared with a
+new measurement, --remeasure-costs, and the cautions of the summary."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from relaxtune.evaluation import DecodeConfig, records_path
+from relaxtune.job import cautions, cost_profile, run_tune_job
+from relaxtune.settings import TuneSettings
+from relaxtune.speed import COST_MARGIN, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from relaxtune.tasks import load_problems, load_task
+
+from .synthetic import Synthetic
+from .tiny_models import tiny_tokenizer
+from .tiny_task import write_tiny_task
+
+
+class ScriptedClock:
+    """A clock that jobs advance by scripted durations (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def job(self, name: str, durations, calls: list):
+        it = iter(durations)
+
+        def run():
+            calls.append(name)
+            self.now += next(it)
+        return run
+
+
+def test_quiet_timings_stop_after_the_minimum_passes():
+    clock, calls = ScriptedClock(), []
+    jobs = {"a": clock.job("a", [9.0] + [1.0, 1.02, 1.01, 1.0, 1.03] + [5.0] * 20, calls),
+            "b": clock.job("b", [9.0] + [2.0, 2.1, 2.05, 2.0, 2.2] + [5.0] * 20, calls)}
+    fastest, spread, passes = measure_interleaved(jobs, min_passes=5, max_passes=10, clock=clock)
+    assert passes == 5 and fastest == {"a": 1.0, "b": 2.0}
+    assert spread["a"] == pytest.approx(0.01) and spread["b"] == pytest.approx(0.025)
+    assert calls == ["a", "b"] + ["a", "b"] * 5  # one untimed warm-up each, then interleaved passes
+
+
+def test_a_disturbance_is_outlasted_or_reported():
+    clock, calls = ScriptedClock(), []
+    # a burst of other work disturbs passes 1-4 of both jobs; quiet afterwards: more passes, then a small spread
+    a = [1.0] + [3.0, 1.5, 4.0, 2.0] + [1.0] * 10
+    b = [1.0] + [6.0, 3.0, 8.0, 4.0] + [2.0] * 10
+    fastest, spread, passes = measure_interleaved({"a": clock.job("a", a, calls), "b": clock.job("b", b, calls)},
+                                                  min_passes=3, max_passes=12, clock=clock)
+    assert fastest == {"a": 1.0, "b": 2.0} and passes == 8 and max(spread.values()) <= SPREAD_TOLERANCE
+    # a machine that never quiets down: all passes run, the spread says so
+    clock = ScriptedClock()
+    noisy = [1.0] + [1.0, 2.0, 1.5, 3.0] * 5
+    fastest, spread, passes = measure_interleaved({"a": clock.job("a", noisy, [])}, min_passes=3, max_passes=8,
+                                                  clock=clock)
+    assert passes == 8 and fastest == {"a": 1.0} and spread["a"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="min_passes"):
+        measure_interleaved({"a": lambda: None}, min_passes=4, max_passes=2)
+
+
+def test_profile_round_trip_and_difference():
+    prof = CostProfile(0.2, 0.06, {5: 0.21}, "here", {"t_ar": 0.02}, 7, ["noisy measurement: ..."])
+    back = CostProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back == prof
+    old = CostProfile.from_dict({"t_ar": 0.2, "t_draft": 0.06, "t_verify": {"5": 0.21}})  # saved before spreads
+    assert old.spread == {} and old.passes == 0 and old.flags == []
+    other = CostProfile(0.4, 0.09, {5: 0.42})  # twice as slow in absolute terms, cheaper drafter
+    gap, ratio = other.difference(prof)
+    assert ratio == "c_rel" and gap == pytest.approx(0.25)  # 0.225 against 0.3; verify/t_AR unchanged
+    assert "spread up to 2%" in prof.summary() and "c_rel 0.300" in prof.summary()
+
+
+class MeasuringPair:
+    """A backend whose measurements are scripted profiles (counts its calls)."""
+
+    name = "measuring-pair"
+
+    def __init__(self, *profiles: CostProfile):
+        self.profiles, self.calls = list(profiles), []
+        self.tokenizer = tiny_tokenizer()
+
+    def cost_profile(self, prompt_ids, n_drafts):
+        self.calls.append(list(n_drafts))
+        return self.profiles.pop(0)
+
+
+def _setup(tmp_path, **over):
+    spec = load_task(write_tiny_task(tmp_path))
+    settings = TuneSettings(task=spec.source_file, output_dir=str(tmp_path / "runs"), n_drafts=[4], **over)
+    return settings, spec, load_problems(spec, 2)
+
+
+def _saved(settings, spec, pair) -> Path:
+    return records_path(Path(settings.output_dir), spec, DecodeConfig(), pair.name).with_name("cost_profile.json")
+
+
+QUIET = CostProfile(0.2, 0.06, {5: 0.2}, spread={"t_ar": 0.02}, passes=5)
+
+
+def test_the_saved_profile_is_compared_with_a_new_measurement(tmp_path):
+    settings, spec, problems = _setup(tmp_path)
+    logs: list[str] = []
+    slower = CostProfile(0.4, 0.12, {5: 0.4})  # everything twice as slow: the same ratios
+    cheaper = CostProfile(0.2, 0.03, {5: 0.2, 11: 0.5})  # the drafter halved: c_rel 0.15 against 0.3
+    pair = MeasuringPair(QUIET, slower, cheaper, CostProfile(0.3, 0.03, {5: 0.3}))
+    first = cost_profile(settings, spec, problems, pair, logs.append)
+    assert first == QUIET and CostProfile.from_dict(json.loads(_saved(settings, spec, pair).read_text())) == QUIET
+    assert cost_profile(settings, spec, problems, pair, logs.append) == QUIET  # same ratios: reused, no flag
+    wider = settings.model_copy(update={"n_drafts": [4, 10]})
+    flagged = cost_profile(wider, spec, problems, pair, logs.append)
+    assert flagged.c_rel == pytest.approx(0.3)  # priced with the saved profile ...
+    assert flagged.t_verify == {5: 0.2, 11: 0.5}  # ... extended to N = 10 at the ratio measured now
+    assert len(flagged.flags) == 1 and "c_rel 50% off the saved profile" in flagged.flags[0]
+    assert "--remeasure-costs" in flagged.flags[0] and f"{COST_MARGIN:.0%}" in flagged.flags[0]
+    saved = CostProfile.from_dict(json.loads(_saved(settings, spec, pair).read_text()))
+    assert saved.flags == [] and saved.t_verify == {5: 0.2, 11: 0.5}  # the flag is this run's, not the file's
+    again = cost_profile(settings.model_copy(update={"remeasure_costs": True}), spec, problems, pair, logs.append)
+    assert again.c_rel == pytest.approx(0.1) and again.flags == []
+    assert CostProfile.from_dict(json.loads(_saved(settings, spec, pair).read_text())).c_rel == pytest.approx(0.1)
+    assert any("replacing the saved profile" in line for line in logs)
+    assert len(pair.calls) == 4 and pair.calls[2] == [4, 10]
+    noisy = CostProfile(0.9, 0.05, {5: 0.9}, spread={"t_ar": 0.6}, flags=["noisy measurement: spread t_ar 60%"])
+    unconfirmed = cost_profile(settings, spec, problems, MeasuringPair(noisy), logs.append)
+    assert unconfirmed.c_rel == pytest.approx(0.1) and len(unconfirmed.flags) == 1  # no comparison with noise
+    assert "check of the saved profile was disturbed" in unconfirmed.flags[0] and "spread up to 60%" in \
+        unconfirmed.flags[0]
+    # an export never measures; a fixed --c-rel overrides everything
+    assert cost_profile(settings, spec, problems, MeasuringPair(), logs.append, new_trials=False).c_rel == \
+        pytest.approx(0.1)
+    assert cost_profile(settings.model_copy(update={"c_rel": 0.2}), spec, problems, MeasuringPair(), logs.append) == 0.2
+
+
+def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summary(tmp_path):
+    settings, spec, problems = _setup(tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2,
+                                      mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    noisy = CostProfile(0.2, 0.2, {5: 0.21}, spread={"t_ar": 0.4, "t_draft": 0.05, "t_verify[5]": 0.1}, passes=15,
+                        flags=["noisy measurement: spread t_ar 40% after 15 interleaved passes"])
+    logs: list[str] = []
+    config, path = run_tune_job(settings, MeasuringPair(noisy), evaluate_fn=Synthetic(), progress=False,
+                                log=logs.append)
+    exported = yaml.safe_load(Path(path).read_text())
+    assert exported["cost_profile"]["flags"] == noisy.flags and exported["cost_profile"]["spread"]["t_ar"] == 0.4
+    run = MlflowClient(settings.mlflow_uri).get_run(config.mlflow["run_id"])
+    assert run.data.tags["relaxtune.cost_flags"] == noisy.flags[0] and run.data.metrics["cost_spread_max"] == 0.4
+    # c_rel 1: strict at N = 4 models (l + 1) / 5 < 1, slower than plain decoding: called out
+    assert config.recommendation.method == "strict" and config.recommendation.modeled_speedup < 1
+    lines = cautions(config)
+    assert lines[0] == f"cost profile: {noisy.flags[0]}" and "slower than plain decoding" in lines[1]
+    assert "remeasure_costs" not in yaml.safe_load((Path(settings.output_dir) / "tiny_math.job.yaml").read_text())
+
+
+def test_a_fast_recommendation_has_no_cautions(tmp_path):
+    settings, spec, problems = _setup(tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2)
+    config, _ = run_tune_job(settings, MeasuringPair(QUIET), evaluate_fn=Synthetic(strict_accept=0.5), progress=False, track=False,
+                             log=lambda m: None)
+    assert config.recommendation.modeled_speedup > 1 and cautions(config) == []
