@@ -227,7 +227,7 @@ def evaluate(
         output_dir: where the JSONL records go.
         limit: first ``limit`` problems only.
         problems: pre-loaded problems (else loaded from the spec).
-        progress: show a progress bar.
+        progress: show progress (``relaxtune.progress``).
         grade_workers: grading threads.
 
     Returns:
@@ -251,10 +251,10 @@ def evaluate(
     todo = [(p, r) for p in problems for r in range(spec.repeats) if (p.id, r) not in done]
 
     bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
+    if progress and todo:  # a bar on a terminal, plain lines in a pipe or a log
+        from .progress import progress as progress_bar
 
-        bar = tqdm(total=len(todo), desc=f"{spec.name} {config.label}", unit="sample")
+        bar = progress_bar(len(todo), f"{spec.name} {config.label}")
     def run_one(problem: Problem, repeat: int) -> tuple[dict, Future | None]:
         seed = sample_seed(config.seed, problem.id, repeat)
         prompt_ids = build_prompt_ids(backend.tokenizer, spec, problem)

@@ -31,13 +31,15 @@ class _Model(BaseModel):
 
 
 class MethodResult(_Model):
-    """One method's outcome. ``knob``/``n_draft`` are None when no trial was feasible."""
+    """One method's outcome. ``knob``/``n_draft`` (and ``trial``, the chosen trial's
+    number in its study) are None when no trial was feasible."""
 
     method: str
     knob_name: str | None
     feasible: bool
     knob: float | None = None
     n_draft: int | None = None
+    trial: int | None = None
     strict_accuracy: float | None = None
     accuracy: float | None = None
     accuracy_ci: tuple[float, float] | None = None
@@ -153,7 +155,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
             closest = None
             if best is not None:
                 m = best.user_attrs["metrics"]
-                closest = {"knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
+                closest = {"trial": best.number, "knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
                            "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
                            "drop_upper_bound": ucb(m), "l_accept": m.get("l_accept"),
                            "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
@@ -162,7 +164,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         m = t.user_attrs["metrics"]
         knob, n = t.params.get("knob"), t.params["n_draft"]
         methods[o.method] = MethodResult(
-            feasible=True, knob=knob, n_draft=n, strict_accuracy=m["strict_accuracy"], accuracy=m["accuracy"],
+            feasible=True, knob=knob, n_draft=n, trial=t.number, strict_accuracy=m["strict_accuracy"], accuracy=m["accuracy"],
             accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
             drop_upper_bound=ucb(m), l_accept=m["l_accept"], length_ratio=m["length_ratio"],
             modeled_speedup=m["speedup"], truncated=m["truncated"], loop_rate=m["loop_rate"],

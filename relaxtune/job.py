@@ -17,25 +17,28 @@ from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
-from .settings import TuneSettings, job_id
+from .settings import TuneSettings, job_id, study_name
 from .tuning import Tuner
 
-__all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError"]
+__all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
+           "check_exportable", "JobError"]
 
 
 class JobError(ValueError):
     """The job cannot go on as asked (the message says why and what to do)."""
 
 
-def prepare(settings: TuneSettings, backend=None):
+def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
     """Validate and load everything before any generation: the task, its
     problems, method/temperature compatibility, the task's records (same spec
-    under the same version), the backend.
+    under the same version), for an export (``new_trials=False``) what it reads
+    (``check_exportable``), then the backend.
 
     Raises:
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
             missing data, a method that collapses at the task's temperature, a
             task edited under the same version.
+        JobError: an export with nothing to export, before any model loads.
     """
     spec = load_task(settings.task)
     for method in settings.methods:
@@ -44,9 +47,21 @@ def prepare(settings: TuneSettings, backend=None):
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
+    if not new_trials:
+        check_exportable(settings, spec, problems, getattr(backend, "name", None) or backend_name(settings))
     if backend is None:
         backend = load_backend(settings)
     return spec, problems, backend
+
+
+def backend_name(settings: TuneSettings) -> str:
+    """The name ``load_backend(settings)`` gives its backend (records and study names
+    carry it), without loading anything."""
+    if settings.drafter_url and settings.verifier_url:
+        return f"sglang-{settings.drafter}->{settings.verifier}"
+    from .backends.hf import pair_name
+
+    return pair_name(settings.drafter, settings.verifier, settings.dtype)
 
 
 def load_backend(settings: TuneSettings):
@@ -65,7 +80,7 @@ def load_backend(settings: TuneSettings):
 
         return SGLangBackend(settings.drafter_url, settings.verifier_url, settings.tokenizer or settings.verifier,
                              max_concurrency=settings.concurrency, native_url=settings.native_url,
-                             name=f"sglang-{settings.drafter}->{settings.verifier}")
+                             name=backend_name(settings))
     from .backends.hf import load_pair
 
     return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
@@ -75,6 +90,91 @@ def job_file(output_dir: str | Path, task: str) -> Path:
     """``<output_dir>/<task>.job.yaml``: the settings of the last tuning run,
     which ``relaxtune export`` starts from."""
     return Path(output_dir) / f"{task}.job.yaml"
+
+
+def tuning_settings(output_dir: str | Path, task: str) -> TuneSettings | None:
+    """The settings of the task's last tuning run (``job_file``), or None when there
+    is none (or it no longer validates)."""
+    import pydantic
+
+    saved = job_file(output_dir, task)
+    try:
+        return TuneSettings(**yaml.safe_load(saved.read_text())) if saved.exists() else None
+    except (pydantic.ValidationError, yaml.YAMLError, TypeError):
+        return None
+
+
+def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Path:
+    """Where an export writes its config: ``settings.export``, else
+    ``<output_dir>/<task>.tuned.eps<epsilon>.yaml`` with ``.conf<c>``, ``.lr<r>``,
+    ``.trunc<t>`` and ``.<methods>`` before ``.yaml`` for each judging setting that
+    differs from the tuning run's ``tuning`` (defaults when unknown), so exports with
+    different budgets never overwrite each other.
+
+    Raises:
+        JobError: the path is the tuning run's own config (an export never overwrites it).
+    """
+    base = tuning or TuneSettings(task=settings.task)
+    parts = [f"eps{settings.epsilon:g}"]
+    for key, short in (("confidence", "conf"), ("max_length_ratio", "lr"), ("max_truncated", "trunc")):
+        if getattr(settings, key) != getattr(base, key):
+            parts.append(f"{short}{getattr(settings, key)}")
+    if sorted(settings.methods) != sorted(base.methods):
+        parts.append("+".join(settings.methods))
+    output = Path(settings.output_dir)
+    path = Path(settings.export) if settings.export else output / f"{spec.name}.tuned.{'.'.join(parts)}.yaml"
+    tuned = Path(base.export) if tuning is not None and tuning.export else output / f"{spec.name}.tuned.yaml"
+    if path.resolve() == tuned.resolve():
+        raise JobError(f"--export {path} is the tuning run's own config: an export never overwrites it; give "
+                       "another path, or leave --export out (default: <output-dir>/<task>.tuned.eps<epsilon>.yaml)")
+    return path
+
+
+def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
+    """Refuse an export before any model loads when there is nothing to export,
+    naming what is missing: the Optuna storage, each method's study and its
+    finished trials, the tuning run's cost profile (``--c-rel measured``), strict's
+    records at every draft length the trials used; or an ``--export`` path that is
+    the tuning run's own config.
+
+    Raises:
+        JobError: what is missing, and what to do.
+    """
+    import optuna
+
+    output = Path(settings.output_dir)
+    export_path(settings, spec, tuning_settings(output, spec.name))
+    url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
+                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
+                       "tuning run's --output-dir or --storage")
+    names = optuna.study.get_all_study_names(storage=url)
+    missing, used = [], set()
+    for method in settings.methods:
+        name = study_name(spec.name, method, pair, spec.version)
+        pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
+        found = [n for n in names if n == name or (pinned and n.startswith(f"{name}@"))]
+        done = [t for n in found for t in optuna.load_study(study_name=n, storage=url).get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))]
+        used |= {t.params["n_draft"] for t in done}
+        if not done:
+            missing.append(f"{method} (study {name} {'holds no finished trial' if found else 'does not exist'})")
+    if missing:
+        others = sorted(n for n in names if n.split("__")[0] in (spec.name, f"{spec.name}-v{spec.version}"))
+        raise JobError(f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
+                       "--drafter, --verifier and --dtype), or export only the tuned --methods"
+                       + (f"; studies of {spec.name} there: {', '.join(others)}" if others else ""))
+    if settings.c_rel == "measured" and not settings.verifier_url:
+        saved = records_path(output, spec, DecodeConfig(), pair).with_name("cost_profile.json")
+        if not saved.exists():
+            raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
+                           "its --c-rel or run `relaxtune tune`")
+    for n in sorted(used):
+        if not records_complete(output, spec, DecodeConfig("strict", None, n, settings.seed), pair, problems):
+            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
+                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
+                           "`relaxtune tune`")
 
 
 def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None],
@@ -170,20 +270,33 @@ def run_tune_job(
     Returns:
         ``(config, path)`` of the exported YAML.
 
+    A tuning job logs to its MLflow runs (``relaxtune.tracking.Tracker``) and writes
+    ``settings.export`` or ``<output_dir>/<task>.tuned.yaml``; an export logs to a run
+    of its own (``relaxtune.tracking.ExportRun``) and writes ``export_path``: it
+    never modifies the tuning run's files, MLflow artifacts, tables or status.
+
     Raises:
-        JobError: an export finds no complete strict records for its problems
-            (it never generates).
+        JobError: an export with nothing to export (``check_exportable``: before the
+            backend loads), or one that would mix runs (it never generates).
     """
-    spec, problems, backend = prepare(settings, backend)
+    spec, problems, backend = prepare(settings, backend, new_trials)
     pair = getattr(backend, "name", "backend")
+    path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
+            else export_path(settings, spec, tuning_settings(settings.output_dir, spec.name)))
     profile = cost_profile(settings, spec, problems, backend, log, new_trials)
-    tracker = None
-    if track:
+    tracker = exporter = None
+    if track and new_trials:
         from .studies import storage_lock
         from .tracking import Tracker
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
                           job_id(settings, spec, pair), storage_lock(settings.storage_url))
+    elif track:
+        from .tracking import ExportRun
+
+        tuning = tuning_settings(settings.output_dir, spec.name)
+        exporter = ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+                             job_id(tuning, spec, pair) if tuning is not None else None)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
@@ -203,19 +316,26 @@ def run_tune_job(
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})
     for n in used or ([settings.mid_n_draft] if new_trials else []):
-        strict = DecodeConfig("strict", None, n, settings.seed)
-        if not new_trials and not records_complete(Path(settings.output_dir), spec, strict, pair, problems):
-            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
-                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
-                           "`relaxtune tune`")
         tuner.baseline(n)
     mlflow_info = None
-    if tracker is not None:  # figures once strict is known at every N the trials used
-        for outcome in outcomes:
-            tracker.finish_study(outcome, tuner)
-        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}", "run_id": tracker.task_run_id}
-    config = build_config(tuner, outcomes, mlflow_info)
-    path = save_config(config, settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml")
     if tracker is not None:
-        tracker.finish_task(tuner, path)
+        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}",
+                       "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
+    elif exporter is not None:
+        for outcome in outcomes:  # the tuning job's study runs, read only
+            outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
+        mlflow_info = {"tracking_uri": exporter.uri, "experiment": f"relaxtune-{spec.name}",
+                       "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
+                       "tuning_run_id": exporter.tuning_run_id}
+    try:
+        config = build_config(tuner, outcomes, mlflow_info)
+        path = save_config(config, path)
+        if tracker is not None:  # figures once strict is known at every N the trials used
+            tracker.finish(outcomes, tuner, config, path)
+        if exporter is not None:
+            exporter.finish(outcomes, tuner, config, path)
+    except Exception as err:
+        if exporter is not None:
+            exporter.fail(f"{type(err).__name__}: {err}")
+        raise
     return config, path

@@ -26,7 +26,7 @@ import torch
 from ..speed import CostProfile
 from .base import DraftResult, Pick, SequenceState
 
-__all__ = ["HFBackend", "load_pair", "resolve_model_path"]
+__all__ = ["HFBackend", "load_pair", "pair_name", "resolve_model_path"]
 
 
 def _crop(cache, length: int) -> None:
@@ -255,8 +255,6 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         ValueError: when the two tokenizers differ (speculative decoding needs the
             same token ids), or the dtype is unknown.
     """
-    from ..embedded import EMBEDDED
-
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
     if device == "auto":
@@ -272,7 +270,19 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
                 "speculative decoding needs a shared vocabulary"
             )
         d_model = _load(d_path, dtype, device)
-    # names in records and study names: embedded and hub ids as given, local folders by absolute path
-    short = lambda m, p: p if m not in EMBEDDED and p != m and os.path.isdir(p) else m  # noqa: E731
-    name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}")
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype))
+
+
+def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> str:
+    """The pair's name in records and study names (``load_pair``'s ``backend.name``),
+    without loading anything: ``<drafter>-><verifier>``, embedded names and hub ids as
+    given, local folders by absolute path, ``@<dtype>`` unless bfloat16."""
+    from ..embedded import EMBEDDED
+
+    def short(model: str | None) -> str:
+        local = model is not None and model not in EMBEDDED and (model.startswith((".", "/", "~"))
+                                                                  or os.path.exists(model))
+        return os.path.abspath(os.path.expanduser(model)) if local else str(model)
+
+    name = f"{short(drafter)}->{short(verifier)}"
+    return name if dtype == "bfloat16" else f"{name}@{dtype}"

@@ -2,63 +2,89 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from .app import app, console
+from .app import app, console, status
 from .options import settings_from, tune_options
+from .tables import Col, print_json, show
 
 
 def _summary(config, path) -> None:
-    table = Table(title=f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
-                        f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}")
-    for col in ("method", "feasible", "knob", "N", "strict acc", "acc", "drop UCB", "l_accept", "L ratio", "speed-up",
-                "trials (pruned/failed)", "tokens"):
-        table.add_column(col, justify="right")
+    """The config as a table fitted to the console, the recommendation and where to read more."""
+    from ..tracking import run_url
+
     f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
+    rows = []
     for r in config.methods.values():
-        if r.feasible:
-            table.add_row(r.method, "yes", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}", f(r.n_draft, "d"),
-                          f(r.strict_accuracy), f(r.accuracy), f(r.drop_upper_bound), f(r.l_accept, ".2f"),
-                          f(r.length_ratio, ".2f"), f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})",
-                          str(r.tokens_spent))
-            continue
-        c = r.closest or {}
-        knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
-        table.add_row(r.method, "[red]no[/red] (closest)", knob, f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")),
-                      f(c.get("accuracy")), f(c.get("drop_upper_bound")), f(c.get("l_accept"), ".2f"),
-                      f(c.get("length_ratio"), ".2f"), f(c.get("modeled_speedup"), ".2f"),
-                      f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
-    console.print(table)
+        c = {} if r.feasible else (r.closest or {})
+        knob = r.knob if r.feasible else c.get("knob")
+        rows.append([r.method, "yes" if r.feasible else "[red]no[/red] (closest)",
+                     "-" if knob is None else f"{r.knob_name}={knob:.3g}",
+                     f(r.n_draft if r.feasible else c.get("n_draft"), "d"),
+                     f(r.modeled_speedup if r.feasible else c.get("modeled_speedup"), ".2f"),
+                     f(r.drop_upper_bound if r.feasible else c.get("drop_upper_bound")),
+                     f(r.accuracy if r.feasible else c.get("accuracy")),
+                     f(r.strict_accuracy if r.feasible else c.get("strict_accuracy")),
+                     f"{r.trials} ({r.pruned}/{r.failed})",
+                     f(r.l_accept if r.feasible else c.get("l_accept"), ".2f"),
+                     f(r.length_ratio if r.feasible else c.get("length_ratio"), ".2f"), str(r.tokens_spent)])
+    cols = [Col("method"), Col("feasible"), Col("knob"), Col("N", justify="right"),
+            Col("speed-up", justify="right"), Col("drop UCB", justify="right"), Col("acc", 1, justify="right"),
+            Col("strict acc", 2, justify="right"), Col("trials", 3, justify="right"),
+            Col("l_accept", 4, justify="right"), Col("L ratio", 5, justify="right"), Col("tokens", 6, justify="right")]
+    show(f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
+         f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}", cols, rows,
+         caption="drop UCB: upper bound of the accuracy drop vs strict; trials: done (pruned/failed)")
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
-    console.print(f"tuned config: {path}", soft_wrap=True)
-    if config.mlflow:
-        console.print(f"MLflow: mlflow ui --backend-store-uri {config.mlflow['tracking_uri']}  "
-                      f"(experiment {config.mlflow['experiment']})")
+    console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
+    m = config.mlflow
+    if m:
+        console.print(f"MLflow: mlflow ui --backend-store-uri {m['tracking_uri']}  (experiment {m['experiment']})",
+                      soft_wrap=True, markup=False)
+        if m.get("experiment_id"):
+            console.print(f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}", soft_wrap=True,
+                          markup=False)
+
+
+def _json_option(fn):
+    """Add ``--json`` to a ``tune_options`` command's signature."""
+    import inspect
+
+    option = typer.Option(False, "--json", help="print the tuned config as JSON on stdout (progress goes to stderr)")
+    param = inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=option, annotation=bool)
+    fn.__signature__ = fn.__signature__.replace(parameters=[*fn.__signature__.parameters.values(), param])
+    return fn
 
 
 @app.command()
+@_json_option
 @tune_options
-def tune(config: Optional[str] = None, **flags) -> None:
+def tune(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
     """Tune alpha (and N) per method on a task under a capability-loss budget; log to MLflow; export a config."""
-    _run_job(settings_from(config, flags), new_trials=True)
+    _run_job(settings_from(config, flags), new_trials=True, json_output=json_output)
 
 
 @app.command("export")
+@_json_option
 @tune_options
-def export_(config: Optional[str] = None, **flags) -> None:
-    """Re-export the tuned config from finished studies (no new trials). Starts
-    from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml);
-    options override them, e.g. another --epsilon."""
+def export_(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
+    """Re-export the tuned config from finished studies with another budget (no new trials).
+
+    Starts from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml); options override them,
+    e.g. another --epsilon. Writes its own file (<output-dir>/<task>.tuned.eps<epsilon>.yaml, or --export) and its
+    own MLflow run, linked to the tuning run it read, which it never modifies. Refuses, before loading any model,
+    when there is nothing to export."""
     import yaml
 
     from ..job import job_file
     from ..tasks import load_task
 
+    say = _say(json_output)
     base = None
     from_file = {}
     if config:  # the job's YAML may name the task and the output folder
@@ -76,26 +102,39 @@ def export_(config: Optional[str] = None, **flags) -> None:
             raise typer.BadParameter(str(err)) from None
         if saved.exists():
             base = yaml.safe_load(saved.read_text())
-            console.print(f"starting from the tuning run's settings: {saved}", soft_wrap=True)
+            base.pop("export", None)  # the tuning run's config path: an export writes its own file
+            say(f"starting from the tuning run's settings: {saved}")
         else:
-            console.print(f"[yellow]no {saved}: give the tuning run's --limit, --n-drafts and --methods[/yellow]")
-    _run_job(settings_from(config, flags, base), new_trials=False)
+            say(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
+    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output)
 
 
-def _run_job(settings, new_trials: bool) -> None:
+def _say(json_output: bool):
+    """One-line messages: on stdout, or on stderr when stdout carries JSON."""
+    if json_output:
+        return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     from ..job import JobError, prepare, run_tune_job
 
+    log = _say(json_output)
+    loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
-        with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
-            spec, problems, backend = prepare(settings)
-    except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
+        with status(loading, log if json_output else None):
+            spec, problems, backend = prepare(settings, new_trials=new_trials)
+    except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     try:
-        log = lambda message: console.print(message, soft_wrap=True)  # noqa: E731 - paths stay on one line
         config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None
     finally:
         if hasattr(backend, "close"):  # SGLang: the HTTP client and its event loop
             backend.close()
-    _summary(config, path)
+    if json_output:
+        print_json(config.model_dump(mode="json") | {"path": str(path)})
+    else:
+        _summary(config, path)
+
