@@ -133,9 +133,9 @@ def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Pa
 def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     """Refuse an export before any model loads when there is nothing to export,
     naming what is missing: the Optuna storage, each method's study and its
-    finished trials, the tuning run's cost profile (``--c-rel measured``), strict's
-    records at every draft length the trials used; or an ``--export`` path that is
-    the tuning run's own config.
+    finished trials (on as many problems as asked), the tuning run's cost profile
+    (``--c-rel measured``), strict's records at every draft length the trials
+    used; or an ``--export`` path that is the tuning run's own config.
 
     Raises:
         JobError: what is missing, and what to do.
@@ -154,12 +154,15 @@ def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     for method in settings.methods:
         name = study_name(spec.name, method, pair, spec.version)
         pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
-        found = [n for n in names if n == name or (pinned and n.startswith(f"{name}@"))]
-        done = [t for n in found for t in optuna.load_study(study_name=n, storage=url).get_trials(
+        studies = [optuna.load_study(study_name=n, storage=url) for n in names
+                   if n == name or (pinned and n.startswith(f"{name}@"))]
+        done = [t for study in studies for t in study.get_trials(
             deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))]
+        for study in studies:
+            _same_problems(method, study, problems)
         used |= {t.params["n_draft"] for t in done}
         if not done:
-            missing.append(f"{method} (study {name} {'holds no finished trial' if found else 'does not exist'})")
+            missing.append(f"{method} (study {name} {'holds no finished trial' if studies else 'does not exist'})")
     if missing:
         others = sorted(n for n in names if n.split("__")[0] in (spec.name, f"{spec.name}-v{spec.version}"))
         raise JobError(f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
@@ -210,6 +213,14 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
     return profile
 
 
+def _same_problems(method: str, study, problems) -> None:
+    """Refuse an export over another number of problems than the study's trials saw."""
+    used = study.user_attrs.get("problems")
+    if used is not None and used != len(problems):
+        raise JobError(f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
+                       "export with the tuning run's --limit")
+
+
 def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
     """An export re-judges what the studies hold; refuse what would mix runs.
 
@@ -227,10 +238,7 @@ def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[
         if not done:
             raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
                            "first, or export only the tuned --methods")
-        used = o.study.user_attrs.get("problems")
-        if used is not None and used != len(problems):
-            raise JobError(f"{o.method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
-                           "export with the tuning run's --limit")
+        _same_problems(o.method, o.study, problems)
         priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
         if priced and priced != {round(c_rel_of(profile), 9)}:
             raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "

@@ -43,6 +43,7 @@ remembers per browser, whatever the experiment's kind: ``run_url`` links carry
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from contextlib import nullcontext
@@ -127,14 +128,25 @@ class _Runs:
         if entry not in logged:  # how the UI knows a table
             self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
 
-    def _log_figure(self, run_id: str, fig, artifact_file: str) -> None:
-        """Log (replacing) and close a figure; None (nothing to draw) logs nothing."""
-        if fig is None:
-            return
+    def _log_figures(self, figures: dict[str, object], places: list[tuple[str, str]]) -> None:
+        """Draw each figure (``name -> figure``, None: nothing to draw) once, then log it
+        to every ``(run_id, prefix)`` of ``places`` as ``<prefix><name>``, replacing an
+        earlier one; the figures are closed."""
         import matplotlib.pyplot as plt
 
-        self.client.log_figure(run_id, fig, artifact_file)
-        plt.close(fig)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, fig in figures.items():
+                if fig is None:
+                    continue
+                drawn = Path(tmp, "drawn.png")
+                fig.savefig(drawn)  # what MlflowClient.log_figure does
+                for i, (run_id, prefix) in enumerate(places):
+                    path = Path(tmp, str(i), prefix + name)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(drawn, path)
+                    folder = str(Path(prefix + name).parent)
+                    self.client.log_artifact(run_id, str(path), None if folder == "." else folder)
+                plt.close(fig)
 
     def _log_params(self, run_id: str, params: dict[str, str]) -> dict[str, tuple[str, str]]:
         """Log the params the run lacks; returns those it holds with another value
@@ -147,23 +159,22 @@ class _Runs:
             self.client.log_batch(run_id, params=new)
         return {k: (held[k], v) for k, v in params.items() if k in held and held[k] != v}
 
-    def _figures(self, run_id: str, method: str, points: list[Point], baselines: list[Point], epsilon: float,
-                 prefix: str = "") -> None:
-        """A method's Pareto figure and its speed-vs-knob figure (methods with a knob)."""
+    def _figures(self, method: str, points: list[Point], baselines: list[Point], epsilon: float) -> dict:
+        """A method's figures by file name: ``pareto_front.png`` and, for a method with
+        a knob, ``speed_vs_<knob>.png``."""
         spec, task = get_method(method), self.task.name
-        self._log_figure(run_id, method_figure(points, baselines, epsilon, f"{task}: {method} (epsilon {epsilon:g})"),
-                         f"{prefix}pareto_front.png")
+        out = {"pareto_front.png": method_figure(points, baselines, epsilon, f"{task}: {method} (epsilon {epsilon:g})")}
         if spec.knob:
-            log = bool(spec.search and spec.search[2])
-            fig = knob_figure(points, baselines, epsilon, spec.knob, log,
-                              f"{task}: {method}, modeled speed-up and drop vs {spec.knob}")
-            self._log_figure(run_id, fig, f"{prefix}speed_vs_{spec.knob}.png")
+            title = f"{task}: {method}, modeled speed-up and drop vs {spec.knob}"
+            out[f"speed_vs_{spec.knob}.png"] = knob_figure(points, baselines, epsilon, spec.knob,
+                                                           bool(spec.search and spec.search[2]), title)
+        return out
 
     def _log_decision(self, run_id: str, name: str, per_method: dict[str, list[Point]], baselines: list[Point],
-                      config, config_path: Path) -> None:
+                      config, config_path: Path, study_runs: dict[str, str] | None = None) -> None:
         """The config's decision (params, metrics, tags, name, description), the
-        combined figure and each method's figures (``figures/``), every point as a
-        table, and the config file."""
+        combined figure and each method's figures (``figures/<method>_...``; also on
+        the method's run of ``study_runs``), every point as a table, and the config file."""
         from mlflow.entities import Metric, RunTag
 
         d = decide(config)
@@ -177,10 +188,11 @@ class _Runs:
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in d.metrics.items()],
                               tags=[RunTag(k, v) for k, v in tags.items()])
         title = f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})"
-        self._log_figure(run_id, combined_figure(per_method, baselines, config.epsilon, title),
-                         "pareto_fronts_by_method.png")
+        self._log_figures({"pareto_fronts_by_method.png": combined_figure(per_method, baselines, config.epsilon, title)},
+                          [(run_id, "")])
         for method, points in per_method.items():
-            self._figures(run_id, method, points, baselines, config.epsilon, f"figures/{method}_")
+            places = [(run_id, f"figures/{method}_")] + ([(study_runs[method], "")] if study_runs else [])
+            self._log_figures(self._figures(method, points, baselines, config.epsilon), places)
         self._log_table(run_id, points_table([p for ps in per_method.values() for p in ps] + baselines), "points.json")
         self.client.log_artifact(run_id, str(config_path))
 
@@ -274,14 +286,18 @@ class Tracker(_Runs):
         baselines, per_method = baseline_points(tuner), self._points(outcomes, tuner, config)
         for o in outcomes:
             self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)
-        self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path)
+        self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path,
+                           self.study_runs)
+        for o in outcomes:
+            self.client.set_terminated(self.study_runs[o.method])
         self.client.set_terminated(self.task_run_id)
 
     def _finish_study(self, outcome, points: list[Point], baselines: list[Point], result, epsilon: float) -> None:
+        """A study's table, chosen point, name and description (its figures come with
+        the task run's, drawn once for both)."""
         from mlflow.entities import Metric, RunTag
 
         run_id = self.study_runs[outcome.method]
-        self._figures(run_id, outcome.method, points, baselines, epsilon)
         self._log_table(run_id, points_table(points + baselines), "pareto_front.json")
         name, description = study_summary(result, epsilon)
         chosen = outcome.chosen.number if outcome.chosen is not None else None
@@ -294,7 +310,6 @@ class Tracker(_Runs):
                         "chosen_accuracy": result.accuracy}
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
                               tags=[RunTag(k, v) for k, v in tags.items()])
-        self.client.set_terminated(run_id)
 
 
 class ExportRun(_Runs):
