@@ -206,7 +206,8 @@ def _legend(fig, handles: list, top_margin: float = 0.0) -> None:
     fig.tight_layout(rect=(0, 0.035 * rows + 0.01, 1, 1 - top_margin))
 
 
-def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: bool = True) -> list:
+def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: bool = True,
+             chosen: str = "chosen point") -> list:
     from matplotlib.lines import Line2D
 
     def mark(marker, label, face, edge=None, size=8, **kw):
@@ -218,7 +219,7 @@ def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: b
         out += [mark("o", "feasible trial", color), mark("o", "infeasible trial", "white", color),
                 mark("x", "pruned trial (part of the problems)", color, color)]
     out += [mark("D", "strict (per N)", STRICT), mark("s", "AR (strict's distribution)", AR),
-            mark("*", "chosen point", CHOSEN, "black", 15), mark("o", "closest infeasible point", "none", CLOSEST, 14),
+            mark("*", chosen, CHOSEN, "black", 15), mark("o", "closest infeasible point", "none", CLOSEST, 14),
             Line2D([], [], color="gray", lw=1.2, label="95 % interval / drop bounds")]
     if ref is not None:
         out.append(Line2D([], [], color="tab:green", ls="--", lw=1.2,
@@ -247,13 +248,13 @@ def method_figure(points: list[Point], baselines: list[Point], epsilon: float, t
         _budget(top, bottom, ref, epsilon)
         _draw_trials(top, bottom, points, "tab:blue", lambda p: p.speedup, lambda p: (p.accuracy, p.ci_low, p.ci_high))
         front = pareto_front(points)
-        if front:
+        if len(front) > 1:
             top.plot([p.speedup for p in front], [p.accuracy for p in front], color="tab:blue", lw=1.2, zorder=2)
         _baselines(top, bottom, baselines)
         _acc_limits(top, points + baselines, ref, epsilon)
         _drop_limits(bottom, points, epsilon)
         handles = _handles(epsilon, ref)
-        if front:
+        if len(front) > 1:
             from matplotlib.lines import Line2D
 
             handles.insert(3, Line2D([], [], color="tab:blue", lw=1.2, label="Pareto front (feasible)"))
@@ -289,14 +290,14 @@ def combined_figure(per_method: dict[str, list[Point]], baselines: list[Point], 
             _draw_trials(top, bottom, points, color, lambda p: p.speedup, lambda p: (p.accuracy, p.ci_low, p.ci_high),
                          alpha=0.45, star_color=color)
             front = pareto_front(points)
-            if front:
+            if len(front) > 1:
                 top.plot([p.speedup for p in front], [p.accuracy for p in front], "-", color=color, lw=1.6, zorder=3)
             handles.append(Line2D([], [], color=color, marker="o", lw=1.6,
-                                  label=method if front else f"{method} (no feasible point)"))
+                                  label=f"{method} (front)" if front else f"{method} (no feasible point)"))
         _baselines(top, bottom, baselines)
         _acc_limits(top, every + baselines, ref, epsilon)
         _drop_limits(bottom, every, epsilon)
-        _legend(fig, handles + _handles(epsilon, ref, with_trials=False))
+        _legend(fig, handles + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)"))
         _labels(top, _point_labels(every, baselines, epsilon), [(p.speedup, p.accuracy) for p in every])
     return fig
 

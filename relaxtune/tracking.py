@@ -187,7 +187,8 @@ class _Runs:
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in d.metrics.items()],
                               tags=[RunTag(k, v) for k, v in tags.items()])
-        title = f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})"
+        title = (f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})\n"
+                 f"recommended: {d.label}, modeled {config.recommendation.modeled_speedup:.2f}x")
         self._log_figures({"pareto_fronts_by_method.png": combined_figure(per_method, baselines, config.epsilon, title)},
                           [(run_id, "")])
         for method, points in per_method.items():
