@@ -117,8 +117,9 @@ def ui(
     say("The experiments are relaxtune-<task>; MLflow 3.17 remembers its GenAI / Model training switch per "
         "browser, and the workflowType above selects the model-training view (runs, not traces).")
     say("Optuna: the studies are ordinary Optuna RDB studies, one per task and method (<task>__<method>__<pair>); "
-        "optuna-dashboard shows each trial, the Pareto front of modeled speed-up and accuracy, the constraint "
-        "(drop bound - epsilon <= 0) and each trial's metrics (user attribute 'metrics').")
+        "optuna-dashboard shows their trials, the Pareto front of modeled speed-up and accuracy and the history; "
+        "each trial's metrics are its user attribute 'metrics', its constraint values (each <= 0 when feasible) "
+        "'constraints'.")
     run("pip install optuna-dashboard")
     run(f"optuna-dashboard {storage} --port {port + 80}")
     run(f"open http://127.0.0.1:{port + 80}")
