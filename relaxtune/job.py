@@ -12,20 +12,17 @@ from typing import Callable
 
 import yaml
 
-from .evaluation import DecodeConfig, check_spec_unchanged, records_complete, records_path
+from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
+from .reexport import JobError, check_exportable, export_path, job_file, same_problems, tuning_settings
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
-from .settings import TuneSettings, job_id, study_name
+from .settings import TuneSettings, job_id
 from .tuning import Tuner
 
 __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
            "check_exportable", "JobError"]
-
-
-class JobError(ValueError):
-    """The job cannot go on as asked (the message says why and what to do)."""
 
 
 def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
@@ -86,100 +83,6 @@ def load_backend(settings: TuneSettings):
     return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype)
 
 
-def job_file(output_dir: str | Path, task: str) -> Path:
-    """``<output_dir>/<task>.job.yaml``: the settings of the last tuning run,
-    which ``relaxtune export`` starts from."""
-    return Path(output_dir) / f"{task}.job.yaml"
-
-
-def tuning_settings(output_dir: str | Path, task: str) -> TuneSettings | None:
-    """The settings of the task's last tuning run (``job_file``), or None when there
-    is none (or it no longer validates)."""
-    import pydantic
-
-    saved = job_file(output_dir, task)
-    try:
-        return TuneSettings(**yaml.safe_load(saved.read_text())) if saved.exists() else None
-    except (pydantic.ValidationError, yaml.YAMLError, TypeError):
-        return None
-
-
-def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Path:
-    """Where an export writes its config: ``settings.export``, else
-    ``<output_dir>/<task>.tuned.eps<epsilon>.yaml`` with ``.conf<c>``, ``.lr<r>``,
-    ``.trunc<t>`` and ``.<methods>`` before ``.yaml`` for each judging setting that
-    differs from the tuning run's ``tuning`` (defaults when unknown), so exports with
-    different budgets never overwrite each other.
-
-    Raises:
-        JobError: the path is the tuning run's own config (an export never overwrites it).
-    """
-    base = tuning or TuneSettings(task=settings.task)
-    parts = [f"eps{settings.epsilon:g}"]
-    for key, short in (("confidence", "conf"), ("max_length_ratio", "lr"), ("max_truncated", "trunc")):
-        if getattr(settings, key) != getattr(base, key):
-            parts.append(f"{short}{getattr(settings, key)}")
-    if sorted(settings.methods) != sorted(base.methods):
-        parts.append("+".join(settings.methods))
-    output = Path(settings.output_dir)
-    path = Path(settings.export) if settings.export else output / f"{spec.name}.tuned.{'.'.join(parts)}.yaml"
-    tuned = Path(base.export) if tuning is not None and tuning.export else output / f"{spec.name}.tuned.yaml"
-    if path.resolve() == tuned.resolve():
-        raise JobError(f"--export {path} is the tuning run's own config: an export never overwrites it; give "
-                       "another path, or leave --export out (default: <output-dir>/<task>.tuned.eps<epsilon>.yaml)")
-    return path
-
-
-def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
-    """Refuse an export before any model loads when there is nothing to export,
-    naming what is missing: the Optuna storage, each method's study and its
-    finished trials (on as many problems as asked), the tuning run's cost profile
-    (``--c-rel measured``), strict's records at every draft length the trials
-    used; or an ``--export`` path that is the tuning run's own config.
-
-    Raises:
-        JobError: what is missing, and what to do.
-    """
-    import optuna
-
-    output = Path(settings.output_dir)
-    export_path(settings, spec, tuning_settings(output, spec.name))
-    url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
-                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
-                       "tuning run's --output-dir or --storage")
-    names = optuna.study.get_all_study_names(storage=url)
-    missing, used = [], set()
-    for method in settings.methods:
-        name = study_name(spec.name, method, pair, spec.version)
-        pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
-        studies = [optuna.load_study(study_name=n, storage=url) for n in names
-                   if n == name or (pinned and n.startswith(f"{name}@"))]
-        done = [t for study in studies for t in study.get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))]
-        for study in studies:
-            _same_problems(method, study, problems)
-        used |= {t.params["n_draft"] for t in done}
-        if not done:
-            missing.append(f"{method} (study {name} {'holds no finished trial' if studies else 'does not exist'})")
-    if missing:
-        others = sorted(n for n in names if n.split("__")[0] in (spec.name, f"{spec.name}-v{spec.version}"))
-        raise JobError(f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
-                       "--drafter, --verifier and --dtype), or export only the tuned --methods"
-                       + (f"; studies of {spec.name} there: {', '.join(others)}" if others else ""))
-    if settings.c_rel == "measured" and not settings.verifier_url:
-        saved = records_path(output, spec, DecodeConfig(), pair).with_name("cost_profile.json")
-        if not saved.exists():
-            raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
-                           "its --c-rel or run `relaxtune tune`")
-    for n in sorted(used):
-        if not records_complete(output, spec, DecodeConfig("strict", None, n, settings.seed), pair, problems):
-            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
-                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
-                           "`relaxtune tune`")
-
-
 def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None],
                  new_trials: bool = True) -> CostProfile | float:
     """The job's costs: ``settings.c_rel`` when given; else the profile measured
@@ -213,14 +116,6 @@ def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[
     return profile
 
 
-def _same_problems(method: str, study, problems) -> None:
-    """Refuse an export over another number of problems than the study's trials saw."""
-    used = study.user_attrs.get("problems")
-    if used is not None and used != len(problems):
-        raise JobError(f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
-                       "export with the tuning run's --limit")
-
-
 def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
     """An export re-judges what the studies hold; refuse what would mix runs.
 
@@ -238,7 +133,7 @@ def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[
         if not done:
             raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
                            "first, or export only the tuned --methods")
-        _same_problems(o.method, o.study, problems)
+        same_problems(o.method, o.study, problems)
         priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
         if priced and priced != {round(c_rel_of(profile), 9)}:
             raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
