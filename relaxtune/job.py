@@ -184,8 +184,9 @@ def run_tune_job(
     """
     spec, problems, backend = prepare(settings, backend, new_trials)
     pair = getattr(backend, "name", "backend")
+    tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
     path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
-            else export_path(settings, spec, tuning_settings(settings.output_dir, spec.name)))
+            else export_path(settings, spec, tuning))
     profile = cost_profile(settings, spec, problems, backend, log, new_trials)
     tracker = exporter = None
     if track and new_trials:
@@ -197,7 +198,6 @@ def run_tune_job(
     elif track:
         from .tracking import ExportRun
 
-        tuning = tuning_settings(settings.output_dir, spec.name)
         exporter = ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
                              job_id(tuning, spec, pair) if tuning is not None else None)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,

@@ -301,7 +301,7 @@ class Tracker(_Runs):
         run_id = self.study_runs[outcome.method]
         self._log_table(run_id, points_table(points + baselines), "pareto_front.json")
         name, description = study_summary(result, epsilon)
-        chosen = outcome.chosen.number if outcome.chosen is not None else None
+        chosen = (result.trial if result.trial is not None else outcome.chosen.number) if result.feasible else None
         tags = {"relaxtune.chosen_trial": str(chosen) if chosen is not None else "none (use strict)",
                 "mlflow.runName": name, "mlflow.note.content": description}
         now = int(time.time() * 1000)

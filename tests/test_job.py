@@ -66,12 +66,16 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
 
     assert set(config.strict_by_n_draft) == {2} and config.recommendation.modeled_speedup > 0
 
-    # a second run resumes: no new trials, no duplicate MLflow runs, the same strict baseline
-    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    # a second run resumes: no new trials, no duplicate MLflow runs, the same strict baseline; --json: the
+    # config alone on stdout, the progress on stderr
+    out = CliRunner().invoke(app, args + ["--json"], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     again = client.search_runs([exp.experiment_id])
     assert len(again) == len(runs)
     resumed = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    printed = json.loads(out.stdout)
+    assert printed.pop("path") == str(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert printed == resumed.model_dump(mode="json") and "resuming" in out.stderr
     assert resumed.strict_by_n_draft == config.strict_by_n_draft and resumed.methods == config.methods
     study_run = next(r for r in again if r.data.tags.get("relaxtune.kind") == "study")
     table = json.loads(Path(client.download_artifacts(study_run.info.run_id, "pareto_front.json", str(tmp_path))).read_text())

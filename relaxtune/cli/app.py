@@ -11,13 +11,14 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import sys
 from contextlib import contextmanager
 from typing import Callable
 
 import typer
 from rich.console import Console
 
-__all__ = ["App", "app", "console", "status", "reflow", "PIPE_WIDTH"]
+__all__ = ["App", "app", "console", "status", "say", "reflow", "PIPE_WIDTH"]
 
 PIPE_WIDTH = 100
 
@@ -58,14 +59,21 @@ def fit_pipes() -> None:
         console.width = PIPE_WIDTH
 
 
+def say(json_output: bool = False) -> Callable[[str], None]:
+    """How one-line messages go out: plain lines on stdout, or on stderr when stdout
+    carries ``--json`` output."""
+    if json_output:
+        return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
 @contextmanager
-def status(message: str, say: Callable[[str], None] | None = None):
-    """A spinner with ``message`` on a terminal; elsewhere, or when ``say`` is given
-    (e.g. messages to stderr), the message as a plain line, so a piped job says
-    what it is doing."""
-    if console.is_terminal and say is None:
+def status(message: str, json_output: bool = False):
+    """A spinner with ``message`` on a terminal; elsewhere (or with ``--json``, on
+    stderr) the message as a plain line, so a piped job says what it is doing."""
+    if console.is_terminal and not json_output:
         with console.status(message):
             yield
     else:
-        (say or (lambda text: console.print(text, soft_wrap=True, markup=False, highlight=False)))(f"{message} ...")
+        say(json_output)(f"{message} ...")
         yield

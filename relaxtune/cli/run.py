@@ -45,7 +45,7 @@ def generate(
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    with status(f"loading {drafter} -> {verifier} ({dtype})"):
+    with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
         try:
             backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
         except (OSError, ValueError, RuntimeError) as err:
@@ -55,7 +55,7 @@ def generate(
     runs = [(method, alpha)] + ([(AR, None)] if baseline and method != AR else [])
     results = {}
     for name, knob in runs:
-        with status(f"generating with {name} (up to {max_new_tokens} tokens)"):
+        with status(f"generating with {name} (up to {max_new_tokens} tokens)", json_output):
             results[name] = run(backend, ids, method=name, knob=knob, n_draft=n_draft, sampling=sampling,
                                 max_new_tokens=max_new_tokens, seed=seed)
     speed = (results[method].stats.tokens_per_second / results[AR].stats.tokens_per_second
@@ -110,7 +110,7 @@ def eval_(
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
-    with status(f"loading {drafter} -> {verifier}"):
+    with status(f"loading {drafter} -> {verifier}", json_output):
         try:
             if verifier_url or drafter_url or native_url:
                 from ..job import load_backend

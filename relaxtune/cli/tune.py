@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import typer
 
-from .app import app, console, status
+from .app import app, console, say, status
 from .options import settings_from, tune_options
 from .tables import Col, print_json, show
 
@@ -84,7 +83,7 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
     from ..job import job_file
     from ..tasks import load_task
 
-    say = _say(json_output)
+    tell = say(json_output)
     base = None
     from_file = {}
     if config:  # the job's YAML may name the task and the output folder
@@ -103,26 +102,19 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
         if saved.exists():
             base = yaml.safe_load(saved.read_text())
             base.pop("export", None)  # the tuning run's config path: an export writes its own file
-            say(f"starting from the tuning run's settings: {saved}")
+            tell(f"starting from the tuning run's settings: {saved}")
         else:
-            say(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
+            tell(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
     _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output)
-
-
-def _say(json_output: bool):
-    """One-line messages: on stdout, or on stderr when stdout carries JSON."""
-    if json_output:
-        return lambda message: print(message, file=sys.stderr, flush=True)
-    return lambda message: console.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     from ..job import JobError, prepare, run_tune_job
 
-    log = _say(json_output)
+    log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
-        with status(loading, log if json_output else None):
+        with status(loading, json_output):
             spec, problems, backend = prepare(settings, new_trials=new_trials)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
