@@ -127,13 +127,20 @@ def evaluation_cache_key(context, parameters: dict) -> str:
 
 
 @task(cache_key_fn=evaluation_cache_key, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient,
-      persist_result=True, task_run_name="{method} {knob} N={n_draft} problems {start}-{stop}")
-def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int, start: int,
-                       stop: int) -> EvalResult:
-    """Generate and grade one configuration on problems ``[start, stop)`` (records
-    resume from disk, so a retry redoes only unfinished samples)."""
+      persist_result=True, task_run_name="{method} {knob} N={n_draft}, problems {problem_ids[0]}..")
+def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int,
+                       problem_ids: tuple[str, ...]) -> EvalResult:
+    """Generate and grade one configuration on the problems ``problem_ids`` (a range
+    of the tuner's problems: a prefix of the task's, or of its search half with
+    ``--confirm holdout``); records resume from disk, so a retry redoes only
+    unfinished samples.
+
+    Raises:
+        KeyError: an id that is not among the task's first ``settings.limit`` problems.
+    """
     s = TuneSettings(**settings)
-    problems = list(problems_of(s.task, s.limit)[start:stop])
+    by_id = {p.id: p for p in problems_of(s.task, s.limit)}
+    problems = [by_id[i] for i in problem_ids]
     return evaluate(load_task(s.task), load_backend(s), DecodeConfig(method, knob, n_draft, seed),
                     output_dir=s.output_dir, problems=problems, progress=False)
 

@@ -34,9 +34,9 @@ def _ranges_runner(settings: TuneSettings):
     as_dict = settings.model_dump()
     tagged = generate_and_grade.with_options(tags=[backend_tag(settings)])
 
-    def run_ranges(config: DecodeConfig, ranges: list[range]):
-        futures = [tagged.submit(as_dict, config.method, config.knob, config.n_draft, config.seed, r.start, r.stop)
-                   for r in ranges]
+    def run_ranges(config: DecodeConfig, problems: list, ranges: list[range]):
+        futures = [tagged.submit(as_dict, config.method, config.knob, config.n_draft, config.seed,
+                                 tuple(p.id for p in problems[r.start:r.stop])) for r in ranges]
         return [f.result() for f in futures]
 
     return run_ranges
@@ -50,8 +50,9 @@ def evaluate_point(task: str, method: str = "strict", alpha: float | None = None
     problems run as concurrent task runs; returns the merged result's summary."""
     s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir, range_size=range_size,
                      **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v})
-    ranges = split(len(problems_of(task, limit)), s.range_size)
-    summary = merge(_ranges_runner(s)(DecodeConfig(method, alpha, n_draft, seed), ranges)).summary()
+    problems = list(problems_of(task, limit))
+    ranges = split(len(problems), s.range_size)
+    summary = merge(_ranges_runner(s)(DecodeConfig(method, alpha, n_draft, seed), problems, ranges)).summary()
     print(f"{task} {method} {alpha} N={n_draft}: accuracy {summary['accuracy']:.3f} "
           f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}], l_accept {summary['l_accept']:.2f}")
     return summary

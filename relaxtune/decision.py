@@ -19,14 +19,18 @@ class Decision:
 
     Attributes:
         params: ``recommended_method``, ``recommended_knob_name``, ``recommended_knob``
-            (``-`` for strict), ``recommended_n_draft``, ``epsilon``, ``confidence``,
-            ``n`` (paired samples the decision rests on), ``problems``, ``repeats``,
-            ``task``, ``task_version``, ``drafter``, ``verifier``, ``c_rel``.
+            (``-`` for strict), ``recommended_n_draft``, ``recommended_drop_ucb`` (the
+            exported bound: the confirmation run's; 0 for strict) and, for a
+            confirmed point, ``recommended_search_drop_ucb`` (the search's) and
+            ``confirm_confidence`` (each confirmation's share of the confidence),
+            ``epsilon``, ``confidence``, ``n`` (paired samples the decision rests on),
+            ``problems``, ``repeats``, ``task``, ``task_version``, ``drafter``,
+            ``verifier``, ``c_rel``.
         metrics: ``recommended_speedup`` (modeled, over AR), ``recommended_drop_ucb``
             (the exported upper bound of the accuracy drop vs strict; 0 for strict
             itself), ``recommended_accuracy``, ``strict_accuracy`` and
             ``strict_speedup`` (strict at the recommended N), ``epsilon``,
-            ``confidence``, ``n``; with a confirmation run also
+            ``confidence``, ``n``; for a confirmed point also
             ``recommended_search_drop_ucb`` (the search's bound); per method
             ``<method>.feasible`` (1/0) and its point's (or the closest point's)
             ``<method>.speedup`` and ``<method>.drop_ucb``.
@@ -66,8 +70,13 @@ def decide(config) -> Decision:
                "recommended_drop_ucb": chosen.drop_upper_bound if chosen is not None else 0.0,
                "recommended_accuracy": chosen.accuracy if chosen is not None else strict.get("accuracy"),
                "strict_accuracy": strict.get("accuracy"), "strict_speedup": strict.get("modeled_speedup"), "n": n}
-    if chosen is not None and getattr(chosen, "search_drop_upper_bound", None) is not None:
+    bound = chosen.drop_upper_bound if chosen is not None else 0.0
+    params["recommended_drop_ucb"] = f"{bound:.4g}"
+    if chosen is not None and chosen.search_drop_upper_bound is not None:  # confirmed: both bounds
         metrics["recommended_search_drop_ucb"] = chosen.search_drop_upper_bound
+        params["recommended_search_drop_ucb"] = f"{chosen.search_drop_upper_bound:.4g}"
+    if config.confirmation.get("planned"):
+        params["confirm_confidence"] = f"{config.confirmation['confidence_each']:.4g}"
     for method, r in config.methods.items():
         point = {"modeled_speedup": r.modeled_speedup, "drop_upper_bound": r.drop_upper_bound} if r.feasible \
             else (r.closest or {})
@@ -104,12 +113,15 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
         point = point_label(result.method, result.knob_name, result.knob, result.n_draft)
         knob = point.removeprefix(result.method).strip()
         name = f"{result.method} study: {knob} chosen ({result.modeled_speedup:.2f}x)"
+        search = "" if result.search_drop_upper_bound is None else \
+            f" on fresh samples (search: {result.search_drop_upper_bound:.3f})"
         return name, (f"{tried}; chosen {point}: modeled {result.modeled_speedup:.2f}x over AR, accuracy drop vs "
-                      f"strict at most {result.drop_upper_bound:.3f} (epsilon {epsilon:g}).")
+                      f"strict at most {result.drop_upper_bound:.3f}{search}, epsilon {epsilon:g}.")
     name = f"{result.method} study: none within eps {epsilon:g}"
+    why = f" ({result.note})" if result.note else ""
     c = result.closest
     if not c:
-        return name, f"{tried}; no trial finished, so nothing could be judged."
+        return name, f"{tried}; no point exported{why}, and no trial finished to compare."
     point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"))
-    return name, (f"{tried}; no point met epsilon {epsilon:g}: the closest, {point}, has an accuracy drop vs strict "
-                  f"of at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x).")
+    return name, (f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
+                  f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x).")

@@ -23,11 +23,12 @@ from pathlib import Path
 from .backends.base import Backend
 from .engine import Generation, GenerationStats, check_decode, generate, native_server
 from .graders import Verdict, grade
-from .graders.base import THINK_END
+from .graders.base import THINK_END, THINK_START, answer_section
 from .stats import wilson_interval
 from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
 
-__all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path"]
+__all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
+           "opens_thinking"]
 
 
 
@@ -160,6 +161,14 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     return Generation(ids + rest.token_ids, text + rest.text, stats, extra)
 
 
+def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
+    """Whether the prompt leaves a thinking block open (the chat templates of
+    DeepSeek-R1 distills and QwQ end with ``<think>``): the response then starts
+    inside it, and is graded as ``<think>`` + response, so a response that never
+    closes it has no answer and nothing inside it is graded."""
+    return answer_section(tokenizer.decode(list(prompt_ids[-16:]))) is None
+
+
 def _grade(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verdict:
     opts: dict = {}
     if spec.grader.kind == "math" and spec.grader.integer_range:
@@ -277,7 +286,8 @@ def evaluate(
         if "cached_tokens" in gen.extra:
             record["cached_tokens"] = gen.extra["cached_tokens"]
         truncated = gen.stats.finish_reason == "length"
-        return record, graders.submit(_grade, spec, problem, gen.text, truncated)
+        text = THINK_START + gen.text if opens_thinking(backend.tokenizer, prompt_ids) else gen.text
+        return record, graders.submit(_grade, spec, problem, text, truncated)
 
     # generation: max_concurrency sequences at once (1 for in-process models);
     # grading overlaps with it; records are written in submission order, each in

@@ -1,11 +1,16 @@
 """The tuned per-task config a serving team deploys (YAML, with a schema).
 
-One file per task: for each method the chosen knob and draft length (or "none
-feasible"), the capability-loss budget, strict and relaxed accuracy with n and
-intervals, acceptance length, length ratio, modeled speed-ups, the serving
-arguments, and provenance (models, task and grader versions, seed, study name,
-MLflow run); then one recommendation across methods. When no trial is
-feasible the recommendation is strict at its best draft length.
+One file per task: for each method the confirmed knob and draft length (or
+"none feasible"), the capability-loss budget, strict and relaxed accuracy with
+n and intervals, the drop bound of the confirmation run (``drop_upper_bound``,
+from fresh samples alone, ``relaxtune.confirm``) beside the search's
+(``search_drop_upper_bound``), acceptance length, length ratio, modeled
+speed-ups, the serving arguments, and provenance (models, task and grader
+versions, seed, study name, MLflow run); how the confidence was split over
+the confirmations; what the sample can certify (``sample``,
+``relaxtune.planning``); then one recommendation across methods
+(``relaxtune.recommend``). When no point is confirmed, or none beats strict
+by more than the speed margin, the recommendation is strict at its best N.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import threading
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
@@ -23,7 +29,7 @@ from .methods import get_method
 
 __all__ = ["MethodResult", "Recommendation", "TunedConfig", "build_config", "save_config", "load_config", "serving_args"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
 
 
 class _Model(BaseModel):
@@ -31,8 +37,11 @@ class _Model(BaseModel):
 
 
 class MethodResult(_Model):
-    """One method's outcome. ``knob``/``n_draft`` (and ``trial``, the chosen trial's
-    number in its study) are None when no trial was feasible."""
+    """One method's outcome. ``knob``/``n_draft`` (and ``trial``, the confirmed
+    trial's number in its study) are None when no point was confirmed; the
+    point's numbers come from its confirmation run, the search's bound for it is
+    ``search_drop_upper_bound`` (at the job's confidence), and ``confirmation``
+    lists every attempt (``relaxtune.confirm.Attempt.summary``)."""
 
     method: str
     knob_name: str | None
@@ -45,7 +54,9 @@ class MethodResult(_Model):
     accuracy_ci: tuple[float, float] | None = None
     n: int | None = None
     drop: float | None = None
-    drop_upper_bound: float | None = None
+    drop_upper_bound: float | None = None  # the confirmation's, at confirmation.confidence
+    drop_bound_method: str | None = None
+    search_drop_upper_bound: float | None = None
     l_accept: float | None = None
     length_ratio: float | None = None
     modeled_speedup: float | None = None
@@ -60,6 +71,8 @@ class MethodResult(_Model):
     mlflow_run_id: str | None = None
     serving: dict | None = None
     closest: dict | None = None  # when infeasible: the tried point with the smallest drop bound
+    confirmation: dict | None = None  # {confidence, attempts: [...], missing}
+    note: str | None = None  # why no point is exported
 
 
 class Recommendation(_Model):
@@ -71,6 +84,8 @@ class Recommendation(_Model):
     modeled_speedup: float
     reason: str
     serving: dict
+    strict_modeled_speedup: float | None = None  # strict's best, over every evaluated N
+    speed_margin: dict | None = None  # {difference, margin, confidence, how}: relaxed only when difference > margin
 
 
 class TunedConfig(_Model):
@@ -93,6 +108,8 @@ class TunedConfig(_Model):
     cost_profile: dict | None = None
     strict_by_n_draft: dict[int, dict]
     methods: dict[str, MethodResult]
+    confirmation: dict  # {samples: seeds | holdout, problems, per_method, planned, confidence_each, rule}
+    sample: dict  # relaxtune.planning.SamplePlan: smallest certifiable drop, problems needed; line
     recommendation: Recommendation
     relaxtune_version: str
     created: str
@@ -126,72 +143,88 @@ def _grader_versions(kind: str) -> dict:
     return out
 
 
-def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> TunedConfig:
-    """Assemble the tuned config from a finished ``Tuner`` and its ``MethodOutcome``s."""
+def _closest(trials: list, ucb) -> dict | None:
+    """The tried point with the smallest drop bound (then the fastest)."""
+    tried = [x for x in trials if "drop_ucb" in x.user_attrs.get("metrics", {})]
+    best = min(tried, key=lambda x: (ucb(x.user_attrs["metrics"]), -x.user_attrs["metrics"]["speedup"]), default=None)
+    if best is None:
+        return None
+    m = best.user_attrs["metrics"]
+    return {"trial": best.number, "knob": best.params.get("knob"), "n_draft": best.params["n_draft"],
+            "state": best.state.name, "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
+            "drop_upper_bound": ucb(m), "discordance": (m["strict_only"] + m["relaxed_only"]) / m["n"],
+            "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
+
+
+def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResult:
+    """One method's entry: the confirmed point's confirmation numbers, or why there is none."""
     import optuna
 
+    states = optuna.trial.TrialState
+    trials = o.study.get_trials(deepcopy=False)
+    base = dict(
+        method=o.method, knob_name=get_method(o.method).knob,
+        trials=sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials),
+        pruned=sum(t.state == states.PRUNED for t in trials), failed=sum(t.state == states.FAIL for t in trials),
+        tokens_spent=o.tokens, study_name=o.study.study_name, mlflow_run_id=o.mlflow_run_id,
+        confirmation=None if confirmation is None else {
+            "confidence": confirmation.confidence, "attempts": [a.summary() for a in confirmation.attempts],
+            "missing": confirmation.missing},
+    )
+    done = None if confirmation is None else confirmation.confirmed
+    if done is None:
+        note = ("no trial met the capability-loss constraint in the search" if o.chosen is None else
+                "the search's choice was not confirmed (no confirmation run)" if confirmation is None else
+                confirmation.missing or
+                f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples")
+        search = None if o.chosen is None else ucb(o.chosen.user_attrs["metrics"])
+        return MethodResult(feasible=False, closest=_closest(trials, ucb), search_drop_upper_bound=search, note=note,
+                            **base)
+    m = done.metrics
+    return MethodResult(
+        feasible=True, knob=done.knob, n_draft=done.n_draft, trial=done.trial, strict_accuracy=m["strict_accuracy"],
+        accuracy=m["accuracy"], accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
+        drop_upper_bound=m["drop_ucb"], drop_bound_method=m["bound_method"],
+        search_drop_upper_bound=done.search_drop_upper_bound, l_accept=m["l_accept"], length_ratio=m["length_ratio"],
+        modeled_speedup=m["speedup"], truncated=m["truncated"], loop_rate=m["loop_rate"],
+        modeled_speedup_by_c_rel={k.removeprefix("speedup_c"): v for k, v in m.items() if k.startswith("speedup_c")},
+        serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling), **base,
+    )
+
+
+def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirmations: dict | None = None,
+                 confirm_problems: int | None = None) -> TunedConfig:
+    """Assemble the tuned config from a finished ``Tuner``, its ``MethodOutcome``s
+    and their confirmations (``relaxtune.confirm.confirm``: method ->
+    ``Confirmation``; a method without one exports no point).
+
+    Args:
+        confirm_problems: problems the confirmations ran on (default: the search's).
+    """
+    from .confirm import RULE, split_confidence
+    from .judge import drop_ucb_at
+    from .planning import DEFAULT_DISCORDANCE, plan
+    from .recommend import recommend
     from .speed import CostProfile, c_rel_of
 
-    from .judge import drop_ucb_at
-
-    s, spec = tuner.settings, tuner.spec
+    s, spec, confirmations = tuner.settings, tuner.spec, confirmations or {}
     ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence
     sampling = spec.sampling.model_dump()
-    states = optuna.trial.TrialState
-    methods: dict[str, MethodResult] = {}
-    for o in outcomes:
-        trials = o.study.get_trials(deepcopy=False)
-        base = dict(
-            method=o.method, knob_name=get_method(o.method).knob,
-            trials=sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials),
-            pruned=sum(t.state == states.PRUNED for t in trials), failed=sum(t.state == states.FAIL for t in trials),
-            tokens_spent=o.tokens, study_name=o.study.study_name, mlflow_run_id=o.mlflow_run_id,
-        )
-        t = o.chosen
-        if t is None:
-            tried = [x for x in trials if "drop_ucb" in x.user_attrs.get("metrics", {})]
-            best = min(tried, key=lambda x: (ucb(x.user_attrs["metrics"]), -x.user_attrs["metrics"]["speedup"]),
-                       default=None)
-            closest = None
-            if best is not None:
-                m = best.user_attrs["metrics"]
-                closest = {"trial": best.number, "knob": best.params.get("knob"), "n_draft": best.params["n_draft"], "state": best.state.name,
-                           "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
-                           "drop_upper_bound": ucb(m), "l_accept": m.get("l_accept"),
-                           "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
-            methods[o.method] = MethodResult(feasible=False, closest=closest, **base)
-            continue
-        m = t.user_attrs["metrics"]
-        knob, n = t.params.get("knob"), t.params["n_draft"]
-        methods[o.method] = MethodResult(
-            feasible=True, knob=knob, n_draft=n, trial=t.number, strict_accuracy=m["strict_accuracy"], accuracy=m["accuracy"],
-            accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
-            drop_upper_bound=ucb(m), l_accept=m["l_accept"], length_ratio=m["length_ratio"],
-            modeled_speedup=m["speedup"], truncated=m["truncated"], loop_rate=m["loop_rate"],
-            modeled_speedup_by_c_rel={k.removeprefix("speedup_c"): v for k, v in m.items() if k.startswith("speedup_c")},
-            serving=serving_args(o.method, knob, n, s.drafter, s.verifier, sampling), **base,
-        )
+    methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling) for o in outcomes}
     strict = {n: {"accuracy": b.accuracy, "accuracy_ci": [b.ci_low, b.ci_high], "n": b.n, "l_accept": b.l_accept,
                   "mean_length": b.mean_length, "modeled_speedup": tuner.strict_speedup(n)}
               for n, b in sorted(tuner.baselines.items())}
-    best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
-    feasible = [r for r in methods.values() if r.feasible]
-    best = max(feasible, key=lambda r: (r.modeled_speedup, r.accuracy), default=None)
-    strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
-    if best is not None and best.modeled_speedup > strict_speed:
-        rec = Recommendation(
-            method=best.method, knob=best.knob, n_draft=best.n_draft, modeled_speedup=best.modeled_speedup,
-            reason=(f"fastest point whose accuracy drop vs strict is below {s.epsilon:g} with {s.confidence:.0%} "
-                    f"confidence (upper bound {best.drop_upper_bound:.3f}); strict at N={best_n} models "
-                    f"{strict_speed:.2f}x"),
-            serving=best.serving,
-        )
+    rec = recommend(tuner, methods, confirmations, strict)
+    if rec["method"] == "strict":
+        rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:
-        why = ("no relaxed trial met the capability-loss constraint" if best is None else
-               f"no feasible relaxed point beats strict at N={best_n} ({strict_speed:.2f}x)")
-        rec = Recommendation(method="strict", knob=None, n_draft=best_n, modeled_speedup=strict_speed,
-                             reason=f"use strict: {why} (epsilon {s.epsilon:g}, {len(tuner.problems)} problems)",
-                             serving=serving_args("strict", None, best_n, s.drafter, s.verifier, sampling))
+        rec["serving"] = methods[rec["method"]].serving
+    planned = next(iter(confirmations.values())).planned if confirmations else 0
+    tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
+             if t.state.name == "COMPLETE" and "strict_only" in (m := t.user_attrs.get("metrics", {}))]
+    pairs = sum(m["n"] for m in tried)  # discordance pooled over every completed trial, else the default
+    discordance = sum(m["strict_only"] + m["relaxed_only"] for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
+    sample = plan(len(tuner.problems), spec.repeats, s.epsilon, s.confidence, discordance=discordance)
     profile = tuner.profile
     return TunedConfig(
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
@@ -199,7 +232,12 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None) -> Tune
         repeats=spec.repeats, epsilon=s.epsilon, confidence=s.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,
-        strict_by_n_draft=strict, methods=methods, recommendation=rec, relaxtune_version=metadata.version("relaxtune"),
+        strict_by_n_draft=strict, methods=methods,
+        confirmation={"samples": s.confirm, "problems": confirm_problems or len(tuner.problems),
+                      "per_method": s.confirmations, "planned": planned,
+                      "confidence_each": split_confidence(s.confidence, planned), "rule": RULE},
+        sample=asdict(sample) | {"line": sample.line()}, recommendation=Recommendation(**rec),
+        relaxtune_version=metadata.version("relaxtune"),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), mlflow=mlflow_info,
     )
 

@@ -4,6 +4,7 @@ tune``) and the Prefect flow (``flows/tune.py``) both call ``run_tune_job``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -12,14 +13,15 @@ from typing import Callable
 
 import yaml
 
+from .confirm import confirm, holdout_split
 from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
 from .reexport import JobError, check_exportable, export_path, job_file, same_problems, tuning_settings
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
-from .settings import TuneSettings, job_id
-from .tuning import Tuner
+from .settings import TuneSettings, job_id, study_name
+from .tuning import Tuner, choose
 
 __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
            "check_exportable", "JobError"]
@@ -27,14 +29,15 @@ __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file"
 
 def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
     """Validate and load everything before any generation: the task, its
-    problems, method/temperature compatibility, the task's records (same spec
+    problems, method/temperature compatibility, a held-out half big enough to
+    certify epsilon (``--confirm holdout``), the task's records (same spec
     under the same version), for an export (``new_trials=False``) what it reads
     (``check_exportable``), then the backend.
 
     Raises:
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
             missing data, a method that collapses at the task's temperature, a
-            task edited under the same version.
+            held-out half too small, a task edited under the same version.
         JobError: an export with nothing to export, before any model loads.
     """
     spec = load_task(settings.task)
@@ -43,9 +46,12 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
+    if settings.confirm == "holdout":
+        _check_holdout(settings, spec, problems)
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
-    if not new_trials:
-        check_exportable(settings, spec, problems, getattr(backend, "name", None) or backend_name(settings))
+    if not new_trials:  # the trials searched the first half with --confirm holdout
+        search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
+        check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(settings))
     if backend is None:
         backend = load_backend(settings)
     return spec, problems, backend
@@ -59,6 +65,45 @@ def backend_name(settings: TuneSettings) -> str:
     from .backends.hf import pair_name
 
     return pair_name(settings.drafter, settings.verifier, settings.dtype)
+
+
+def _check_holdout(settings: TuneSettings, spec, problems) -> None:
+    """Refuse ``--confirm holdout`` when the held-out half cannot certify epsilon even with no discordance."""
+    from .planning import fewest_problems
+    from .stats import smallest_certifiable_drop
+
+    held = holdout_split(problems, settings.seed)[1]
+    floor = smallest_certifiable_drop(len(held), spec.repeats, settings.confidence) if held else 1.0
+    if floor > settings.epsilon:
+        need = 2 * fewest_problems(settings.epsilon, settings.confidence, spec.repeats)
+        raise ValueError(f"--confirm holdout keeps {len(held)} of the {len(problems)} problems for confirmation, whose "
+                         f"smallest certifiable drop is {floor:.3f} > epsilon {settings.epsilon:g}: use --confirm "
+                         f"seeds, at least {need} problems (--limit), or a larger --epsilon")
+
+
+def _check_search_problems(settings: TuneSettings, spec, pair: str, problems) -> str:
+    """With ``--confirm holdout``, refuse studies holding trials searched on other
+    problems (another ``--limit``, ``--seed`` or ``--confirm``): they may have
+    seen the held-out half. Fresh seeds are independent of every search sample,
+    so ``--confirm seeds`` resumes any study. Returns the search problems' digest.
+
+    Raises:
+        JobError: such a study, naming the fix.
+    """
+    import optuna
+
+    digest = hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
+    if settings.confirm != "holdout":
+        return digest
+    names = set(optuna.study.get_all_study_names(storage=settings.storage_url))
+    for method in settings.methods:
+        name = study_name(spec.name, method, pair, spec.version)
+        study = optuna.load_study(study_name=name, storage=settings.storage_url) if name in names else None
+        if study is not None and study.get_trials(deepcopy=False) and study.user_attrs.get("search_problems") != digest:
+            raise JobError(f"study {name} holds trials searched on other problems (another --limit, --seed or "
+                           "--confirm), which may include the held-out half: --confirm holdout needs a fresh study "
+                           "(another --output-dir / --storage), or use --confirm seeds")
+    return digest
 
 
 def load_backend(settings: TuneSettings):
@@ -173,17 +218,25 @@ def run_tune_job(
     Returns:
         ``(config, path)`` of the exported YAML.
 
-    A tuning job logs to its MLflow runs (``relaxtune.tracking.Tracker``) and writes
-    ``settings.export`` or ``<output_dir>/<task>.tuned.yaml``; an export logs to a run
-    of its own (``relaxtune.tracking.ExportRun``) and writes ``export_path``: it
-    never modifies the tuning run's files, MLflow artifacts, tables or status.
+    After the studies, each method's chosen point is confirmed on samples the
+    search never saw (``relaxtune.confirm``: fresh seeds, or the held-out half
+    of the problems with ``--confirm holdout``); only confirmed points are
+    exported as feasible. A tuning job logs to its MLflow runs
+    (``relaxtune.tracking.Tracker``) and writes ``settings.export`` or
+    ``<output_dir>/<task>.tuned.yaml``; an export logs to a run of its own
+    (``relaxtune.tracking.ExportRun``) and writes ``export_path``: it never
+    modifies the tuning run's files, MLflow artifacts, tables or status.
 
     Raises:
         JobError: an export with nothing to export (``check_exportable``: before the
-            backend loads), or one that would mix runs (it never generates).
+            backend loads), or one that would mix runs (it never generates), or a
+            study searched other problems.
     """
-    spec, problems, backend = prepare(settings, backend, new_trials)
+    spec, everything, backend = prepare(settings, backend, new_trials)
     pair = getattr(backend, "name", "backend")
+    holdout = settings.confirm == "holdout"
+    problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
+    digest = _check_search_problems(settings, spec, pair, problems)
     tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
     path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
             else export_path(settings, spec, tuning))
@@ -193,12 +246,12 @@ def run_tune_job(
         from .studies import storage_lock
         from .tracking import Tracker
 
-        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), everything,
                           job_id(settings, spec, pair), storage_lock(settings.storage_url))
     elif track:
         from .tracking import ExportRun
 
-        exporter = ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+        exporter = ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), everything,
                              job_id(tuning, spec, pair) if tuning is not None else None)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
@@ -212,6 +265,9 @@ def run_tune_job(
     for method in settings.methods:
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
     outcomes = tuner.tune(settings.methods, submit_trial)
+    if new_trials:
+        for outcome in outcomes:
+            outcome.study.set_user_attr("search_problems", digest)
     if not new_trials:
         pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
         _check_export(outcomes, problems, profile, settings.n_drafts, pinned)
@@ -220,8 +276,13 @@ def run_tune_job(
                    if t.state.name in ("COMPLETE", "PRUNED")})
     for n in used or ([settings.mid_n_draft] if new_trials else []):
         tuner.baseline(n)
+    for outcome in outcomes:  # strict at every N known now: no chosen point is one strict dominates
+        outcome.chosen = choose(outcome.study, settings, tuner.strict_points())
+    confirmations = confirm(tuner, outcomes, held_out, new_trials=new_trials, log=log)
     mlflow_info = None
     if tracker is not None:
+        for method, confirmation in confirmations.items():
+            tracker.log_confirmation(method, confirmation)
         mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}",
                        "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
     elif exporter is not None:
@@ -231,7 +292,7 @@ def run_tune_job(
                        "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
                        "tuning_run_id": exporter.tuning_run_id}
     try:
-        config = build_config(tuner, outcomes, mlflow_info)
+        config = build_config(tuner, outcomes, mlflow_info, confirmations, len(held_out))
         path = save_config(config, path)
         if tracker is not None:  # figures once strict is known at every N the trials used
             tracker.finish(outcomes, tuner, config, path)

@@ -10,9 +10,10 @@ from .evaluation import EvalResult
 from .rambling import loop_rate
 from .settings import TuneSettings
 from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
-from .stats import paired_drop
+from .stats import DropBound, drop_bound, paired_counts
 
-__all__ = ["point_metrics", "constraint_values", "drop_ucb_at", "feasible", "set_constraints", "CONSTRAINTS", "VIOLATED"]
+__all__ = ["point_metrics", "constraint_values", "drop_ucb_at", "stored_bound", "feasible", "set_constraints",
+           "CONSTRAINTS", "VIOLATED"]
 
 VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 
@@ -24,25 +25,34 @@ def point_metrics(
 
     Pairs samples by (problem, repeat), skipping pairs where either generation
     failed. ``drop_lcb`` / ``drop_ucb`` bound the paired accuracy drop at one-sided
-    ``confidence``. Speed-ups follow the paper's model (``relaxtune.speed``) with
-    ``L_AR`` = strict's mean length; ``speedup`` uses ``profile`` (measured costs
-    or a c_rel value), ``speedup_c<c>`` the paper's c_rel values.
+    ``confidence`` (``relaxtune.stats.drop_bound``: exact with one sample per
+    problem, clustered by problem with repeats); ``strict_only`` /
+    ``relaxed_only`` count the discordant pairs and, with repeats,
+    ``per_problem`` holds each problem's ``[n, strict_only, relaxed_only]`` so
+    the bound can be rebuilt at another confidence. Speed-ups follow the paper's
+    model (``relaxtune.speed``) with ``L_AR`` = strict's mean length; ``speedup``
+    uses ``profile`` (measured costs or a c_rel value), ``speedup_c<c>`` the
+    paper's c_rel values.
+
+    Raises:
+        ValueError: no paired sample (every generation failed).
     """
     base = {(r["problem_id"], r["repeat"]): r for r in strict.records if not r.get("failed")}
     pairs = [(base[k], r) for r in relaxed.records if not r.get("failed") and (k := (r["problem_id"], r["repeat"])) in base]
     if not pairs:
         raise ValueError("no paired samples to compare (every generation failed?)")
+    counts = paired_counts(strict.records, relaxed.records)
+    bound = drop_bound(counts, confidence)
     s_ok = [bool(s.get("correct")) for s, _ in pairs]
     r_ok = [bool(r.get("correct")) for _, r in pairs]
-    drop, lo, hi = paired_drop(s_ok, r_ok, confidence=2 * confidence - 1)
     l_strict = max(sum(s["response_tokens"] for s, _ in pairs) / len(pairs), 1.0)
     l_relax = max(sum(r["response_tokens"] for _, r in pairs) / len(pairs), 1.0)
     l_accept = min(relaxed.l_accept, float(n_draft))
     out = dict(
         n=len(pairs), failed=relaxed.failed, accuracy=sum(r_ok) / len(pairs), strict_accuracy=sum(s_ok) / len(pairs),
-        accuracy_ci_low=relaxed.ci_low, accuracy_ci_high=relaxed.ci_high, drop=drop, drop_lcb=lo, drop_ucb=hi,
-        confidence=confidence, strict_only=sum(a and not b for a, b in zip(s_ok, r_ok)),
-        relaxed_only=sum(b and not a for a, b in zip(s_ok, r_ok)),
+        accuracy_ci_low=relaxed.ci_low, accuracy_ci_high=relaxed.ci_high, drop=bound.drop, drop_lcb=bound.lower,
+        drop_ucb=bound.upper, confidence=confidence, bound_method=bound.method, problems=bound.problems,
+        strict_only=bound.strict_only, relaxed_only=bound.relaxed_only, discordance=bound.discordance,
         l_accept=l_accept, length=l_relax, strict_length=l_strict, length_ratio=l_relax / l_strict,
         truncated=relaxed.truncated, loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
         tokens=relaxed.tokens, tokens_per_second=relaxed.tokens_per_second,
@@ -51,24 +61,43 @@ def point_metrics(
         out[f"speedup_c{c:g}"] = speedup(l_accept, n_draft, c, l_strict, l_relax)
     out["speedup"] = modeled_speedup(profile, l_accept, n_draft, l_strict, l_relax)
     out["c_rel"] = c_rel_of(profile)
+    if bound.method != "exact-score":  # with repeats the bound needs every problem's counts
+        out["per_problem"] = [list(row) for row in counts]
     return out
 
 
 CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")
 
 
+def stored_bound(metrics: dict, confidence: float) -> DropBound:
+    """The drop bound at one-sided ``confidence`` rebuilt from a point's stored
+    counts (``per_problem`` with repeats, else the pooled ``n``, ``strict_only``,
+    ``relaxed_only``; metrics stored before the bound was clustered hold only
+    the pooled counts and are bounded as one sample per problem).
+
+    Raises:
+        ValueError: stored counts that cannot be (negative, discordant counts above n).
+    """
+    if "per_problem" in metrics:
+        return drop_bound(metrics["per_problem"], confidence)
+    n, b, c = (metrics[k] for k in ("n", "strict_only", "relaxed_only"))
+    if any(isinstance(v, bool) or int(v) != v for v in (n, b, c)) or n < 1 or b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need "
+                         "n >= 1 and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; "
+                         "evaluate it again")
+    n, b, c = int(n), int(b), int(c)
+    return drop_bound([(1, 1, 0)] * b + [(1, 0, 1)] * c + [(1, 0, 0)] * (n - b - c), confidence)
+
+
 def drop_ucb_at(metrics: dict, confidence: float) -> float:
-    """The upper bound of the paired accuracy drop at one-sided ``confidence``:
-    the stored one, or rebuilt from the stored discordant counts when the metrics
-    were computed at another confidence (the paired statistic depends only on
-    them and n)."""
-    if metrics.get("confidence", confidence) == confidence or "strict_only" not in metrics:
-        return metrics["drop_ucb"]
-    n, s_only, r_only = int(metrics["n"]), int(metrics["strict_only"]), int(metrics["relaxed_only"])
-    # the paired test only sees the differences: +1 s_only times, -1 r_only times, 0 otherwise
-    strict = [True] * s_only + [False] * r_only + [False] * (n - s_only - r_only)
-    relaxed = [False] * s_only + [True] * r_only + [False] * (n - s_only - r_only)
-    return paired_drop(strict, relaxed, confidence=2 * confidence - 1)[2]
+    """The upper bound of the paired accuracy drop at one-sided ``confidence``,
+    rebuilt from the stored counts (``stored_bound``; the stored ``drop_ucb``
+    only for metrics without counts).
+
+    Raises:
+        ValueError: as ``stored_bound``.
+    """
+    return stored_bound(metrics, confidence).upper if "strict_only" in metrics else metrics["drop_ucb"]
 
 
 def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:

@@ -14,8 +14,10 @@ different points:
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
   one-sided ``confidence`` bound of the PAIRED drop (same problems, repeats and
-  seeds for strict and the trial: common random numbers), plus optional rambling
-  guards (length ratio, truncated share).
+  seeds for strict and the trial: common random numbers; ``relaxtune.stats.drop_bound``),
+  plus optional rambling guards (length ratio, truncated share). A point strict
+  dominates is never chosen (``choose``); the job confirms the chosen point on
+  fresh samples (``relaxtune.confirm``).
 
 Cost control: a trial is evaluated in stages of ``stage_size`` problems and
 pruned as soon as the lower bound of its drop already exceeds epsilon. Strict
@@ -46,6 +48,7 @@ from .studies import Plan, TrialQueue, default_worker, finished
 from .tasks import Problem, TaskSpec
 
 __all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
+           "candidates",
            "constraint_values", "drop_ucb_at", "study_tokens"]
 
 
@@ -55,7 +58,8 @@ class MethodOutcome:
 
     Attributes:
         method: method id; study: the Optuna study (name, trials).
-        chosen: the chosen feasible trial (max speed-up, then accuracy), or None.
+        chosen: the chosen feasible trial (``choose``: max speed-up, then accuracy, not dominated by
+            strict), or None.
         mlflow_run_id: the study's MLflow run.
         tokens: model tokens spent by the study's trials (strict excluded).
     """
@@ -85,7 +89,7 @@ class TrialReport:
     metrics: dict
 
 
-RangeRunner = Callable[[DecodeConfig, list[range]], list[EvalResult]]
+RangeRunner = Callable[[DecodeConfig, list[Problem], list[range]], list[EvalResult]]
 
 
 @dataclass
@@ -104,9 +108,10 @@ class Tuner:
         new_trials: run trials (False: only read what the studies hold, for export).
         log: receives one line per finished trial.
         worker: this worker's label in the studies (default ``<host>:<pid>``).
-        run_ranges: evaluates a configuration on ranges of ``self.problems`` (indices,
-            ``settings.range_size`` problems each) and returns the results in range
-            order (the Prefect flow submits them as concurrent task runs); default:
+        run_ranges: ``run_ranges(config, problems, ranges)`` evaluates a configuration
+            on ranges of ``problems`` (indices, ``settings.range_size`` problems each)
+            and returns the results in range order (the Prefect flow submits them as
+            concurrent task runs, naming the problems by id); default:
             ``evaluate_fn`` on one range after the other, in an order drawn from
             ``worker``, so that workers evaluating the same configuration spread over
             its ranges.
@@ -142,7 +147,7 @@ class Tuner:
 
         ranges = split(len(problems), self.settings.range_size)
         if self.run_ranges is not None:
-            return merge(self.run_ranges(config, ranges))
+            return merge(self.run_ranges(config, problems, ranges))
         if len(ranges) == 1:
             return one(ranges[0])
         results = {r.start: one(r) for r in worker_order(ranges, self.worker)}
@@ -160,6 +165,10 @@ class Tuner:
         """Modeled speed-up of strict at N (length ratio 1)."""
         b = self.baseline(n_draft)
         return modeled_speedup(self.profile, min(b.l_accept, float(n_draft)), n_draft)
+
+    def strict_points(self) -> dict[int, tuple[float, float]]:
+        """Strict at every draft length evaluated so far: N -> (modeled speed-up, accuracy)."""
+        return {n: (self.strict_speedup(n), b.accuracy) for n, b in sorted(self.baselines.items())}
 
     def evaluate_point(self, method: str, knob: float | None, n_draft: int,
                        on_stage: Callable[[int, dict], None] | None = None) -> tuple[dict, EvalResult]:
@@ -264,7 +273,8 @@ class Tuner:
         if self.new_trials:
             self._studies = studies
             self._drive(submit)
-        return [MethodOutcome(m, study, choose(study, self.settings), run_ids.get(m), tokens=study_tokens(study))
+        strict = self.strict_points()
+        return [MethodOutcome(m, study, choose(study, self.settings, strict), run_ids.get(m), tokens=study_tokens(study))
                 for m, study in studies.items()]
 
     def tune_method(self, method: str) -> MethodOutcome:
@@ -385,12 +395,27 @@ def _trial_line(method: str, number: int, params: dict, m: dict, state: str, don
             f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
 
 
-def choose(study, settings: TuneSettings | None = None):
-    """The feasible completed trial with the highest speed-up (then accuracy), or None."""
-    candidates = [t for t in study.get_trials(deepcopy=False) if feasible(t, settings)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda t: (t.values[0], t.values[1], -t.number))
+def candidates(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
+    """The feasible completed trials, best first (speed-up, then accuracy), one per
+    point (knob, N), leaving out every trial strict dominates: ``strict`` maps each
+    evaluated draft length to strict's (modeled speed-up, accuracy), and strict at
+    some N dominates a trial that is no faster and no more accurate."""
+    seen, out = set(), []
+    for t in sorted((t for t in study.get_trials(deepcopy=False) if feasible(t, settings)),
+                    key=lambda t: (-t.values[0], -t.values[1], t.number)):
+        point = (t.params.get("knob"), t.params["n_draft"])
+        if point in seen or any(s >= t.values[0] and a >= t.values[1] for s, a in (strict or {}).values()):
+            continue
+        seen.add(point)
+        out.append(t)
+    return out
+
+
+def choose(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None):
+    """The best of ``candidates`` (the feasible trial with the highest speed-up,
+    then accuracy, that strict does not dominate), or None."""
+    ranked = candidates(study, settings, strict)
+    return ranked[0] if ranked else None
 
 
 def study_tokens(study) -> int:

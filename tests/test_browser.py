@@ -7,6 +7,7 @@ decision without opening an artifact. The screenshot stays under the job's
 Skipped, saying why, where Chromium is absent (Debian package ``chromium``,
 installed by ``.ci/run``)."""
 
+import html
 import json
 import os
 import shutil
@@ -119,7 +120,7 @@ def test_the_task_run_page_shows_the_decision_and_lists_the_figures(tmp_path, mo
 
     page = run_url(base, experiment, run_id)  # the model-training view, as relaxtune prints it
     assert page == f"{base}/#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
-    dom = chromium(tmp_path / "profile", "--dump-dom", page)
+    dom = html.unescape(chromium(tmp_path / "profile", "--dump-dom", page))
     assert decision.description in dom and f"browser: use {decision.label}" in dom
     for key in ("recommended_method", "recommended_n_draft", "recommended_speedup", "recommended_drop_ucb",
                 "epsilon", "confidence"):

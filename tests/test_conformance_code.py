@@ -129,6 +129,9 @@ def test_no_process_survives_its_verdict(verdicts):
 
 
 def test_table_is_large_and_covers_every_verdict():
+    head = (Path(__file__).parent / "conformance" / "code.yaml").read_text().split("\ncases:", 1)[0]
+    names = re.findall(r"^  (\w+):", head, re.M)
+    assert len(names) == len(set(names)), "a problem name is defined twice (YAML keeps the last)"
     kinds = {case["verdict"] for case in TABLE["cases"]}
     assert kinds == {"pass", "wrong_answer", "time_limit", "runtime_error", "memory", "output_limit", "no_answer"}
     assert len(TABLE["cases"]) >= 100

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, sample_seed
+from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
 from relaxtune.tasks import TaskSpec, load_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -133,3 +133,20 @@ def test_refuses_greedy_collapse_before_generating(tiny_backend, tmp_path):
     with pytest.raises(ValueError, match="collapses to strict"):
         evaluate(tiny_task(sampling={"temperature": 0.0}), tiny_backend, DecodeConfig("cactus", 1.0),
                  output_dir=tmp_path, progress=False)
+
+
+class _Tokens:
+    """A tokenizer whose ids are words."""
+
+    words = {1: "<|user|>Solve it", 2: "<|assistant|>", 3: "<think>", 4: "\n", 5: "</think>"}
+
+    def decode(self, ids):
+        return "".join(self.words[i] for i in ids)
+
+
+def test_a_prompt_that_opens_thinking_is_seen():
+    tok = _Tokens()
+    assert opens_thinking(tok, [1, 2, 3, 4])  # DeepSeek-R1 style: the response starts inside the thinking
+    assert not opens_thinking(tok, [1, 2, 3, 4, 5, 4])  # Qwen3 with thinking off: an empty block, closed
+    assert not opens_thinking(tok, [1, 2])  # the model opens its own block, if any
+    assert not opens_thinking(tok, [3] + [4] * 20 + [1, 2])  # a <think> far back in the question is not the template's

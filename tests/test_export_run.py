@@ -31,8 +31,9 @@ def settings(tmp_path: Path, uri: str, name: str, **over) -> TuneSettings:
 
 
 def run(s: TuneSettings, new_trials: bool = True, track: bool = True):
-    # every point is lossless (cliff 20) and cactus at delta 10 is faster than strict; with 24 problems the
-    # drop bound of a lossless point is 0.064, so epsilon 0.05 keeps strict and 0.2 takes cactus
+    # every point is lossless (cliff 20) and cactus at delta 10 is the fastest; with 24 problems a lossless
+    # point's drop bound is 1 - 0.1^(1/24) = 0.091 in the search and 0.145 in each of its four confirmations
+    # (the 0.1 split four ways), so epsilon 0.2 takes cactus and 0.1 keeps strict
     return run_tune_job(s, SyntheticPair(), progress=False, new_trials=new_trials, log=lambda m: None, track=track,
                         evaluate_fn=Synthetic(cliff=20.0, delay=1e-4))
 
@@ -59,10 +60,10 @@ def files_of(folder: Path) -> dict[str, str]:
 
 def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(tmp_path, monkeypatch, uri):
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
-    tuning = settings(tmp_path, uri, "iso")
+    tuning = settings(tmp_path, uri, "iso", epsilon=0.2)
     config, tuned_path = run(tuning)
     assert tuned_path == tmp_path / "relaxtune-runs" / "iso.tuned.yaml"
-    assert config.recommendation.method == "strict"  # 24 problems cannot certify a 0.05 drop
+    assert config.recommendation.method == "cactus" and config.recommendation.knob == 10.0
     client = MlflowClient(tuning.mlflow_uri)
     spec = load_task(tuning.task)
     job = job_id(tuning, spec, SyntheticPair.name)
@@ -71,11 +72,10 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     before = snapshot(client, exp.experiment_id, job, tmp_path / "before")
     before_files = files_of(tmp_path / "relaxtune-runs")
 
-    loose = tuning.model_copy(update={"epsilon": 0.2})
-    exported, path = run(loose, new_trials=False)
-    assert path == tmp_path / "relaxtune-runs" / "iso.tuned.eps0.2.yaml" and path.exists()
-    assert exported.recommendation.method == "cactus" and exported.recommendation.knob == 10.0
-    assert exported.epsilon == 0.2
+    tight = tuning.model_copy(update={"epsilon": 0.1})
+    exported, path = run(tight, new_trials=False)
+    assert path == tmp_path / "relaxtune-runs" / "iso.tuned.eps0.1.yaml" and path.exists()
+    assert exported.recommendation.method == "strict" and exported.epsilon == 0.1  # the confirmations miss 0.1
     assert snapshot(client, exp.experiment_id, job, tmp_path / "after") == before  # runs, tables, figures, status
     after_files = files_of(tmp_path / "relaxtune-runs")
     assert {k: v for k, v in after_files.items() if k != path.name} == before_files  # records, job file, config
@@ -89,12 +89,17 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     assert e.data.tags["relaxtune.tuning_run"] == task_run.info.run_id and e.data.tags["relaxtune.tuning_job"] == job
     assert exported.mlflow["run_id"] == e.info.run_id and exported.mlflow["tuning_run_id"] == task_run.info.run_id
     rec = exported.recommendation
-    assert e.data.params["epsilon"] == "0.2" and e.data.params["recommended_method"] == rec.method
-    assert e.data.params["recommended_n_draft"] == "4" and float(e.data.params["recommended_knob"]) == rec.knob
+    assert e.data.params["epsilon"] == "0.1" and e.data.params["recommended_method"] == "strict"
+    assert e.data.params["recommended_n_draft"] == str(rec.n_draft) and e.data.params["recommended_knob"] == "-"
     assert e.data.metrics["recommended_speedup"] == pytest.approx(rec.modeled_speedup)
-    assert e.data.metrics["recommended_drop_ucb"] <= 0.2 < e.data.metrics["recommended_drop_ucb"] + 0.2
-    assert task_run.data.params["epsilon"] == "0.05" and task_run.data.params["recommended_method"] == "strict"
-    assert e.info.run_name == f"iso export eps 0.2: use {e.data.tags['relaxtune.recommended']}"
+    assert e.data.metrics["recommended_drop_ucb"] == 0.0 and e.data.metrics["cactus.feasible"] == 0.0
+    assert e.data.metrics["cactus.drop_ucb"] == pytest.approx(1 - 0.1 ** (1 / 24))  # the closest point's bound
+    assert task_run.data.params["epsilon"] == "0.2" and task_run.data.params["recommended_method"] == "cactus"
+    chosen = config.methods["cactus"]  # both bounds: the confirmation's (exported) and the search's
+    assert task_run.data.params["recommended_drop_ucb"] == f"{chosen.drop_upper_bound:.4g}"
+    assert task_run.data.params["recommended_search_drop_ucb"] == f"{chosen.search_drop_upper_bound:.4g}" == "0.09148"
+    assert chosen.search_drop_upper_bound < chosen.drop_upper_bound <= 0.2
+    assert e.info.run_name == "iso export eps 0.1: use strict N=4"
     listed = {a.path for a in client.list_artifacts(e.info.run_id)} | \
         {a.path for a in client.list_artifacts(e.info.run_id, "figures")}
     assert {"pareto_fronts_by_method.png", "points.json", path.name, "settings.json", "figures/cactus_pareto_front.png",
@@ -104,7 +109,7 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
                   if r.data.tags.get("relaxtune.kind") == "study" and r.data.tags.get("relaxtune.job") == job}
     assert {m: r.mlflow_run_id for m, r in exported.methods.items()} == study_runs
 
-    again, same_path = run(loose, new_trials=False)  # a second export: another run, its own file replaced
+    again, same_path = run(tight, new_trials=False)  # a second export: another run, its own file replaced
     assert same_path == path and again.recommendation == exported.recommendation
     assert len([r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "export"]) == 2
     assert snapshot(client, exp.experiment_id, job, tmp_path / "again") == before

@@ -13,13 +13,14 @@ import optuna  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Annotation, Text  # noqa: E402
 
+from relaxtune.confirm import confirm  # noqa: E402
 from relaxtune.decision import decide, study_summary  # noqa: E402
 from relaxtune.export import build_config  # noqa: E402
 from relaxtune.figures import combined_figure, knob_figure, method_figure  # noqa: E402
 from relaxtune.judge import drop_ucb_at  # noqa: E402
 from relaxtune.pareto import Point, baseline_points, study_points  # noqa: E402
-from relaxtune.stats import paired_drop, wilson_interval  # noqa: E402
-from relaxtune.tuning import Tuner, TuneSettings  # noqa: E402
+from relaxtune.stats import drop_bound, wilson_interval  # noqa: E402
+from relaxtune.tuning import Tuner, TuneSettings, choose  # noqa: E402
 
 from .synthetic import PROBLEMS, SPEC, Synthetic  # noqa: E402
 
@@ -29,13 +30,16 @@ class Pair:
 
 
 def tuned(tmp_path, cliff: float, epsilon: float = 0.05, confidence: float = 0.9):
-    """A finished synthetic job on 40 problems (cactus, 5 trials at N=4) and its config."""
+    """A finished synthetic job on 40 problems (cactus, 5 trials at N=4, its point
+    confirmed on fresh seeds) and its config."""
     s = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=5, stage_size=40, c_rel=0.2,
                      output_dir=str(tmp_path), epsilon=epsilon, confidence=confidence)
     tuner = Tuner(s, SPEC, PROBLEMS[:40], Pair(), 0.2, evaluate_fn=Synthetic(cliff=cliff, drop=0.25), progress=False)
     outcome = tuner.tune_method("cactus")
     tuner.baseline(4)
-    return tuner, outcome, build_config(tuner, [outcome])
+    outcome.chosen = choose(outcome.study, s, tuner.strict_points())
+    confirmations = confirm(tuner, [outcome], PROBLEMS[:40])
+    return tuner, outcome, build_config(tuner, [outcome], confirmations=confirmations)
 
 
 def test_study_points_mark_the_exported_point_and_judge_at_the_exports_confidence(tmp_path):
@@ -69,10 +73,14 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     rec, r = config.recommendation, config.methods["cactus"]
     d = decide(config)
     assert d.label == "cactus delta=10 N=4" and rec.method == "cactus" and rec.knob == 10.0
+    assert config.confirmation["planned"] == 2  # two candidates: the confidence split in halves, 0.95 each
     assert d.params | {"drafter": "-", "verifier": "-"} == {
         "recommended_method": "cactus", "recommended_knob_name": "delta", "recommended_knob": "10",
-        "recommended_n_draft": "4", "epsilon": "0.2", "confidence": "0.9", "n": "40", "problems": "40",
-        "repeats": "1", "task": "synthetic", "task_version": "2", "drafter": "-", "verifier": "-", "c_rel": "0.2"}
+        "recommended_n_draft": "4", "recommended_drop_ucb": f"{r.drop_upper_bound:.4g}",
+        "recommended_search_drop_ucb": f"{r.search_drop_upper_bound:.4g}", "confirm_confidence": "0.95",
+        "epsilon": "0.2", "confidence": "0.9", "n": "40", "problems": "40", "repeats": "1", "task": "synthetic",
+        "task_version": "2", "drafter": "-", "verifier": "-", "c_rel": "0.2"}
+    assert d.metrics["recommended_search_drop_ucb"] == r.search_drop_upper_bound  # both bounds: search, confirmation
     assert d.metrics["recommended_speedup"] == rec.modeled_speedup == r.modeled_speedup
     assert d.metrics["recommended_drop_ucb"] == r.drop_upper_bound <= 0.2 and d.metrics["recommended_accuracy"] == 1.0
     assert d.metrics["strict_speedup"] == config.strict_by_n_draft[4]["modeled_speedup"] < rec.modeled_speedup
@@ -82,10 +90,11 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
                       "relaxtune.task": "synthetic", "relaxtune.feasible_methods": "cactus", "relaxtune.epsilon": "0.2"}
     assert not re.search(r"[.;:!?]\s+[A-Z]", d.description) and d.description.endswith(".")  # one sentence
     assert d.description.startswith("Use cactus delta=10 N=4 on synthetic v2 (modeled ")
-    assert f"upper bound {r.drop_upper_bound:.3f}" in d.description and d.description.endswith(".")
+    assert f"accuracy drop vs strict <= {r.drop_upper_bound:.3f} on fresh samples" in d.description
     name, about = study_summary(r, 0.2)
     assert name == f"cactus study: delta=10 N=4 chosen ({r.modeled_speedup:.2f}x)"
     assert about.startswith("5 trials (0 pruned, 0 failed); chosen cactus delta=10 N=4: modeled ")
+    assert f"at most {r.drop_upper_bound:.3f} on fresh samples (search: {r.search_drop_upper_bound:.3f})" in about
 
     _, _, config = tuned(tmp_path / "none", cliff=-1.0)
     d, r = decide(config), config.methods["cactus"]
@@ -96,18 +105,19 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     closest = f"cactus delta={r.closest['knob']:.3g} N=4"
     assert d.description.startswith("Use strict N=4 on synthetic v2 (modeled ") and d.description.endswith(".")
     assert not re.search(r"[.;:!?]\s+[A-Z]", d.description)
-    assert "no relaxed trial met the capability-loss constraint" in d.description
+    assert "no relaxed point was confirmed within the capability-loss budget" in d.description
     assert f"the closest tried point, {closest}, has a drop of at most {r.closest['drop_upper_bound']:.3f}" \
         in d.description
-    assert study_summary(r, 0.05)[0] == "cactus study: none within eps 0.05"
+    name, about = study_summary(r, 0.05)
+    assert name == "cactus study: none within eps 0.05" and f"no point exported ({r.note})" in about
 
 
-def point(label, kind, speedup, k, n=8, strict_k=7, s_only=0, r_only=0, **kw) -> Point:
+def point(label, kind, speedup, k, n=8, s_only=0, r_only=0, **kw) -> Point:
     """A point of ``n`` problems with ``k`` right (the paired drop from discordant counts)."""
     lo, hi = wilson_interval(k, n)
-    s = [True] * s_only + [False] * r_only + [True] * (strict_k - s_only) + [False] * (n - strict_k - r_only)
-    r = [False] * s_only + [True] * r_only + [True] * (strict_k - s_only) + [False] * (n - strict_k - r_only)
-    drop, dl, du = paired_drop(s, r, confidence=0.8) if kind == "trial" else (0.0, 0.0, 0.0)
+    counts = [(1, 1, 0)] * s_only + [(1, 0, 1)] * r_only + [(1, 0, 0)] * (n - s_only - r_only)
+    b = drop_bound(counts, 0.9)
+    drop, dl, du = (b.drop, b.lower, b.upper) if kind == "trial" else (0.0, 0.0, 0.0)
     return Point(label, kind, speedup, k / n, ci_low=lo, ci_high=hi, drop=drop, drop_lcb=dl, drop_ucb=du, **kw)
 
 

@@ -118,10 +118,11 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     verifier_copy = shutil.copytree(verifier, tmp_path / "verifier")
     task = write_tiny_task(tmp_path)
     settings = {"task": task, "drafter": drafter, "verifier": str(verifier_copy), "dtype": "float32"}
-    params = {"settings": settings, "method": "cactus", "knob": 0.1, "n_draft": 2, "seed": 0, "start": 0, "stop": 4}
+    params = {"settings": settings, "method": "cactus", "knob": 0.1, "n_draft": 2, "seed": 0,
+              "problem_ids": ("0", "1", "2", "3")}
     key = evaluation_cache_key(None, params)
     assert evaluation_cache_key(None, params) == key
-    assert evaluation_cache_key(None, params | {"stop": 2}) != key
+    assert evaluation_cache_key(None, params | {"problem_ids": ("0", "1")}) != key
     text = Path(task).read_text()
     Path(task).write_text(text.replace("max_new_tokens: 10", "max_new_tokens: 9"))  # same version, other spec
     edited = evaluation_cache_key(None, params)

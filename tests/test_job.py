@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
@@ -25,11 +26,17 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "recommendation" in out.output and "tuned config" in out.output
+    text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the summary says what would
+    assert "with 4 problems x 1 the smallest certifiable drop is 0.438" in text  # 1 - 0.1^(1/4)
+    assert "problems x 1 would certify 0.05" in text
 
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert set(config.methods) == {"cactus", "ens"}
     assert config.methods["cactus"].trials == 3 and config.c_rel == 0.3
     assert config.task_version == 1 and config.drafter == drafter and config.problems == 4
+    assert config.schema_version == 2
+    assert config.sample["smallest_certifiable"] == pytest.approx(1 - 0.1 ** 0.25, abs=1e-6)
+    assert config.confirmation["samples"] == "seeds" and config.confirmation["per_method"] == 2
     assert config.recommendation.serving["relaxtune"]["n_draft"] == config.recommendation.n_draft
 
     client = MlflowClient(uri)

@@ -77,7 +77,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     storage = pg_database("optuna")
     task = write_task(tmp_path / "task", 24)
     settings = dict(task=task, methods=["cactus", "mentored"], n_drafts=[4], trials=3, stage_size=8, range_size=8,
-                    c_rel=0.2, epsilon=0.1, heartbeat=1, grace_period=3, output_dir=str(tmp_path / "runs"),
+                    c_rel=0.2, epsilon=0.2, heartbeat=1, grace_period=3, output_dir=str(tmp_path / "runs"),
                     storage=storage, mlflow_uri=mlflow_server)
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     names = [f"synthetic__{m}__synthetic-pair" for m in settings["methods"]]
@@ -85,7 +85,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     for label in ("w0", "w1", "w2"):
         out = open(tmp_path / f"{label}.log", "w")
         cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(tmp_path / "settings.json"), "--delay", "0.1",
-               "--cliff", "0.8", "--worker", label]
+               "--cliff", "0.8", "--strict-accept", "0.1", "--worker", label]
         workers[label] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT,
                                            start_new_session=True), out)
     watch = optuna.storages.RDBStorage(storage)  # one engine for every look (each URL load would open a pool)
@@ -145,7 +145,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     assert configs[0] == configs[1]
     alone = TuneSettings(**settings | {"storage": None, "output_dir": str(tmp_path / "alone"), "mlflow_uri": None})
     single, _ = run_tune_job(alone, SyntheticPair(), progress=False, track=False, log=lambda m: None,
-                             evaluate_fn=Synthetic(cliff=0.8))
+                             evaluate_fn=Synthetic(cliff=0.8, strict_accept=0.1))
     single = single.model_dump(mode="json")
     for method in settings["methods"]:
         mine = {k: v for k, v in configs[0]["methods"][method].items() if k not in ("failed", "mlflow_run_id")}

@@ -19,7 +19,8 @@ NAME = "synthetic-v2__cactus__synthetic-pair"
 
 def make(tmp_path, worker: str, synthetic=None, **over) -> Tuner:
     fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=6, stage_size=20, output_dir=str(tmp_path),
-                  c_rel=0.2, heartbeat=1, grace_period=3) | over
+                  c_rel=0.2, heartbeat=1, grace_period=3,
+                  epsilon=0.1) | over  # 40 problems certify no smaller drop (1 - 0.1 ** (1 / 40) = 0.056)
     return Tuner(TuneSettings(**fields), SPEC, PROBLEMS[:40], SyntheticPair(), 0.2, progress=False, worker=worker,
                  evaluate_fn=synthetic or Synthetic(cliff=1.0, delay=0.01))
 
@@ -162,7 +163,7 @@ def test_ranges_split_merge_and_spread():
     orders = [worker_order(ranges, f"host:{pid}") for pid in range(4)]
     assert all(sorted(o, key=lambda r: r.start) == ranges for o in orders)
     assert len({o[0].start for o in orders}) > 1  # workers start in different places
-    config = type("C", (), {"method": "cactus", "knob": 2.0, "n_draft": 4, "label": "r"})()
+    config = type("C", (), {"method": "cactus", "knob": 2.0, "n_draft": 4, "seed": 0, "label": "r"})()
     whole = Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[:30], progress=False)
     parts = [Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[r.start:r.stop],
                                   progress=False) for r in split(30, 7)]

@@ -5,9 +5,9 @@ import math
 import optuna
 import pytest
 
+from relaxtune.evaluation import DecodeConfig
 from relaxtune.export import build_config, load_config, save_config
 from relaxtune.speed import speedup
-from relaxtune.stats import paired_drop
 from relaxtune.tuning import Tuner, TuneSettings, constraint_values, drop_ucb_at, point_metrics, study_name
 
 from .synthetic import PROBLEMS, SPEC, Synthetic
@@ -39,7 +39,7 @@ def test_finds_the_fastest_feasible_point(tmp_path):
     assert m["speedup"] == pytest.approx(speedup(m["l_accept"], 4, 0.2))
     assert all(t.params["knob"] > 1.0 for t in outcome.study.trials if t.state.name == "PRUNED")
     # strict ran once, on every problem, and every trial was paired against it
-    assert [c for c in synthetic.calls if c[0] == "strict"] == [("strict", None, 4, 200)]
+    assert [c for c in synthetic.calls if c[0] == "strict"] == [("strict", None, 4, 200, 0)]
     assert outcome.study.study_name == study_name("synthetic", "cactus", "synthetic-pair", 2) == "synthetic-v2__cactus__synthetic-pair"
 
 
@@ -62,8 +62,9 @@ def test_all_infeasible_exports_use_strict(tmp_path):
     assert outcome.chosen is None
     config = build_config(tuner, [outcome])
     assert config.recommendation.method == "strict" and config.recommendation.n_draft == 4
-    assert "no relaxed trial met the capability-loss constraint" in config.recommendation.reason
+    assert "no relaxed point was confirmed within the capability-loss budget" in config.recommendation.reason
     assert config.methods["cactus"].feasible is False
+    assert config.methods["cactus"].note == "no trial met the capability-loss constraint in the search"
     closest = config.methods["cactus"].closest  # what was tried, and by how much it missed
     assert closest["drop_upper_bound"] > 0.05 and closest["accuracy"] == pytest.approx(0.75, abs=0.02)
     assert closest["l_accept"] > 0 and closest["length_ratio"] > 0
@@ -85,15 +86,15 @@ def test_export_with_another_epsilon_redecides_from_stored_metrics(tmp_path):
     assert stricter.tune_method("cactus").chosen is None
     surer = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.5, confidence=0.99)
     surer.new_trials = False
-    config = build_config(surer, [surer.tune_method("cactus")])
-    chosen = config.methods["cactus"]
-    metrics = next(t.user_attrs["metrics"] for t in surer.open_study("cactus").trials
-                   if t.params == {"knob": chosen.knob, "n_draft": chosen.n_draft} and t.state.name == "COMPLETE")
-    assert chosen.drop_upper_bound == drop_ucb_at(metrics, 0.99) > metrics["drop_ucb"]  # labelled at 99 %, not 90 %
+    outcome = surer.tune_method("cactus")
+    config = build_config(surer, [outcome])  # no confirmation: nothing exported as feasible
+    result, metrics = config.methods["cactus"], outcome.chosen.user_attrs["metrics"]
+    assert not result.feasible and result.drop_upper_bound is None and "not confirmed" in result.note
+    assert result.search_drop_upper_bound == drop_ucb_at(metrics, 0.99) > metrics["drop_ucb"]  # at 99 %, not 90 %
 
 
 def test_failing_evaluations_do_not_abort_the_study(tmp_path):
-    synthetic = Synthetic(cliff=100.0, fail_above=0.5)
+    synthetic = Synthetic(cliff=100.0, fail_above=0.5, strict_accept=0.05)  # strict slower than the grid
     tuner = make(tmp_path, synthetic, trials=5)
     outcome = tuner.tune_method("cactus")
     states = [t.state.name for t in outcome.study.trials]
@@ -126,21 +127,11 @@ def test_killed_study_resumes_without_repeating_trials(tmp_path):
     assert stale.params["knob"] in relaxed_calls  # the interrupted one was re-run
 
 
-def test_paired_drop_bounds():
-    drop, lo, hi = paired_drop([True] * 100, [True] * 90 + [False] * 10, confidence=0.9)
-    assert drop == pytest.approx(0.1) and lo < 0.1 < hi
-    drop, lo, hi = paired_drop([True] * 50, [True] * 50, confidence=0.9)
-    assert drop == 0 and lo < 0 < hi < 0.06  # no discordant pair in 50: the bound stays honest
-    with pytest.raises(ValueError, match="equal"):
-        paired_drop([True], [True, False])
-
-
 def test_point_metrics_never_nan(tmp_path):
     synthetic = Synthetic()
-    strict = synthetic(SPEC, None, type("C", (), {"method": "strict", "knob": None, "n_draft": 4, "label": "s"})(),
-                       output_dir=tmp_path, problems=PROBLEMS, progress=False)
-    relaxed = synthetic(SPEC, None, type("C", (), {"method": "cactus", "knob": 2.0, "n_draft": 4, "label": "r"})(),
-                        output_dir=tmp_path, problems=PROBLEMS, progress=False)
+    strict = synthetic(SPEC, None, DecodeConfig("strict", None, 4), output_dir=tmp_path, problems=PROBLEMS, progress=False)
+    relaxed = synthetic(SPEC, None, DecodeConfig("cactus", 2.0, 4), output_dir=tmp_path, problems=PROBLEMS,
+                        progress=False)
     m = point_metrics(strict, relaxed, 4, 0.2, 0.9)
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
     assert m["drop"] == pytest.approx(0.5) and m["drop_lcb"] > 0.05
@@ -149,7 +140,7 @@ def test_point_metrics_never_nan(tmp_path):
 
 def test_constraints_rebuild_the_drop_bound_at_another_confidence(tmp_path):
     synthetic = Synthetic(drop=0.1)
-    config = lambda method, knob: type("C", (), {"method": method, "knob": knob, "n_draft": 4, "label": method})()  # noqa: E731
+    config = lambda method, knob: DecodeConfig(method, knob, 4)  # noqa: E731
     strict = synthetic(SPEC, None, config("strict", None), output_dir=tmp_path, problems=PROBLEMS, progress=False)
     relaxed = synthetic(SPEC, None, config("cactus", 2.0), output_dir=tmp_path, problems=PROBLEMS, progress=False)
     at_90 = point_metrics(strict, relaxed, 4, 0.2, 0.9)

@@ -1,9 +1,9 @@
-"""The ``relaxtune`` command line: ``tune``, ``export``, ``eval``, ``generate``, ``methods``,
+"""The ``relaxtune`` command line: ``tune``, ``export``, ``plan``, ``eval``, ``generate``, ``methods``,
 ``tasks``, ``serve``, ``ui`` (one module per group of commands, all on one Typer ``app``)."""
 
 from __future__ import annotations
 
-from . import info, run, serve, tune  # noqa: F401 - each registers its commands on app
+from . import info, plan, run, serve, tune  # noqa: F401 - each registers its commands on app
 from .app import app, console, fit_pipes
 
 __all__ = ["app", "console", "main"]

@@ -41,10 +41,14 @@ TUNE_FLAGS = dict(
                               "heartbeat]"),
     range_size=typer.Option(None, help="problems per evaluation range, shared among workers \\[default: all]"),
     job_id=typer.Option(None, help="the job's id in MLflow \\[default: a digest of storage, task and settings]"),
+    confirm=typer.Option(None, help="confirm chosen points on fresh 'seeds' (default) or on a 'holdout' half of the "
+                         "problems the search never sees"),
+    confirmations=typer.Option(None, help="points confirmed at most per method; the confidence is split evenly over "
+                               "every confirmation the search allows \\[default: 2]"),
 )
 TUNE_TYPES = dict(concurrency=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float, confidence=float,
-                   max_length_ratio=float, max_truncated=float, parallel_trials=int, heartbeat=int, grace_period=int,
-                   range_size=int)  # the others are str
+                  max_length_ratio=float, max_truncated=float, parallel_trials=int, heartbeat=int, grace_period=int,
+                  range_size=int, confirmations=int)  # the others are str
 
 
 def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):

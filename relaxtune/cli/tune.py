@@ -12,31 +12,52 @@ from .tables import Col, print_json, show
 
 
 def _summary(config, path) -> None:
-    """The config as a table fitted to the console, the recommendation and where to read more."""
+    """The config as a table fitted to the console (a method without a confirmed
+    point shows the last point that failed confirmation, or the closest), why a
+    method exports no point, what the sample can certify, the recommendation and
+    where to read more."""
     from ..tracking import run_url
 
+    conf = config.confirmation
     f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
     rows = []
     for r in config.methods.values():
-        c = {} if r.feasible else (r.closest or {})
-        knob = r.knob if r.feasible else c.get("knob")
-        rows.append([r.method, "yes" if r.feasible else "[red]no[/red] (closest)",
-                     "-" if knob is None else f"{r.knob_name}={knob:.3g}",
-                     f(r.n_draft if r.feasible else c.get("n_draft"), "d"),
-                     f(r.modeled_speedup if r.feasible else c.get("modeled_speedup"), ".2f"),
-                     f(r.drop_upper_bound if r.feasible else c.get("drop_upper_bound")),
-                     f(r.accuracy if r.feasible else c.get("accuracy")),
-                     f(r.strict_accuracy if r.feasible else c.get("strict_accuracy")),
-                     f"{r.trials} ({r.pruned}/{r.failed})",
-                     f(r.l_accept if r.feasible else c.get("l_accept"), ".2f"),
-                     f(r.length_ratio if r.feasible else c.get("length_ratio"), ".2f"), str(r.tokens_spent)])
-    cols = [Col("method"), Col("feasible"), Col("knob"), Col("N", justify="right"),
-            Col("speed-up", justify="right"), Col("drop UCB", justify="right"), Col("acc", 1, justify="right"),
+        tried = len((r.confirmation or {}).get("attempts", []))
+        if r.feasible:
+            rows.append([r.method, f"yes (try {tried})", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                         f(r.n_draft, "d"), f(r.modeled_speedup, ".2f"), f(r.search_drop_upper_bound),
+                         f(r.drop_upper_bound), f(r.accuracy), f(r.strict_accuracy), f"{r.trials} ({r.pruned}/{r.failed})",
+                         f(r.l_accept, ".2f"), f(r.length_ratio, ".2f"), str(r.tokens_spent)])
+            continue
+        attempts = (r.confirmation or {}).get("attempts") or []
+        c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
+        knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
+        search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
+        rows.append([r.method, f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]", knob,
+                     f(c.get("n_draft"), "d"), f(c.get("modeled_speedup"), ".2f"), f(search),
+                     f(c.get("drop_upper_bound") if attempts else None), f(c.get("accuracy")),
+                     f(c.get("strict_accuracy")), f"{r.trials} ({r.pruned}/{r.failed})", f(c.get("l_accept"), ".2f"),
+                     f(c.get("length_ratio"), ".2f"), str(r.tokens_spent)])
+    cols = [Col("method"), Col("confirmed"), Col("knob"), Col("N", justify="right"), Col("speed-up", justify="right"),
+            Col("search UCB", justify="right"), Col("confirm UCB", justify="right"), Col("acc", 1, justify="right"),
             Col("strict acc", 2, justify="right"), Col("trials", 3, justify="right"),
             Col("l_accept", 4, justify="right"), Col("L ratio", 5, justify="right"), Col("tokens", 6, justify="right")]
     show(f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
          f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}", cols, rows,
-         caption="drop UCB: upper bound of the accuracy drop vs strict; trials: done (pruned/failed)")
+         caption="UCB: upper bound of the accuracy drop vs strict (confirm: the exported one); trials: done "
+                 "(pruned/failed)")
+    for r in config.methods.values():  # why a method exports no point (its row: the last failed or the closest)
+        if r.note:
+            console.print(f"{r.method}: {r.note}", soft_wrap=True)
+    if conf["planned"]:
+        where = "fresh seeds" if conf["samples"] == "seeds" else "the held-out problems"
+        console.print(f"confirmation on {where} ({conf['problems']} problems): {conf['planned']} allowed, each at "
+                      f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
+                      "UCB is the exported bound)")
+    sample = config.sample  # what would decide, when nothing could be certified
+    console.print(sample["line"] if not any(r.feasible for r in config.methods.values()) else
+                  f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
+                  f"{sample['smallest_certifiable']:.3f}")
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")

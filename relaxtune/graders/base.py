@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-THINK_END = "</think>"
+THINK_START, THINK_END = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class Verdict:
 def answer_section(response: str) -> str | None:
     """The text after the thinking block: after the last ``</think>``, or all of
     it when the response has no thinking block; None when a thinking block was
-    opened and never closed (no final answer)."""
-    if THINK_END in response:
-        return response.rsplit(THINK_END, 1)[1]
-    if "<think>" in response:
+    opened and never closed (no final answer), including one opened again after
+    the last ``</think>`` (``...</think> \\boxed{5} <think> maybe 6``)."""
+    end, start = response.rfind(THINK_END), response.rfind(THINK_START)
+    if start > end:
         return None
-    return response
+    return response[end + len(THINK_END):] if end >= 0 else response

@@ -10,46 +10,58 @@ the LAST of:
 - a box holding a letter: ``\\boxed{C}``, ``\\boxed{\\text{(C)}}``,
   ``\\boxed{C. 42 kJ/mol}`` (but not ``\\boxed{E = mc^2}``).
 
-Between anchor and letter, markdown and LaTeX wrappers are skipped (``**``,
-``$``, ``\\(``, parentheses, brackets, ``\\boxed{``, ``\\text{``, "option").
+The text is read in Unicode NFKC form without zero-width characters (full-width
+``ＡＮＳＷＥＲ：Ｃ`` is ``ANSWER: C``). Between anchor and letter, markdown and
+LaTeX wrappers are skipped (``**``, backticks, quotes, ``$``, ``\\(``,
+parentheses, brackets (``<C>`` too), ``\\boxed{``, ``\\text{``, ``\\mathbf{``,
+``\\underline{`` and the other font commands, "option").
 Letters are upper-case only (as in simple-evals, whose pattern's letter must
 equal the upper-case gold): "the answer is a consequence of symmetry" names no
 letter. A letter must end there (``ANSWER: Cl`` is not C), "I" followed by a
-lower-case word is the pronoun, and a letter followed by ``=``, ``<``, ``>``, ``+``, ``^``
-starts a formula (``the answer is E = mc^2``). When the last statement names a
-letter outside the choices (``ANSWER: E`` of four) there is no answer: an
-earlier one is not rescued. A stray letter without an anchor or box is never an
+lower-case word is the pronoun, a letter followed by ``=``, ``<``, ``>``, ``+``,
+``^`` starts a formula (``the answer is E = mc^2``), and a letter joined to
+another by "or", "and", ``,``, ``/``, ``&`` is a hedge that names none
+(``ANSWER: C or D``). When the last statement names a letter outside the
+choices (``ANSWER: E`` of four) there is no answer: an earlier one is not
+rescued. A stray letter without an anchor or box is never an
 answer; "cannot determine" and the like are reported as refusals.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from .base import Verdict, answer_section
 from .math import boxes
 
 __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 
-_WRAPPERS = (r"(?:\s|\*|_|\$|\\[(\[]|[(\[{]|\\(?:boxed|text|textbf|mathbf|mathrm|fbox)\s*\{"
-             r"|(?i:option|choice|letter)\b)*")
-_LETTER = r"(?P<letter>[A-Z])(?![A-Za-z0-9])(?!(?<=I)\s+[a-z])(?!\s*[=<>+^])"
+_FONT = r"\\(?:boxed|fbox|text(?:bf|it|sf|tt|rm|normal)?|math(?:bf|rm|it|sf|tt)|bm|boldsymbol|underline|emph)\s*\{"
+_WRAPPERS = rf"(?:\s|\*|_|\$|`|['\"‘’“”]|\\[(\[]|[(\[{{<]|{_FONT}|(?i:option|choice|letter)\b)*"
+_ONE_LETTER = r"[A-Z](?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
+_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^])(?!(?<!<[A-Z])\s*>)"
+           rf"(?![\s*`'\"’”)\]}}>$]*(?:[,/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})")
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:final\s+choice)(?:\s*(?:\*\*|__))?\s*[:：]",
 ]
 _BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
-_INNER_WRAP = re.compile(r"\\(?:text|textbf|mathbf|mathrm)\s*\{([^{}]*)\}")
-_FORMAT = re.compile(r"['\"‘“`]([^'\"’”`\n]{0,40}?)\$?LETTER[^'\"’”`\n]{0,20}['\"’”`]")
+_INNER_WRAP = re.compile(_FONT + r"([^{}]*)\}")
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+_FORMAT = re.compile(r"['\"‘“`](?P<prefix>[^'\"’”`\n]{0,40}?)(?:\$?LETTER|<letter>|\{letter\}"
+                     r"|(?<=[:(\[] )X|(?<=[:(\[])X)(?![\w-])[^'\"’”`\n]{0,20}['\"’”`]", re.I)
 _REFUSAL = re.compile(r"cannot\s+(?:be\s+)?determine|can't\s+determine|cannot\s+be\s+determined|none\s+of\s+the", re.I)
 
 
 def prompt_answer_format(template: str) -> str | None:
-    """The answer prefix a prompt asks for, e.g. ``ANSWER:`` from "...of the form
-    'ANSWER: $LETTER' (without quotes)..."; None when the prompt names none."""
+    """The answer prefix a prompt asks for, in quotes before a placeholder for the
+    letter (``$LETTER``, ``<letter>``, ``{letter}``, or ``X`` after a colon or an
+    opening bracket): ``ANSWER:`` from "...of the form 'ANSWER: $LETTER' (without
+    quotes)...", ``FINAL:`` from 'end with "FINAL: X"'; None when it names none."""
     match = _FORMAT.search(template)
-    prefix = match.group(1).strip() if match else ""
+    prefix = match.group("prefix").strip() if match else ""
     return prefix or None
 
 
@@ -67,6 +79,7 @@ def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None =
         letters: the valid letters (one per choice).
         answer_format: the prompt's own answer prefix (e.g. "ANSWER:"), read first-class.
     """
+    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
     anchors = list(_ANCHORS) + ([_anchor_pattern(answer_format)] if answer_format else [])
     hits = []
     for anchor in anchors:

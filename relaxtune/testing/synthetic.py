@@ -2,10 +2,10 @@
 the multi-worker tests and the scale benchmark, and a worker process that runs
 the main job on it:
 
-    python -m relaxtune.testing.synthetic SETTINGS.json [--delay 0.05] [--cliff 1] [--drop 0.5]
+    python -m relaxtune.testing.synthetic SETTINGS.json [--delay 0.05] [--cliff 1] [--drop 0.5] [--strict-accept 0.2]
 
-Strict is always right; a relaxed point with knob k accepts ``N k / (k + 1)``
-drafts per round and, past ``cliff``, gets every ``1/drop``-th problem wrong
+Strict is always right and accepts ``N strict_accept`` drafts per round; a
+relaxed point with knob k accepts ``N k / (k + 1)`` and, past ``cliff``, gets every ``1/drop``-th problem wrong
 (by problem number, so a range of problems is judged as in the whole). With
 ``delay``, each sample not recorded yet costs ``delay`` seconds of sleep (a
 stand-in for generation that occupies no CPU) and is then appended to a JSONL
@@ -39,31 +39,34 @@ class SyntheticPair:
 
 class Synthetic:
     """``evaluate`` stand-in (same signature). Records every call in ``calls`` as
-    ``(method, knob, n_draft, number of problems)``.
+    ``(method, knob, n_draft, number of problems, base seed)``.
 
     Args:
         cliff: knob values above it lose accuracy; drop: the share of problems then wrong.
         fail_above: knob values above it raise (a failing evaluation).
         delay: seconds per sample not recorded yet (0: nothing recorded, no sleep).
+        strict_accept: strict's accepted drafts per round, as a share of N.
     """
 
-    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None, delay: float = 0.0):
+    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None, delay: float = 0.0,
+                 strict_accept: float = 0.2):
         self.cliff, self.drop, self.fail_above, self.delay = cliff, drop, fail_above, delay
+        self.strict_accept = strict_accept
         self.calls: list[tuple] = []
 
     def _record(self, config, problem: Problem) -> dict:
         k = config.knob
         relaxed = config.method != "strict"
-        l_accept = config.n_draft * (k / (k + 1)) if relaxed and k is not None else config.n_draft * 0.5
+        l_accept = config.n_draft * (k / (k + 1) if relaxed and k is not None else self.strict_accept)
         bad_every = int(round(1 / self.drop)) if relaxed and k is not None and k > self.cliff else 0
         correct = not (bad_every and int(problem.id) % bad_every == 0)
         rounds = 10
-        return dict(problem_id=problem.id, repeat=0, failed=False, correct=correct,
+        return dict(problem_id=problem.id, repeat=0, seed=0, failed=False, correct=correct,
                     verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
                     stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
-        self.calls.append((config.method, config.knob, config.n_draft, len(problems)))
+        self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
         if self.fail_above is not None and config.knob is not None and config.knob > self.fail_above:
             raise RuntimeError("evaluation exploded")
         path = records_path(Path(output_dir), spec, config, getattr(backend, "name", "synthetic"))
@@ -90,7 +93,7 @@ def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> 
     ``folder``; returns the YAML's path (a ``--task`` value)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    data = folder / f"{name}.jsonl"
+    data = (folder / f"{name}.jsonl").resolve()
     data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n_problems)))
     path = folder / f"{name}.yaml"
     path.write_text(f"name: {name}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=0.0, help="seconds per new sample")
     ap.add_argument("--cliff", type=float, default=1.0)
     ap.add_argument("--drop", type=float, default=0.5)
+    ap.add_argument("--strict-accept", type=float, default=0.2, help="strict's accepted drafts per round / N")
     ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
     args = ap.parse_args(argv)
 
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
     started = time.time()
     config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
-                             evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay),
+                             evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,
+                                                   strict_accept=args.strict_accept),
                              log=lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True))
     print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
                       "config": config.model_dump(mode="json")}), flush=True)

@@ -1,0 +1,197 @@
+"""Confirmation: the chosen point of each method, and strict at the same N, run
+again on samples the search never saw; the exported bound comes from them alone.
+
+The chosen trial is the fastest of many that passed the same test on the same
+samples, so its search bound is optimistic (winner's curse). Confirmation
+re-runs it on fresh samples: new seeds on the same problems (``--confirm
+seeds``, the default; the seed of attempt k derives from the job's seed and k,
+so every sample differs from the search's), or the half of the problems the
+search never saw (``--confirm holdout``, a seeded split). When a point fails,
+the next-best candidate of the same method may be confirmed, up to
+``--confirmations`` per method.
+
+Confidence split (Bonferroni): the search fixes, before any confirmation
+sample exists, how many confirmations can happen: ``T = sum over methods of
+min(--confirmations, candidates)``. Each confirmation is judged at one-sided
+confidence ``1 - (1 - c) / T``, so with probability at least ``c`` no point this
+job marks confirmed (every method's, the recommendation included) has a true
+drop above epsilon.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
+from .judge import constraint_values, drop_ucb_at, point_metrics
+from .tasks import Problem
+from .tuning import candidates
+
+__all__ = ["Attempt", "Confirmation", "confirm", "fresh_point", "confirmation_seed", "holdout_split",
+           "split_confidence", "RULE"]
+
+RULE = ("Bonferroni: the confidence c is split evenly over the T confirmations the search allows "
+        "(methods x min(--confirmations, feasible candidates)); each is judged at 1 - (1 - c) / T, so every "
+        "confirmed point holds at once with confidence c")
+
+
+def confirmation_seed(seed: int, attempt: int) -> int:
+    """Base seed of the ``attempt``-th confirmation (1-based) of a job with base
+    ``seed``: a hash of both, never ``seed`` itself, so every sample seed differs
+    from the search's (``relaxtune.evaluation.sample_seed``)."""
+    derived = zlib.crc32(f"relaxtune-confirm:{seed}:{attempt}".encode())
+    return derived if derived != seed else derived + 1
+
+
+def holdout_split(problems: list[Problem], seed: int) -> tuple[list[Problem], list[Problem]]:
+    """``(search, held_out)``: a seeded half of the problems (rounded down) held
+    out for confirmation; each part keeps the task's order."""
+    ranked = sorted(problems, key=lambda p: zlib.crc32(f"relaxtune-holdout:{seed}:{p.id}".encode()))
+    held = {p.id for p in ranked[: len(problems) // 2]}
+    return [p for p in problems if p.id not in held], [p for p in problems if p.id in held]
+
+
+def split_confidence(confidence: float, planned: int) -> float:
+    """One-sided confidence of each of ``planned`` confirmations: ``1 - (1 - c) / planned``."""
+    return 1.0 - (1.0 - confidence) / max(planned, 1)
+
+
+@dataclass
+class Attempt:
+    """One confirmation of one point.
+
+    Attributes:
+        attempt: 1-based, within its method; trial: the Optuna trial confirmed.
+        knob, n_draft: the point; seed: base seed of its confirmation samples.
+        confidence: one-sided confidence it was judged at (after the split).
+        search_drop_upper_bound: the trial's search bound at the job's confidence.
+        metrics: ``point_metrics`` on the confirmation samples (its ``drop_ucb`` at ``confidence``).
+        passed: every constraint holds on the confirmation samples.
+        strict, relaxed: the two evaluations (records for the speed bootstrap).
+    """
+
+    attempt: int
+    trial: int
+    knob: float | None
+    n_draft: int
+    seed: int
+    confidence: float
+    search_drop_upper_bound: float
+    metrics: dict
+    passed: bool
+    strict: EvalResult | None = field(default=None, repr=False)
+    relaxed: EvalResult | None = field(default=None, repr=False)
+
+    def summary(self) -> dict:
+        """The numbers the export and MLflow show."""
+        m = self.metrics
+        return {"attempt": self.attempt, "trial": self.trial, "knob": self.knob, "n_draft": self.n_draft,
+                "seed": self.seed, "confidence": self.confidence, "passed": self.passed, "n": m["n"],
+                "problems": m["problems"], "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"],
+                "drop": m["drop"], "drop_upper_bound": m["drop_ucb"], "bound_method": m["bound_method"],
+                "search_drop_upper_bound": self.search_drop_upper_bound, "l_accept": m["l_accept"],
+                "length_ratio": m["length_ratio"], "modeled_speedup": m["speedup"]}
+
+
+@dataclass
+class Confirmation:
+    """A method's confirmations: ``attempts`` in order (the last passed, or all
+    failed), each judged at ``confidence``, the share of the job's confidence
+    left by the ``planned`` confirmations of every method; ``missing`` says why
+    an export could not replay one (no records)."""
+
+    method: str
+    planned: int
+    confidence: float
+    attempts: list[Attempt] = field(default_factory=list)
+    missing: str | None = None
+
+    @property
+    def confirmed(self) -> Attempt | None:
+        """The attempt that passed, or None."""
+        return next((a for a in self.attempts if a.passed), None)
+
+
+def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, problems: list[Problem], seed: int, *,
+                profile, confidence: float, output_dir: str, evaluate_fn: Callable | None = None,
+                progress: bool = False) -> tuple[dict, EvalResult, EvalResult]:
+    """Run a point and strict at the same draft length on ``problems`` with base
+    ``seed`` (e.g. ``confirmation_seed(job seed, attempt)``) and judge the pair, for
+    any task: a confirmation, or a point tuned on one task evaluated on another.
+
+    Args:
+        spec, backend: the task and the model pair; method, knob, n_draft: the point.
+        profile: costs (``CostProfile`` or c_rel) for the modeled speed-up.
+        confidence: one-sided confidence of the drop bound in the metrics.
+        evaluate_fn: evaluation override with ``relaxtune.evaluation.evaluate``'s signature.
+
+    Returns:
+        ``(metrics, strict, relaxed)``: ``relaxtune.judge.point_metrics`` (drop bound
+        ``drop_ucb``, ``bound_method``, counts) and the two evaluations.
+    """
+    fn = evaluate_fn or evaluate
+    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed)
+    strict, relaxed = (fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs)
+    return point_metrics(strict, relaxed, n_draft, profile, confidence), strict, relaxed
+
+
+def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool = True,
+            log: Callable[[str], None] = lambda message: None) -> dict[str, Confirmation]:
+    """Confirm each method's candidates in turn (``relaxtune.tuning.candidates``:
+    feasible, not dominated by strict, best first) until one passes or
+    ``settings.confirmations`` failed (module doc for the confidence split).
+
+    Args:
+        tuner: the finished ``Tuner`` (settings, backend, profile, strict baselines).
+        outcomes: its ``MethodOutcome``s.
+        problems: the confirmation problems (the search's with fresh seeds, or the held-out half).
+        new_trials: False (an export) reads finished records only and never generates.
+        log: one line per attempt.
+
+    Returns:
+        method -> ``Confirmation``, for the methods with at least one candidate.
+    """
+    s = tuner.settings
+    ranked = {o.method: candidates(o.study, s, tuner.strict_points())[: s.confirmations] for o in outcomes}
+    planned = sum(len(c) for c in ranked.values())
+    level = split_confidence(s.confidence, planned)
+    judge = s.model_copy(update={"confidence": level})
+    out: dict[str, Confirmation] = {}
+    for method, trials in ranked.items():
+        if not trials:
+            continue
+        out[method] = result = Confirmation(method, planned, level)
+        for k, trial in enumerate(trials, 1):
+            knob, n_draft, seed = trial.params.get("knob"), trial.params["n_draft"], confirmation_seed(s.seed, k)
+            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems):
+                result.missing = (f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
+                                  "generates; run `relaxtune tune` to confirm")
+                log(f"{method}: {result.missing}")
+                break
+            m, strict, relaxed = fresh_point(tuner.spec, tuner.backend, method, knob, n_draft, problems, seed,
+                                             profile=tuner.profile, confidence=level, output_dir=s.output_dir,
+                                             evaluate_fn=tuner.evaluate_fn, progress=tuner.progress)
+            passed = all(v <= 0 for v in constraint_values(m, judge).values())
+            search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
+            result.attempts.append(Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed,
+                                           strict, relaxed))
+            log(f"confirmation {k}/{len(trials)} of {method} (trial {trial.number}, N={n_draft}) on {m['problems']} "
+                f"fresh problems x repeats: drop <= {m['drop_ucb']:.3f} at {level:.1%} (search: <= {search_ucb:.3f}): "
+                + ("confirmed" if passed else f"FAILED (epsilon {s.epsilon:g})"))
+            if passed:
+                break
+    return out
+
+
+def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem]) -> bool:
+    """Both evaluations of a confirmation are finished on disk (an export reads, never generates)."""
+    from .engine import native_server
+
+    pair = getattr(tuner.backend, "name", "backend")
+    native = "+native" if native_server(tuner.backend, method) is not None else ""  # as evaluate names them
+    return all(records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
+               for config, name in ((DecodeConfig("strict", None, n_draft, seed), pair),
+                                    (DecodeConfig(method, knob, n_draft, seed), pair + native)))
