@@ -12,10 +12,13 @@ MLflow previews an artifact (about 900 px wide).
   paper's way of reading the trade-off: Xia, Ribar and Balanca, arXiv
   2607.08690, the speed-up and accuracy curves over alpha).
 
-Strict, AR, the chosen point (a gold star) and the closest infeasible point (a
-red ring) keep distinct markers and get labels with leader lines, placed where
-they overlap neither each other nor the panel's edge, so coinciding points stay
-legible.
+On the drop panel a confirmed point also shows its confirmation run's bound on
+fresh samples (a green bar; red when the confirmation failed) beside the
+search's bound. Strict, AR, the chosen point (a gold star), the closest point
+of a method that exports none (a red ring) and every point that failed
+confirmation keep distinct markers and get labels with leader lines, placed
+where they overlap neither each other nor the panel's edge, so coinciding
+points stay legible.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ __all__ = ["method_figure", "combined_figure", "knob_figure"]
 
 STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 10.5, "legend.fontsize": 9.5,
          "xtick.labelsize": 9.5, "ytick.labelsize": 9.5}
-STRICT, AR, CHOSEN, CLOSEST, BUDGET = "dimgray", "black", "gold", "crimson", "tab:red"
+STRICT, AR, CHOSEN, CLOSEST, BUDGET, CONFIRMED = "dimgray", "black", "gold", "crimson", "tab:red", "tab:green"
 # label offsets tried in order (points), until one overlaps neither another label nor the panel's edge
 OFFSETS = [(16, 16), (16, -24), (-16, 16), (-16, -24), (36, 40), (36, -46), (-36, 40), (-36, -46),
-           (60, 4), (-60, 4), (0, 60), (0, -64)]
+           (60, 4), (-60, 4), (0, 60), (0, -64), (-36, -90), (36, -90), (-36, -134), (36, -134)]
 
 
 def _plt():
@@ -93,7 +96,8 @@ def _draw_trials(top, bottom, points: list[Point], color, x_of, y_of, alpha: flo
             _trial_marker(bottom, x, p.drop, p, color, alpha)
             _marks(bottom, x, p.drop, p, star_color)
         if p.confirm_drop_ucb is not None:
-            bottom.scatter([x], [p.confirm_drop_ucb], marker="_", s=420, linewidths=2.5, color="tab:green", zorder=5)
+            bottom.scatter([x], [p.confirm_drop_ucb], marker="_", s=420, linewidths=2.5, zorder=5,
+                           color=CONFIRMED if p.confirm_passed is not False else CLOSEST)
 
 
 def _baselines(top, bottom, baselines: list[Point]) -> None:
@@ -147,8 +151,8 @@ def _acc_limits(top, points: list[Point], ref: Point | None, epsilon: float) -> 
 def _labels(ax, items: list[tuple[float, float, str, str]], avoid: list[tuple[float, float]] = ()) -> None:
     """Label points ``(x, y, text, colour)`` with leader lines, each where its text
     overlaps neither an earlier label, nor a labelled point, nor the panel's edge,
-    and, where one such place exists, no point of ``avoid`` either (else at the
-    first offset)."""
+    and, where one such place exists, no point of ``avoid`` either; where no
+    offset is clear, at the one inside the panel that overlaps the fewest labels."""
     from matplotlib.text import Text
     from matplotlib.transforms import Bbox
 
@@ -158,23 +162,30 @@ def _labels(ax, items: list[tuple[float, float, str, str]], avoid: list[tuple[fl
     def boxes(points):
         return [Bbox.from_bounds(px - 7, py - 7, 14, 14) for px, py in (ax.transData.transform(p) for p in points)]
 
+    def place(x, y, text, color, dx, dy):
+        ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=9,
+                          ha="left" if dx > 0 else "right" if dx < 0 else "center", va="bottom" if dy > 0 else "top",
+                          bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, lw=1.0, alpha=0.92),
+                          arrowprops=dict(arrowstyle="-", color=color, lw=1.0), zorder=6)
+        ann.update_positions(renderer)
+        return ann, Text.get_window_extent(ann, renderer).padded(4)  # the text alone, not its leader line
+
     taken, others = boxes([(x, y) for x, y, _, _ in items]), boxes(avoid)
     for x, y, text, color in items:
-        tries = [(dx, dy, strict) for strict in (True, False) for dx, dy in OFFSETS] + [(*OFFSETS[0], False)]
-        for i, (dx, dy, strict) in enumerate(tries):
-            ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=9,
-                              ha="left" if dx > 0 else "right" if dx < 0 else "center",
-                              va="bottom" if dy > 0 else "top",
-                              bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, lw=1.0, alpha=0.92),
-                              arrowprops=dict(arrowstyle="-", color=color, lw=1.0), zorder=6)
-            ann.update_positions(renderer)
-            box = Text.get_window_extent(ann, renderer).padded(4)  # the text alone, not its leader line
+        placed, scores = None, []
+        for strict, (dx, dy) in ((strict, offset) for strict in (True, False) for offset in OFFSETS):
+            ann, box = place(x, y, text, color, dx, dy)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            clear = not any(box.overlaps(b) for b in taken + (others if strict else []))
-            if i == len(tries) - 1 or (inside and clear):
-                taken.append(box)
+            crossed = sum(box.overlaps(b) for b in taken + (others if strict else []))
+            if inside and not crossed:
+                placed = box
                 break
             ann.remove()
+            scores.append((not inside, crossed, dx, dy))
+        if placed is None:  # no clear place: the least crowded one, inside the panel where possible
+            _, _, dx, dy = min(scores)
+            _, placed = place(x, y, text, color, dx, dy)
+        taken.append(placed)
 
 
 def _short(value: float | None) -> str:
@@ -182,17 +193,28 @@ def _short(value: float | None) -> str:
 
 
 def _point_labels(points: list[Point], baselines: list[Point], epsilon: float, x_of=lambda p: p.speedup,
-                  y_of=lambda p: p.accuracy) -> list[tuple]:
-    """Labels for strict at each N, AR, the chosen and the closest point."""
+                  y_of=lambda p: p.accuracy, failed_too: bool = True) -> list[tuple]:
+    """Labels for strict at each N, AR, the chosen point (its search and
+    confirmation bounds), the closest point and, with ``failed_too``, every
+    point that failed confirmation (both bounds: the search passed it, fresh
+    samples did not)."""
+
+    def over(bound: float | None) -> str:
+        return f" > eps {epsilon:g}" if bound is not None and bound > epsilon else ""
+
     items = []
     for p in points:
+        failed = failed_too and p.confirm_drop_ucb is not None and p.confirm_passed is False
         if p.chosen:
             bound = f"drop <= {_short(p.drop_ucb)}" + (f", confirmed <= {_short(p.confirm_drop_ucb)}"
                                                       if p.confirm_drop_ucb is not None else "")
             items.append((x_of(p), y_of(p), f"chosen: {p.label}\n{bound}", "darkgoldenrod"))
-        if p.closest:
-            items.append((x_of(p), y_of(p), f"closest (infeasible): {p.label}\ndrop <= {_short(p.drop_ucb)} > "
-                                            f"eps {epsilon:g}", CLOSEST))
+        elif p.closest or failed:
+            why = "infeasible" if not p.feasible else "failed confirmation" if failed else "not exported"
+            head = f"closest ({why})" if p.closest else why
+            bound = f"drop <= {_short(p.drop_ucb)}{over(p.drop_ucb)}" + (
+                f", fresh <= {_short(p.confirm_drop_ucb)}{over(p.confirm_drop_ucb)}" if failed else "")
+            items.append((x_of(p), y_of(p), f"{head}: {p.label}\n{bound}", CLOSEST))
     for p in baselines:
         if x_of(p) is not None:
             items.append((x_of(p), y_of(p), p.label, AR if p.kind == "ar" else STRICT))
@@ -219,13 +241,25 @@ def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: b
         out += [mark("o", "feasible trial", color), mark("o", "infeasible trial", "white", color),
                 mark("x", "pruned trial (part of the problems)", color, color)]
     out += [mark("D", "strict (per N)", STRICT), mark("s", "AR (strict's distribution)", AR),
-            mark("*", chosen, CHOSEN, "black", 15), mark("o", "closest infeasible point", "none", CLOSEST, 14),
+            mark("*", chosen, CHOSEN, "black", 15),
+            mark("o", "closest point (none exported)", "none", CLOSEST, 14),
             Line2D([], [], color="gray", lw=1.2, label="95 % interval / drop bounds")]
     if ref is not None:
         out.append(Line2D([], [], color="tab:green", ls="--", lw=1.2,
                           label=f"budget: strict N={ref.n_draft} - eps ({epsilon:g})"))
     out.append(Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})"))
     return out
+
+
+def _confirm_handles(points: list[Point]) -> list:
+    """Legend entries for the confirmation bounds the figure draws."""
+    from matplotlib.lines import Line2D
+
+    kinds = {p.confirm_passed is not False for p in points if p.confirm_drop_ucb is not None}
+    return [Line2D([], [], ls="none", marker="_", markersize=16, markeredgewidth=2.5, color=color, label=label)
+            for passed, color, label in ((True, CONFIRMED, "confirmation bound (fresh samples)"),
+                                         (False, CLOSEST, "failed confirmation (fresh bound)"))
+            if passed in kinds]
 
 
 def method_figure(points: list[Point], baselines: list[Point], epsilon: float, title: str):
@@ -258,12 +292,7 @@ def method_figure(points: list[Point], baselines: list[Point], epsilon: float, t
             from matplotlib.lines import Line2D
 
             handles.insert(3, Line2D([], [], color="tab:blue", lw=1.2, label="Pareto front (feasible)"))
-        if any(p.confirm_drop_ucb is not None for p in points):
-            from matplotlib.lines import Line2D
-
-            handles.append(Line2D([], [], ls="none", marker="_", markersize=16, markeredgewidth=2.5,
-                                  color="tab:green", label="confirmation bound (fresh samples)"))
-        _legend(fig, handles)
+        _legend(fig, handles + _confirm_handles(points))
         _labels(top, _point_labels(points, baselines, epsilon), [(p.speedup, p.accuracy) for p in points])
     return fig
 
@@ -297,8 +326,10 @@ def combined_figure(per_method: dict[str, list[Point]], baselines: list[Point], 
         _baselines(top, bottom, baselines)
         _acc_limits(top, every + baselines, ref, epsilon)
         _drop_limits(bottom, every, epsilon)
-        _legend(fig, handles + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)"))
-        _labels(top, _point_labels(every, baselines, epsilon), [(p.speedup, p.accuracy) for p in every])
+        _legend(fig, handles + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)")
+                + _confirm_handles(every))
+        _labels(top, _point_labels(every, baselines, epsilon, failed_too=False),
+                [(p.speedup, p.accuracy) for p in every])
     return fig
 
 
@@ -349,9 +380,9 @@ def knob_figure(points: list[Point], baselines: list[Point], epsilon: float, kno
                  Line2D([], [], ls="none", marker="*", markersize=15, markerfacecolor=CHOSEN, markeredgecolor="black",
                         label="chosen point"),
                  Line2D([], [], ls="none", marker="o", markersize=14, markerfacecolor="none", markeredgecolor=CLOSEST,
-                        label="closest infeasible point"),
+                        label="closest point (none exported)"),
                  Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})")]
-        _legend(fig, handles + marks)
+        _legend(fig, handles + marks + _confirm_handles(points))
         _labels(top, _point_labels(points, [], epsilon, lambda p: p.knob, lambda p: p.speedup),
                 [(p.knob, p.speedup) for p in points])
     return fig

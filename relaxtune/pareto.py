@@ -26,8 +26,9 @@ class Point:
         drop: the observed paired accuracy drop vs strict at the same N; ``drop_lcb``
             / ``drop_ucb`` its one-sided bounds at the job's confidence (the
             constraint is ``drop_ucb <= epsilon``); strict and AR have drop 0.
-        confirm_drop_ucb: the drop bound of the chosen point's confirmation run on
-            fresh samples, when the export carries one (the exported bound).
+        confirm_drop_ucb: the drop bound of this point's confirmation run on fresh
+            samples, when the export carries one (the chosen point's is the exported
+            bound); ``confirm_passed`` whether that confirmation passed.
         state: the trial state (COMPLETE, PRUNED; pruned points saw only part of the problems).
     """
 
@@ -49,6 +50,7 @@ class Point:
     drop_lcb: float | None = None
     closest: bool = False
     confirm_drop_ucb: float | None = None
+    confirm_passed: bool | None = None
 
 
 def point_label(method: str, knob_name: str | None, knob: float | None, n_draft: int | None) -> str:
@@ -90,10 +92,11 @@ def _is(result, attr: str, trial) -> bool:
 def study_points(method: str, knob_name: str | None, study, result=None, settings=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics),
     judged under ``settings`` (an export's epsilon and confidence); ``result``, the
-    method's ``relaxtune.export.MethodResult``, marks the chosen and the closest point."""
+    method's ``relaxtune.export.MethodResult``, marks the chosen and the closest point
+    and gives every confirmed trial its confirmation's bound (passed or failed)."""
     from .judge import drop_ucb_at, feasible
 
-    confirm = result.drop_upper_bound if getattr(result, "search_drop_upper_bound", None) is not None else None
+    attempts = {a["trial"]: a for a in ((getattr(result, "confirmation", None) or {}).get("attempts") or [])}
     out = []
     for t in study.get_trials(deepcopy=False):
         m = t.user_attrs.get("metrics") or {}
@@ -101,11 +104,14 @@ def study_points(method: str, knob_name: str | None, study, result=None, setting
             continue
         knob, n_draft = t.params.get("knob"), t.params["n_draft"]
         ucb = drop_ucb_at(m, settings.confidence) if settings is not None and "drop_ucb" in m else m.get("drop_ucb")
-        chosen = _is(result, "chosen", t)
+        chosen, attempt = _is(result, "chosen", t), attempts.get(t.number)
+        if attempt is None and chosen and result.search_drop_upper_bound is not None:
+            attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
         out.append(Point(point_label(method, knob_name, knob, n_draft), "trial", m["speedup"], m["accuracy"],
                          feasible(t, settings), chosen, method, knob, n_draft, t.number, ucb, t.state.name,
                          m.get("accuracy_ci_low"), m.get("accuracy_ci_high"), m.get("drop"), m.get("drop_lcb"),
-                         _is(result, "closest", t), confirm if chosen else None))
+                         _is(result, "closest", t), *((attempt["drop_upper_bound"], attempt["passed"]) if attempt
+                                                      else (None, None))))
     return out
 
 

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_rgba  # noqa: E402
 import optuna  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Annotation, Text  # noqa: E402
@@ -22,7 +23,7 @@ from relaxtune.pareto import Point, baseline_points, study_points  # noqa: E402
 from relaxtune.stats import drop_bound, wilson_interval  # noqa: E402
 from relaxtune.tuning import Tuner, TuneSettings, choose  # noqa: E402
 
-from .synthetic import PROBLEMS, SPEC, Synthetic  # noqa: E402
+from .synthetic import PROBLEMS, SPEC, Lucky, Synthetic  # noqa: E402
 
 
 class Pair:
@@ -157,6 +158,13 @@ def test_coinciding_points_keep_distinct_legible_labels():
             assert not box.overlaps(box2), (text, other)
     chosen = next(t for t in texts if t.startswith("chosen"))
     assert f"drop <= {trials[0].drop_ucb:.3f}" in chosen
+    closest = next(t for t in texts if t.startswith("closest"))
+    assert closest == f"closest (infeasible): cactus delta=1 N=4\ndrop <= {trials[1].drop_ucb:.3f} > eps 0.25"
+    plt.close(fig)
+
+    trials[1].feasible, trials[1].drop_ucb = True, 0.2  # it passed the search, yet its method exports no point
+    fig = method_figure(trials, base, 0.25, "t")
+    assert "closest (not exported): cactus delta=1 N=4\ndrop <= 0.200" in [t for t, _ in labels(fig)]
     plt.close(fig)
 
 
@@ -178,7 +186,7 @@ def test_every_point_has_its_interval_and_the_budget_is_drawn():
     dspans = sorted((round(seg[0][1], 6), round(seg[1][1], 6)) for c in drops for seg in c.get_segments())
     assert dspans == sorted((round(p.drop_lcb, 6), round(p.drop_ucb, 6)) for p in trials)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert {"chosen point", "closest infeasible point", "strict (per N)", "AR (strict's distribution)",
+    assert {"chosen point", "closest point (none exported)", "strict (per N)", "AR (strict's distribution)",
             "budget: strict N=4 - eps (0.25)", "drop = eps (0.25)"} <= set(legend)
     plt.close(fig)
 
@@ -193,6 +201,39 @@ def test_every_point_has_its_interval_and_the_budget_is_drawn():
                           base, 0.25, "t")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "cactus (front)" in legend and "mentored (front)" in legend
+    plt.close(fig)
+
+
+def test_a_point_that_failed_confirmation_shows_its_search_and_fresh_bounds(tmp_path):
+    """The search prefers delta=10, lossless on its seed only (``Lucky``); its confirmation
+    fails and delta=1's passes: both keep their confirmation bound beside the search's."""
+    s = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=500, c_rel=0.2,
+                     output_dir=str(tmp_path), epsilon=0.1)
+    tuner = Tuner(s, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(), progress=False)
+    outcome = tuner.tune_method("cactus")
+    result = build_config(tuner, [outcome], confirmations=confirm(tuner, [outcome], PROBLEMS)).methods["cactus"]
+    failed, passed = result.confirmation["attempts"]
+    points = {p.trial: p for p in study_points("cactus", "delta", outcome.study, result, s)}
+    f, c = points[failed["trial"]], points[passed["trial"]]
+    assert (f.knob, f.chosen, f.confirm_passed, f.confirm_drop_ucb) == (10.0, False, False, failed["drop_upper_bound"])
+    assert (c.knob, c.chosen, c.confirm_passed, c.confirm_drop_ucb) == (1.0, True, True, result.drop_upper_bound)
+    assert f.feasible and f.drop_ucb == failed["search_drop_upper_bound"] < 0.1 < f.confirm_drop_ucb
+    assert [p.confirm_drop_ucb for t, p in points.items() if t not in (f.trial, c.trial)] == [None] * (len(points) - 2)
+
+    fig = method_figure(list(points.values()), baseline_points(tuner), 0.1, "t")
+    texts = [t for t, _ in labels(fig)]
+    assert f"failed confirmation: cactus delta=10 N=4\ndrop <= {f.drop_ucb:.3f}, fresh <= {f.confirm_drop_ucb:.3f} " \
+           "> eps 0.1" in texts
+    assert f"chosen: cactus delta=1 N=4\ndrop <= {c.drop_ucb:.3f}, confirmed <= {c.confirm_drop_ucb:.3f}" in texts
+    bars = {(round(float(x), 6), round(float(y), 6)): tuple(col.get_edgecolor()[0]) for col in fig.axes[1].collections
+            for x, y in col.get_offsets() if getattr(col, "get_paths", None) and col.get_offsets().size}
+    assert bars[round(f.speedup, 6), round(f.confirm_drop_ucb, 6)] == to_rgba("crimson")
+    assert bars[round(c.speedup, 6), round(c.confirm_drop_ucb, 6)] == to_rgba("tab:green")
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"confirmation bound (fresh samples)", "failed confirmation (fresh bound)"} <= set(legend)
+    plt.close(fig)
+    fig = combined_figure({"cactus": list(points.values())}, baseline_points(tuner), 0.1, "t")
+    assert not any(t.startswith("failed") for t, _ in labels(fig))  # the combined figure labels the decision only
     plt.close(fig)
 
 
