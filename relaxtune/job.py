@@ -17,7 +17,7 @@ from .confirm import confirm, holdout_split
 from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
-from .reexport import JobError, check_exportable, export_path, job_file, same_problems, tuning_settings
+from .reexport import JobError, check_exportable, export_path, export_storage, job_file, same_problems, tuning_settings
 from .speed import CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
 from .settings import TuneSettings, job_id, study_name
@@ -28,7 +28,8 @@ __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file"
 
 
 def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
-    """Validate and load everything before any generation: the task, its
+    """Validate and load everything before any generation: the task, for an
+    export its Optuna storage (``export_storage``, before the problems load), its
     problems, method/temperature compatibility, a held-out half big enough to
     certify epsilon (``--confirm holdout``), the task's records (same spec
     under the same version), for an export (``new_trials=False``) what it reads
@@ -38,11 +39,14 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
             missing data, a method that collapses at the task's temperature, a
             held-out half too small, a task edited under the same version.
-        JobError: an export with nothing to export, before any model loads.
+        JobError: an export with nothing to export, before any model (or, for a
+            missing storage, any problem) loads.
     """
     spec = load_task(settings.task)
     for method in settings.methods:
         get_method(method).check_temperature(spec.sampling.temperature)
+    if not new_trials:
+        export_storage(settings, spec)  # before the problems load (the hub, for a task not cached yet)
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")

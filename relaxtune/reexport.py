@@ -13,7 +13,8 @@ import yaml
 from .evaluation import DecodeConfig, records_complete, records_path
 from .settings import TuneSettings, study_name
 
-__all__ = ["JobError", "job_file", "tuning_settings", "export_path", "check_exportable", "same_problems"]
+__all__ = ["JobError", "job_file", "tuning_settings", "export_path", "export_storage", "check_exportable",
+           "same_problems"]
 
 
 class JobError(ValueError):
@@ -64,6 +65,24 @@ def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Pa
     return path
 
 
+def export_storage(settings: TuneSettings, spec) -> str:
+    """The Optuna storage URL an export reads, checked without loading the task's
+    problems (an export in a folder no tuning run wrote to refuses at once), and
+    the export's own file (``export_path``).
+
+    Raises:
+        JobError: no sqlite storage file there, or ``--export`` is the tuning run's config.
+    """
+    output = Path(settings.output_dir)
+    export_path(settings, spec, tuning_settings(output, spec.name))
+    url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
+                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
+                       "tuning run's --output-dir or --storage")
+    return url
+
+
 def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     """Refuse an export before any model loads when there is nothing to export,
     naming what is missing: the Optuna storage, each method's study and its
@@ -77,12 +96,7 @@ def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     import optuna
 
     output = Path(settings.output_dir)
-    export_path(settings, spec, tuning_settings(output, spec.name))
-    url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
-                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
-                       "tuning run's --output-dir or --storage")
+    url = export_storage(settings, spec)
     names = optuna.study.get_all_study_names(storage=url)
     missing, used = [], set()
     for method in settings.methods:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -171,6 +172,13 @@ def test_export_in_an_empty_folder_refuses_before_loading_models(tmp_path):
     text = " ".join(out.output.split())
     assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text, text
     assert "no model folder" not in text and not (tmp_path / "mlflow.db").exists()
+
+    unread = Path(task).with_name("unread.yaml")  # a dataset that cannot load: the storage is checked first
+    unread.write_text(Path(task).read_text().replace("tiny_math.jsonl", "absent.jsonl"))
+    out = runner.invoke(app, ["export", "--task", str(unread), "--output-dir", str(tmp_path / "empty")],
+                        env={"COLUMNS": "300"})
+    text = " ".join(out.output.split())
+    assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text and "absent" not in text, text
 
 
 def test_pair_names_are_known_before_loading(tiny_pair_dirs):
