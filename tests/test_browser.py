@@ -123,7 +123,7 @@ def test_the_task_run_page_shows_the_decision_and_lists_the_figures(tmp_path, mo
     dom = html.unescape(chromium(tmp_path / "profile", "--dump-dom", page))
     assert decision.description in dom and f"browser: use {decision.label}" in dom
     for key in ("recommended_method", "recommended_n_draft", "recommended_speedup", "recommended_drop_ucb",
-                "epsilon", "confidence"):
+                "recommended_search_drop_ucb", "epsilon", "confidence"):  # both bounds: confirmation's, search's
         assert key in dom, key
     artifacts = chromium(tmp_path / "profile", "--dump-dom", page.replace("?", "/artifacts?"))
     assert "pareto_fronts_by_method.png" in artifacts and "figures" in artifacts
