@@ -10,7 +10,20 @@ known size and sha256, written atomically into the cache, then converted once
 which loads in seconds instead of minutes (loading the GGUF directly takes
 minutes on every start; the conversion is paid once).
 
-The cache is ``$RELAXTUNE_CACHE`` or ``~/.cache/relaxtune``.
+Provenance, plainly: these packages are unofficial repackagings, not published
+by the models' authors, and their names say nothing about the models. The
+drafter's GGUF metadata (``general.name``) reads "Qwen2.5 Coder 0.5B Instruct
+AWQ": it is a re-quantisation of an AWQ variant of Qwen2.5-Coder-0.5B-Instruct,
+not the original weights; the verifier's reads "Qwen2.5 Coder 1.5B Instruct
+GGUF". What makes them usable is that every part is pinned by version and the
+assembled file is checked by size and sha256 (``EmbeddedModel.size``,
+``.sha256``) before it is converted, so a run uses exactly the files measured
+here. They make a demo that needs no hub; for a decision to deploy, tune your
+own pair (``--drafter`` / ``--verifier``: a local folder or a hub id).
+
+The cache is ``$RELAXTUNE_CACHE`` or ``~/.cache/relaxtune``: about 6.1 GB once
+both models are converted (the GGUF files, 0.5 and 1.1 GB, can be deleted then:
+only the converted folders are loaded).
 """
 
 from __future__ import annotations

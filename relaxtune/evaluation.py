@@ -209,7 +209,7 @@ def evaluate(
         output_dir: where the JSONL records go.
         limit: first ``limit`` problems only.
         problems: pre-loaded problems (else loaded from the spec).
-        progress: show a progress bar.
+        progress: show progress (``relaxtune.progress``).
         grade_workers: grading threads.
         batch_size: samples generated together on a batching backend (default:
             ``backend.batch_size``); 1 runs them one by one.
@@ -235,10 +235,10 @@ def evaluate(
     todo = [(p, r) for p in problems for r in range(spec.repeats) if (p.id, r) not in done]
 
     bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
+    if progress and todo:  # a bar on a terminal, plain lines in a pipe or a log
+        from .progress import progress as progress_bar
 
-        bar = tqdm(total=len(todo), desc=f"{spec.name} {config.label}", unit="sample")
+        bar = progress_bar(len(todo), f"{spec.name} {config.label}")
     prompts = {p.id: build_prompt_ids(backend.tokenizer, spec, p) for p, _ in todo}
     items = [((p, r), prompts[p.id], sample_seed(config.seed, p.id, r)) for p, r in todo]
     pending: list[tuple[dict, Future | None]] = []  # records wait for their verdicts, in generation order

@@ -40,16 +40,18 @@ class _Model(BaseModel):
 
 
 class MethodResult(_Model):
-    """One method's outcome. ``knob``/``n_draft`` are None when no point was
-    confirmed; the point's numbers come from its confirmation run, the search's
-    bound for it is ``search_drop_upper_bound`` (at the job's confidence), and
-    ``confirmation`` lists every attempt (``relaxtune.confirm.Attempt.summary``)."""
+    """One method's outcome. ``knob``/``n_draft`` (and ``trial``, the confirmed
+    trial's number in its study) are None when no point was confirmed; the
+    point's numbers come from its confirmation run, the search's bound for it is
+    ``search_drop_upper_bound`` (at the job's confidence), and ``confirmation``
+    lists every attempt (``relaxtune.confirm.Attempt.summary``)."""
 
     method: str
     knob_name: str | None
     feasible: bool
     knob: float | None = None
     n_draft: int | None = None
+    trial: int | None = None
     strict_accuracy: float | None = None
     accuracy: float | None = None
     accuracy_ci: tuple[float, float] | None = None
@@ -230,7 +232,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
                             **base)
     m = done.metrics
     return MethodResult(
-        feasible=True, knob=done.knob, n_draft=done.n_draft, strict_accuracy=m["strict_accuracy"],
+        feasible=True, knob=done.knob, n_draft=done.n_draft, trial=done.trial, strict_accuracy=m["strict_accuracy"],
         accuracy=m["accuracy"], accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
         drop_upper_bound=m["drop_ucb"], drop_bound_method=m["bound_method"],
         search_drop_upper_bound=done.search_drop_upper_bound, l_accept=m["l_accept"], length_ratio=m["length_ratio"],

@@ -15,44 +15,61 @@ from typing import Callable
 import yaml
 
 from .confirm import confirm, holdout_split
-from .evaluation import DecodeConfig, check_spec_unchanged, records_complete, records_path
+from .evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .export import TunedConfig, build_config, save_config
 from .methods import get_method
+from .reexport import JobError, check_exportable, export_path, export_storage, job_file, same_problems, tuning_settings
 from .speed import COST_MARGIN, CostProfile, c_rel_of
 from .tasks import build_prompt_ids, load_problems, load_task
 from .settings import TuneSettings, job_id, study_name
 from .tuning import Tuner, choose
 
-__all__ = ["run_tune_job", "prepare", "load_backend", "job_file", "JobError", "cost_profile", "cautions"]
+__all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
+           "check_exportable", "JobError", "cost_profile", "cautions"]
 
 
-class JobError(ValueError):
-    """The job cannot go on as asked (the message says why and what to do)."""
-
-
-def prepare(settings: TuneSettings, backend=None):
-    """Validate and load everything before any generation: the task, its
+def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
+    """Validate and load everything before any generation: the task, for an
+    export its Optuna storage (``export_storage``, before the problems load), its
     problems, method/temperature compatibility, a held-out half big enough to
     certify epsilon (``--confirm holdout``), the task's records (same spec
-    under the same version), the backend.
+    under the same version), for an export (``new_trials=False``) what it reads
+    (``check_exportable``), then the backend.
 
     Raises:
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
             missing data, a method that collapses at the task's temperature, a
             held-out half too small, a task edited under the same version.
+        JobError: an export with nothing to export, before any model (or, for a
+            missing storage, any problem) loads.
     """
     spec = load_task(settings.task)
     for method in settings.methods:
         get_method(method).check_temperature(spec.sampling.temperature)
+    if not new_trials:
+        export_storage(settings, spec)  # before the problems load (the hub, for a task not cached yet)
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
     if settings.confirm == "holdout":
         _check_holdout(settings, spec, problems)
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
+    if not new_trials:  # the trials searched the first half with --confirm holdout
+        search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
+        check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(settings))
     if backend is None:
         backend = load_backend(settings)
     return spec, problems, backend
+
+
+def backend_name(settings: TuneSettings) -> str:
+    """The name ``load_backend(settings)`` gives its backend (records and study names
+    carry it), without loading anything."""
+    if settings.drafter_url and settings.verifier_url:
+        return f"sglang-{settings.drafter}->{settings.verifier}"
+    from .backends.hf import pair_name
+
+    return pair_name(settings.drafter, settings.verifier, settings.dtype)
 
 
 def _check_holdout(settings: TuneSettings, spec, problems) -> None:
@@ -110,16 +127,10 @@ def load_backend(settings: TuneSettings):
 
         return SGLangBackend(settings.drafter_url, settings.verifier_url, settings.tokenizer or settings.verifier,
                              max_concurrency=settings.concurrency, native_url=settings.native_url,
-                             name=f"sglang-{settings.drafter}->{settings.verifier}")
+                             name=backend_name(settings))
     from .backends.hf import load_pair
 
     return load_pair(settings.drafter, settings.verifier, dtype=settings.dtype, batch_size=settings.batch_size)
-
-
-def job_file(output_dir: str | Path, task: str) -> Path:
-    """``<output_dir>/<task>.job.yaml``: the settings of the last tuning run,
-    which ``relaxtune export`` starts from."""
-    return Path(output_dir) / f"{task}.job.yaml"
 
 
 def cost_profile(settings: TuneSettings, spec, problems, backend, log: Callable[[str], None],
@@ -246,10 +257,7 @@ def _check_export(outcomes, problems, profile, n_drafts: list[int], pinned: set[
         if not done:
             raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
                            "first, or export only the tuned --methods")
-        used = o.study.user_attrs.get("problems")
-        if used is not None and used != len(problems):
-            raise JobError(f"{o.method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
-                           "export with the tuning run's --limit")
+        same_problems(o.method, o.study, problems)
         priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
         if priced and priced != {round(c_rel_of(profile), 9)}:
             raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
@@ -292,26 +300,39 @@ def run_tune_job(
     After the studies, each method's chosen point is confirmed on samples the
     search never saw (``relaxtune.confirm``: fresh seeds, or the held-out half
     of the problems with ``--confirm holdout``); only confirmed points are
-    exported as feasible.
+    exported as feasible. A tuning job logs to its MLflow runs
+    (``relaxtune.tracking.Tracker``) and writes ``settings.export`` or
+    ``<output_dir>/<task>.tuned.yaml``; an export logs to a run of its own
+    (``relaxtune.tracking.ExportRun``) and writes ``export_path``: it never
+    modifies the tuning run's files, MLflow artifacts, tables or status.
 
     Raises:
-        JobError: an export finds no complete strict records for its problems
-            (it never generates), or a study searched other problems.
+        JobError: an export with nothing to export (``check_exportable``: before the
+            backend loads), or one that would mix runs (it never generates), or a
+            study searched other problems.
     """
-    spec, everything, backend = prepare(settings, backend)
+    spec, everything, backend = prepare(settings, backend, new_trials)
     pair = getattr(backend, "name", "backend")
     holdout = settings.confirm == "holdout"
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
     digest = _check_search_problems(settings, spec, pair, problems)
+    tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
+    path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
+            else export_path(settings, spec, tuning))
     profile = cost_profile(settings, spec, problems, backend, log, new_trials)
-    tracker = None
-    if track:
+    tracker = exporter = None
+    if track and new_trials:
         from .studies import storage_lock
         from .tracking import Tracker
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), everything,
                           job_id(settings, spec, pair), storage_lock(settings.storage_url))
         _log_costs(tracker, profile)
+    elif track:
+        from .tracking import ExportRun
+
+        exporter = ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), everything,
+                             job_id(tuning, spec, pair) if tuning is not None else None)
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
@@ -335,24 +356,31 @@ def run_tune_job(
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})
     for n in used or ([settings.mid_n_draft] if new_trials else []):
-        strict = DecodeConfig("strict", None, n, settings.seed)
-        if not new_trials and not records_complete(Path(settings.output_dir), spec, strict, pair, problems):
-            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
-                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
-                           "`relaxtune tune`")
         tuner.baseline(n)
     for outcome in outcomes:  # strict at every N known now: no chosen point is one strict dominates
         outcome.chosen = choose(outcome.study, settings, tuner.strict_points())
     confirmations = confirm(tuner, outcomes, held_out, new_trials=new_trials, log=log)
     mlflow_info = None
-    if tracker is not None:  # figures once strict is known at every N the trials used
-        for outcome in outcomes:
-            if outcome.method in confirmations:
-                tracker.log_confirmation(outcome.method, confirmations[outcome.method])
-            tracker.finish_study(outcome, tuner)
-        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}", "run_id": tracker.task_run_id}
-    config = build_config(tuner, outcomes, mlflow_info, confirmations, len(held_out))
-    path = save_config(config, settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml")
     if tracker is not None:
-        tracker.finish_task(tuner, path)
+        for method, confirmation in confirmations.items():
+            tracker.log_confirmation(method, confirmation)
+        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}",
+                       "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
+    elif exporter is not None:
+        for outcome in outcomes:  # the tuning job's study runs, read only
+            outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
+        mlflow_info = {"tracking_uri": exporter.uri, "experiment": f"relaxtune-{spec.name}",
+                       "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
+                       "tuning_run_id": exporter.tuning_run_id}
+    try:
+        config = build_config(tuner, outcomes, mlflow_info, confirmations, len(held_out))
+        path = save_config(config, path)
+        if tracker is not None:  # figures once strict is known at every N the trials used
+            tracker.finish(outcomes, tuner, config, path)
+        if exporter is not None:
+            exporter.finish(outcomes, tuner, config, path)
+    except Exception as err:
+        if exporter is not None:
+            exporter.fail(f"{type(err).__name__}: {err}")
+        raise
     return config, path

@@ -1,10 +1,11 @@
-"""Pareto fronts of speed-up vs accuracy: points, the front, figures and tables."""
+"""Pareto fronts of speed-up vs accuracy: the points (trials, strict per N, AR),
+the front and its table. The figures drawn from them are ``relaxtune.figures``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["Point", "pareto_front", "study_points", "front_figure", "combined_figure", "points_table"]
+__all__ = ["Point", "pareto_front", "study_points", "baseline_points", "points_table", "point_label"]
 
 
 @dataclass
@@ -14,13 +15,21 @@ class Point:
     Attributes:
         label: e.g. "cactus delta=1 N=5", "strict N=5", "AR".
         kind: "trial", "strict" or "ar".
-        speedup: modeled speed-up over AR at the chosen cost profile.
-        accuracy: accuracy on the paired samples.
+        speedup: modeled speed-up over AR at the job's cost profile.
+        accuracy: accuracy on the paired samples; ``ci_low``/``ci_high`` its 95 %
+            Wilson interval (``relaxtune.stats.wilson_interval``).
         feasible: satisfies the capability-loss constraint (strict and AR always do).
-        chosen: the tuned point of its method.
+        chosen: the exported point of its method.
+        closest: when its method has no feasible point, the tried point with the
+            smallest drop bound (the export's ``closest``).
         method, knob, n_draft, trial: where it comes from.
-        drop_ucb: upper bound of the accuracy drop vs strict.
-        state: the trial state.
+        drop: the observed paired accuracy drop vs strict at the same N; ``drop_lcb``
+            / ``drop_ucb`` its one-sided bounds at the job's confidence (the
+            constraint is ``drop_ucb <= epsilon``); strict and AR have drop 0.
+        confirm_drop_ucb: the drop bound of this point's confirmation run on fresh
+            samples, when the export carries one (the chosen point's is the exported
+            bound); ``confirm_passed`` whether that confirmation passed.
+        state: the trial state (COMPLETE, PRUNED; pruned points saw only part of the problems).
     """
 
     label: str
@@ -35,6 +44,19 @@ class Point:
     trial: int | None = None
     drop_ucb: float | None = None
     state: str = "COMPLETE"
+    ci_low: float | None = None
+    ci_high: float | None = None
+    drop: float | None = None
+    drop_lcb: float | None = None
+    closest: bool = False
+    confirm_drop_ucb: float | None = None
+    confirm_passed: bool | None = None
+
+
+def point_label(method: str, knob_name: str | None, knob: float | None, n_draft: int | None) -> str:
+    """``"cactus delta=0.25 N=4"`` (knob-less methods: ``"always_accept N=4"``; strict: ``"strict N=4"``)."""
+    knob_part = f" {knob_name}={knob:.3g}" if knob is not None and knob_name else ""
+    return f"{method}{knob_part}" + (f" N={n_draft}" if n_draft is not None else "")
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
@@ -48,87 +70,63 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return sorted(front, key=lambda p: p.speedup)
 
 
-def study_points(method: str, knob_name: str | None, study, chosen_number: int | None, settings=None) -> list[Point]:
-    """Points of a study's completed and pruned trials (failed ones have no metrics)."""
-    from .judge import feasible
+def _is(result, attr: str, trial) -> bool:
+    """Whether ``trial`` is the point ``result`` (a ``MethodResult``) exports as ``attr``
+    ("chosen": its knob and N; "closest": its ``closest`` entry), by trial number when known."""
+    if result is None:
+        return False
+    if attr == "chosen":
+        if not result.feasible:
+            return False
+        number, knob, n_draft = getattr(result, "trial", None), result.knob, result.n_draft
+    else:
+        if result.feasible or not result.closest:
+            return False
+        number, knob, n_draft = (result.closest.get(k) for k in ("trial", "knob", "n_draft"))
+    if number is not None:
+        return trial.number == number
+    same_knob = knob is None or (trial.params.get("knob") is not None and abs(trial.params["knob"] - knob) <= 1e-12)
+    return same_knob and trial.params.get("n_draft") == n_draft and trial.state.name == "COMPLETE"
 
+
+def study_points(method: str, knob_name: str | None, study, result=None, settings=None) -> list[Point]:
+    """Points of a study's completed and pruned trials (failed ones have no metrics),
+    judged under ``settings`` (an export's epsilon and confidence); ``result``, the
+    method's ``relaxtune.export.MethodResult``, marks the chosen and the closest point
+    and gives every confirmed trial its confirmation's bound (passed or failed)."""
+    from .judge import drop_ucb_at, feasible
+
+    attempts = {a["trial"]: a for a in ((getattr(result, "confirmation", None) or {}).get("attempts") or [])}
     out = []
     for t in study.get_trials(deepcopy=False):
         m = t.user_attrs.get("metrics") or {}
         if "speedup" not in m:
             continue
-        knob = t.params.get("knob")
-        label = f"{method} {knob_name}={knob:.3g} N={t.params['n_draft']}" if knob is not None else f"{method} N={t.params['n_draft']}"
-        out.append(Point(label, "trial", m["speedup"], m["accuracy"], feasible(t, settings), t.number == chosen_number, method,
-                         knob, t.params["n_draft"], t.number, m.get("drop_ucb"), t.state.name))
+        knob, n_draft = t.params.get("knob"), t.params["n_draft"]
+        ucb = drop_ucb_at(m, settings.confidence) if settings is not None and "drop_ucb" in m else m.get("drop_ucb")
+        chosen, attempt = _is(result, "chosen", t), attempts.get(t.number)
+        if attempt is None and chosen and result.search_drop_upper_bound is not None:
+            attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
+        out.append(Point(point_label(method, knob_name, knob, n_draft), "trial", m["speedup"], m["accuracy"],
+                         feasible(t, settings), chosen, method, knob, n_draft, t.number, ucb, t.state.name,
+                         m.get("accuracy_ci_low"), m.get("accuracy_ci_high"), m.get("drop"), m.get("drop_lcb"),
+                         _is(result, "closest", t), *((attempt["drop_upper_bound"], attempt["passed"]) if attempt
+                                                      else (None, None))))
     return out
 
 
-def _axes(title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    ax.set_xlabel("modeled speed-up over AR (S_relax)")
-    ax.set_ylabel("accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    return fig, ax
-
-
-def front_figure(points: list[Point], title: str):
-    """Figure of one study: trials (feasible filled, infeasible hollow, pruned
-    crossed), strict per N, AR, the Pareto front line and the chosen point."""
-    fig, ax = _axes(title)
-    for p in points:
-        if p.kind == "ar":
-            ax.scatter(p.speedup, p.accuracy, marker="s", color="black", zorder=3, label="AR (same distribution as strict)")
-        elif p.kind == "strict":
-            ax.scatter(p.speedup, p.accuracy, marker="D", color="tab:gray", zorder=3)
-            ax.annotate(f"strict N={p.n_draft}", (p.speedup, p.accuracy), fontsize=7, xytext=(3, -9), textcoords="offset points")
-        elif p.state == "PRUNED":
-            ax.scatter(p.speedup, p.accuracy, marker="x", color="tab:red", alpha=0.6)
-        else:
-            ax.scatter(p.speedup, p.accuracy, marker="o", s=36, color="tab:blue" if p.feasible else "white",
-                       edgecolors="tab:blue", zorder=2)
-        if p.chosen:
-            ax.scatter(p.speedup, p.accuracy, marker="*", s=260, color="gold", edgecolors="black", zorder=4, label=f"chosen: {p.label}")
-    front = pareto_front([p for p in points if p.kind == "trial"])
-    if front:
-        ax.plot([p.speedup for p in front], [p.accuracy for p in front], color="tab:blue", lw=1.2, label="Pareto front (feasible)")
-    # legend entries for the unlabeled markers
-    ax.scatter([], [], marker="o", color="tab:blue", label="feasible trial")
-    ax.scatter([], [], marker="o", color="white", edgecolors="tab:blue", label="infeasible trial")
-    ax.scatter([], [], marker="x", color="tab:red", label="pruned trial")
-    ax.scatter([], [], marker="D", color="tab:gray", label="strict")
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return fig
-
-
-def combined_figure(per_method: dict[str, list[Point]], baselines: list[Point], title: str):
-    """Every method's feasible Pareto front (and all its trials, faint) on one set of axes."""
-    fig, ax = _axes(title)
-    for i, (method, points) in enumerate(per_method.items()):
-        color = f"C{i % 10}"
-        trials = [p for p in points if p.kind == "trial"]
-        ax.scatter([p.speedup for p in trials], [p.accuracy for p in trials], color=color, alpha=0.25, s=18)
-        front = pareto_front(trials)
-        if front:
-            ax.plot([p.speedup for p in front], [p.accuracy for p in front], "-o", color=color, label=method)
-        else:
-            ax.scatter([], [], color=color, label=f"{method} (no feasible point)")
-        for p in trials:
-            if p.chosen:
-                ax.scatter(p.speedup, p.accuracy, marker="*", s=220, color=color, edgecolors="black", zorder=4)
-    for p in baselines:
-        ax.scatter(p.speedup, p.accuracy, marker="s" if p.kind == "ar" else "D", color="black" if p.kind == "ar" else "gray")
-        ax.annotate(p.label, (p.speedup, p.accuracy), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    return fig
+def baseline_points(tuner) -> list[Point]:
+    """Strict at every evaluated N (its accuracy interval, drop 0) and AR at speed-up 1
+    (AR samples strict's distribution: its accuracy is strict's at the first N)."""
+    out = []
+    for n, b in sorted(tuner.baselines.items()):
+        out.append(Point(f"strict N={n}", "strict", tuner.strict_speedup(n), b.accuracy, n_draft=n, method="strict",
+                         ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0, drop_lcb=0.0, drop_ucb=0.0))
+    if tuner.baselines:
+        b = tuner.baselines[min(tuner.baselines)]
+        out.append(Point("AR", "ar", 1.0, b.accuracy, method="ar", ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0,
+                         drop_lcb=0.0, drop_ucb=0.0))
+    return out
 
 
 def points_table(points: list[Point]) -> list[dict]:

@@ -37,7 +37,7 @@ from .graders.base import THINK_END
 from .sampling import SamplingParams
 
 __all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
-           "build_prompt_ids"]
+           "build_prompt_ids", "field_errors"]
 
 THINK_START = "<think>"
 ANSWER_NOW = (
@@ -215,7 +215,8 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
 
     Raises:
         FileNotFoundError: no such task (listing the known ones).
-        ValueError: an invalid spec, with pydantic's field-by-field report.
+        ValueError: an invalid spec: a first line naming the file, then one line per
+            invalid field (``field_errors``) or the YAML error's position.
     """
     path = Path(name_or_path)
     if path.suffix or os.sep in str(name_or_path):  # a file
@@ -231,8 +232,32 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
         if not isinstance(raw, dict):
             raise ValueError(f"invalid task spec {path}: it must hold a mapping of fields, got {type(raw).__name__}")
         return TaskSpec(**raw, source_file=str(path))
-    except (ValidationError, TypeError, yaml.YAMLError) as err:
-        raise ValueError(f"invalid task spec {path}:\n{err}") from None
+    except ValidationError as err:
+        lines = field_errors(err)
+        raise ValueError(f"invalid task spec {path}: {len(lines)} invalid field(s)\n" + "\n".join(lines)) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ValueError(f"invalid task spec {path}: not valid YAML\n{where}{what}") from None
+    except TypeError as err:  # e.g. a key that is not a string
+        raise ValueError(f"invalid task spec {path}: {err}") from None
+
+
+def field_errors(err: ValidationError) -> list[str]:
+    """One line per invalid field of a pydantic error: ``prompt.template: field
+    required``, ``version: input should be greater than or equal to 1 (got 0)``;
+    errors of the whole spec under ``(spec)``."""
+    lines = []
+    for e in err.errors():
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "(spec)"
+        msg = e["msg"].removeprefix("Value error, ")
+        msg = msg[:1].lower() + msg[1:] if msg[1:2].islower() else msg
+        value = e.get("input")
+        got = f" (got {value!r})" if e["type"] != "missing" and isinstance(value, (str, int, float)) \
+            and len(repr(value)) <= 40 and e["loc"] else ""
+        lines.append(f"{loc}: {msg}{got}")
+    return lines
 
 
 # --------------------------------------------------------------------- data

@@ -1,46 +1,64 @@
-"""MLflow tracking of a tuning job.
+"""MLflow tracking of a tuning job and of its exports.
 
-Run layout (experiment ``relaxtune-<task>``):
+Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
+``mlflow.experimentKind = custom_model_development``):
 
-    <task>__<pair>                 task run: dataset input, combined figure of every
-    |                              method's Pareto front, the tuned config (artifact)
-    +-- <task>__<method>__<pair>   study run: Pareto figure + table, chosen point
-        +-- trial-<n>              trial run: params (method, knob, n_draft, task
-                                   version), metrics, per-sample table
+    <task>: use <point>                   task run: the decision as params, metrics,
+    |                                     tags and a one-sentence description
+    |                                     (``relaxtune.decision``); the combined figure,
+    |                                     one Pareto and one speed-vs-knob figure per
+    |                                     method (``figures/``), every point as a table,
+    |                                     the tuned config, the settings, the dataset
+    +-- <method> study: <knob> N=<n> chosen (<S>x)
+    |   |                                 study run: its Pareto and speed-vs-knob figures,
+    |   |                                 points table, chosen point, description
+    |   +-- <method> <knob>=<v> N=<n>     trial run: params (method, knob, n_draft, trial,
+    |                                     task version), metrics, per-sample table
+    +-- <task> export eps <e>: use <point>
+                                          export run (``ExportRun``): one per ``relaxtune
+                                          export``, the same content for its own budget
 
 Metrics are logged with ``step = trial number`` on the study run too, so the
-MLflow UI charts a study's progress. Every run carries the tuning job's id
-(``relaxtune.settings.job_id``) and is found again by tags (kind, job, study,
+MLflow UI charts a study's progress. Every run of a tuning job carries the job's
+id (``relaxtune.settings.job_id``) and is found again by tags (kind, job, study,
 trial number), never by name: a restart or another worker of the same job finds
 the same runs, a job with other settings never writes into them. Runs are
 created under the storage's lock (``relaxtune.studies.storage_lock``), so
 workers starting together create each run once. Re-logging a table or a figure
-replaces it. The tracker never starts an MLflow run, so it works inside one the
-caller has active. The default store is ``sqlite:///mlflow.db`` (MLflow 3
-refuses the ``./mlruns`` file store); many workers share a tracking server
-(``mlflow server`` on a PostgreSQL backend store). Params are write-once and
-truncated at 6000 characters, so the config goes in as an artifact, never as a param.
+replaces it. An export reads the tuning job's runs and never writes to them: its
+own run is nested under the tuning run it read (tag ``relaxtune.tuning_run``).
+The tracker never starts an MLflow run, so it works inside one the caller has
+active. The default store is ``sqlite:///mlflow.db`` (MLflow 3 refuses the
+``./mlruns`` file store); many workers share a tracking server (``mlflow
+server`` on a PostgreSQL backend store). Params are write-once and truncated at
+6000 characters, so the config goes in as an artifact; a resumed job whose
+decision changed keeps its first decision in the params and says so in the tag
+``relaxtune.params_note`` (tags, metrics and the description hold the latest).
+
+MLflow 3.17's UI shows the GenAI or the model-training view by a switch it
+remembers per browser, whatever the experiment's kind: ``run_url`` links carry
+``?workflowType=machine_learning`` so they open on runs. What both kinds of run
+share (the experiment, finding runs, replacing tables and figures, logging a
+decision) is ``relaxtune.mlflow_runs``.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
+from .decision import study_summary
 from .methods import get_method
-from .pareto import Point, combined_figure, front_figure, points_table, study_points
+from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_url
+from .pareto import Point, baseline_points, point_label, points_table
 
-__all__ = ["Tracker", "DEFAULT_URI", "filter_literal", "experiment_id", "find_runs", "log_table"]
+__all__ = ["Tracker", "ExportRun", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id"]
 
-DEFAULT_URI = "sqlite:///mlflow.db"
 SAMPLE_COLUMNS = ("problem_id", "repeat", "seed", "verdict", "correct", "extracted", "finish_reason",
                   "response_tokens", "output")
 
 
-class Tracker:
+class Tracker(Runs):
     """Logs a tuning job to MLflow (see the module doc for the run layout).
 
     Args:
@@ -53,26 +71,16 @@ class Tracker:
     """
 
     def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None) -> None:
-        from mlflow.tracking import MlflowClient
-
-        self.uri = uri or DEFAULT_URI
-        self.client = MlflowClient(self.uri)
-        self.task, self.pair, self.job_id = task, pair, job_id
-        self._lock = lock or nullcontext
+        super().__init__(uri, task, pair, lock)
+        self.job_id = job_id
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
-        self.points: dict[str, list[Point]] = {}
-        with self._lock():  # the first client of a new store creates its tables
-            self.experiment_id = experiment_id(self.client, f"relaxtune-{task.name}")
-            self.task_run_id = self._run(f"{task.name}__{pair}", None, {"relaxtune.kind": "task"},
-                                         {"relaxtune.task_version": str(task.version)})
+        with self._lock():
+            self.task_run_id = self._run(f"{task.name} tuning", None, {"relaxtune.kind": "task"},
+                                         {"relaxtune.task_version": str(task.version), "relaxtune.pair": pair})
             if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
-                self._log_dataset(problems)
+                self._log_dataset(self.task_run_id, problems)
         self.client.log_dict(self.task_run_id, settings, "settings.json")
-
-    def _find(self, tags: dict[str, str]):
-        """Active runs of the experiment carrying every tag in ``tags``, oldest first."""
-        return find_runs(self.client, self.experiment_id, tags)
 
     def _run(self, name: str, parent: str | None, key: dict, tags: dict | None = None) -> str:
         """The run identified by ``key`` tags and this job (resumed), or a new one named ``name``."""
@@ -88,50 +96,31 @@ class Tracker:
         self.client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
 
-    def _log_dataset(self, problems) -> None:
-        """The problems as the task run's dataset input, through the client (``mlflow.log_input``
-        needs the run active in this thread, which would clash with a caller's active run)."""
-        import mlflow
-        import pandas as pd
-        from mlflow.entities import DatasetInput, InputTag
-
-        df = pd.DataFrame([{"id": p.id, "prompt": p.prompt, "gold": json.dumps(p.gold) if isinstance(p.gold, dict) else p.gold}
-                           for p in problems])
-        dataset = mlflow.data.from_pandas(df, name=f"{self.task.name}-v{self.task.version}")
-        context = InputTag("mlflow.data.context", "tuning")  # what mlflow.log_input(context=...) writes
-        entity = dataset._to_mlflow_entity()  # what mlflow.log_input sends
-        self.client.log_inputs(self.task_run_id, [DatasetInput(entity, [context])])
-
-    def _log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
-        """``log_table`` under the job's lock."""
-        log_table(self.client, run_id, rows, artifact_file, self._lock)
-
     # ------------------------------------------------------------------ studies
 
     def start_study(self, method: str, study) -> str:
         """The study's run (created or resumed); returns its id."""
         key = {"relaxtune.kind": "study", "relaxtune.study": study.study_name}
-        run_id = self._run(study.study_name, self.task_run_id, key, {"relaxtune.method": method})
+        run_id = self._run(f"{method} study", self.task_run_id, key, {"relaxtune.method": method})
         self.study_runs[method], self.studies[method] = run_id, study.study_name
         spec = get_method(method)
-        existing = self.client.get_run(run_id).data.params
-        for key, value in {"method": method, "knob_name": spec.knob or "-", "study_name": study.study_name,
-                           "task_version": self.task.version, "pair": self.pair}.items():
-            if key not in existing:
-                self.client.log_param(run_id, key, value)
+        self._log_params(run_id, {"method": method, "knob_name": spec.knob or "-", "study_name": study.study_name,
+                                  "task_version": str(self.task.version), "pair": self.pair})
         return run_id
 
     def log_trial(self, method: str, number: int, params: dict, metrics: dict, state: str, result,
                   note: str | None = None) -> None:
-        """The nested run of trial ``number`` (found by study, number and job); metrics also on
-        the study run at ``step = number``; ``note`` (e.g. why it failed) as a tag."""
-        parent = self.study_runs[method]
-        key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
-        run_id = self._run(f"trial-{number}", parent, key)
+        """The nested run of trial ``number`` (found by study, number and job; named by
+        its point, e.g. ``cactus delta=0.25 N=4``); metrics also on the study run at
+        ``step = number``; ``note`` (e.g. why it failed) as a tag."""
         from mlflow.entities import Metric, Param, RunTag
 
+        parent = self.study_runs[method]
+        key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
+        name = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"])
+        run_id = self._run(name, parent, key)
         logged = self.client.get_run(run_id).data.params
-        wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"],
+        wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"], "trial": number,
                   "task_version": self.task.version}
         tags = {"relaxtune.state": state} | ({"relaxtune.note": note[:5000]} if note else {})
         now = int(time.time() * 1000)
@@ -164,88 +153,85 @@ class Tracker:
         self.client.set_tag(run_id, "relaxtune.confirmed",
                             f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
 
-    def baseline_points(self, tuner) -> list[Point]:
-        """AR at speed-up 1 and strict at every evaluated N."""
-        out = []
-        for n, b in sorted(tuner.baselines.items()):
-            out.append(Point(f"strict N={n}", "strict", tuner.strict_speedup(n), b.accuracy, n_draft=n, method="strict"))
-        if tuner.baselines:
-            acc = next(iter(tuner.baselines.values())).accuracy
-            out.append(Point("AR", "ar", 1.0, acc, method="ar"))
-        return out
-
-    def finish_study(self, outcome, tuner) -> None:
-        """The study's Pareto figure and table, and its chosen point."""
-        import matplotlib.pyplot as plt
-
-        method, study = outcome.method, outcome.study
-        run_id = self.study_runs[method]
-        spec = get_method(method)
-        chosen = outcome.chosen.number if outcome.chosen is not None else None
-        points = study_points(method, spec.knob, study, chosen, tuner.settings)
-        self.points[method] = points
-        everything = points + self.baseline_points(tuner)
-        fig = front_figure(everything, f"{self.task.name}: {method} (epsilon {tuner.settings.epsilon:g})")
-        self.client.log_figure(run_id, fig, "pareto_front.png")
-        plt.close(fig)
-        self._log_table(run_id, points_table(everything), "pareto_front.json")
-        self.client.set_tag(run_id, "relaxtune.chosen_trial", str(chosen) if chosen is not None else "none (use strict)")
-        self.client.log_metric(run_id, "tokens_spent", float(outcome.tokens))
-        self.client.set_terminated(run_id)
-
-    def finish_task(self, tuner, config_path: Path) -> None:
-        """The combined figure of every method's front and the tuned config."""
-        import matplotlib.pyplot as plt
-
-        fig = combined_figure(self.points, self.baseline_points(tuner), f"{self.task.name}: Pareto fronts by method")
-        self.client.log_figure(self.task_run_id, fig, "pareto_fronts_by_method.png")
-        plt.close(fig)
-        self.client.log_artifact(self.task_run_id, str(config_path))
+    def finish(self, outcomes, tuner, config, config_path: Path) -> None:
+        """Close the job's runs once strict is known at every N and the config is
+        built: each study's figures, table, chosen point and description; the task
+        run's decision, figures, points and config."""
+        baselines, per_method = baseline_points(tuner), self._points(outcomes, tuner, config)
+        for o in outcomes:
+            self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)
+        self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path,
+                           self.study_runs)
+        for o in outcomes:
+            self.client.set_terminated(self.study_runs[o.method])
         self.client.set_terminated(self.task_run_id)
 
+    def _finish_study(self, outcome, points: list[Point], baselines: list[Point], result, epsilon: float) -> None:
+        """A study's table, chosen point, name and description (its figures come with
+        the task run's, drawn once for both)."""
+        from mlflow.entities import Metric, RunTag
 
-def experiment_id(client, name: str) -> str:
-    """The id of the experiment ``name``, created when missing."""
-    exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name)
-
-
-def find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
-    """Active runs of an experiment carrying every tag in ``tags`` (values compared
-    exactly, quotes included: ``filter_literal``), oldest first."""
-    clauses = [f"tags.`{k}` = {q}" for k, v in tags.items() if (q := filter_literal(v)) is not None]
-    runs = client.search_runs([experiment_id], filter_string=" and ".join(clauses),
-                              order_by=["attributes.start_time ASC"])
-    return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
-
-
-def log_table(client, run_id: str, rows: list[dict], artifact_file: str, lock=nullcontext) -> None:
-    """``MlflowClient.log_table``, but replacing the table (log_table appends to an
-    existing one); ``lock`` guards the read-modify-write of the run's table tag
-    (workers finishing the same study at once)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(artifact_file).name
-        _frame(rows).to_json(path, orient="split", index=False, date_format="iso")  # log_table's format
-        parent = str(Path(artifact_file).parent)
-        client.log_artifact(run_id, str(path), None if parent == "." else parent)
-    entry = {"path": artifact_file, "type": "table"}
-    with lock():
-        logged = json.loads(client.get_run(run_id).data.tags.get("mlflow.loggedArtifacts", "[]"))
-        if entry not in logged:  # how the UI knows a table
-            client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged + [entry]))
+        run_id = self.study_runs[outcome.method]
+        self._log_table(run_id, points_table(points + baselines), "pareto_front.json")
+        name, description = study_summary(result, epsilon)
+        chosen = (result.trial if result.trial is not None else outcome.chosen.number) if result.feasible else None
+        tags = {"relaxtune.chosen_trial": str(chosen) if chosen is not None else "none (use strict)",
+                "mlflow.runName": name, "mlflow.note.content": description}
+        now = int(time.time() * 1000)
+        metrics = {"tokens_spent": float(outcome.tokens)}
+        if result.feasible:
+            metrics |= {"chosen_speedup": result.modeled_speedup, "chosen_drop_ucb": result.drop_upper_bound,
+                        "chosen_accuracy": result.accuracy}
+        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+                              tags=[RunTag(k, v) for k, v in tags.items()])
 
 
-def _frame(rows: list[dict]):
-    import pandas as pd
+class ExportRun(Runs):
+    """An export's own MLflow run, nested under the tuning run it read, which it
+    never writes to (artifacts, tables, params, status).
 
-    return pd.DataFrame(rows)
+    Args:
+        uri, task, pair: as ``Tracker``.
+        settings: the export's settings (a dict, logged as ``settings.json``).
+        problems: the problems (the export run's dataset input).
+        tuning_job: the id of the tuning job whose studies the export reads (its
+            task run is found by it; None or not found: a run without a parent).
+    """
 
+    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, tuning_job: str | None) -> None:
+        super().__init__(uri, task, pair)
+        self.settings, self.problems, self.tuning_job = settings, problems, tuning_job
+        found = self._find({"relaxtune.kind": "task", "relaxtune.job": tuning_job}) if tuning_job else []
+        self.tuning_run_id = found[0].info.run_id if found else None
+        self.run_id: str | None = None
 
-def filter_literal(value: str) -> str | None:
-    """``value`` as a string literal of an MLflow search filter, or None when it
-    cannot be one. MLflow strips the outer quotes and never unescapes, so a value
-    with a single quote goes in double quotes and vice versa; one with both has no
-    literal (match it after the search)."""
-    if "'" not in value:
-        return f"'{value}'"
-    return f'"{value}"' if '"' not in value else None
+    def study_run(self, study_name: str) -> str | None:
+        """The tuning job's run of study ``study_name`` (read only), or None."""
+        if not self.tuning_job:
+            return None
+        found = self._find({"relaxtune.kind": "study", "relaxtune.study": study_name, "relaxtune.job": self.tuning_job})
+        return found[0].info.run_id if found else None
+
+    def start(self) -> str:
+        """Create the export's run (status RUNNING) and return its id."""
+        tags = {"relaxtune.kind": "export", "relaxtune.tuning_job": self.tuning_job or "unknown",
+                "relaxtune.tuning_run": self.tuning_run_id or "not found", "relaxtune.pair": self.pair,
+                "relaxtune.task_version": str(self.task.version)}
+        tags |= {"mlflow.parentRunId": self.tuning_run_id} if self.tuning_run_id else {}
+        self.run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{self.task.name} export").info.run_id
+        self.client.log_dict(self.run_id, self.settings, "settings.json")
+        self._log_dataset(self.run_id, self.problems)
+        return self.run_id
+
+    def finish(self, outcomes, tuner, config, config_path: Path) -> None:
+        """The export's decision, figures, points and config on its own run; FINISHED."""
+        per_method = self._points(outcomes, tuner, config)
+        name = f"{self.task.name} export eps {config.epsilon:g}"
+        self._log_decision(self.run_id, name, per_method, baseline_points(tuner), config, config_path)
+        self.client.set_terminated(self.run_id)
+
+    def fail(self, why: str) -> None:
+        """Mark the export's run FAILED, saying why (an export that stopped half-way)."""
+        if self.run_id is not None:
+            self.client.set_tag(self.run_id, "relaxtune.note", why[:5000])
+            self.client.set_terminated(self.run_id, status="FAILED")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 
-from .tracking import DEFAULT_URI, experiment_id, find_runs, log_table
+from .mlflow_runs import DEFAULT_URI, experiment_id, find_runs, log_table
 
 __all__ = ["log_transfer", "CROSS_EXPERIMENT"]
 

@@ -51,47 +51,69 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert {s.data.tags["mlflow.parentRunId"] for s in kinds["study"]} == {task_run.info.run_id}
     study_ids = {s.info.run_id for s in kinds["study"]}
     assert all(t.data.tags["mlflow.parentRunId"] in study_ids for t in kinds["trial"])
-    assert {"pareto_fronts_by_method.png", "tiny_math.tuned.yaml"} <= {a.path for a in client.list_artifacts(task_run.info.run_id)}
+    assert {"pareto_fronts_by_method.png", "tiny_math.tuned.yaml", "points.json", "figures"} <= \
+        {a.path for a in client.list_artifacts(task_run.info.run_id)}
+    rec = config.recommendation  # the decision, readable on the task run's page
+    assert task_run.data.params["recommended_method"] == rec.method == task_run.data.tags["relaxtune.recommended_method"]
+    assert task_run.data.params["recommended_n_draft"] == str(rec.n_draft) and task_run.data.params["epsilon"] == "0.05"
+    assert task_run.data.metrics["recommended_speedup"] == rec.modeled_speedup and task_run.data.params["n"] == "4"
+    assert task_run.data.tags["mlflow.note.content"].startswith(f"Use {task_run.data.tags['relaxtune.recommended']} on ")
+    assert task_run.info.run_name == f"tiny_math: use {task_run.data.tags['relaxtune.recommended']}"
     for s in kinds["study"]:
-        assert {"pareto_front.png", "pareto_front.json"} <= {a.path for a in client.list_artifacts(s.info.run_id)}
+        knob = {"cactus": "delta", "ens": "alpha"}[s.data.tags["relaxtune.method"]]
+        assert {"pareto_front.png", "pareto_front.json", f"speed_vs_{knob}.png"} <= \
+            {a.path for a in client.list_artifacts(s.info.run_id)}
+        assert s.info.run_name.startswith(f"{s.data.tags['relaxtune.method']} study: ")
     trial = kinds["trial"][0]
-    assert {"method", "knob", "n_draft", "task_version"} <= set(trial.data.params)
+    assert {"method", "knob", "n_draft", "trial", "task_version"} <= set(trial.data.params)
+    assert trial.info.run_name == f"{trial.data.params['method']} " \
+        f"{ {'cactus': 'delta', 'ens': 'alpha'}[trial.data.params['method']]}={float(trial.data.params['knob']):.3g} N=2"
     assert {"accuracy", "drop_ucb", "l_accept", "speedup", "speedup_c0.05", "length_ratio", "loop_rate"} <= set(trial.data.metrics)
     assert task_run.inputs.dataset_inputs[0].dataset.name == "tiny_math-v1"
 
     assert set(config.strict_by_n_draft) == {2} and config.recommendation.modeled_speedup > 0
 
-    # a second run resumes: no new trials, no duplicate MLflow runs, the same strict baseline
-    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    # a second run resumes: no new trials, no duplicate MLflow runs, the same strict baseline; --json: the
+    # config alone on stdout, the progress on stderr
+    out = CliRunner().invoke(app, args + ["--json"], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     again = client.search_runs([exp.experiment_id])
     assert len(again) == len(runs)
     resumed = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    printed = json.loads(out.stdout)
+    assert printed.pop("path") == str(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert printed == resumed.model_dump(mode="json") and "resuming" in out.stderr
     assert resumed.strict_by_n_draft == config.strict_by_n_draft and resumed.methods == config.methods
     study_run = next(r for r in again if r.data.tags.get("relaxtune.kind") == "study")
     table = json.loads(Path(client.download_artifacts(study_run.info.run_id, "pareto_front.json", str(tmp_path))).read_text())
     kinds = [row[table["columns"].index("kind")] for row in table["data"]]
     assert "strict" in kinds and "ar" in kinds  # the resumed study's front keeps its references
 
-    # export starts from the tuning run's settings: only the new epsilon is given
+    # export starts from the tuning run's settings: only the new epsilon is given; its own file and run
+    tuned = (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes()
     out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
                                    "--epsilon", "0.5"], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "reading the study of cactus" in out.output
-    exported = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes() == tuned
+    exported = load_config(tmp_path / "runs" / "tiny_math.tuned.eps0.5.yaml")
     assert exported.epsilon == 0.5 and exported.problems == 4 and set(exported.methods) == {"cactus", "ens"}
     assert exported.strict_by_n_draft == config.strict_by_n_draft and exported.drafter == drafter
+    export_run = client.get_run(exported.mlflow["run_id"])
+    assert export_run.data.tags["relaxtune.kind"] == "export" and export_run.data.params["epsilon"] == "0.5"
+    assert export_run.data.tags["mlflow.parentRunId"] == task_run.info.run_id
 
     # export re-judges, never re-runs: other problems, other prices or a method never tuned are refused
     base = ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri]
     for extra, message in [(["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
                            (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
                            (["--c-rel", "0.5"], "an export cannot re-price trials"),
-                           (["--methods", "mentored"], "holds no finished trial"),
+                           (["--methods", "mentored"], "mentored (study tiny_math__mentored__"),
                            (["--n-drafts", "8"], "trials ran at N=2, which --n-drafts 8 leaves out")]:
         out = CliRunner().invoke(app, base + extra, env={"COLUMNS": "250"})
         assert out.exit_code != 0 and message in " ".join(out.output.split()), (extra, out.output)
-    assert load_config(tmp_path / "runs" / "tiny_math.tuned.yaml") == exported  # nothing overwritten
+    assert load_config(tmp_path / "runs" / "tiny_math.tuned.eps0.5.yaml") == exported  # nothing overwritten
+    assert (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes() == tuned
 
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):

@@ -52,6 +52,15 @@ def test_plan_command_for_humaneval_without_models(tmp_path):
     text = " ".join(out.output.split())
     assert "sample: 164 problems x 1, from the task's problems" in text
     assert "smallest certifiable drop is 0.014" in text and "about 181 problems x 1 would certify 0.05" in text
+    narrow = CliRunner().invoke(app, ["plan", "--task", "humaneval", "--epsilon", "0.05", "--output-dir",
+                                      str(tmp_path)], env={"COLUMNS": "100"}).output.splitlines()
+    assert all(len(line) <= 100 for line in narrow if not line.startswith("sample: "))  # a path is never cut
+    full = json.loads(CliRunner().invoke(app, ["plan", "--task", "humaneval", "--epsilon", "0.05", "--discordance",
+                                               "0.15", "--output-dir", str(tmp_path), "--json"]).output)
+    assert full["plan"]["problems"] == 164 and full["plan"]["needed"] == problems_needed(0.05, 0.9, 0.15, 0.0, 0.8, 1)
+    assert [r["discordance"] for r in full["needed"]] == [0.02, 0.05, 0.1, 0.15, 0.2, 0.4]
+    assert all(r["problems"] == r["problems_concentrated"] == problems_needed(0.05, 0.9, r["discordance"], 0.0, 0.8, 1)
+               for r in full["needed"])  # one repeat: the loss cannot concentrate
 
 
 def test_plan_command_reads_strict_records(tmp_path):

@@ -80,7 +80,8 @@ def test_names_with_quotes_are_found_again(uri, pair):
     again.start_study("cactus", Study(f"{task}__cactus__x"))
     again.log_trial("cactus", 3, {"knob": 0.5, "n_draft": 4}, {"accuracy": 0.5}, "COMPLETE", None)
     assert again.task_run_id == first.task_run_id and again.study_runs == first.study_runs
-    assert len(runs_of(again, "trial")) == 1 and runs_of(again, "task")[0].info.run_name == f"{task}__{pair}"
+    assert len(runs_of(again, "trial")) == 1 and runs_of(again, "task")[0].info.run_name == f"{task} tuning"
+    assert runs_of(again, "task")[0].data.tags["relaxtune.pair"] == pair
 
 
 def test_filter_literals_never_break_the_filter(uri):

@@ -35,7 +35,7 @@ from .hf_batch import BatchedForwards
 from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
 from .ragged import PrefillStore, supports
 
-__all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
+__all__ = ["HFBackend", "load_pair", "pair_name", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
 
 BATCH_SIZE_CPU = 8  # the fastest measured on the project's 2-core CPU (python -m relaxtune.bench.engine)
 BATCH_SIZE_GPU = 32
@@ -281,8 +281,6 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         ValueError: when the two tokenizers differ (speculative decoding needs the
             same token ids), or the dtype is unknown.
     """
-    from ..embedded import EMBEDDED
-
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
     if device == "auto":
@@ -298,8 +296,20 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
                 "speculative decoding needs a shared vocabulary"
             )
         d_model = _load(d_path, dtype, device)
-    # names in records and study names: embedded and hub ids as given, local folders by absolute path
-    short = lambda m, p: p if m not in EMBEDDED and p != m and os.path.isdir(p) else m  # noqa: E731
-    name = f"{short(drafter, d_path) if drafter else None}->{short(verifier, v_path)}"
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=name if dtype == "bfloat16" else f"{name}@{dtype}",
+    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype),
                      batch_size=batch_size)
+
+
+def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> str:
+    """The pair's name in records and study names (``load_pair``'s ``backend.name``),
+    without loading anything: ``<drafter>-><verifier>``, embedded names and hub ids as
+    given, local folders by absolute path, ``@<dtype>`` unless bfloat16."""
+    from ..embedded import EMBEDDED
+
+    def short(model: str | None) -> str:
+        local = model is not None and model not in EMBEDDED and (model.startswith((".", "/", "~"))
+                                                                  or os.path.exists(model))
+        return os.path.abspath(os.path.expanduser(model)) if local else str(model)
+
+    name = f"{short(drafter)}->{short(verifier)}"
+    return name if dtype == "bfloat16" else f"{name}@{dtype}"

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from . import info, plan, run, serve, transfer, tune  # noqa: F401 - each registers its commands on app
-from .app import app, console
+from .app import app, console, fit_pipes
 
 __all__ = ["app", "console", "main"]
 
 
 def main() -> None:
     """Entry point of the ``relaxtune`` command."""
+    fit_pipes()
     app()
 

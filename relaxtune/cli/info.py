@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import typer
-from rich.table import Table
 
 from ..methods import METHODS
-from .app import app, console
-
+from .app import App, app, console
+from .tables import JSON, Col, print_json, show
 
 def _fmt(value: float | None) -> str:
     if value is None:
@@ -22,47 +21,55 @@ def _fmt(value: float | None) -> str:
 
 
 @app.command()
-def methods() -> None:
+def methods(json_output: bool = JSON) -> None:
     """List the relaxed verification methods, their knob (alpha) and strict point."""
-    table = Table(title="relaxed speculative sampling methods")
-    for col in ("method", "knob", "valid range", "strict at", "paper grid", "full rows"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("rule")
+    rows = []
     for spec in METHODS.values():
         close = ")" if spec.high_open or math.isinf(spec.high) else "]"
         rng = f"[{_fmt(spec.low)}, {_fmt(spec.high)}{close}" if spec.has_knob else "-"
         strict = ("< 0" if spec.strict_below_zero else _fmt(spec.strict_point)) if spec.has_knob else "-"
-        table.add_row(
-            spec.id, spec.knob or "-", rng, strict, ", ".join(_fmt(g) for g in spec.grid) or "-",
-            "no" if spec.pointwise else "yes", spec.description,
-        )
-    console.print(table)
+        rows.append({"method": spec.id, "knob": spec.knob or "-", "valid range": rng, "strict at": strict,
+                     "paper grid": ", ".join(_fmt(g) for g in spec.grid) or "-",
+                     "full rows": "no" if spec.pointwise else "yes", "rule": spec.description})
+    if json_output:
+        print_json(rows)
+        return
+    cols = [Col("method"), Col("knob", 2), Col("valid range", 3), Col("strict at", 5), Col("paper grid", 4),
+            Col("full rows", 6), Col("rule", wrap=True)]
+    show("relaxed speculative sampling methods", cols, [list(r.values()) for r in rows])
 
 
-tasks_app = typer.Typer(help="List task specs, or validate one.", invoke_without_command=True)
+tasks_app = App(help="List task specs, or validate one.", invoke_without_command=True)
 app.add_typer(tasks_app, name="tasks")
 
 
 @tasks_app.callback()
-def tasks(ctx: typer.Context) -> None:
+def tasks(ctx: typer.Context, json_output: bool = JSON) -> None:
     """List the task specs of evals/ (name, version, grader, data source)."""
     if ctx.invoked_subcommand is not None:
         return
     from ..tasks import evals_dir, list_tasks, load_task
 
-    table = Table(title=f"tasks in {evals_dir()}")
-    for col in ("task", "version", "grader", "repeats", "max tokens", "data"):
-        table.add_column(col)
+    rows = []
     for name in list_tasks():
         try:
             t = load_task(name)
         except ValueError as err:
-            table.add_row(name, "-", "[red]invalid[/red]", "-", "-", str(err).splitlines()[0])
+            problem = str(err).splitlines()
+            rows.append({"task": name, "version": "-", "grader": "invalid", "repeats": "-", "max tokens": "-",
+                         "data": problem[1].strip() if len(problem) > 1 else problem[0]})
             continue
         d = t.dataset
         source = d.package or (str(d.data_files) if d.data_files else f"{d.path}:{d.split}")
-        table.add_row(t.name, str(t.version), t.grader.kind, str(t.repeats), str(t.max_new_tokens), source)
-    console.print(table)
+        rows.append({"task": t.name, "version": str(t.version), "grader": t.grader.kind, "repeats": str(t.repeats),
+                     "max tokens": str(t.max_new_tokens), "data": source})
+    if json_output:
+        print_json(rows)
+        return
+    cols = [Col("task"), Col("version", 3, justify="right"), Col("grader"), Col("repeats", 2, justify="right"),
+            Col("max tokens", 1, justify="right"), Col("data", wrap=True)]
+    show(f"tasks in {evals_dir()}", cols, [[("[red]invalid[/red]" if v == "invalid" else v) for v in r.values()]
+                                          for r in rows])
 
 
 @tasks_app.command("validate")
@@ -70,7 +77,7 @@ def tasks_validate(
     file: str = typer.Argument(..., help="path to a task YAML"),
     load: bool = typer.Option(False, help="also load the data and format the first prompt"),
 ) -> None:
-    """Check a task spec (and optionally its data)."""
+    """Check a task spec (and optionally its data): one line per invalid field."""
     from ..tasks import load_problems, load_task
 
     try:
@@ -80,17 +87,39 @@ def tasks_validate(
             raise ValueError("the dataset holds no problems")
         console.print(f"[green]valid[/green]: {spec.name} v{spec.version} ({spec.grader.kind} grader)")
         if first:
-            console.print(f"first problem {first[0].id}:\n{first[0].prompt}")
+            console.print(f"first problem {first[0].id}:\n{first[0].prompt}", markup=False)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        console.print(f"[red]invalid[/red]: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        head, *fields = message.splitlines()
+        console.print(f"[red]invalid[/red]: {head}", soft_wrap=True)
+        for line in fields:
+            console.print(f"  {line.strip()}", soft_wrap=True, markup=False, highlight=False)
         raise typer.Exit(1) from None
 
 
 @app.command()
 def ui(
-    mlflow_uri: str = typer.Option("sqlite:///mlflow.db"),
-    storage: str = typer.Option("sqlite:///relaxtune-runs/optuna.db"),
+    mlflow_uri: str = typer.Option("sqlite:///mlflow.db", help="the tuning runs' MLflow tracking URI"),
+    storage: str = typer.Option("sqlite:///relaxtune-runs/optuna.db", help="the Optuna storage of the studies"),
+    port: int = typer.Option(5000, help="the MLflow UI's port"),
 ) -> None:
-    """Print the commands that open the MLflow and Optuna dashboards."""
-    console.print(f"MLflow (runs, Pareto figures, tuned configs):  mlflow ui --backend-store-uri {mlflow_uri}")
-    console.print(f"Optuna (studies, trials):  pip install optuna-dashboard && optuna-dashboard {storage}")
+    """Print how to open the results: the MLflow UI (runs, decision, figures) and
+    optuna-dashboard (the studies, which are ordinary Optuna RDB studies)."""
+    local = not mlflow_uri.startswith(("http://", "https://"))
+    base = f"http://127.0.0.1:{port}" if local else mlflow_uri.rstrip("/")
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+    run = lambda command: console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)  # noqa: E731
+    say("MLflow: each task run's page holds the decision (params, metrics, description); figures are under "
+        "Artifacts.")
+    if local:
+        run(f"mlflow ui --backend-store-uri {mlflow_uri} --port {port}")
+    run(f"open {base}/#/experiments?workflowType=machine_learning")
+    say("The experiments are relaxtune-<task>; MLflow 3.17 remembers its GenAI / Model training switch per "
+        "browser, and the workflowType above selects the model-training view (runs, not traces).")
+    say("Optuna: the studies are ordinary Optuna RDB studies, one per task and method (<task>__<method>__<pair>); "
+        "optuna-dashboard shows their trials, the Pareto front of modeled speed-up and accuracy and the history; "
+        "each trial's metrics are its user attribute 'metrics', its constraint values (each <= 0 when feasible) "
+        "'constraints'.")
+    run("pip install optuna-dashboard")
+    run(f"optuna-dashboard {storage} --port {port + 80}")
+    run(f"open http://127.0.0.1:{port + 80}")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from .app import app, console
+from .tables import JSON, Col, print_json, show
 
 DISCORDANCES = (0.02, 0.05, 0.1, 0.2, 0.4)
 
@@ -44,6 +45,7 @@ def plan_(
     problems: Optional[int] = typer.Option(None, min=1, help="the sample to assess \\[default: strict's records in "
                                            "--output-dir, else the task's problems]"),
     output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs' records are"),
+    json_output: bool = JSON,
 ) -> None:
     """Print the smallest drop the current sample can certify, and the problems x repeats needed to
     certify EPSILON at CONFIDENCE for a relaxed point with a given true drop and discordance."""
@@ -64,19 +66,25 @@ def plan_(
         result = plan(problems, repeats, epsilon, confidence, discordance, drop, power)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
+    rows = []
+    for delta in sorted({*DISCORDANCES, discordance}):
+        if delta >= abs(drop):
+            spread, concentrated = (problems_needed(epsilon, confidence, delta, drop, power, repeats, concentrated=c)
+                                    for c in ((False, True) if repeats > 1 else (False, False)))
+            rows.append({"discordance": delta, "problems": spread, "problems_concentrated": concentrated})
+    if json_output:
+        print_json({"source": source, "plan": asdict(result) | {"line": result.line()}, "needed": rows})
+        return
     console.print(f"sample: {problems} problems x {repeats}, from {source}", soft_wrap=True)
     console.print(result.line())
-    table = Table(title=f"to certify {epsilon:g} at {confidence:.0%}, {power:.0%} of the time (true drop {drop:g})",
-                  caption="normal approximation to the bound, never below what a perfect sample needs; the exact "
-                          "bounds need somewhat more at small samples")
-    table.add_column("discordance", justify="right")
-    table.add_column(f"problems x {repeats}" + (" (loss spread evenly)" if repeats > 1 else ""), justify="right")
+    cols = [Col("discordance", justify="right"),
+            Col(f"problems x {repeats}" + (" (loss spread evenly)" if repeats > 1 else ""), justify="right")]
     if repeats > 1:
-        table.add_column("(loss in a few problems)", justify="right")
-    for delta in sorted({*DISCORDANCES, discordance}):
-        if delta < abs(drop):
-            continue
-        row = [problems_needed(epsilon, confidence, delta, drop, power, repeats, concentrated=c)
-               for c in ((False, True) if repeats > 1 else (False,))]
-        table.add_row(f"{delta:.2f}", *("-" if k is None else str(k) for k in row))
-    console.print(table)
+        cols.append(Col("(loss in a few problems)", justify="right"))
+    # title and caption as lines: a table this narrow would wrap them into a column
+    console.print(f"to certify {epsilon:g} at {confidence:.0%}, {power:.0%} of the time (true drop {drop:g}):")
+    show(None, cols, [[f"{r['discordance']:.2f}", *("-" if k is None else str(k) for k in
+                                                    (r["problems"], r["problems_concentrated"])[: len(cols) - 1])]
+                      for r in rows])
+    console.print("normal approximation to the bound, never below what a perfect sample needs; the exact bounds "
+                  "need somewhat more at small samples")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from .app import app, console
+from .app import app, console, status
 from .options import TUNE_FLAGS
+from .tables import JSON, Col, print_json, show
 
 
 @app.command()
@@ -26,6 +26,7 @@ def generate(
     seed: int = typer.Option(0),
     dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
+    json_output: bool = JSON,
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
     from ..backends.hf import load_pair
@@ -44,7 +45,7 @@ def generate(
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    with console.status(f"loading {drafter} -> {verifier} ({dtype})"):
+    with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
         try:
             backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
         except (OSError, ValueError, RuntimeError) as err:
@@ -54,22 +55,25 @@ def generate(
     runs = [(method, alpha)] + ([(AR, None)] if baseline and method != AR else [])
     results = {}
     for name, knob in runs:
-        with console.status(f"generating with {name} (up to {max_new_tokens} tokens)"):
+        with status(f"generating with {name} (up to {max_new_tokens} tokens)", json_output):
             results[name] = run(backend, ids, method=name, knob=knob, n_draft=n_draft, sampling=sampling,
                                 max_new_tokens=max_new_tokens, seed=seed)
+    speed = (results[method].stats.tokens_per_second / results[AR].stats.tokens_per_second
+             if AR in results and method != AR else None)
+    if json_output:
+        print_json({"text": results[method].text, "stats": {name: g.stats.to_dict() for name, g in results.items()},
+                    "measured_speedup": speed})
+        return
     console.rule(f"{method}" + (f" {alpha:g}" if alpha is not None else ""))
-    console.print(results[method].text)
-    table = Table(title="decoding statistics")
-    for col in ("run", "tokens", "tok/s", "rounds", "l_accept", "draft s", "verify s", "other s", "finish"):
-        table.add_column(col, justify="right")
-    for name, g in results.items():
-        s = g.stats
-        table.add_row(name, str(s.response_tokens), f"{s.tokens_per_second:.2f}", str(s.rounds),
-                      f"{s.acceptance_length:.2f}", f"{s.draft_seconds:.1f}", f"{s.verify_seconds:.1f}",
-                      f"{s.overhead_seconds:.2f}", s.finish_reason)
-    console.print(table)
-    if AR in results and method != AR:
-        speed = results[method].stats.tokens_per_second / results[AR].stats.tokens_per_second
+    console.print(results[method].text, markup=False, highlight=False)
+    cols = [Col("run"), Col("tokens", justify="right"), Col("tok/s", justify="right"), Col("rounds", 3, justify="right"),
+            Col("l_accept", justify="right"), Col("draft s", 2, justify="right"), Col("verify s", 2, justify="right"),
+            Col("other s", 4, justify="right"), Col("finish", 1)]
+    rows = [[name, str(g.stats.response_tokens), f"{g.stats.tokens_per_second:.2f}", str(g.stats.rounds),
+             f"{g.stats.acceptance_length:.2f}", f"{g.stats.draft_seconds:.1f}", f"{g.stats.verify_seconds:.1f}",
+             f"{g.stats.overhead_seconds:.2f}", g.stats.finish_reason] for name, g in results.items()]
+    show("decoding statistics", cols, rows)
+    if speed is not None:
         console.print(f"measured wall-clock speed-up over AR: {speed:.2f}x")
 
 
@@ -92,6 +96,7 @@ def eval_(
     batch_size: Optional[int] = typer.Option(None, min=1, help="sequences the in-process engine decodes together "
                                              "\\[default: 8 on CPU, 32 on GPU]"),
     output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
+    json_output: bool = JSON,
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
     import json
@@ -107,7 +112,7 @@ def eval_(
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
-    with console.status(f"loading {drafter} -> {verifier}"):
+    with status(f"loading {drafter} -> {verifier}", json_output):
         try:
             if verifier_url or drafter_url or native_url:
                 from ..job import load_backend
@@ -131,11 +136,14 @@ def eval_(
             backend.close()
     summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
     result.path.with_suffix(".results.json").write_text(json.dumps(summary, indent=2))
-    table = Table(title=f"{spec.name} v{spec.version}, {config.label}")
-    for col in ("accuracy", "95% CI", "n", "failed", "l_accept", "mean length", "truncated", "tok/s"):
-        table.add_column(col, justify="right")
-    table.add_row(f"{result.accuracy:.3f}", f"[{result.ci_low:.3f}, {result.ci_high:.3f}]", str(result.n),
-                  str(result.failed), f"{result.l_accept:.2f}", f"{result.mean_length:.0f}",
-                  f"{result.truncated:.0%}", f"{result.tokens_per_second:.2f}")
-    console.print(table)
-    console.print(f"records: {result.path}", soft_wrap=True)
+    if json_output:
+        print_json(summary | {"records": str(result.path)})
+        return
+    cols = [Col("accuracy", justify="right"), Col("95% CI", justify="right"), Col("n", justify="right"),
+            Col("failed", 2, justify="right"), Col("l_accept", justify="right"), Col("mean length", 3, justify="right"),
+            Col("truncated", 1, justify="right"), Col("tok/s", justify="right")]
+    show(f"{spec.name} v{spec.version}, {config.label}", cols, [[
+        f"{result.accuracy:.3f}", f"[{result.ci_low:.3f}, {result.ci_high:.3f}]", str(result.n), str(result.failed),
+        f"{result.l_accept:.2f}", f"{result.mean_length:.0f}", f"{result.truncated:.0%}",
+        f"{result.tokens_per_second:.2f}"]])
+    console.print(f"records: {result.path}", soft_wrap=True, markup=False)

@@ -6,40 +6,48 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from .app import app, console
+from .app import app, console, say, status
 from .options import settings_from, tune_options
+from .tables import Col, print_json, show
 
 
 def _summary(config, path) -> None:
+    """The config as a table fitted to the console (a method without a confirmed
+    point shows the last point that failed confirmation, or the closest), why a
+    method exports no point, what the sample can certify, the recommendation, what
+    a reader must not miss (``relaxtune.job.cautions``) and where to read more."""
     from ..job import cautions
+    from ..tracking import run_url
 
     conf = config.confirmation
-    table = Table(title=f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
-                        f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}")
-    for col in ("method", "confirmed", "knob", "N", "strict acc", "acc", "search UCB", "confirm UCB", "l_accept",
-                "L ratio", "speed-up", "trials (pruned/failed)", "tokens"):
-        table.add_column(col, justify="right")
     f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
+    rows = []
     for r in config.methods.values():
         tried = len((r.confirmation or {}).get("attempts", []))
         if r.feasible:
-            table.add_row(r.method, f"yes (try {tried})", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
-                          f(r.n_draft, "d"), f(r.strict_accuracy), f(r.accuracy), f(r.search_drop_upper_bound),
-                          f(r.drop_upper_bound), f(r.l_accept, ".2f"), f(r.length_ratio, ".2f"),
-                          f(r.modeled_speedup, ".2f"), f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
+            rows.append([r.method, f"yes (try {tried})", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                         f(r.n_draft, "d"), f(r.modeled_speedup, ".2f"), f(r.search_drop_upper_bound),
+                         f(r.drop_upper_bound), f(r.accuracy), f(r.strict_accuracy), f"{r.trials} ({r.pruned}/{r.failed})",
+                         f(r.l_accept, ".2f"), f(r.length_ratio, ".2f"), str(r.tokens_spent)])
             continue
         attempts = (r.confirmation or {}).get("attempts") or []
         c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
         knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
         search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
-        table.add_row(r.method, f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]", knob,
-                      f(c.get("n_draft"), "d"), f(c.get("strict_accuracy")), f(c.get("accuracy")), f(search),
-                      f(c.get("drop_upper_bound") if attempts else None), f(c.get("l_accept"), ".2f"),
-                      f(c.get("length_ratio"), ".2f"), f(c.get("modeled_speedup"), ".2f"),
-                      f"{r.trials} ({r.pruned}/{r.failed})", str(r.tokens_spent))
-    console.print(table)
+        rows.append([r.method, f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]", knob,
+                     f(c.get("n_draft"), "d"), f(c.get("modeled_speedup"), ".2f"), f(search),
+                     f(c.get("drop_upper_bound") if attempts else None), f(c.get("accuracy")),
+                     f(c.get("strict_accuracy")), f"{r.trials} ({r.pruned}/{r.failed})", f(c.get("l_accept"), ".2f"),
+                     f(c.get("length_ratio"), ".2f"), str(r.tokens_spent)])
+    cols = [Col("method"), Col("confirmed"), Col("knob"), Col("N", justify="right"), Col("speed-up", justify="right"),
+            Col("search UCB", justify="right"), Col("confirm UCB", justify="right"), Col("acc", 1, justify="right"),
+            Col("strict acc", 2, justify="right"), Col("trials", 3, justify="right"),
+            Col("l_accept", 4, justify="right"), Col("L ratio", 5, justify="right"), Col("tokens", 6, justify="right")]
+    show(f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
+         f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}", cols, rows,
+         caption="UCB: upper bound of the accuracy drop vs strict (confirm: the exported one); trials: done "
+                 "(pruned/failed)")
     for r in config.methods.values():  # why a method exports no point (its row: the last failed or the closest)
         if r.note:
             console.print(f"{r.method}: {r.note}", soft_wrap=True)
@@ -57,30 +65,50 @@ def _summary(config, path) -> None:
     console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
     for line in cautions(config):
         console.print(f"[bold yellow]warning[/bold yellow]: {escape(line)}", soft_wrap=True)
-    console.print(f"tuned config: {path}", soft_wrap=True)
-    if config.mlflow:
-        console.print(f"MLflow: mlflow ui --backend-store-uri {config.mlflow['tracking_uri']}  "
-                      f"(experiment {config.mlflow['experiment']})")
+    console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
+    m = config.mlflow
+    if m:
+        console.print(f"MLflow: mlflow ui --backend-store-uri {m['tracking_uri']}  (experiment {m['experiment']})",
+                      soft_wrap=True, markup=False)
+        if m.get("experiment_id"):
+            console.print(f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}", soft_wrap=True,
+                          markup=False)
+
+
+def _json_option(fn):
+    """Add ``--json`` to a ``tune_options`` command's signature."""
+    import inspect
+
+    option = typer.Option(False, "--json", help="print the tuned config as JSON on stdout (progress goes to stderr)")
+    param = inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=option, annotation=bool)
+    fn.__signature__ = fn.__signature__.replace(parameters=[*fn.__signature__.parameters.values(), param])
+    return fn
 
 
 @app.command()
+@_json_option
 @tune_options
-def tune(config: Optional[str] = None, **flags) -> None:
+def tune(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
     """Tune alpha (and N) per method on a task under a capability-loss budget; log to MLflow; export a config."""
-    _run_job(settings_from(config, flags), new_trials=True)
+    _run_job(settings_from(config, flags), new_trials=True, json_output=json_output)
 
 
 @app.command("export")
+@_json_option
 @tune_options
-def export_(config: Optional[str] = None, **flags) -> None:
-    """Re-export the tuned config from finished studies (no new trials). Starts
-    from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml);
-    options override them, e.g. another --epsilon."""
+def export_(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
+    """Re-export the tuned config from finished studies with another budget (no new trials).
+
+    Starts from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml); options override them,
+    e.g. another --epsilon. Writes its own file (<output-dir>/<task>.tuned.eps<epsilon>.yaml, or --export) and its
+    own MLflow run, linked to the tuning run it read, which it never modifies. Refuses, before loading any model,
+    when there is nothing to export."""
     import yaml
 
     from ..job import job_file
     from ..tasks import load_task
 
+    tell = say(json_output)
     base = None
     from_file = {}
     if config:  # the job's YAML may name the task and the output folder
@@ -98,26 +126,32 @@ def export_(config: Optional[str] = None, **flags) -> None:
             raise typer.BadParameter(str(err)) from None
         if saved.exists():
             base = yaml.safe_load(saved.read_text())
-            console.print(f"starting from the tuning run's settings: {saved}", soft_wrap=True)
+            base.pop("export", None)  # the tuning run's config path: an export writes its own file
+            tell(f"starting from the tuning run's settings: {saved}")
         else:
-            console.print(f"[yellow]no {saved}: give the tuning run's --limit, --n-drafts and --methods[/yellow]")
-    _run_job(settings_from(config, flags, base), new_trials=False)
+            tell(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
+    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output)
 
 
-def _run_job(settings, new_trials: bool) -> None:
+def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     from ..job import JobError, prepare, run_tune_job
 
+    log = say(json_output)
+    loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
-        with console.status(f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"):
-            spec, problems, backend = prepare(settings)
-    except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError
+        with status(loading, json_output):
+            spec, problems, backend = prepare(settings, new_trials=new_trials)
+    except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     try:
-        log = lambda message: console.print(message, soft_wrap=True)  # noqa: E731 - paths stay on one line
         config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None
     finally:
         if hasattr(backend, "close"):  # SGLang: the HTTP client and its event loop
             backend.close()
-    _summary(config, path)
+    if json_output:
+        print_json(config.model_dump(mode="json") | {"path": str(path)})
+    else:
+        _summary(config, path)
+

@@ -1,0 +1,388 @@
+"""The figures of a tuning job (matplotlib, Agg), drawn to be read at the size
+MLflow previews an artifact (about 900 px wide).
+
+- ``method_figure``: one method's trials on two panels sharing the x axis
+  (modeled speed-up over AR): accuracy with its 95 % interval, strict at every N
+  and AR, the budget ``strict - epsilon`` shaded under strict's accuracy; below,
+  the paired accuracy drop vs strict with its one-sided bounds and the line
+  ``drop = epsilon`` (a point is feasible when its upper bound stays under it).
+- ``combined_figure``: every method on the same panels, each in its colour.
+- ``knob_figure``: one method's modeled speed-up and drop against its knob, one
+  colour per draft length, strict's speed-up at each N as a reference line (the
+  paper's way of reading the trade-off: Xia, Ribar and Balanca, arXiv
+  2607.08690, the speed-up and accuracy curves over alpha).
+
+On the drop panel a confirmed point also shows its confirmation run's bound on
+fresh samples (a green bar; red when the confirmation failed) beside the
+search's bound. Strict, AR, the chosen point (a gold star), the closest point
+of a method that exports none (a red ring) and every point that failed
+confirmation keep distinct markers and get labels with leader lines, placed
+where they overlap neither each other nor the panel's edge, so coinciding
+points stay legible.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .pareto import Point, pareto_front
+
+__all__ = ["method_figure", "combined_figure", "knob_figure"]
+
+STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 10.5, "legend.fontsize": 9.5,
+         "xtick.labelsize": 9.5, "ytick.labelsize": 9.5}
+STRICT, AR, CHOSEN, CLOSEST, BUDGET, CONFIRMED = "dimgray", "black", "gold", "crimson", "tab:red", "tab:green"
+# label offsets tried in order (points), until one overlaps neither another label nor the panel's edge
+OFFSETS = [(16, 16), (16, -24), (-16, 16), (-16, -24), (36, 40), (36, -46), (-36, 40), (-36, -46),
+           (60, 4), (-60, 4), (0, 60), (0, -64), (-36, -90), (36, -90), (-36, -134), (36, -134)]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(title: str, xlabel: str):
+    """A figure with the accuracy (or speed-up) panel over the drop panel."""
+    plt = _plt()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.8, 8.4), dpi=100, sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    top.set_title(title)
+    bottom.set_xlabel(xlabel)
+    bottom.set_ylabel("accuracy drop vs strict\n(paired, with its bounds)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    return fig, top, bottom
+
+
+def _bars(ax, x: float, y: float, low: float | None, high: float | None, color, alpha: float = 0.6) -> None:
+    """A vertical interval [low, high] around y (nothing when unknown)."""
+    if low is None or high is None:
+        return
+    ax.errorbar([x], [y], yerr=[[max(y - low, 0.0)], [max(high - y, 0.0)]], fmt="none", ecolor=color,
+                elinewidth=1.2, capsize=3, alpha=alpha, zorder=2)
+
+
+def _trial_marker(ax, x: float, y: float, p: Point, color, alpha: float = 1.0) -> None:
+    if p.state == "PRUNED":
+        ax.scatter([x], [y], marker="x", s=40, color=color, alpha=0.7 * alpha, zorder=3)
+    else:
+        ax.scatter([x], [y], marker="o", s=44, color=color if p.feasible else "white", edgecolors=color,
+                   linewidths=1.5, alpha=alpha, zorder=4)
+
+
+def _marks(ax, x: float, y: float, p: Point, star_color=CHOSEN) -> None:
+    """The chosen star and the closest ring, drawn under the point's own marker."""
+    if p.chosen:
+        ax.scatter([x], [y], marker="*", s=420, color=star_color, edgecolors="black", linewidths=1.0, zorder=3.5)
+    if p.closest:
+        ax.scatter([x], [y], marker="o", s=300, facecolors="none", edgecolors=CLOSEST, linewidths=2.2, zorder=3.5)
+
+
+def _draw_trials(top, bottom, points: list[Point], color, x_of, y_of, alpha: float = 1.0, star_color=CHOSEN) -> None:
+    """Each trial on both panels: ``y_of(p)`` (value, low, high) on the top panel, its drop below."""
+    for p in points:
+        x = x_of(p)
+        y, low, high = y_of(p)
+        _bars(top, x, y, low, high, color, 0.5 * alpha)
+        _trial_marker(top, x, y, p, color, alpha)
+        _marks(top, x, y, p, star_color)
+        if p.drop is not None:
+            _bars(bottom, x, p.drop, p.drop_lcb, p.drop_ucb, color, 0.5 * alpha)
+            _trial_marker(bottom, x, p.drop, p, color, alpha)
+            _marks(bottom, x, p.drop, p, star_color)
+        if p.confirm_drop_ucb is not None:
+            bottom.scatter([x], [p.confirm_drop_ucb], marker="_", s=420, linewidths=2.5, zorder=5,
+                           color=CONFIRMED if p.confirm_passed is not False else CLOSEST)
+
+
+def _baselines(top, bottom, baselines: list[Point]) -> None:
+    for p in baselines:
+        marker, color = ("s", AR) if p.kind == "ar" else ("D", STRICT)
+        _bars(top, p.speedup, p.accuracy, p.ci_low, p.ci_high, color)
+        top.scatter([p.speedup], [p.accuracy], marker=marker, s=50, color=color, zorder=5)
+        bottom.scatter([p.speedup], [0.0], marker=marker, s=50, color=color, zorder=5)
+
+
+def _reference(baselines: list[Point], points: list[Point]) -> Point | None:
+    """The strict point whose accuracy the budget is drawn under: at the N of the
+    chosen (else the closest) point, else the first strict N."""
+    strict = {p.n_draft: p for p in baselines if p.kind == "strict"}
+    for flag in ("chosen", "closest"):
+        for p in points:
+            if getattr(p, flag) and p.n_draft in strict:
+                return strict[p.n_draft]
+    return next(iter(strict.values()), None)
+
+
+def _budget(top, bottom, ref: Point | None, epsilon: float) -> None:
+    """``strict - epsilon`` shaded under strict's accuracy, and ``drop = epsilon`` with
+    the infeasible side shaded."""
+    if ref is not None:
+        top.axhspan(ref.accuracy - epsilon, ref.accuracy, color="tab:green", alpha=0.10, zorder=0)
+        top.axhline(ref.accuracy - epsilon, color="tab:green", ls="--", lw=1.2, zorder=1)
+    bottom.axhline(0.0, color=STRICT, lw=0.8, zorder=1)
+    bottom.axhline(epsilon, color=BUDGET, ls="--", lw=1.4, zorder=1)
+    bottom.axhspan(epsilon, max(1.0, epsilon + 1.0), color=BUDGET, alpha=0.06, zorder=0)
+
+
+def _limits(ax, values: list[float], pad: float = 0.08) -> None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, 0.05)
+    ax.set_ylim(lo - pad * span - 0.02, hi + pad * span + 0.02)
+
+
+def _drop_limits(bottom, points: list[Point], epsilon: float) -> None:
+    _limits(bottom, [0.0, epsilon] + [v for p in points for v in (p.drop_lcb, p.drop_ucb, p.confirm_drop_ucb)])
+
+
+def _acc_limits(top, points: list[Point], ref: Point | None, epsilon: float) -> None:
+    values = [v for p in points for v in (p.ci_low, p.ci_high, p.accuracy)]
+    _limits(top, values + ([ref.accuracy - epsilon] if ref is not None else []))
+
+
+def _labels(ax, items: list[tuple[float, float, str, str]], avoid: list[tuple[float, float]] = ()) -> None:
+    """Label points ``(x, y, text, colour)`` with leader lines, each where its text
+    overlaps neither an earlier label, nor a labelled point, nor the panel's edge,
+    and, where one such place exists, no point of ``avoid`` either; where no
+    offset is clear, at the one inside the panel that overlaps the fewest labels."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+
+    def boxes(points):
+        return [Bbox.from_bounds(px - 7, py - 7, 14, 14) for px, py in (ax.transData.transform(p) for p in points)]
+
+    def place(x, y, text, color, dx, dy):
+        ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=9,
+                          ha="left" if dx > 0 else "right" if dx < 0 else "center", va="bottom" if dy > 0 else "top",
+                          bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, lw=1.0, alpha=0.92),
+                          arrowprops=dict(arrowstyle="-", color=color, lw=1.0), zorder=6)
+        ann.update_positions(renderer)
+        return ann, Text.get_window_extent(ann, renderer).padded(4)  # the text alone, not its leader line
+
+    taken, others = boxes([(x, y) for x, y, _, _ in items]), boxes(avoid)
+    for x, y, text, color in items:
+        placed, scores = None, []
+        for strict, (dx, dy) in ((strict, offset) for strict in (True, False) for offset in OFFSETS):
+            ann, box = place(x, y, text, color, dx, dy)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            crossed = sum(box.overlaps(b) for b in taken + (others if strict else []))
+            if inside and not crossed:
+                placed = box
+                break
+            ann.remove()
+            scores.append((not inside, crossed, dx, dy))
+        if placed is None:  # no clear place: the least crowded one, inside the panel where possible
+            _, _, dx, dy = min(scores)
+            _, placed = place(x, y, text, color, dx, dy)
+        taken.append(placed)
+
+
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _point_labels(points: list[Point], baselines: list[Point], epsilon: float, x_of=lambda p: p.speedup,
+                  y_of=lambda p: p.accuracy, failed_too: bool = True) -> list[tuple]:
+    """Labels for strict at each N, AR, the chosen point (its search and
+    confirmation bounds), the closest point and, with ``failed_too``, every
+    point that failed confirmation (both bounds: the search passed it, fresh
+    samples did not)."""
+
+    def over(bound: float | None) -> str:
+        return f" > eps {epsilon:g}" if bound is not None and bound > epsilon else ""
+
+    items = []
+    for p in points:
+        failed = failed_too and p.confirm_drop_ucb is not None and p.confirm_passed is False
+        if p.chosen:
+            bound = f"drop <= {_short(p.drop_ucb)}" + (f", confirmed <= {_short(p.confirm_drop_ucb)}"
+                                                      if p.confirm_drop_ucb is not None else "")
+            items.append((x_of(p), y_of(p), f"chosen: {p.label}\n{bound}", "darkgoldenrod"))
+        elif p.closest or failed:
+            why = "infeasible" if not p.feasible else "failed confirmation" if failed else "not exported"
+            head = f"closest ({why})" if p.closest else why
+            bound = f"drop <= {_short(p.drop_ucb)}{over(p.drop_ucb)}" + (
+                f", fresh <= {_short(p.confirm_drop_ucb)}{over(p.confirm_drop_ucb)}" if failed else "")
+            items.append((x_of(p), y_of(p), f"{head}: {p.label}\n{bound}", CLOSEST))
+    for p in baselines:
+        if x_of(p) is not None:
+            items.append((x_of(p), y_of(p), p.label, AR if p.kind == "ar" else STRICT))
+    return items
+
+
+def _legend(fig, handles: list, top_margin: float = 0.0) -> None:
+    """The legend under the panels (it never hides a point), and the layout around it."""
+    rows = math.ceil(len(handles) / 3)
+    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.035 * rows + 0.01, 1, 1 - top_margin))
+
+
+def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: bool = True,
+             chosen: str = "chosen point") -> list:
+    from matplotlib.lines import Line2D
+
+    def mark(marker, label, face, edge=None, size=8, **kw):
+        return Line2D([], [], ls="none", marker=marker, markersize=size, markerfacecolor=face,
+                      markeredgecolor=edge or face, label=label, **kw)
+
+    out = []
+    if with_trials:
+        out += [mark("o", "feasible trial", color), mark("o", "infeasible trial", "white", color),
+                mark("x", "pruned trial (part of the problems)", color, color)]
+    out += [mark("D", "strict (per N)", STRICT), mark("s", "AR (strict's distribution)", AR),
+            mark("*", chosen, CHOSEN, "black", 15),
+            mark("o", "closest point (none exported)", "none", CLOSEST, 14),
+            Line2D([], [], color="gray", lw=1.2, label="95 % interval / drop bounds")]
+    if ref is not None:
+        out.append(Line2D([], [], color="tab:green", ls="--", lw=1.2,
+                          label=f"budget: strict N={ref.n_draft} - eps ({epsilon:g})"))
+    out.append(Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})"))
+    return out
+
+
+def _confirm_handles(points: list[Point]) -> list:
+    """Legend entries for the confirmation bounds the figure draws."""
+    from matplotlib.lines import Line2D
+
+    kinds = {p.confirm_passed is not False for p in points if p.confirm_drop_ucb is not None}
+    return [Line2D([], [], ls="none", marker="_", markersize=16, markeredgewidth=2.5, color=color, label=label)
+            for passed, color, label in ((True, CONFIRMED, "confirmation bound (fresh samples)"),
+                                         (False, CLOSEST, "failed confirmation (fresh bound)"))
+            if passed in kinds]
+
+
+def method_figure(points: list[Point], baselines: list[Point], epsilon: float, title: str):
+    """One method's trials vs strict per N and AR (see the module doc).
+
+    Args:
+        points: the method's trial points (``relaxtune.pareto.study_points``).
+        baselines: strict per N and AR (``relaxtune.pareto.baseline_points``).
+        epsilon: the capability-loss budget (accuracy, absolute).
+        title: the figure's title.
+
+    Returns:
+        A matplotlib figure (close it after logging).
+    """
+    plt = _plt()
+    with plt.rc_context(STYLE):
+        fig, top, bottom = _panels(title, "modeled speed-up over AR (S_relax)")
+        top.set_ylabel("accuracy (95 % interval)")
+        ref = _reference(baselines, points)
+        _budget(top, bottom, ref, epsilon)
+        _draw_trials(top, bottom, points, "tab:blue", lambda p: p.speedup, lambda p: (p.accuracy, p.ci_low, p.ci_high))
+        front = pareto_front(points)
+        if len(front) > 1:
+            top.plot([p.speedup for p in front], [p.accuracy for p in front], color="tab:blue", lw=1.2, zorder=2)
+        _baselines(top, bottom, baselines)
+        _acc_limits(top, points + baselines, ref, epsilon)
+        _drop_limits(bottom, points, epsilon)
+        handles = _handles(epsilon, ref)
+        if len(front) > 1:
+            from matplotlib.lines import Line2D
+
+            handles.insert(3, Line2D([], [], color="tab:blue", lw=1.2, label="Pareto front (feasible)"))
+        _legend(fig, handles + _confirm_handles(points))
+        _labels(top, _point_labels(points, baselines, epsilon), [(p.speedup, p.accuracy) for p in points])
+    return fig
+
+
+def combined_figure(per_method: dict[str, list[Point]], baselines: list[Point], epsilon: float, title: str):
+    """Every method's trials (faint), its feasible front, chosen point (a star in the
+    method's colour) and closest point on the panels of ``method_figure``.
+
+    Returns:
+        A matplotlib figure (close it after logging).
+    """
+    from matplotlib.lines import Line2D
+
+    plt = _plt()
+    every = [p for points in per_method.values() for p in points]
+    with plt.rc_context(STYLE):
+        fig, top, bottom = _panels(title, "modeled speed-up over AR (S_relax)")
+        top.set_ylabel("accuracy (95 % interval)")
+        ref = _reference(baselines, [p for p in every if p.chosen] or every)
+        _budget(top, bottom, ref, epsilon)
+        handles = []
+        for i, (method, points) in enumerate(per_method.items()):
+            color = f"C{i % 10}"
+            _draw_trials(top, bottom, points, color, lambda p: p.speedup, lambda p: (p.accuracy, p.ci_low, p.ci_high),
+                         alpha=0.45, star_color=color)
+            front = pareto_front(points)
+            if len(front) > 1:
+                top.plot([p.speedup for p in front], [p.accuracy for p in front], "-", color=color, lw=1.6, zorder=3)
+            handles.append(Line2D([], [], color=color, marker="o", lw=1.6,
+                                  label=f"{method} (front)" if front else f"{method} (no feasible point)"))
+        _baselines(top, bottom, baselines)
+        _acc_limits(top, every + baselines, ref, epsilon)
+        _drop_limits(bottom, every, epsilon)
+        _legend(fig, handles + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)")
+                + _confirm_handles(every))
+        _labels(top, _point_labels(every, baselines, epsilon, failed_too=False),
+                [(p.speedup, p.accuracy) for p in every])
+    return fig
+
+
+def knob_figure(points: list[Point], baselines: list[Point], epsilon: float, knob_name: str, log: bool, title: str):
+    """One method's modeled speed-up (top) and paired drop (bottom) against its knob,
+    one colour per draft length N, strict's speed-up at each N as a dashed line.
+
+    Args:
+        points: the method's trial points; those without a knob are left out.
+        baselines: strict per N and AR.
+        epsilon: the budget; knob_name: the knob's name (x label).
+        log: a logarithmic knob axis (the method's search range is log-scaled;
+            symmetric-log when a knob is 0 or negative).
+
+    Returns:
+        A matplotlib figure, or None when no point has a knob.
+    """
+    from matplotlib.lines import Line2D
+
+    points = [p for p in points if p.knob is not None]
+    if not points:
+        return None
+    plt = _plt()
+    strict = {p.n_draft: p for p in baselines if p.kind == "strict"}
+    with plt.rc_context(STYLE):
+        fig, top, bottom = _panels(title, f"{knob_name} (the method's knob)")
+        top.set_ylabel("modeled speed-up over AR")
+        _budget(top, bottom, None, epsilon)
+        handles = []
+        for i, n in enumerate(sorted({p.n_draft for p in points})):
+            color = f"C{i % 10}"
+            mine = sorted((p for p in points if p.n_draft == n), key=lambda p: p.knob)
+            _draw_trials(top, bottom, mine, color, lambda p: p.knob, lambda p: (p.speedup, None, None))
+            top.plot([p.knob for p in mine], [p.speedup for p in mine], color=color, lw=0.8, alpha=0.5, zorder=2)
+            if n in strict:
+                top.axhline(strict[n].speedup, color=color, ls=":", lw=1.4, zorder=1)
+            handles.append(Line2D([], [], color=color, marker="o", lw=0.8, label=f"N={n} (dotted: strict N={n})"))
+        knobs = [p.knob for p in points]
+        if log and min(knobs) > 0:
+            top.set_xscale("log")
+        elif log:
+            top.set_xscale("symlog", linthresh=min([k for k in knobs if k > 0] or [0.01]))
+        _limits(top, [p.speedup for p in points] + [s.speedup for s in strict.values()] + [1.0])
+        _drop_limits(bottom, points, epsilon)
+        top.axhline(1.0, color=AR, lw=0.8, zorder=1)
+        marks = [Line2D([], [], ls="none", marker="o", markersize=8, markerfacecolor="gray", markeredgecolor="gray",
+                        label="feasible (hollow: infeasible, x: pruned)"),
+                 Line2D([], [], ls="none", marker="*", markersize=15, markerfacecolor=CHOSEN, markeredgecolor="black",
+                        label="chosen point"),
+                 Line2D([], [], ls="none", marker="o", markersize=14, markerfacecolor="none", markeredgecolor=CLOSEST,
+                        label="closest point (none exported)"),
+                 Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})")]
+        _legend(fig, handles + marks + _confirm_handles(points))
+        _labels(top, _point_labels(points, [], epsilon, lambda p: p.knob, lambda p: p.speedup),
+                [(p.knob, p.speedup) for p in points])
+    return fig

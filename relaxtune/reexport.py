@@ -1,0 +1,136 @@
+"""What an export (``relaxtune export``: a finished job judged again, no new trials)
+reads and where it writes, checked before any model loads: the tuning run's
+settings, the file the export writes (never the tuning run's own), and what it
+must find (the Optuna storage, each method's finished trials on as many
+problems, the cost profile, strict's records). ``relaxtune.job`` runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .evaluation import DecodeConfig, records_complete, records_path
+from .settings import TuneSettings, study_name
+
+__all__ = ["JobError", "job_file", "tuning_settings", "export_path", "export_storage", "check_exportable",
+           "same_problems"]
+
+
+class JobError(ValueError):
+    """The job cannot go on as asked (the message says why and what to do)."""
+
+
+def job_file(output_dir: str | Path, task: str) -> Path:
+    """``<output_dir>/<task>.job.yaml``: the settings of the last tuning run,
+    which ``relaxtune export`` starts from."""
+    return Path(output_dir) / f"{task}.job.yaml"
+
+
+def tuning_settings(output_dir: str | Path, task: str) -> TuneSettings | None:
+    """The settings of the task's last tuning run (``job_file``), or None when there
+    is none (or it no longer validates)."""
+    import pydantic
+
+    saved = job_file(output_dir, task)
+    try:
+        return TuneSettings(**yaml.safe_load(saved.read_text())) if saved.exists() else None
+    except (pydantic.ValidationError, yaml.YAMLError, TypeError):
+        return None
+
+
+def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Path:
+    """Where an export writes its config: ``settings.export``, else
+    ``<output_dir>/<task>.tuned.eps<epsilon>.yaml`` with ``.conf<c>``, ``.lr<r>``,
+    ``.trunc<t>`` and ``.<methods>`` before ``.yaml`` for each judging setting that
+    differs from the tuning run's ``tuning`` (defaults when unknown), so exports with
+    different budgets never overwrite each other.
+
+    Raises:
+        JobError: the path is the tuning run's own config (an export never overwrites it).
+    """
+    base = tuning or TuneSettings(task=settings.task)
+    parts = [f"eps{settings.epsilon:g}"]
+    for key, short in (("confidence", "conf"), ("max_length_ratio", "lr"), ("max_truncated", "trunc")):
+        if getattr(settings, key) != getattr(base, key):
+            parts.append(f"{short}{getattr(settings, key)}")
+    if sorted(settings.methods) != sorted(base.methods):
+        parts.append("+".join(settings.methods))
+    output = Path(settings.output_dir)
+    path = Path(settings.export) if settings.export else output / f"{spec.name}.tuned.{'.'.join(parts)}.yaml"
+    tuned = Path(base.export) if tuning is not None and tuning.export else output / f"{spec.name}.tuned.yaml"
+    if path.resolve() == tuned.resolve():
+        raise JobError(f"--export {path} is the tuning run's own config: an export never overwrites it; give "
+                       "another path, or leave --export out (default: <output-dir>/<task>.tuned.eps<epsilon>.yaml)")
+    return path
+
+
+def export_storage(settings: TuneSettings, spec) -> str:
+    """The Optuna storage URL an export reads, checked without loading the task's
+    problems (an export in a folder no tuning run wrote to refuses at once), and
+    the export's own file (``export_path``).
+
+    Raises:
+        JobError: no sqlite storage file there, or ``--export`` is the tuning run's config.
+    """
+    output = Path(settings.output_dir)
+    export_path(settings, spec, tuning_settings(output, spec.name))
+    url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
+                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
+                       "tuning run's --output-dir or --storage")
+    return url
+
+
+def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
+    """Refuse an export before any model loads when there is nothing to export,
+    naming what is missing: the Optuna storage, each method's study and its
+    finished trials (on as many problems as asked), the tuning run's cost profile
+    (``--c-rel measured``), strict's records at every draft length the trials
+    used; or an ``--export`` path that is the tuning run's own config.
+
+    Raises:
+        JobError: what is missing, and what to do.
+    """
+    import optuna
+
+    output = Path(settings.output_dir)
+    url = export_storage(settings, spec)
+    names = optuna.study.get_all_study_names(storage=url)
+    missing, used = [], set()
+    for method in settings.methods:
+        name = study_name(spec.name, method, pair, spec.version)
+        pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
+        studies = [optuna.load_study(study_name=n, storage=url) for n in names
+                   if n == name or (pinned and n.startswith(f"{name}@"))]
+        done = [t for study in studies for t in study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))]
+        for study in studies:
+            same_problems(method, study, problems)
+        used |= {t.params["n_draft"] for t in done}
+        if not done:
+            missing.append(f"{method} (study {name} {'holds no finished trial' if studies else 'does not exist'})")
+    if missing:
+        others = sorted(n for n in names if n.split("__")[0] in (spec.name, f"{spec.name}-v{spec.version}"))
+        raise JobError(f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
+                       "--drafter, --verifier and --dtype), or export only the tuned --methods"
+                       + (f"; studies of {spec.name} there: {', '.join(others)}" if others else ""))
+    if settings.c_rel == "measured" and not settings.verifier_url:
+        saved = records_path(output, spec, DecodeConfig(), pair).with_name("cost_profile.json")
+        if not saved.exists():
+            raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
+                           "its --c-rel or run `relaxtune tune`")
+    for n in sorted(used):
+        if not records_complete(output, spec, DecodeConfig("strict", None, n, settings.seed), pair, problems):
+            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
+                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
+                           "`relaxtune tune`")
+
+
+def same_problems(method: str, study, problems) -> None:
+    """Refuse an export over another number of problems than the study's trials saw."""
+    used = study.user_attrs.get("problems")
+    if used is not None and used != len(problems):
+        raise JobError(f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
+                       "export with the tuning run's --limit")

@@ -1,0 +1,191 @@
+"""The terminal as a user meets it: tables that fit narrow terminals (every column
+in --json), help that reads cleanly, one line per invalid task field, the
+dashboards' recipes, progress as plain lines when piped, and an export that
+refuses before loading any model."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from relaxtune.cli import app
+from relaxtune.methods import METHODS
+from relaxtune.progress import LineProgress
+from relaxtune.tasks import load_task
+
+from .test_figures import tuned
+from .tiny_task import write_tiny_task
+
+runner = CliRunner()
+BOX = set("│┃┏┓┗┛━─┡┩┠┨╇╈┼┳┻")
+
+
+def table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if BOX & set(line)]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_tables_fit_narrow_terminals_and_json_keeps_every_column(width):
+    out = runner.invoke(app, ["methods"], env={"COLUMNS": str(width)})
+    assert out.exit_code == 0, out.output
+    lines = table_lines(out.output)
+    assert lines and all(len(line) <= width for line in lines), max(map(len, lines))
+    assert all(m in out.output for m in METHODS) and "not shown at" in out.output
+    assert "SGLang's built-in rule" in out.output  # the rule column stays, wrapped
+    wide = runner.invoke(app, ["methods"], env={"COLUMNS": "250"})
+    assert "full rows" in wide.output and "strict at" in wide.output and "not shown" not in wide.output
+    full = json.loads(runner.invoke(app, ["methods", "--json"], env={"COLUMNS": str(width)}).output)
+    assert [r["method"] for r in full] == list(METHODS)
+    assert set(full[0]) == {"method", "knob", "valid range", "strict at", "paper grid", "full rows", "rule"}
+
+    out = runner.invoke(app, ["tasks"], env={"COLUMNS": str(width)})
+    assert out.exit_code == 0 and all(len(line) <= width for line in table_lines(out.output))
+    assert "humaneval" in out.output and "gpqa_diamond" in out.output
+    tasks = json.loads(runner.invoke(app, ["tasks", "--json"]).output)
+    assert {t["task"] for t in tasks} >= {"humaneval", "gsm8k"} and all("repeats" in t for t in tasks)
+
+
+@pytest.mark.parametrize("width", [80, 100, 250])
+def test_the_tune_summary_fits(tmp_path, monkeypatch, capsys, width):
+    from relaxtune.cli.tune import _summary
+
+    _, _, config = tuned(tmp_path, cliff=20.0, epsilon=0.2)
+    monkeypatch.setenv("COLUMNS", str(width))
+    _summary(config, tmp_path / "x.tuned.yaml")
+    text = capsys.readouterr().out
+    lines = table_lines(text)
+    assert lines and all(len(line) <= width for line in lines)
+    row = next(line for line in lines if "cactus" in line)
+    for cell in ("delta=10", f"{config.methods['cactus'].modeled_speedup:.2f}",
+                 f"{config.methods['cactus'].drop_upper_bound:.3f}"):
+        assert cell in row  # the decision's columns are never the ones left out
+    assert ("not shown at" in text) == (width < 250) and "recommendation: cactus alpha=10 N=4" in text
+
+
+def test_help_texts_have_no_source_line_breaks():
+    group = typer.main.get_command(app)
+
+    def commands(cmd, path=()):
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from commands(sub, path + (name,))
+
+    seen = 0
+    for path, cmd in commands(group):
+        for text in [cmd.help or ""] + [p.help or "" for p in cmd.params]:
+            assert "\n" not in text.replace("\n\n", ""), (path, text)
+        if not path:
+            continue
+        seen += 1
+        out = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "100"})
+        assert out.exit_code == 0 and all(len(line) <= 100 for line in out.output.splitlines())
+        intro = out.output.split("Usage:")[1].split("╭")[0].splitlines()[1:]
+        for a, b in zip(intro, intro[1:]):  # a line of the description ends early only where a paragraph ends
+            if a.strip() and b.strip():
+                assert len(a.rstrip()) + 1 + len(b.split()[0]) > 97, (path, a, b)
+    assert seen >= 9
+    listing = runner.invoke(app, ["--help"], env={"COLUMNS": "250"}).output
+    export_help = group.commands["export"].help.split("\n\n")[0]
+    assert any(export_help in line for line in listing.splitlines())  # one line where the width allows
+
+
+def test_schema_errors_show_one_line_per_field(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nversion: 0\ndataset: {path: json}\nprompt: {templat: '{q}'}\n"
+                   "sampling: {temperature: hot}\n")
+    out = runner.invoke(app, ["tasks", "validate", str(bad)], env={"COLUMNS": "100"})
+    assert out.exit_code == 1
+    assert out.output.splitlines() == [
+        f"invalid: invalid task spec {bad}: 4 invalid field(s)",
+        "  version: input should be greater than or equal to 1 (got 0)",
+        "  prompt.templat: extra inputs are not permitted (got '{q}')",
+        "  grader: field required",
+        "  sampling.temperature: input should be a valid number, unable to parse string as a number (got 'hot')",
+    ]
+    bad.write_text("name: bad\n version: 1\n")
+    with pytest.raises(ValueError, match="not valid YAML\nline 2, column 9: mapping values are not allowed here$"):
+        load_task(bad)
+    bad.write_text("name: bad\nversion: 1\ndataset: {path: json}\ngrader: {kind: choice}\n")
+    with pytest.raises(ValueError, match=r"1 invalid field\(s\)\n\(spec\): a choice task needs fields.choices"):
+        load_task(bad)
+    monkeypatch.setenv("RELAXTUNE_EVALS", str(tmp_path))
+    listing = json.loads(runner.invoke(app, ["tasks", "--json"]).output)
+    assert listing == [{"task": "bad", "version": "-", "grader": "invalid", "repeats": "-", "max tokens": "-",
+                        "data": "(spec): a choice task needs fields.choices (first = correct answer)"}]
+
+
+def test_ui_prints_the_mlflow_and_optuna_dashboard_recipes():
+    out = runner.invoke(app, ["ui", "--storage", "sqlite:///runs/optuna.db", "--port", "5001"], env={"COLUMNS": "100"})
+    assert out.exit_code == 0
+    lines = out.output.splitlines()
+    assert "  mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001" in lines
+    assert "  open http://127.0.0.1:5001/#/experiments?workflowType=machine_learning" in lines
+    assert "  pip install optuna-dashboard" in lines and "  optuna-dashboard sqlite:///runs/optuna.db --port 5081" in lines
+    served = runner.invoke(app, ["ui", "--mlflow-uri", "http://tracking:5000/"]).output
+    assert "mlflow ui" not in served and "open http://tracking:5000/#/experiments?workflowType=machine_learning" in served
+
+
+def test_line_progress_prints_plain_timed_lines():
+    now = [100.0]
+    out = io.StringIO()
+    bar = LineProgress(4, "gsm8k strict-N4", file=out, interval=30.0, clock=lambda: now[0])
+    for step in (10.0, 25.0, 10.0, 50.0):  # lines only once 30 s passed since the last one
+        now[0] += step
+        bar.update()
+    bar.close()
+    assert out.getvalue().splitlines() == [
+        "gsm8k strict-N4: 4 samples to do",
+        "gsm8k strict-N4: 2/4 samples (50%), 0:35 elapsed, about 0:35 left",
+        "gsm8k strict-N4: 4/4 samples done in 1:35",
+    ]
+
+
+def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_dirs):
+    drafter, verifier = tiny_pair_dirs
+    task = write_tiny_task(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RELAXTUNE_PROGRESS_SECONDS": "0"}
+    proc = subprocess.run([sys.executable, "-m", "relaxtune.cli", "eval", "--task", task, "--limit", "3", "--method",
+                           "cactus", "--alpha", "1", "-n", "2", "--drafter", drafter, "--verifier", verifier, "--dtype",
+                           "float32", "--output-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("tiny_math cactus-1__N2__seed0: ")]
+    said = [line.split(": ", 1)[1] for line in progress]
+    assert len(said) == 4 and said[0] == "3 samples to do" and said[1].startswith("1/3 samples (33%), ")
+    assert said[2].startswith("2/3 samples (67%), ") and said[3].startswith("3/3 samples done in ")
+    assert "\r" not in proc.stderr + proc.stdout
+    assert proc.stdout.splitlines()[0] == f"loading {drafter} -> {verifier} ..."  # the spinner, as a line
+    assert all(len(line) <= 100 for line in table_lines(proc.stdout))  # a pipe's tables fit 100 columns
+
+
+def test_export_in_an_empty_folder_refuses_before_loading_models(tmp_path):
+    task = write_tiny_task(tmp_path)
+    out = runner.invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "empty"), "--drafter",
+                              str(tmp_path / "no-drafter"), "--verifier", str(tmp_path / "no-verifier"),
+                              "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], env={"COLUMNS": "300"})
+    text = " ".join(out.output.split())
+    assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text, text
+    assert "no model folder" not in text and not (tmp_path / "mlflow.db").exists()
+
+    unread = Path(task).with_name("unread.yaml")  # a dataset that cannot load: the storage is checked first
+    unread.write_text(Path(task).read_text().replace("tiny_math.jsonl", "absent.jsonl"))
+    out = runner.invoke(app, ["export", "--task", str(unread), "--output-dir", str(tmp_path / "empty")],
+                        env={"COLUMNS": "300"})
+    text = " ".join(out.output.split())
+    assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text and "absent" not in text, text
+
+
+def test_pair_names_are_known_before_loading(tiny_pair_dirs):
+    from relaxtune.backends.hf import load_pair, pair_name
+
+    drafter, verifier = tiny_pair_dirs
+    for dtype in ("float32", "bfloat16"):
+        assert pair_name(drafter, verifier, dtype) == load_pair(drafter, verifier, dtype=dtype).name
+    assert pair_name("qwen2.5-coder-0.5b-instruct", "Qwen/Qwen3-8B") == "qwen2.5-coder-0.5b-instruct->Qwen/Qwen3-8B"
+    assert pair_name(None, "./v", "float16") == f"None->{os.path.abspath('v')}@float16"
