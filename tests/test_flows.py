@@ -1,5 +1,6 @@
 """Prefect flows for real, in Prefect's test harness (a local ephemeral server)."""
 
+import json
 import threading
 from pathlib import Path
 
@@ -169,6 +170,12 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     text = " ".join(out.output.split())
     assert text.count(f"\u2713 <= {bounds.pop():.3f} (eps 0.9)") == 4 and "tiny_sums (delta=0.1 N=2)" in text
     assert "each cell judged at 97.50% one-sided" in text and text.count("transfer section written to") == 2
+    out = CliRunner().invoke(app, ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs),
+                                   "--mlflow-uri", settings["mlflow_uri"], "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)  # every field of every cell, messages on stderr
+    assert [(c["source"], c["target"], c["within_epsilon"]) for c in data["cells"]] == [c[:2] + c[3:] for c in cells]
+    assert data["confidence_each"] == 0.975 and len(data["written"]) == 2
 
 
 def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair_dirs):

@@ -7,7 +7,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .app import app, console
+from .app import app, console, say
+from .tables import JSON, print_json
 
 
 def _cell(cell) -> str:
@@ -58,6 +59,7 @@ def transfer_(
                                                "of the tuned configs']"),
     output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs wrote their records and configs"),
     mlflow_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI \\[default: sqlite:///mlflow.db]"),
+    json_output: bool = JSON,
 ) -> None:
     """Judge each task's tuned point on every other task (rows: where it was tuned, columns: where it is
     judged), against that task's strict and epsilon; log the matrix to MLflow and add a transfer section to
@@ -66,10 +68,15 @@ def transfer_(
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
-    log = lambda message: console.print(message, soft_wrap=True)  # noqa: E731 - paths stay on one line
+    log = say(json_output)  # paths stay on one line; with --json, on stderr
     try:
         matrix, written = run_transfer(names, chosen, confidence, output_dir=output_dir, mlflow_uri=mlflow_uri,
                                        log=log)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # TransferError is a ValueError
         raise typer.BadParameter(str(err)) from None
-    _summary(matrix, written, mlflow_uri)
+    if json_output:
+        print_json({"tasks": matrix.tasks, "methods": matrix.methods, "confidence": matrix.confidence,
+                    "confidence_each": matrix.confidence_each, "cells": matrix.rows(),
+                    "written": [str(p) for p in written]})
+    else:
+        _summary(matrix, written, mlflow_uri)
