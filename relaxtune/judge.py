@@ -15,8 +15,8 @@ from .settings import TuneSettings
 from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .stats import DropBound, drop_bound, paired_counts
 
-__all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible", "set_constraints",
-           "CONSTRAINTS", "VIOLATED"]
+__all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible",
+           "set_constraints", "CONSTRAINTS", "VIOLATED"]
 
 VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 

@@ -6,10 +6,13 @@ an RDB storage that any number of worker processes and hosts share
 (``relaxtune.studies``: each study's queue holds exactly ``trials`` trials, the
 paper's grid first; workers only run trials they take from it; heartbeats tell a
 dead worker's trial, which is retried once with the same parameters, and its
-finished samples are reused from the JSONL records). The sampler is
-multi-objective TPE with constraints (``Trial.set_constraint``), seeded per
-trial number and lying constantly about running trials, so workers draw
-different points:
+finished samples are reused from the JSONL records). After the grid, the
+sampler is ``relaxtune.search.RelaxationSampler``: it moves the fastest feasible
+knob to the draft length its measured acceptance predicts fastest and bisects
+between the strongest feasible and the weakest infeasible relaxation, else
+draws from multi-objective TPE with constraints (``Trial.set_constraint``);
+both are seeded per trial number and count running trials as tried, so workers
+draw different points:
 
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
@@ -20,7 +23,10 @@ different points:
   fresh samples (``relaxtune.confirm``).
 
 Cost control: a trial is evaluated in stages of ``stage_size`` problems and
-pruned as soon as the lower bound of its drop already exceeds epsilon. Strict
+pruned as soon as the lower bound of its drop already exceeds epsilon, or the
+upper bound of its speed-up falls below the ``confirmations``-th fastest
+feasible point's (it could never be confirmed); the grid runs strongest
+relaxation first, so that its weaker, slower points are the ones cut. Strict
 runs once per (task, pair, N, seed) and is reused by every study (its records
 are cached on disk); it also stands for AR (same output distribution), giving
 ``L_AR``. A failed or NaN evaluation is a FAILED trial, never a crash, replaced
