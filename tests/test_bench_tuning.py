@@ -86,7 +86,7 @@ def test_draws_are_reproducible_and_bad_names_are_refused():
 
 def test_grid_spends_exactly_its_points_on_every_problem_plus_strict(task, tmp_path):
     task.calls.clear()
-    run = run_strategy(task, "cactus", "grid", 0, f"sqlite:///{tmp_path}/optuna.db")
+    run = run_strategy(task, "cactus", "grid", 0, str(tmp_path))
     grid = get_method("cactus").grid
     p = task.family.problems
     want = sum(tokens(task, None, None, n, p) for n in PAPER_N) + sum(
@@ -101,7 +101,7 @@ def test_grid_spends_exactly_its_points_on_every_problem_plus_strict(task, tmp_p
 
 def test_search_counts_each_trial_up_to_its_last_stage(task, tmp_path):
     task.calls.clear()
-    run = run_strategy(task, "cactus", "search", 0, f"sqlite:///{tmp_path}/optuna.db")
+    run = run_strategy(task, "cactus", "search", 0, str(tmp_path))
     # one worker: a trial's stages are consecutive calls on growing prefixes; its tokens are its last stage's
     want, last = 0, None
     for method, knob, n, problems, _ in task.calls + [(None, None, None, 0, None)]:

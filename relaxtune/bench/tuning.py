@@ -147,16 +147,16 @@ def trace(tuner: Tuner, study) -> list[tuple[int, tuple]]:
     return out
 
 
-def _settings(task: SimTask, method: str, seed: int, storage: str, **over) -> TuneSettings:
+def _settings(task: SimTask, method: str, seed: int, folder: str, **over) -> TuneSettings:
     fields = dict(task=task.name, methods=[method], n_drafts=list(PAPER_N), c_rel=task.c_rel,
-                  epsilon=task.family.epsilon, seed=seed, storage=storage, output_dir=os.path.dirname(storage[10:]),
+                  epsilon=task.family.epsilon, seed=seed, storage=f"sqlite:///{folder}/optuna.db", output_dir=folder,
                   heartbeat=3600) | over
     return TuneSettings(**fields)
 
 
-def run_strategy(task: SimTask, method: str, strategy: str, seed: int, storage: str) -> Run:
-    """Tune ``method`` on ``task`` with ``strategy`` (module doc) in the Optuna ``storage``
-    (an SQLAlchemy URL; the study is named after the task, method and strategy).
+def run_strategy(task: SimTask, method: str, strategy: str, seed: int, folder: str) -> Run:
+    """Tune ``method`` on ``task`` with ``strategy`` (module doc), the Optuna storage being
+    ``<folder>/optuna.db`` (SQLite; the study is named after the task, method, strategy and seed).
 
     Raises:
         ValueError: an unknown strategy.
@@ -166,7 +166,7 @@ def run_strategy(task: SimTask, method: str, strategy: str, seed: int, storage: 
     over = {}
     if strategy == "grid":
         over = dict(trials=len(get_method(method).grid) * len(PAPER_N), stage_size=task.family.problems)
-    settings = _settings(task, method, seed, storage, **over)
+    settings = _settings(task, method, seed, folder, **over)
     cls = {"search": Tuner, "grid": GridTuner, "random": RandomTuner}[strategy]
     tuner = cls(settings, task.spec(), task.problems(), SimPair(f"{strategy}-seed{seed}"), task.c_rel,
                 evaluate_fn=task, progress=False)
@@ -205,8 +205,9 @@ def _job(item: tuple[str, int, str, int, str]) -> dict:
     """All strategies on one (family, task seed, method, run seed) in the worker's storage."""
     family, task_seed, method, seed, folder = item
     task = SimTask.draw(family, task_seed, tuple(GAINS))
-    storage = f"sqlite:///{folder}/optuna-{os.getpid()}.db"
-    runs = {s: run_strategy(task, method, s, seed, storage) for s in STRATEGIES}
+    folder = os.path.join(folder, f"worker-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    runs = {s: run_strategy(task, method, s, seed, folder) for s in STRATEGIES}
     best, grid = oracle(task, method), runs["grid"]
     out = {"family": family, "task": task.name, "method": method, "seed": seed, "c_rel": task.c_rel,
            "epsilon": task.family.epsilon, "best": best.speedup}
