@@ -1,7 +1,7 @@
 """Tuning efficiency: the shipped search against the paper's full grid and random search,
 on simulated tasks with a known truth.
 
-    python -m relaxtune.bench.tuning [--tasks 8] [--families aime,gpqa,lcb] [--methods cactus,mentored,ens]
+    python -m relaxtune.bench.tuning [--tasks 5] [--families aime,gpqa,lcb] [--methods cactus,mentored,ens]
                                      [--seeds 1] [--jobs 2] [--quick]
 
 Each simulated task (``relaxtune.bench.simulated``: accuracy, acceptance and
@@ -259,7 +259,7 @@ def summarize(results: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=8, help="simulated tasks per family")
+    ap.add_argument("--tasks", type=int, default=5, help="simulated tasks per family (45 runs: a few minutes on 2 cores)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="task families, comma separated")
     ap.add_argument("--methods", default=",".join(GAINS), help="methods, comma separated")
     ap.add_argument("--seeds", type=int, default=1, help="search seeds per (task, method)")
