@@ -34,7 +34,7 @@ import math
 from typing import Callable
 
 import numpy as np
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
@@ -97,6 +97,15 @@ def per_token_acceptance(l_accept: float, n_draft: int) -> float:
     return (lo + hi) / 2
 
 
+def _fits(distribution: BaseDistribution, value) -> bool:
+    """``value`` is one the distribution can take (a pinned point's study draws nothing else)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return value in distribution.choices
+    if isinstance(distribution, (FloatDistribution, IntDistribution)):
+        return value is not None and distribution.low <= value <= distribution.high
+    return False
+
+
 class RelaxationSampler(BaseSampler):
     """An Optuna sampler for one method's study (module doc): structured proposals, else
     ``fallback``'s draws.
@@ -120,13 +129,13 @@ class RelaxationSampler(BaseSampler):
 
     def sample_relative(self, study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict:
         point = self.proposal(study, trial)
-        if point is None:
+        if point is None or not all(_fits(d, point.get(k)) for k, d in search_space.items()):
             return self.fallback.sample_relative(study, trial, search_space)
-        return {k: v for k, v in point.items() if k in search_space}
+        return {k: point[k] for k in search_space}
 
     def sample_independent(self, study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution):
         point = self.proposal(study, trial)
-        if point is None or param_name not in point:
+        if point is None or not _fits(param_distribution, point.get(param_name)):
             return self.fallback.sample_independent(study, trial, param_name, param_distribution)
         return point[param_name]
 
@@ -175,6 +184,8 @@ class RelaxationSampler(BaseSampler):
         options = []
         for n in self.n_drafts:
             edges = sorted({lo, hi} | {s for s, tn in tried if tn == n and lo < s < hi})
+            if len(edges) < 2:  # the strongest relaxation is feasible: nothing left between
+                continue
             gap, left = max((b - a, a) for a, b in zip(edges, edges[1:]))
             if gap > RESOLUTION:
                 s = left + gap / 2

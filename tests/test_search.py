@@ -88,6 +88,22 @@ def test_bisection_splits_the_widest_gap_between_feasible_and_infeasible_strengt
         assert strength("cactus", sampler().propose([good, stopped])["knob"]) == pytest.approx(want, abs=1e-5)
 
 
+def test_a_feasible_strongest_relaxation_leaves_nothing_to_bisect():
+    l5 = accepted_per_round(0.9, 5)
+    top = _trial(0, 100.0, 5, speed=speedup(l5, 5, 0.2), l_accept=l5)  # strength 1: the range's end
+    assert _sampler(0.2, [5]).propose([top]) is None
+
+
+def test_a_proposal_the_trial_cannot_take_is_left_to_the_fallback():
+    l5 = accepted_per_round(0.9, 5)
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    study.add_trial(_trial(0, 1.0, 5, speed=speedup(l5, 5, 0.05), l_accept=l5))
+    sampler, new = _sampler(), _trial(1, 1.0, 5, state=TrialState.RUNNING)
+    assert sampler.sample_independent(study, new, "n_draft", CategoricalDistribution(N_DRAFTS)) == 10  # the transfer
+    assert sampler.sample_independent(study, new, "n_draft", CategoricalDistribution([5])) == 5  # a pinned point's N
+    assert sampler.sample_relative(study, new, {"n_draft": CategoricalDistribution([3, 5])}) == {}  # RandomSampler's
+
+
 def test_nothing_left_to_propose_falls_back():
     l_ok = accepted_per_round(0.5, 5)
     trials = [_trial(i, knob_at("cactus", s), n, speed=speedup(l_ok, 5, 0.5) - 1, l_accept=l_ok, ok=s < 0.5)

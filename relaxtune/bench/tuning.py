@@ -57,7 +57,8 @@ from relaxtune.settings import TuneSettings
 from relaxtune.stats import wilson_interval
 from relaxtune.tuning import Tuner, choose
 
-__all__ = ["Run", "run_strategy", "oracle", "trace", "STRATEGIES", "TARGET_SHARE", "TARGET_TOKENS", "TOLERANCE"]
+__all__ = ["Run", "run_strategy", "oracle", "trace", "reached", "summarize", "STRATEGIES", "TARGET_SHARE",
+           "TARGET_TOKENS", "TOLERANCE"]
 
 STRATEGIES = ("search", "grid", "random")
 TARGET_TOKENS = 0.4  # share of the grid's tokens ...
@@ -175,8 +176,13 @@ def run_strategy(task: SimTask, method: str, strategy: str, seed: int, folder: s
     tokens = outcome.tokens + sum(b.tokens for b in tuner.baselines.values())
     assert steps and steps[-1][0] == tokens, "the trace must account for every token the product counted"
     pick = steps[-1][1]
-    truth = task.truth(method if pick[0] is not None else None, pick[0], pick[1])
+    truth = _truth(task, method, pick)
     return Run(strategy, task.name, method, seed, tokens, steps, pick, truth, len(steps))
+
+
+def _truth(task: SimTask, method: str, pick: tuple) -> Truth:
+    """The truth of a pick ``(knob, n_draft)`` (knob None: strict)."""
+    return task.truth(method if pick[0] is not None else None, pick[0], pick[1])
 
 
 def oracle(task: SimTask, method: str) -> Truth:
@@ -214,8 +220,7 @@ def _job(item: tuple[str, int, str, int, str]) -> dict:
     for name, run in runs.items():
         to_reach = grid.tokens if name == "grid" else next(
             (tok for tok, pick in run.steps
-             if reached(task.truth(method if pick[0] is not None else None, pick[0], pick[1]), grid.truth,
-                        task.family.epsilon)), None)
+             if reached(_truth(task, method, pick), grid.truth, task.family.epsilon)), None)
         out[name] = {"tokens": run.tokens, "to_reach": to_reach, "regret": 1.0 - run.truth.speedup / best.speedup,
                      "infeasible": run.truth.drop > task.family.epsilon, "pick": run.pick, "trials": run.trials,
                      "speedup": run.truth.speedup}
