@@ -222,18 +222,15 @@ class Tuner:
 
         return suggest
 
-    def sampler(self, method: str | None, number: int):
+    def sampler(self, method: str, number: int):
         """The sampler that draws trial ``number`` of ``method``'s study: ``RelaxationSampler``
-        (``relaxtune.search``) over multivariate TPE (TPE alone without a method), seeded by
-        (seed, number), so a trial's draw does not depend on which worker takes it or how
-        many draws came before."""
+        (``relaxtune.search``) over multivariate TPE, seeded by (seed, number), so a trial's
+        draw does not depend on which worker takes it or how many draws came before."""
         import optuna
 
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # multivariate TPE
         seed = (self.settings.seed * 1_000_003 + number) % 2**32
         tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, constant_liar=True)
-        if method is None:
-            return tpe
         speed = lambda l_accept, n, ratio: modeled_speedup(self.profile, min(l_accept, n), n, 1.0, ratio)  # noqa: E731
         return RelaxationSampler(method, self.settings.n_drafts, speed, tpe)
 

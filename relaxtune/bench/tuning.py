@@ -80,7 +80,7 @@ class RandomTuner(Tuner):
     def grid_points(self, method: str) -> list[dict]:
         return []
 
-    def sampler(self, method: str | None, number: int):
+    def sampler(self, method: str, number: int):
         import optuna
 
         return optuna.samplers.RandomSampler(seed=(self.settings.seed * 1_000_003 + number) % 2**32)
