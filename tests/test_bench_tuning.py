@@ -2,6 +2,7 @@
 strategy, the pick after each trial, the table's target line), on small simulated tasks."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -140,3 +141,16 @@ def test_target_line_counts_runs_within_40_percent_of_the_grid_tokens():
     assert "in 3 of 5 runs" in missed[-1] and missed[-1].endswith("MISSED")
     row = next(line for line in met if line.startswith("| search"))
     assert "| 0.50 |" in row and row.split("|")[-2].strip().startswith("0% (")  # half the grid's tokens, all feasible
+
+
+def test_the_command_prints_a_row_per_strategy_and_the_target_line(capsys):
+    from relaxtune.bench.tuning import main
+
+    assert main(["--tasks", "1", "--families", "gpqa", "--methods", "ens", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "strategy" not in line]
+    assert rows == ["search", "grid", "random"]
+    assert re.search(r"^target: .* in [01] of 1 runs \(.*\); wanted >= 80%: (met|MISSED)$", out, re.M)
+    with pytest.raises(SystemExit):
+        main(["--families", "mmlu"])
+    assert "unknown family 'mmlu'" in capsys.readouterr().err
