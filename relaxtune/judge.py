@@ -5,6 +5,9 @@ guards), as stored on Optuna trials and re-judged by an export."""
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
+
+import numpy as np
 
 from .evaluation import EvalResult
 from .rambling import loop_rate
@@ -12,8 +15,8 @@ from .settings import TuneSettings
 from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .stats import DropBound, drop_bound, paired_counts
 
-__all__ = ["point_metrics", "constraint_values", "drop_ucb_at", "stored_bound", "feasible", "set_constraints",
-           "CONSTRAINTS", "VIOLATED"]
+__all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible",
+           "set_constraints", "CONSTRAINTS", "VIOLATED"]
 
 VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 
@@ -32,7 +35,8 @@ def point_metrics(
     the bound can be rebuilt at another confidence. Speed-ups follow the paper's
     model (``relaxtune.speed``) with ``L_AR`` = strict's mean length; ``speedup``
     uses ``profile`` (measured costs or a c_rel value), ``speedup_c<c>`` the
-    paper's c_rel values.
+    paper's c_rel values, ``speedup_ucb`` its upper one-sided ``confidence``
+    bound (``speedup_upper``).
 
     Raises:
         ValueError: no paired sample (every generation failed).
@@ -60,10 +64,37 @@ def point_metrics(
     for c in PAPER_C_REL:
         out[f"speedup_c{c:g}"] = speedup(l_accept, n_draft, c, l_strict, l_relax)
     out["speedup"] = modeled_speedup(profile, l_accept, n_draft, l_strict, l_relax)
+    out["speedup_ucb"] = speedup_upper(pairs, out["speedup"], n_draft, profile, confidence)
     out["c_rel"] = c_rel_of(profile)
     if bound.method != "exact-score":  # with repeats the bound needs every problem's counts
         out["per_problem"] = [list(row) for row in counts]
     return out
+
+
+def speedup_upper(pairs: list[tuple[dict, dict]], speedup_: float, n_draft: int, profile: CostProfile | float,
+                  confidence: float) -> float:
+    """Upper one-sided ``confidence`` bound of a point's modeled speed-up (dimensionless):
+    ``speedup_ + z_c SE``, the standard error the jackknife's over problems (Efron and
+    Tibshirani 1993, ch. 11: each problem left out in turn, ``l_accept`` and both mean
+    lengths pooled again over the paired samples). Infinite with fewer than two problems.
+
+    Args:
+        pairs: ``(strict record, relaxed record)`` per paired sample; speedup_: the point's estimate.
+    """
+    per: dict[str, np.ndarray] = {}
+    for s, r in pairs:  # per problem: samples, strict tokens, relaxed tokens, rounds, accepted drafts
+        row = per.setdefault(s["problem_id"], np.zeros(5))
+        row += (1, s["response_tokens"], r["response_tokens"], r["stats"]["rounds"], r["stats"]["accepted"])
+    if len(per) < 2:
+        return math.inf
+    table = np.array(list(per.values()))
+    samples, strict_tokens, relaxed_tokens, rounds, accepted = (table.sum(0) - table).T  # each problem left out
+    l_accept = np.minimum(accepted / np.maximum(rounds, 1), n_draft)
+    ratio = np.maximum(strict_tokens / samples, 1.0) / np.maximum(relaxed_tokens / samples, 1.0)
+    loo = modeled_speedup(profile, 0.0, n_draft) * ratio * (l_accept + 1.0)  # linear in (L_AR / L) (l + 1)
+    k = len(loo)
+    se = math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
+    return speedup_ + NormalDist().inv_cdf(confidence) * se
 
 
 CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")

@@ -269,13 +269,13 @@ class TrialQueue:
                 self._stale(study, study.tell(t.number, state=TrialState.FAIL))
 
     def claim(self, studies: dict[str, optuna.Study],
-              sampler_for: Callable[[int], optuna.samplers.BaseSampler]) -> tuple[str, optuna.Trial] | str | None:
+              sampler_for: Callable[[str, int], optuna.samplers.BaseSampler]) -> tuple[str, optuna.Trial] | str | None:
         """Take the next trial of the first study (in order) with one waiting.
 
         Under the lock: fail stale trials (they come back as retries), top every
         queue up to its plan, pop a WAITING trial (none from a study whose failures
         spent its budget), record its first heartbeat, mark it with this worker and
-        draw its parameters (with ``sampler_for(number)``).
+        draw its parameters (with ``sampler_for(key, number)``).
 
         Returns:
             ``(key, trial)``; ``"wait"`` when no trial is waiting but some still run
@@ -293,7 +293,7 @@ class TrialQueue:
                     continue
                 self.storage.record_heartbeat(trial_id)
                 number = self.storage.get_trial_number_from_id(trial_id)
-                own = optuna.load_study(study_name=study.study_name, storage=self.storage, sampler=sampler_for(number))
+                own = optuna.load_study(study_name=study.study_name, storage=self.storage, sampler=sampler_for(key, number))
                 trial = optuna.Trial(own, trial_id)
                 trial.set_user_attr(WORKER_ATTR, self.worker)
                 if plan is not None:

@@ -6,10 +6,13 @@ an RDB storage that any number of worker processes and hosts share
 (``relaxtune.studies``: each study's queue holds exactly ``trials`` trials, the
 paper's grid first; workers only run trials they take from it; heartbeats tell a
 dead worker's trial, which is retried once with the same parameters, and its
-finished samples are reused from the JSONL records). The sampler is
-multi-objective TPE with constraints (``Trial.set_constraint``), seeded per
-trial number and lying constantly about running trials, so workers draw
-different points:
+finished samples are reused from the JSONL records). After the grid, the
+sampler is ``relaxtune.search.RelaxationSampler``: it moves the fastest feasible
+knob to the draft length its measured acceptance predicts fastest and bisects
+between the strongest feasible and the weakest infeasible relaxation, else
+draws from multi-objective TPE with constraints (``Trial.set_constraint``);
+both are seeded per trial number and count running trials as tried, so workers
+draw different points:
 
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
@@ -20,7 +23,10 @@ different points:
   fresh samples (``relaxtune.confirm``).
 
 Cost control: a trial is evaluated in stages of ``stage_size`` problems and
-pruned as soon as the lower bound of its drop already exceeds epsilon. Strict
+pruned as soon as the lower bound of its drop already exceeds epsilon, or the
+upper bound of its speed-up falls below the ``confirmations``-th fastest
+feasible point's (it could never be confirmed); the grid runs strongest
+relaxation first, so that its weaker, slower points are the ones cut. Strict
 runs once per (task, pair, N, seed) and is reused by every study (its records
 are cached on disk); it also stands for AR (same output distribution), giving
 ``L_AR``. A failed or NaN evaluation is a FAILED trial, never a crash, replaced
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -42,6 +49,7 @@ from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_met
 from .judge import set_constraints as _set_constraints
 from .methods import get_method
 from .ranges import merge, split, worker_order
+from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
 from .speed import CostProfile, modeled_speedup
 from .studies import Plan, TrialQueue, default_worker, finished
@@ -214,14 +222,17 @@ class Tuner:
 
         return suggest
 
-    def _sampler(self, number: int):
-        """The sampler that draws trial ``number``: seeded by (seed, number), so a trial's
+    def sampler(self, method: str, number: int):
+        """The sampler that draws trial ``number`` of ``method``'s study: ``RelaxationSampler``
+        (``relaxtune.search``) over multivariate TPE, seeded by (seed, number), so a trial's
         draw does not depend on which worker takes it or how many draws came before."""
         import optuna
 
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # multivariate TPE
         seed = (self.settings.seed * 1_000_003 + number) % 2**32
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, constant_liar=True)
+        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, constant_liar=True)
+        speed = lambda l_accept, n, ratio: modeled_speedup(self.profile, min(l_accept, n), n, 1.0, ratio)  # noqa: E731
+        return RelaxationSampler(method, self.settings.n_drafts, speed, tpe)
 
     @property
     def queue(self) -> TrialQueue:
@@ -243,12 +254,19 @@ class Tuner:
                           self.spec.version)
         plan = None
         if self.new_trials:
-            mid = self.settings.mid_n_draft
-            grid = [pin] if pin is not None else [{"n_draft": mid} | ({"knob": v} if v is not None else {})
-                                                 for v in get_method(method).grid or (None,)]
+            grid = [pin] if pin is not None else self.grid_points(method)
             wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
             plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
-        return self.queue.open(name, self._sampler(0), plan)
+        return self.queue.open(name, self.sampler(method, 0), plan)
+
+    def grid_points(self, method: str) -> list[dict]:
+        """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
+        one: the paper's grid values at the middle draft length, the strongest relaxation
+        first (``relaxtune.search.strength``), so the weaker ones that follow a feasible
+        one are slower and pruned by speed after a stage."""
+        mid, spec = self.settings.mid_n_draft, get_method(method)
+        knobs = sorted(spec.grid, key=lambda k: -strength(spec, k)) if spec.has_knob else [None]
+        return [{"n_draft": mid} | ({"knob": v} if v is not None else {}) for v in knobs]
 
     def tune(self, methods: list[str], submit: Callable[[Callable], Future] | None = None) -> list[MethodOutcome]:
         """Run (or resume, or join other workers on) the methods' studies until each
@@ -306,7 +324,7 @@ class Tuner:
         while none is waiting but some still run (here or on other workers), wait
         for one to finish or go stale. None when every study is finished."""
         while True:
-            claim = self.queue.claim(self._studies, self._sampler)
+            claim = self.queue.claim(self._studies, self.sampler)
             if claim is None:
                 return None
             if claim == "wait":
@@ -320,12 +338,21 @@ class Tuner:
 
         knob, n = trial.params.get("knob"), trial.params["n_draft"]
         last: dict = {}
+        bar = [self.speed_bar(trial.study), time.monotonic()]  # looked up again after a heartbeat interval
 
         def on_stage(done: int, m: dict) -> None:
             last.update(m)
-            trial.set_user_attr(f"stage_{done}", {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"]})
+            trial.set_user_attr(f"stage_{done}", {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"],
+                                                  "speedup_ucb": m["speedup_ucb"]})
             if m["drop_lcb"] > self.settings.epsilon:
+                trial.set_user_attr(PRUNED_BY, "drop")
                 raise optuna.TrialPruned(f"drop >= {m['drop_lcb']:.3f} after {done} problems")
+            if time.monotonic() - bar[1] >= self.settings.heartbeat:  # other workers may have finished trials
+                bar[:] = self.speed_bar(trial.study), time.monotonic()
+            if bar[0] is not None and m["speedup_ucb"] < bar[0]:
+                trial.set_user_attr(PRUNED_BY, "speed")
+                raise optuna.TrialPruned(f"speed-up <= {m['speedup_ucb']:.3f} after {done} problems, below "
+                                         f"{bar[0]:.3f}: slower than {self.settings.confirmations} feasible point(s)")
 
         result, note = None, None
         with self.queue.heartbeat(trial):
@@ -352,6 +379,14 @@ class Tuner:
         done = finished(trial.study.get_trials(deepcopy=False))
         self.log(_trial_line(method, trial.number, trial.params, metrics, state, done, self.settings.trials))
         return report
+
+    def speed_bar(self, study) -> float | None:
+        """The modeled speed-up a trial must be able to exceed to matter: that of the study's
+        ``settings.confirmations``-th fastest candidate (``candidates``: every point the job
+        could confirm is at least as fast), None while it has fewer candidates."""
+        ranked = candidates(study, self.settings, self.strict_points())
+        k = self.settings.confirmations
+        return ranked[k - 1].values[0] if len(ranked) >= k else None
 
     def _tell(self, trial, state: str, metrics: dict, note: str | None) -> str:
         """Store the trial's outcome; LOST when another worker failed it as stale meanwhile."""

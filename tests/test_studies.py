@@ -87,31 +87,31 @@ def _ghost(tmp_path, tuner: Tuner):
     queue = TrialQueue(tuner.settings.storage_url, tuner.settings.heartbeat, tuner.settings.stale_after, "ghost")
     study = optuna.load_study(study_name=NAME, storage=queue.storage)
     queue.plans[NAME] = tuner.queue.plans[NAME]
-    method, trial = queue.claim({"cactus": study}, tuner._sampler)
+    method, trial = queue.claim({"cactus": study}, tuner.sampler)
     return trial
 
 
 def test_a_stale_trial_is_retried_once_with_its_parameters_then_replaced(tmp_path):
     tuner = make(tmp_path, "live", trials=3, grace_period=2)
     tuner.open_study("cactus")
-    dead = _ghost(tmp_path, tuner)  # takes grid point 0.1 and dies
+    dead = _ghost(tmp_path, tuner)  # takes the first grid point (the strongest, 10.0) and dies
     time.sleep(3.5)  # older than the grace period (SQLite keeps heartbeats to the second)
-    tuner.queue.claim({"cactus": tuner.open_study("cactus")}, tuner._sampler)  # the live worker notices: retry queued
+    tuner.queue.claim({"cactus": tuner.open_study("cactus")}, tuner.sampler)  # the live worker notices: retry queued
     trials = trials_of(tmp_path)
     assert trials[dead.number].state.name == "FAIL"
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
-    assert len(retry) == 1 and retry[0].params == dead.params == {"n_draft": 4, "knob": 0.1}
+    assert len(retry) == 1 and retry[0].params == dead.params == {"n_draft": 4, "knob": 10.0}
     assert failures(trials) == 0  # a retried stale trial is not a failure
 
 
 def test_a_stale_retry_is_not_retried_again_and_the_study_still_ends_exactly(tmp_path):
     tuner = make(tmp_path, "live", trials=2, grace_period=2)
     tuner.open_study("cactus")
-    first = _ghost(tmp_path, tuner)  # grid point 0.1, dies
+    first = _ghost(tmp_path, tuner)  # grid point 10.0, dies
     time.sleep(3.5)
-    second = _ghost(tmp_path, tuner)  # finds the first stale (retry queued), takes grid point 0.25, dies
+    second = _ghost(tmp_path, tuner)  # finds the first stale (retry queued), takes grid point 1.0, dies
     third = _ghost(tmp_path, tuner)  # takes the retry of the first, dies
-    assert third.params == first.params and second.params["knob"] == 0.25
+    assert third.params == first.params and second.params["knob"] == 1.0
     time.sleep(3.5)
     outcome = tuner.tune_method("cactus")  # the second is retried; the third, a retry already, is not
     trials = outcome.study.trials
@@ -121,7 +121,7 @@ def test_a_stale_retry_is_not_retried_again_and_the_study_still_ends_exactly(tmp
     assert retries[third.number] == [first.number]
     assert failures(trials) == 1  # the retry's death used up a slot, replaced by the next grid point
     done = sorted(t.params["knob"] for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
-    assert done == [0.25, 1.0]  # exactly --trials finished: the retried 0.25 and the replacement
+    assert done == [0.25, 1.0]  # exactly --trials finished: the retried 1.0 and the replacement
 
 
 def test_failures_are_replaced_until_the_budget_is_spent(tmp_path):

@@ -1,0 +1,220 @@
+"""Where a study looks after the paper's grid: a sampler that uses how relaxation behaves.
+
+Every method's knob runs from its strict point (no relaxation) to its strongest
+relaxation; ``strength`` places a knob on [0, 1] along the method's search range
+(log-scaled where the range is), 0 at the end nearest the strict point. Two
+regularities of relaxed speculative decoding steer the search:
+
+- acceptance: with per-token acceptance ``beta``, a round of N drafts accepts
+  ``beta (1 - beta^N) / (1 - beta)`` drafts on average (Leviathan, Kalman and
+  Matias 2023, eq. 1, tokens accepted independently), so one evaluated point
+  predicts its knob's speed-up at every draft length (``predicted_speedup``);
+- loss: a stronger relaxation loses no less accuracy.
+
+``RelaxationSampler`` wraps another sampler (the study's TPE) and proposes, in order:
+
+1. transfer: the fastest feasible point's knob at the draft length its measured
+   acceptance predicts fastest, when the prediction gains more than ``GAIN``;
+2. bisection: the middle (in strength) of the widest gap between the strongest
+   knob known within the budget and the weakest known outside it (at any draft
+   length: the loss depends on N far less than the speed-up does), not tried yet
+   at that N; at the draft length with the highest predicted speed-up, if it beats
+   the fastest feasible point;
+3. otherwise whatever the wrapped sampler draws.
+
+Trials running on other workers count as tried, so workers draw different
+points. The regularities only choose where to look: every point is judged by its
+own evaluation, and a method where they fail (e.g. ``spec_cont_dec``, slower as
+its knob grows) loses only sampler efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from .judge import feasible
+from .methods import MethodSpec, get_method
+
+__all__ = ["strength", "knob_at", "per_token_acceptance", "accepted_per_round", "RelaxationSampler", "GAIN",
+           "RESOLUTION", "PRUNED_BY"]
+
+GAIN = 0.02  # a transfer must predict a speed-up this much (relative) above the point's own N
+RESOLUTION = 0.02  # gaps narrower than this (in strength) are not bisected further
+PRUNED_BY = "pruned_by"  # trial user attribute: "drop" or "speed"
+
+
+def _unit(spec: MethodSpec, knob: float) -> float:
+    low, high, log = spec.search
+    u = (math.log(knob) - math.log(low)) / (math.log(high) - math.log(low)) if log else (knob - low) / (high - low)
+    return min(max(u, 0.0), 1.0)
+
+
+def _reversed(spec: MethodSpec) -> bool:
+    """The strict point lies at the top of the search range (``sglang_threshold``: t = 1)."""
+    sp = spec.strict_point
+    return sp is not None and math.isfinite(sp) and sp >= spec.search[1]
+
+
+def strength(spec: MethodSpec | str, knob: float) -> float:
+    """``knob``'s place in ``[0, 1]`` along the method's search range (log-scaled when the range
+    is), 0 at the end nearest the strict point; knobs outside the range are clipped."""
+    spec = get_method(spec)
+    u = _unit(spec, float(knob))
+    return 1.0 - u if _reversed(spec) else u
+
+
+def knob_at(spec: MethodSpec | str, s: float) -> float:
+    """The knob at strength ``s`` (the inverse of ``strength`` on the search range), to 6
+    significant digits (a value a user can type into a config)."""
+    spec = get_method(spec)
+    low, high, log = spec.search
+    u = min(max(1.0 - s if _reversed(spec) else s, 0.0), 1.0)
+    knob = math.exp(math.log(low) + u * (math.log(high) - math.log(low))) if log else low + u * (high - low)
+    return min(max(float(f"{knob:.6g}"), low), high)
+
+
+def accepted_per_round(beta: float, n_draft: int) -> float:
+    """Mean accepted drafts per round (tokens) at per-token acceptance ``beta`` and draft length
+    ``n_draft``: ``beta (1 - beta^N) / (1 - beta)`` (Leviathan et al. 2023, eq. 1, less the bonus)."""
+    return float(n_draft) if beta >= 1.0 else beta * (1.0 - beta ** n_draft) / (1.0 - beta)
+
+
+def per_token_acceptance(l_accept: float, n_draft: int) -> float:
+    """The per-token acceptance ``beta`` in [0, 1] whose ``accepted_per_round`` at ``n_draft`` is
+    ``l_accept`` (bisection; the map is increasing), 1 at ``l_accept >= N``."""
+    if l_accept >= n_draft:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if accepted_per_round(mid, n_draft) < l_accept else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _fits(distribution: BaseDistribution, value) -> bool:
+    """``value`` is one the distribution can take (a pinned point's study draws nothing else)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return value in distribution.choices
+    if isinstance(distribution, (FloatDistribution, IntDistribution)):
+        return value is not None and distribution.low <= value <= distribution.high
+    return False
+
+
+class RelaxationSampler(BaseSampler):
+    """An Optuna sampler for one method's study (module doc): structured proposals, else
+    ``fallback``'s draws.
+
+    Args:
+        method: the study's method; n_drafts: the draft lengths to choose from.
+        speed: ``speed(l_accept, n_draft, length_ratio)``, the modeled speed-up
+            (``relaxtune.speed.modeled_speedup`` at the job's costs, ``L_AR`` = 1).
+        fallback: the sampler that draws when no structured proposal applies.
+    """
+
+    def __init__(self, method: str, n_drafts: list[int], speed: Callable[[float, int, float], float],
+                 fallback: BaseSampler) -> None:
+        self.spec, self.n_drafts, self.speed, self.fallback = get_method(method), sorted(n_drafts), speed, fallback
+        self._proposals: dict[int, dict | None] = {}
+
+    # ------------------------------------------------------------------ Optuna
+
+    def infer_relative_search_space(self, study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.fallback.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict:
+        point = self.proposal(study, trial)
+        if point is None or not all(_fits(d, point.get(k)) for k, d in search_space.items()):
+            return self.fallback.sample_relative(study, trial, search_space)
+        return {k: point[k] for k in search_space}
+
+    def sample_independent(self, study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution):
+        point = self.proposal(study, trial)
+        if point is None or not _fits(param_distribution, point.get(param_name)):
+            return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+        return point[param_name]
+
+    def before_trial(self, study, trial: FrozenTrial) -> None:
+        self.fallback.before_trial(study, trial)
+
+    def after_trial(self, study, trial: FrozenTrial, state: TrialState, values) -> None:
+        self.fallback.after_trial(study, trial, state, values)
+
+    # ---------------------------------------------------------------- proposal
+
+    def proposal(self, study, trial: FrozenTrial) -> dict | None:
+        """``{"n_draft", "knob"}`` for ``trial`` (computed once per trial), or None: the fallback draws."""
+        if trial.number not in self._proposals:
+            others = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+            self._proposals[trial.number] = self.propose(others)
+        return self._proposals[trial.number]
+
+    def propose(self, trials: list[FrozenTrial]) -> dict | None:
+        """The next point given a study's other trials (module doc), or None."""
+        knob = self.spec.has_knob
+        tried = [(self._s(t), t.params["n_draft"]) for t in trials
+                 if "n_draft" in t.params and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)]
+        done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("metrics")]
+        good = [t for t in done if feasible(t)]
+        bad = [t for t in done if not feasible(t) and t.user_attrs.get(PRUNED_BY) != "speed"]
+        best = max(good, key=lambda t: t.values[0], default=None)
+        model = self._model(done)
+
+        def new(s: float, n: int) -> bool:
+            return not any(n == tn and abs(s - ts) < RESOLUTION / 2 for ts, tn in tried)
+
+        def point(s: float, n: int) -> dict:
+            return {"n_draft": n} | ({"knob": knob_at(self.spec, s)} if knob else {})
+
+        if best is not None:  # 1. transfer the fastest feasible point to the draft length predicted fastest
+            s_best, n_best = self._s(best), best.params["n_draft"]
+            predicted = {n: self.predicted_speedup(model, s_best, n) for n in self.n_drafts}
+            ahead = [n for n in self.n_drafts if predicted[n] > (1.0 + GAIN) * predicted[n_best] and new(s_best, n)]
+            if ahead:
+                return {"n_draft": max(ahead, key=predicted.get)} | {k: v for k, v in best.params.items() if k == "knob"}
+        if not knob:
+            return None
+        lo = max((self._s(t) for t in good), default=0.0)  # 2. bisect between known-feasible and -infeasible
+        hi = min((s for t in bad if (s := self._s(t)) > lo), default=1.0)
+        options = []
+        for n in self.n_drafts:
+            edges = sorted({lo, hi} | {s for s, tn in tried if tn == n and lo < s < hi})
+            if len(edges) < 2:  # the strongest relaxation is feasible: nothing left between
+                continue
+            gap, left = max((b - a, a) for a, b in zip(edges, edges[1:]))
+            if gap > RESOLUTION:
+                s = left + gap / 2
+                options.append((self.predicted_speedup(model, s, n), -abs(n - (best.params["n_draft"] if best else n)),
+                                s, n))
+        floor = best.values[0] if best is not None else -math.inf
+        options = [o for o in options if o[0] > floor and new(o[2], o[3])]
+        return point(*max(options)[2:]) if options else None
+
+    def _s(self, trial: FrozenTrial) -> float:
+        return strength(self.spec, trial.params["knob"]) if "knob" in trial.params else 0.0
+
+    def _model(self, done: list[FrozenTrial]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per measured strength (sorted): per-token acceptance and length ratio, averaged over draft lengths."""
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for t in done:
+            m = t.user_attrs["metrics"]
+            rows.setdefault(self._s(t), []).append((per_token_acceptance(m["l_accept"], t.params["n_draft"]),
+                                                    m["length_ratio"]))
+        xs = np.array(sorted(rows))
+        beta = np.array([np.mean([b for b, _ in rows[x]]) for x in xs])
+        ratio = np.array([np.mean([r for _, r in rows[x]]) for x in xs])
+        return xs, beta, ratio
+
+    def predicted_speedup(self, model: tuple[np.ndarray, np.ndarray, np.ndarray], s: float, n_draft: int) -> float:
+        """Modeled speed-up at strength ``s`` and ``n_draft``, from the per-token acceptance and length
+        ratio interpolated between measured strengths (flat beyond them); 0 before any measurement."""
+        xs, beta, ratio = model
+        if not len(xs):
+            return 0.0
+        b, r = float(np.interp(s, xs, beta)), float(np.interp(s, xs, ratio))
+        return self.speed(accepted_per_round(b, n_draft), n_draft, r)
