@@ -151,7 +151,7 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     for task in tasks:
         config, _ = run_tune_job(TuneSettings(**settings | {"task": task}), progress=False, track=False,
                                  log=lambda message: None)
-        assert (config.methods["cactus"].feasible, config.methods["cactus"].knob) == (True, 0.1)
+        assert (config.methods["cactus"].feasible, config.methods["cactus"].knob) == (True, 10.0)  # the grid strongest first
     runs = tmp_path / "runs"
     records = {p: p.read_text() for p in runs.rglob("*.jsonl")}
     result = transfer_matrix(tasks=tasks, output_dir=str(runs), mlflow_uri=settings["mlflow_uri"])
@@ -168,7 +168,7 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     bounds = {round(r["drop_upper_bound"], 3) for r in result["cells"]}
     assert bounds == {round(drop_bound([(1, 0, 0)] * 4, 0.975).upper, 3)}  # no discordance, 0.9 over four cells
     text = " ".join(out.output.split())
-    assert text.count(f"\u2713 <= {bounds.pop():.3f} (eps 0.9)") == 4 and "tiny_sums (delta=0.1 N=2)" in text
+    assert text.count(f"\u2713 <= {bounds.pop():.3f} (eps 0.9)") == 4 and "tiny_sums (delta=10 N=2)" in text
     assert "each cell judged at 97.50% one-sided" in text and text.count("transfer section written to") == 2
     out = CliRunner().invoke(app, ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs),
                                    "--mlflow-uri", settings["mlflow_uri"], "--json"])

@@ -23,7 +23,7 @@ from .synthetic import Synthetic, SyntheticPair, write_task
 ROOT = Path(__file__).parents[1]
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-GRID = {"cactus": [0.1, 0.25, 1.0], "mentored": [0.3, 0.7, 0.95]}  # the first three of each method's paper grid
+GRID = {"cactus": [0.25, 1.0, 10.0], "mentored": [0.3, 0.7, 0.95]}  # the first three of each paper grid, strongest first
 
 
 def _free_port() -> int:
@@ -95,7 +95,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
         while victim is None:  # the first long trial seen running for half a second: kill its worker
             assert time.time() < deadline and all(p.poll() is None for p, _ in workers.values()), "no trial ran"
             for name, t in _running(watch, names):
-                long = t.params.get("knob") in (0.1, 0.25, 0.3, 0.7)  # feasible: all 24 problems, about 2.4 s
+                long = t.params.get("knob") in (0.25, 0.3, 0.7)  # feasible: all 24 problems, about 2.4 s
                 if long and time.time() - t.datetime_start.timestamp() > 0.5 and t.user_attrs.get("worker") in workers:
                     killed_study, victim = name, t
                     break
@@ -147,9 +147,14 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     single, _ = run_tune_job(alone, SyntheticPair(), progress=False, track=False, log=lambda m: None,
                              evaluate_fn=Synthetic(cliff=0.8, strict_accept=0.1))
     single = single.model_dump(mode="json")
+    def same_points(result: dict) -> dict:
+        """A method's result without what a retry renumbers (the killed trial's retry is a new trial)."""
+        out = {k: v for k, v in result.items() if k not in ("failed", "mlflow_run_id", "trial")}
+        attempts = [{k: v for k, v in a.items() if k != "trial"} for a in out["confirmation"]["attempts"]]
+        return out | {"confirmation": out["confirmation"] | {"attempts": attempts}}
+
     for method in settings["methods"]:
-        mine = {k: v for k, v in configs[0]["methods"][method].items() if k not in ("failed", "mlflow_run_id")}
-        theirs = {k: v for k, v in single["methods"][method].items() if k not in ("failed", "mlflow_run_id")}
+        mine, theirs = same_points(configs[0]["methods"][method]), same_points(single["methods"][method])
         assert mine == theirs and mine["knob"] == {"cactus": 0.25, "mentored": 0.7}[method]
     assert configs[0]["recommendation"] == single["recommendation"]
     watch.engine.dispose()
