@@ -224,11 +224,11 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
     )
     done = None if confirmation is None else confirmation.confirmed
     if done is None:
+        from .recommend import dominated_note
+
         within = sum(within_budget(t, settings) for t in trials)
         note = ("no trial met the capability-loss constraint in the search" if o.chosen is None and not within else
-                f"{within} trial(s) met the capability-loss constraint, but strict at some N is as fast (its modeled "
-                "speed-up, response lengths counted) and as accurate as each: relaxing does not pay here"
-                if o.chosen is None else
+                dominated_note(within) if o.chosen is None else
                 "the search's choice was not confirmed (no confirmation run)" if confirmation is None else
                 confirmation.missing or
                 f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples")

@@ -24,9 +24,17 @@ import numpy as np
 from .evaluation import EvalResult
 from .speed import CostProfile, modeled_speedup
 
-__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend"]
+__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "dominated_note", "DOMINATED"]
 
 RESAMPLES = 2000
+DOMINATED = "met the capability-loss constraint, but strict at some N is as fast"  # how a method's note says so
+
+
+def dominated_note(within: int) -> str:
+    """A method's note when ``within`` trials passed the loss constraint but strict
+    dominates each (no chosen point; ``relaxtune.tuning.choose``)."""
+    return (f"{within} trial(s) {DOMINATED} (its modeled speed-up, response lengths counted) and as accurate as "
+            "each: relaxing does not pay here")
 
 
 @dataclass(frozen=True)
@@ -128,8 +136,11 @@ def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]
                strict_modeled_speedup=strict_speed, speed_margin=None)
     best = max((r for r in methods.values() if r.feasible), key=lambda r: (r.modeled_speedup, r.accuracy), default=None)
     if best is None:
+        dominated = [r.method for r in methods.values() if r.note and DOMINATED in r.note]
         out["reason"] = (f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
-                         f"{s.epsilon:g}, {len(tuner.problems)} problems)")
+                         f"{s.epsilon:g}, {len(tuner.problems)} problems)" + (
+                             f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
+                             f"at N={best_n}) is as fast and as accurate as each" if dominated else ""))
         return out
     done = confirmations[best.method].confirmed
     sm = speed_margin(done.relaxed, done.strict, done.n_draft, tuner.baselines[best_n], best_n, tuner.profile,

@@ -128,8 +128,11 @@ def test_a_point_strict_dominates_is_never_chosen(tmp_path):
     assert passed == [0.1, 0.25, 1.0]  # they passed the loss constraint ...
     assert outcome.chosen is None  # ... but strict at N=4 dominates each of them
     assert choose(outcome.study, tuner.settings) is not None  # without strict's point the old rule picked one
-    note = build_config(tuner, [outcome], confirmations=confirm(tuner, [outcome], PROBLEMS)).methods["cactus"].note
-    assert note.startswith("3 trial(s) met the capability-loss constraint, but strict at some N is as fast")
+    config = build_config(tuner, [outcome], confirmations=confirm(tuner, [outcome], PROBLEMS))
+    assert config.methods["cactus"].note.startswith("3 trial(s) met the capability-loss constraint, but strict at some")
+    assert config.recommendation.reason.endswith(  # the reason says why, as the method's note does
+        f"; cactus had points within it, but strict (modeled {config.recommendation.modeled_speedup:.2f}x at N=4) is "
+        "as fast and as accurate as each")
     slower = make(tmp_path / "slower", Synthetic(cliff=1.0, strict_accept=0.3), trials=4)
     assert slower.tune_method("cactus").chosen.params["knob"] == 1.0  # 0.5 N beats strict's 0.3 N
 
