@@ -100,11 +100,25 @@ def records_path(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend
     return Path(output_dir) / f"{spec.name}-v{spec.version}" / pair / f"{config.label}.jsonl"
 
 
+def records_name(backend, method: str) -> str:
+    """The name a backend's records are kept under for ``method``: its ``name``, with
+    ``+native`` when SGLang's own speculative server runs it (other samples than the
+    client-loop transcription)."""
+    name = getattr(backend, "name", "backend")
+    return name + "+native" if native_server(backend, method) is not None else name
+
+
+def finished_samples(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend_name: str,
+                     problems: list[Problem]) -> int:
+    """How many (problem, repeat) of ``problems`` already have a finished record (samples)."""
+    done = _read_done(records_path(Path(output_dir), spec, config, backend_name))
+    return sum((p.id, r) in done for p in problems for r in range(spec.repeats))
+
+
 def records_complete(output_dir: Path, spec: TaskSpec, config: DecodeConfig, backend_name: str,
                      problems: list[Problem]) -> bool:
     """True when every (problem, repeat) of ``problems`` has a finished record."""
-    done = _read_done(records_path(Path(output_dir), spec, config, backend_name))
-    return all((p.id, r) in done for p in problems for r in range(spec.repeats))
+    return finished_samples(output_dir, spec, config, backend_name, problems) == len(problems) * spec.repeats
 
 
 def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
@@ -225,10 +239,7 @@ def evaluate(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)
-    name = getattr(backend, "name", "backend")
-    if native_server(backend, config.method) is not None:
-        name += "+native"  # SGLang's own server, not the client-loop transcription: other samples
-    path = records_path(Path(output_dir), spec, config, name)
+    path = records_path(Path(output_dir), spec, config, records_name(backend, config.method))
     check_spec_unchanged(path.parent.parent, spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _read_done(path)

@@ -72,6 +72,11 @@ def test_eval_takes_a_batch_size(pair_dirs, tmp_path):
         (records,) = (tmp_path / size).rglob("*.jsonl")
         outputs[size] = sorted((r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines()))
     assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
+    again = runner.invoke(app, ["eval", "--task", task, "--limit", "4", "--drafter", drafter, "--verifier", verifier,
+                                "--dtype", "float32", "--output-dir", str(tmp_path / "3")], env={"COLUMNS": "200"})
+    assert again.exit_code == 0 and "4 of 4 samples were read back from these records, not generated now" in " ".join(
+        again.output.split())  # the same configuration again: nothing generated, and it says so
+    assert "read back" not in out.output
     out = runner.invoke(app, ["eval", "--task", task, "--batch-size", "0"], env={"COLUMNS": "200"})
     assert out.exit_code != 0 and "batch-size" in out.output
 

@@ -100,10 +100,11 @@ def eval_(
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
     import json
+    from pathlib import Path
 
     from ..backends.hf import load_pair
     from ..engine import AR, check_decode
-    from ..evaluation import DecodeConfig, evaluate
+    from ..evaluation import DecodeConfig, evaluate, finished_samples, records_name
     from ..tasks import load_problems, load_task
 
     try:
@@ -128,13 +129,15 @@ def eval_(
             raise typer.BadParameter(str(err)) from None
     config = DecodeConfig(method, alpha, n_draft, seed)
     try:
+        reused = finished_samples(Path(output_dir), spec, config, records_name(backend, method), problems)
         result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)
     except ValueError as err:  # e.g. the task changed under the same version
         raise typer.BadParameter(str(err)) from None
     finally:
         if hasattr(backend, "close"):
             backend.close()
-    summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label}
+    summary = result.summary() | {"task": spec.name, "version": spec.version, "config": config.label,
+                                  "reused_samples": reused}
     result.path.with_suffix(".results.json").write_text(json.dumps(summary, indent=2))
     if json_output:
         print_json(summary | {"records": str(result.path)})
@@ -147,3 +150,7 @@ def eval_(
         f"{result.l_accept:.2f}", f"{result.mean_length:.0f}", f"{result.truncated:.0%}",
         f"{result.tokens_per_second:.2f}"]])
     console.print(f"records: {result.path}", soft_wrap=True, markup=False)
+    if reused:
+        console.print(f"{reused} of {len(problems) * spec.repeats} samples were read back from these records, not "
+                      "generated now: their tok/s and timings are those of the run that wrote them (another "
+                      "--output-dir or --seed generates anew)", soft_wrap=True, markup=False)
