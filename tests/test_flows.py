@@ -40,18 +40,18 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
     results: dict = {}
     # Neither worker takes a trial before both are ready: a worker that starts late on a
     # busy machine would otherwise find the study finished and the test would prove nothing.
-    both_ready, gated, lock = threading.Barrier(2, timeout=300), set(), threading.Lock()
+    both_ready, arrived, lock = threading.Event(), set(), threading.Lock()
     register = flows.tune.register
 
     def gated_register(key: str, next_trial):
         label = key.rsplit("/", 2)[-2]
 
-        def gated_next_trial():
+        def gated_next_trial():  # every lane of either worker waits until both workers have asked
             with lock:
-                first_call = label not in gated
-                gated.add(label)
-            if first_call:
-                both_ready.wait()
+                arrived.add(label)
+                if arrived == {"first", "second"}:
+                    both_ready.set()
+            assert both_ready.wait(timeout=300), f"only {arrived} asked for a trial"
             return next_trial()
         return register(key, gated_next_trial)
 
