@@ -207,6 +207,11 @@ def _closest(trials: list, ucb) -> dict | None:
             "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
 
 
+def _within_budget(o, settings) -> int:
+    """How many of the method's trials pass the capability-loss constraint under ``settings``."""
+    return sum(within_budget(t, settings) for t in o.study.get_trials(deepcopy=False))
+
+
 def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResult:
     """One method's entry: the confirmed point's confirmation numbers, or why there is none."""
     import optuna
@@ -224,11 +229,11 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
     )
     done = None if confirmation is None else confirmation.confirmed
     if done is None:
-        from .recommend import dominated_note
-
-        within = sum(within_budget(t, settings) for t in trials)
+        within = _within_budget(o, settings)
         note = ("no trial met the capability-loss constraint in the search" if o.chosen is None and not within else
-                dominated_note(within) if o.chosen is None else
+                f"{within} trial(s) met the capability-loss constraint, but strict at some N is as fast (its modeled "
+                "speed-up, response lengths counted) and as accurate as each: relaxing does not pay here"
+                if o.chosen is None else
                 "the search's choice was not confirmed (no confirmation run)" if confirmation is None else
                 confirmation.missing or
                 f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples")
@@ -269,7 +274,8 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
     strict = {n: {"accuracy": b.accuracy, "accuracy_ci": [b.ci_low, b.ci_high], "n": b.n, "l_accept": b.l_accept,
                   "mean_length": b.mean_length, "modeled_speedup": tuner.strict_speedup(n)}
               for n, b in sorted(tuner.baselines.items())}
-    rec = recommend(tuner, methods, confirmations, strict)
+    dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
+    rec = recommend(tuner, methods, confirmations, strict, dominated)
     if rec["method"] == "strict":
         rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:

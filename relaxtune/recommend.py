@@ -24,17 +24,9 @@ import numpy as np
 from .evaluation import EvalResult
 from .speed import CostProfile, modeled_speedup
 
-__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "dominated_note", "DOMINATED"]
+__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend"]
 
 RESAMPLES = 2000
-DOMINATED = "met the capability-loss constraint, but strict at some N is as fast"  # how a method's note says so
-
-
-def dominated_note(within: int) -> str:
-    """A method's note when ``within`` trials passed the loss constraint but strict
-    dominates each (no chosen point; ``relaxtune.tuning.choose``)."""
-    return (f"{within} trial(s) {DOMINATED} (its modeled speed-up, response lengths counted) and as accurate as "
-            "each: relaxing does not pay here")
 
 
 @dataclass(frozen=True)
@@ -119,7 +111,7 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
     return SpeedMargin(float(observed), float(margin), confidence, how)
 
 
-def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]) -> dict:
+def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict], dominated: list[str] = ()) -> dict:
     """The recommendation's fields (without ``serving``): the fastest confirmed
     method when its modeled speed-up beats strict's best (at any evaluated N)
     by more than the ``speed_margin``, else strict at its fastest N.
@@ -128,6 +120,8 @@ def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]
         tuner: the finished ``Tuner``; methods: method -> ``MethodResult``;
         confirmations: method -> ``relaxtune.confirm.Confirmation``;
         strict: N -> strict's summary (``modeled_speedup``) as exported.
+        dominated: methods whose trials passed the loss constraint but strict
+            dominates each (the reason names them).
     """
     s = tuner.settings
     best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
@@ -136,7 +130,6 @@ def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]
                strict_modeled_speedup=strict_speed, speed_margin=None)
     best = max((r for r in methods.values() if r.feasible), key=lambda r: (r.modeled_speedup, r.accuracy), default=None)
     if best is None:
-        dominated = [r.method for r in methods.values() if r.note and DOMINATED in r.note]
         out["reason"] = (f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
                          f"{s.epsilon:g}, {len(tuner.problems)} problems)" + (
                              f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
