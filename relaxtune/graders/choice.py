@@ -21,7 +21,10 @@ letter. A letter must end there (``ANSWER: Cl`` is not C), "I" followed by a
 lower-case word is the pronoun, a letter followed by ``=``, ``<``, ``>``, ``+``,
 ``^`` starts a formula (``the answer is E = mc^2``), and a letter joined to
 another by "or", "and", ``,``, ``/``, ``&`` is a hedge that names none
-(``ANSWER: C or D``). When the last statement names a letter outside the
+(``ANSWER: C or D``), and so is a letter asked as a question
+(``the answer is B?``). "answer is" and "correct option is" after an indefinite
+or hedging qualifier ("a good answer is B", "one possible answer is B", "the
+wrong answer is B") state no answer. When the last statement names a letter outside the
 choices (``ANSWER: E`` of four) there is no answer: an earlier one is not
 rescued. A stray letter without an anchor or box is never an
 answer; "cannot determine" and the like are reported as refusals.
@@ -40,13 +43,16 @@ __all__ = ["grade_choice", "extract_choice", "prompt_answer_format"]
 _FONT = r"\\(?:boxed|fbox|text(?:bf|it|sf|tt|rm|normal)?|math(?:bf|rm|it|sf|tt)|bm|boldsymbol|underline|emph)\s*\{"
 _WRAPPERS = rf"(?:\s|\*|_|\$|`|['\"‘’“”]|\\[(\[]|[(\[{{<]|{_FONT}|(?i:option|choice|letter)\b)*"
 _ONE_LETTER = r"[A-Z](?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
-_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^])(?!(?<!<[A-Z])\s*>)"
+_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^?])(?!(?<!<[A-Z])\s*>)"
            rf"(?![\s*`'\"’”)\]}}>$]*(?:[,/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})")
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:final\s+choice)(?:\s*(?:\*\*|__))?\s*[:：]",
 ]
+# a qualifier that makes "answer is X" not the answer: "a good", "one possible", "the wrong" (up to two words after it)
+_NOT_THE_ANSWER = re.compile(r"\b(?:a|an|one|another|wrong|incorrect|bad|possible|plausible|tempting|alternative)\s+"
+                             r"(?:[\w-]+\s+){0,2}$", re.I)
 _BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
 _INNER_WRAP = re.compile(_FONT + r"([^{}]*)\}")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
@@ -82,8 +88,10 @@ def extract_choice(text: str, letters: str = "ABCD", answer_format: str | None =
     text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
     anchors = list(_ANCHORS) + ([_anchor_pattern(answer_format)] if answer_format else [])
     hits = []
-    for anchor in anchors:
+    for i, anchor in enumerate(anchors):
         for m in re.finditer(anchor + _WRAPPERS + _LETTER, text):
+            if i < 2 and _NOT_THE_ANSWER.search(text, max(0, m.start() - 40), m.start()):
+                continue  # "a good answer is B": a remark, not the answer
             hits.append((m.start("letter"), m.group("letter")))
     for start, inner in boxes(text):
         inner = _INNER_WRAP.sub(r"\1", inner).strip(" $*")
