@@ -6,7 +6,8 @@ import re
 import torch
 
 from relaxtune.bench.batching import batch_table
-from relaxtune.bench.engine import NOISY, build, fmt, main, median_spread
+from relaxtune.bench.engine import main
+from relaxtune.bench.harness import NOISY, build, fmt, median_spread
 
 from .tiny_models import tiny_lm
 

@@ -3,7 +3,7 @@
 For each batch size B, on the same prompts (``len(prompts)`` responses of a
 fixed length): (A) transformers' batched ``generate`` (AR, B left-padded prompts
 per call) and (S) relaxtune's batched strict at draft length N
-(``relaxtune.batch.generate_batch``, B rows, continuous refill). Prints the
+(``relaxtune.engine.batch.generate_batch``, B rows, continuous refill). Prints the
 aggregate tokens/s (all responses' tokens over the wall time of the run),
 the mean per-sequence latency (seconds from a response's start to its end),
 S's acceptance length, and the ratios S/S(B=1), S/A and S/A(B=1). Repeats are
@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 
 from relaxtune.backends.hf import HFBackend
-from relaxtune.batch import Request, generate_batch
-from relaxtune.bench.engine import PAPER, fmt, hf_generate, sync
+from relaxtune.bench.harness import PAPER, fmt, hf_generate, sync
+from relaxtune.engine.batch import Request, generate_batch
 
 __all__ = ["batch_table", "run_hf", "run_ours"]
 
