@@ -1,7 +1,7 @@
 """Prefect 3 flows: ``evaluate_point``, ``tune_task``, ``tune_all``, ``tune_new``.
 
 Thin wrappers over the library (``relaxtune.job.run_tune_job``,
-``relaxtune.evaluation.evaluate``, ``relaxtune.schedule.untuned``); the Prefect
+``relaxtune.tune.evaluation.evaluate``, ``relaxtune.tune.schedule.untuned``); the Prefect
 tasks are in ``flows/steps.py``. ``tune_task`` is one worker of a tuning job: it
 submits the job's trials as concurrent task runs (``parallel_trials`` at a time,
 taken from the methods' study queues) and each evaluation as task runs over
@@ -18,15 +18,25 @@ from __future__ import annotations
 
 import uuid
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
 
-from flows.steps import (as_future, backend_tag, fan_out, generate_and_grade, load_backend, problems_of, register,
-                         run_trial, tune_one, unregister)
-from relaxtune.evaluation import DecodeConfig
-from relaxtune.ranges import merge, split
-from relaxtune.settings import TuneSettings
-from relaxtune.studies import default_worker
-from relaxtune.tasks import list_tasks
+from flows.steps import (
+    as_future,
+    backend_tag,
+    fan_out,
+    generate_and_grade,
+    load_backend,
+    problems_of,
+    register,
+    run_trial,
+    unregister,
+)
+from relaxtune.tasks.spec import list_tasks
+from relaxtune.tune.evaluation import DecodeConfig
+from relaxtune.tune.ranges import merge, split
+from relaxtune.tune.settings import TuneSettings
+from relaxtune.tune.studies import default_worker
 
 
 def _ranges_runner(settings: TuneSettings):
@@ -66,7 +76,8 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     other ``TuneSettings`` field (``storage``, ``parallel_trials``, ``range_size``, ...)."""
     from prefect.runtime import flow_run
 
-    from relaxtune.job import cautions, run_tune_job
+    from relaxtune.job import run_tune_job
+    from relaxtune.report.export import cautions
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
     if methods:
@@ -93,6 +104,13 @@ def tune_task(task: str, methods: list[str] | None = None, limit: int | None = N
     return config.model_dump(mode="json")
 
 
+@task(cache_policy=NONE, task_run_name="tune {task}")
+def tune_one(task: str, kwargs: dict) -> dict:
+    """The ``tune_task`` flow of one task (a subflow run), as a task run (so
+    ``tune_all`` and ``tune_new`` can run several tasks at once)."""
+    return tune_task(task=task, **kwargs)
+
+
 def _tune_many(tasks: dict[str, str], parallel_tasks: int, **kwargs) -> dict[str, str]:
     """``tune_task`` for each of ``tasks`` (name -> name or YAML path), ``parallel_tasks``
     at a time; name -> recommended method."""
@@ -116,8 +134,8 @@ def tune_new(folders: list[str] | None = None, methods: list[str] | None = None,
              parallel_tasks: int = 1) -> dict[str, str]:
     """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
     for its version in the output folder yet, or whose spec changed after its
-    config was made (``relaxtune.schedule.untuned``); returns task -> recommended method."""
-    from relaxtune.schedule import untuned
+    config was made (``relaxtune.tune.schedule.untuned``); returns task -> recommended method."""
+    from relaxtune.tune.schedule import untuned
 
     output_dir = (settings or {}).get("output_dir", TuneSettings.model_fields["output_dir"].default)
     pending = untuned(folders, output_dir)
