@@ -1,5 +1,8 @@
 """The ``relaxtune`` command line: ``tune``, ``export``, ``transfer``, ``plan``, ``eval``, ``generate``,
-``methods``, ``tasks``, ``serve``, ``ui`` (one module per group of commands, all on one Typer ``app``)."""
+``methods``, ``tasks``, ``serve``, ``ui`` (one module per group of commands, all on one Typer ``app``).
+
+May import: every wing and ``relaxtune.job``.
+"""
 
 from __future__ import annotations
 

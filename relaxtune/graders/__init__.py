@@ -5,6 +5,8 @@
 failure is its own verdict and never counts as correct. Where they deliberately
 differ from the official graders is listed in the README ("Grading policy") and
 tested in ``tests/conformance/``.
+
+May import: nothing of relaxtune outside this wing.
 """
 
 from .base import Verdict, answer_section

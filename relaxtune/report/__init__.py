@@ -1,0 +1,7 @@
+"""What a job leaves for people and for serving: MLflow runs of a job and of its exports
+(``tracking``, ``mlflow_runs``), the decision as params, metrics, tags and description
+(``decision``), figures (``figures``), the tuned config (``export``) and what an export
+reads and writes (``reexport``).
+
+May import: decoding, certify, backends, graders, tasks, engine, tune.
+"""
