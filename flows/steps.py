@@ -10,8 +10,9 @@
   (``prefect concurrency-limit create relaxtune-backend:<host> 2``).
 - ``run_trial``: takes the next trial of a tuning job's studies and runs it, one
   task run per trial (``Tuner.next_trial``).
-- ``tune_one``: one task's ``tune_task`` flow, as a task run (so ``tune_all`` and
-  ``tune_new`` can run several tasks at once).
+
+``tune_one``, one task's ``tune_task`` flow as a task run, lives beside that flow in
+``flows/tune.py`` (this module imports nothing of the flows).
 """
 
 from __future__ import annotations
@@ -28,17 +29,15 @@ from urllib.parse import urlsplit
 from prefect import task
 from prefect.cache_policies import NONE
 
-from relaxtune.evaluation import DecodeConfig, EvalResult, evaluate
-from relaxtune.settings import TuneSettings, spec_digest
-from relaxtune.tasks import load_problems, load_task
+from relaxtune.tasks.spec import load_problems, load_task
+from relaxtune.tune.evaluation import DecodeConfig, EvalResult, evaluate
+from relaxtune.tune.settings import TuneSettings, spec_digest
 
-__all__ = ["generate_and_grade", "run_trial", "tune_one", "evaluation_cache_key", "backend_identity", "backend_tag",
+__all__ = ["generate_and_grade", "run_trial", "evaluation_cache_key", "backend_identity", "backend_tag",
            "as_future", "fan_out", "load_backend", "problems_of", "register", "unregister"]
 
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
-BACKEND_FIELDS = ("drafter", "verifier", "dtype", "drafter_url", "verifier_url", "tokenizer", "native_url",
-                  "concurrency", "batch_size")
 
 
 def _transient(task, task_run, state) -> bool:
@@ -55,14 +54,14 @@ def _transient(task, task_run, state) -> bool:
 def load_backend(settings: TuneSettings):
     """The settings' backend (in-process pair or SGLang), loaded once per process
     whatever the task (a transfer evaluates several tasks on one pair)."""
-    return _cached_backend(tuple((k, getattr(settings, k)) for k in BACKEND_FIELDS))
+    return _cached_backend(tuple(settings.backend.items()))
 
 
 @functools.lru_cache(maxsize=4)
 def _cached_backend(fields: tuple):
-    from relaxtune.job import load_backend
+    from relaxtune.backends.load import load_backend
 
-    return load_backend(TuneSettings.model_construct(**dict(fields)))  # only its backend fields are read
+    return load_backend(**dict(fields))
 
 
 def problems_of(task: str, limit: int | None) -> tuple:
@@ -166,14 +165,6 @@ def run_trial(key: str) -> dict | None:
     report as a dict, or None when the job's studies are finished."""
     report = _CALLS[key]()
     return None if report is None else vars(report)
-
-
-@task(cache_policy=NONE, task_run_name="tune {task}")
-def tune_one(task: str, kwargs: dict) -> dict:
-    """The ``tune_task`` flow of one task (a subflow run), as a task run."""
-    from flows.tune import tune_task
-
-    return tune_task(task=task, **kwargs)
 
 
 def as_future(prefect_future) -> Future:

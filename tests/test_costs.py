@@ -9,11 +9,13 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from relaxtune.evaluation import DecodeConfig, records_path
-from relaxtune.job import cautions, cost_profile, run_tune_job
-from relaxtune.settings import TuneSettings
-from relaxtune.speed import COST_MARGIN, SPREAD_TOLERANCE, CostProfile, measure_interleaved
-from relaxtune.tasks import load_problems, load_task
+from relaxtune.backends.costs import job_costs
+from relaxtune.decoding.speed import COST_MARGIN, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from relaxtune.job import run_tune_job
+from relaxtune.report.export import cautions
+from relaxtune.tasks.spec import build_prompt_ids, load_problems, load_task
+from relaxtune.tune.evaluation import DecodeConfig, records_path
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic
 from .tiny_models import tiny_tokenizer
@@ -100,6 +102,13 @@ def _setup(tmp_path, **over):
 
 def _saved(settings, spec, pair) -> Path:
     return records_path(Path(settings.output_dir), spec, DecodeConfig(), pair.name).with_name("cost_profile.json")
+
+
+def cost_profile(settings, spec, problems, pair, log, new_trials=True):
+    """The job's cost step, as ``run_tune_job`` calls it."""
+    return job_costs(pair, lambda: build_prompt_ids(pair.tokenizer, spec, problems[0]), settings.n_drafts,
+                     _saved(settings, spec, pair), c_rel=settings.c_rel, remeasure=settings.remeasure_costs,
+                     new_trials=new_trials, log=log)
 
 
 QUIET = CostProfile(0.2, 0.06, {5: 0.2}, spread={"t_ar": 0.02}, passes=5)

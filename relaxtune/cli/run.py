@@ -30,10 +30,10 @@ def generate(
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
     from ..backends.hf import load_pair
-    from ..engine import AR, check_decode
-    from ..engine import generate as run
-    from ..methods import get_method
-    from ..sampling import SamplingParams
+    from ..decoding.methods import get_method
+    from ..decoding.sampling import SamplingParams
+    from ..engine.sequence import AR, check_decode
+    from ..engine.sequence import generate as run
 
     try:
         sampling = SamplingParams(temperature, top_k, top_p)
@@ -103,9 +103,9 @@ def eval_(
     from pathlib import Path
 
     from ..backends.hf import load_pair
-    from ..engine import AR, check_decode
-    from ..evaluation import DecodeConfig, evaluate, finished_samples, records_name
-    from ..tasks import load_problems, load_task
+    from ..engine.sequence import AR, check_decode
+    from ..tasks.spec import load_problems, load_task
+    from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
 
     try:
         spec = load_task(task)
@@ -116,13 +116,10 @@ def eval_(
     with status(f"loading {drafter} -> {verifier}", json_output):
         try:
             if verifier_url or drafter_url or native_url:
-                from ..job import load_backend
-                from ..settings import TuneSettings
+                from ..backends.load import load_backend
 
-                backend = load_backend(TuneSettings(task=spec.name, drafter=drafter, verifier=verifier,
-                                                    drafter_url=drafter_url, verifier_url=verifier_url,
-                                                    tokenizer=tokenizer, native_url=native_url,
-                                                    concurrency=concurrency))
+                backend = load_backend(drafter, verifier, drafter_url=drafter_url, verifier_url=verifier_url,
+                                       tokenizer=tokenizer, native_url=native_url, concurrency=concurrency)
             else:
                 backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size)
         except (ValueError, RuntimeError, OSError) as err:

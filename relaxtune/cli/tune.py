@@ -16,9 +16,9 @@ def _summary(config, path) -> None:
     """The config as a table fitted to the console (a method without a confirmed
     point shows the last point that failed confirmation, or the closest), why a
     method exports no point, what the sample can certify, the recommendation, what
-    a reader must not miss (``relaxtune.job.cautions``) and where to read more."""
-    from ..job import cautions
-    from ..tracking import run_url
+    a reader must not miss (``relaxtune.report.export.cautions``) and where to read more."""
+    from ..report.export import cautions
+    from ..report.tracking import run_url
 
     conf = config.confirmation
     f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
@@ -105,8 +105,8 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
     when there is nothing to export."""
     import yaml
 
-    from ..job import job_file
-    from ..tasks import load_task
+    from ..report.reexport import job_file
+    from ..tasks.spec import load_task
 
     tell = say(json_output)
     base = None

@@ -3,13 +3,13 @@
 One file per task: for each method the confirmed knob and draft length (or
 "none feasible"), the capability-loss budget, strict and relaxed accuracy with
 n and intervals, the drop bound of the confirmation run (``drop_upper_bound``,
-from fresh samples alone, ``relaxtune.confirm``) beside the search's
+from fresh samples alone, ``relaxtune.tune.confirm``) beside the search's
 (``search_drop_upper_bound``), acceptance length, length ratio, modeled
 speed-ups, the serving arguments, and provenance (models, task and grader
 versions, seed, study name, MLflow run); how the confidence was split over
 the confirmations; what the sample can certify (``sample``,
-``relaxtune.planning``); then one recommendation across methods
-(``relaxtune.recommend``). When no point is confirmed, or none beats strict
+``relaxtune.certify.planning``); then one recommendation across methods
+(``relaxtune.tune.recommend``). When no point is confirmed, or none beats strict
 by more than the speed margin, the recommendation is strict at its best N.
 ``relaxtune transfer`` later adds a ``transfer`` section: how the task's
 point holds on other tasks, and theirs on it (``relaxtune.transfer``).
@@ -27,10 +27,10 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from .judge import feasible as within_budget
-from .methods import get_method
+from ..decoding.methods import get_method
+from ..tune.judge import feasible as within_budget
 
-__all__ = ["MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
+__all__ = ["cautions", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
            "load_config", "serving_args"]
 
 SCHEMA_VERSION = 2  # 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
@@ -45,7 +45,7 @@ class MethodResult(_Model):
     trial's number in its study) are None when no point was confirmed; the
     point's numbers come from its confirmation run, the search's bound for it is
     ``search_drop_upper_bound`` (at the job's confidence), and ``confirmation``
-    lists every attempt (``relaxtune.confirm.Attempt.summary``)."""
+    lists every attempt (``relaxtune.tune.confirm.Attempt.summary``)."""
 
     method: str
     knob_name: str | None
@@ -159,7 +159,7 @@ class TunedConfig(_Model):
     strict_by_n_draft: dict[int, dict]
     methods: dict[str, MethodResult]
     confirmation: dict  # {samples: seeds | holdout, problems, per_method, planned, confidence_each, rule}
-    sample: dict  # relaxtune.planning.SamplePlan: smallest certifiable drop, problems needed; line
+    sample: dict  # relaxtune.certify.planning.SamplePlan: smallest certifiable drop, problems needed; line
     recommendation: Recommendation
     relaxtune_version: str
     created: str
@@ -171,8 +171,8 @@ def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, ve
     """How to serve a point. Strict maps onto SGLang's own speculative decoding;
     relaxed rules run in relaxtune's client-side verify loop over two plain
     servers (SGLang's server-side verify cannot express them)."""
-    from .backends.sglang_native import chain_flags
-    from .embedded import EMBEDDED
+    from ..backends.embedded import EMBEDDED
+    from ..backends.sglang_native import chain_flags
 
     rt = {"method": method, "alpha": knob, "n_draft": n_draft, "drafter": drafter, "verifier": verifier, "sampling": sampling}
     # SGLang loads the upstream weights, not relaxtune's embedded CPU copies
@@ -255,17 +255,17 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
 def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirmations: dict | None = None,
                  confirm_problems: int | None = None) -> TunedConfig:
     """Assemble the tuned config from a finished ``Tuner``, its ``MethodOutcome``s
-    and their confirmations (``relaxtune.confirm.confirm``: method ->
+    and their confirmations (``relaxtune.tune.confirm.confirm``: method ->
     ``Confirmation``; a method without one exports no point).
 
     Args:
         confirm_problems: problems the confirmations ran on (default: the search's).
     """
-    from .confirm import RULE, split_confidence
-    from .judge import drop_ucb_at
-    from .planning import DEFAULT_DISCORDANCE, plan
-    from .recommend import recommend
-    from .speed import CostProfile, c_rel_of
+    from ..certify.planning import DEFAULT_DISCORDANCE, plan
+    from ..decoding.speed import CostProfile, c_rel_of
+    from ..tune.confirm import RULE, split_confidence
+    from ..tune.judge import drop_ucb_at
+    from ..tune.recommend import recommend
 
     s, spec, confirmations = tuner.settings, tuner.spec, confirmations or {}
     ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence
@@ -320,3 +320,15 @@ def load_config(path: str | Path) -> TunedConfig:
         ValueError: the file does not match the schema.
     """
     return TunedConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+def cautions(config: "TunedConfig") -> list[str]:
+    """What a reader of the tuned config must not miss: cost-profile flags, and a
+    recommendation slower than plain decoding (modeled speed-up below 1)."""
+    out = [f"cost profile: {flag}" for flag in (config.cost_profile or {}).get("flags", [])]
+    rec = config.recommendation
+    if rec.modeled_speedup < 1:
+        out.append(f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
+                   f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
+                   "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)")
+    return out

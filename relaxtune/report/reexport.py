@@ -6,15 +6,18 @@ problems, the cost profile, strict's records). ``relaxtune.job`` runs it."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import yaml
 
-from .evaluation import DecodeConfig, records_complete, records_path
-from .settings import TuneSettings, study_name
+from ..decoding.speed import c_rel_of
+from ..tune.evaluation import DecodeConfig, records_complete, records_path
+from ..tune.settings import TuneSettings, study_name
 
 __all__ = ["JobError", "job_file", "tuning_settings", "export_path", "export_storage", "check_exportable",
-           "same_problems"]
+           "same_problems", "check_outcomes", "save_job"]
 
 
 class JobError(ValueError):
@@ -134,3 +137,41 @@ def same_problems(method: str, study, problems) -> None:
     if used is not None and used != len(problems):
         raise JobError(f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
                        "export with the tuning run's --limit")
+
+
+def check_outcomes(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
+    """An export re-judges what the studies hold (``outcomes``, priced with
+    ``profile``); refuse what would mix runs. Methods in ``pinned`` (a native
+    server's, whose N comes from its launch flags) may have any N.
+
+    Raises:
+        JobError: a method without finished trials, trials run on another number
+            of problems or at draft lengths ``n_drafts`` leaves out, or a c_rel
+            other than the one the trials were priced with.
+    """
+    for o in outcomes:
+        done = [t for t in o.study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        other = sorted({t.params["n_draft"] for t in done} - set(n_drafts))
+        if other and o.method not in pinned:  # a native server's N comes from its launch flags
+            raise JobError(f"{o.method}'s trials ran at N={', '.join(map(str, other))}, which --n-drafts "
+                           f"{','.join(map(str, n_drafts))} leaves out: export with the tuning run's --n-drafts")
+        if not done:
+            raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
+                           "first, or export only the tuned --methods")
+        same_problems(o.method, o.study, problems)
+        priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
+        if priced and priced != {round(c_rel_of(profile), 9)}:
+            raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
+                           f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "
+                           "with the new --c-rel")
+
+
+def save_job(output_dir: str | Path, task: str, settings: dict) -> Path:
+    """Write ``settings`` (the tuning run's, less one-off actions) to ``job_file``, atomically:
+    workers may share the folder. Returns the path."""
+    saved = job_file(output_dir, task)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    tmp = saved.with_name(f"{saved.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "remeasure_costs"}, sort_keys=False))
+    os.replace(tmp, saved)
+    return saved

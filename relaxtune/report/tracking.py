@@ -5,7 +5,7 @@ Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
 
     <task>: use <point>                   task run: the decision as params, metrics,
     |                                     tags and a one-sentence description
-    |                                     (``relaxtune.decision``); the combined figure,
+    |                                     (``relaxtune.report.decision``); the combined figure,
     |                                     one Pareto and one speed-vs-knob figure per
     |                                     method (``figures/``), every point as a table,
     |                                     the tuned config, the settings, the dataset
@@ -20,10 +20,10 @@ Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
 
 Metrics are logged with ``step = trial number`` on the study run too, so the
 MLflow UI charts a study's progress. Every run of a tuning job carries the job's
-id (``relaxtune.settings.job_id``) and is found again by tags (kind, job, study,
+id (``relaxtune.tune.settings.job_id``) and is found again by tags (kind, job, study,
 trial number), never by name: a restart or another worker of the same job finds
 the same runs, a job with other settings never writes into them. Runs are
-created under the storage's lock (``relaxtune.studies.storage_lock``), so
+created under the storage's lock (``relaxtune.tune.studies.storage_lock``), so
 workers starting together create each run once. Re-logging a table or a figure
 replaces it. An export reads the tuning job's runs and never writes to them: its
 own run is nested under the tuning run it read (tag ``relaxtune.tuning_run``).
@@ -39,7 +39,7 @@ MLflow 3.17's UI shows the GenAI or the model-training view by a switch it
 remembers per browser, whatever the experiment's kind: ``run_url`` links carry
 ``?workflowType=machine_learning`` so they open on runs. What both kinds of run
 share (the experiment, finding runs, replacing tables and figures, logging a
-decision) is ``relaxtune.mlflow_runs``.
+decision) is ``relaxtune.report.mlflow_runs``.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..decoding.methods import get_method
+from ..decoding.speed import CostProfile, c_rel_of
+from ..tune.pareto import Point, baseline_points, point_label, points_table
 from .decision import study_summary
-from .methods import get_method
 from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_url
-from .pareto import Point, baseline_points, point_label, points_table
 
 __all__ = ["Tracker", "ExportRun", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id"]
 
@@ -65,9 +66,9 @@ class Tracker(Runs):
         uri: tracking URI (default ``sqlite:///mlflow.db``).
         task: the task spec; pair: the pair's name; settings: a dict of the job's settings.
         problems: the problems (logged as the dataset input).
-        job_id: the tuning job's id (``relaxtune.settings.job_id``).
+        job_id: the tuning job's id (``relaxtune.tune.settings.job_id``).
         lock: a context-manager factory that serialises run creation across the
-            job's workers (``relaxtune.studies.storage_lock(storage_url)``); default none.
+            job's workers (``relaxtune.tune.studies.storage_lock(storage_url)``); default none.
     """
 
     def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None) -> None:
@@ -97,6 +98,17 @@ class Tracker(Runs):
         return found[0].info.run_id
 
     # ------------------------------------------------------------------ studies
+
+    def log_costs(self, profile) -> None:
+        """The job's cost profile on the task run: an artifact, c_rel and the worst
+        spread, a flag tag (``relaxtune.cost_flags``)."""
+        client, run = self.client, self.task_run_id
+        client.log_metric(run, "c_rel", c_rel_of(profile))
+        if isinstance(profile, CostProfile):
+            client.log_dict(run, profile.to_dict(), "cost_profile.json")
+            if profile.spread:
+                client.log_metric(run, "cost_spread_max", max(profile.spread.values()))
+            client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
 
     def start_study(self, method: str, study) -> str:
         """The study's run (created or resumed); returns its id."""

@@ -4,11 +4,11 @@ For tasks with tuned configs (``relaxtune tune``), each method's confirmed point
 (method, knob, N) of every source task S is judged on every target task T,
 against T's strict at the same N, paired on the same problems and seeds
 (common random numbers), with the metrics and constraint of a tuning trial
-(``relaxtune.judge.point_metrics`` and ``constraint_values``: the drop bound
-``relaxtune.stats.drop_bound`` against T's epsilon, plus T's rambling guards)
+(``relaxtune.tune.judge.point_metrics`` and ``constraint_values``: the drop bound
+``relaxtune.certify.stats.drop_bound`` against T's epsilon, plus T's rambling guards)
 at a confirmation's confidence (below). The diagonal is each task's own point.
 
-Samples (``relaxtune.confirm.fresh_point``; ``evaluate`` skips finished
+Samples (``relaxtune.tune.confirm.fresh_point``; ``evaluate`` skips finished
 samples, so every record that exists is reused and none is generated twice):
 
 - off the diagonal, T's search samples (T's search problems and base seed). S's
@@ -35,13 +35,13 @@ from typing import Callable
 
 import yaml
 
-from .confirm import fresh_point, holdout_split, split_confidence
-from .export import TunedConfig, load_config
-from .judge import constraint_values
-from .settings import TuneSettings
-from .speed import CostProfile
-from .tasks import Problem, TaskSpec, load_problems, load_task
-from .transfer_matrix import RULE, Cell, TransferMatrix, sections, write_sections
+from ..decoding.speed import CostProfile
+from ..report.export import TunedConfig, load_config
+from ..tasks.spec import Problem, TaskSpec, load_problems, load_task
+from ..tune.confirm import fresh_point, holdout_split, split_confidence
+from ..tune.judge import constraint_values
+from ..tune.settings import TuneSettings
+from .matrix import RULE, Cell, TransferMatrix, sections, write_sections
 
 __all__ = ["TransferError", "TunedTask", "Cell", "TransferMatrix", "load_tuned", "tuned_point", "plan_cells",
            "evaluate_cells", "run_transfer", "RULE"]
@@ -84,7 +84,7 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
             another version of the task, or a task whose problems changed since.
         FileNotFoundError / ValueError: an unknown or invalid task.
     """
-    from .job import job_file
+    from ..report.reexport import job_file
 
     spec = load_task(task)
     saved = job_file(output_dir, spec.name)
@@ -157,7 +157,7 @@ def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: 
         tuned: task name -> ``TunedTask`` (rows and columns in this order).
         methods: one matrix each; confidence: the family's, in (0, 1).
         backend: the model pair every config was tuned with.
-        evaluate_fn: evaluation override with ``relaxtune.evaluation.evaluate``'s signature.
+        evaluate_fn: evaluation override with ``relaxtune.tune.evaluation.evaluate``'s signature.
         log: one line per cell.
 
     Returns:
@@ -206,7 +206,7 @@ def _methods(tuned: dict[str, TunedTask], methods: list[str] | None) -> list[str
     Raises:
         TransferError: a method no config confirmed a point for, or none at all.
     """
-    from .methods import get_method
+    from ..decoding.methods import get_method
 
     confirmed = list(dict.fromkeys(m for t in tuned.values() for m in t.config.methods
                                    if tuned_point(t.config, m) is not None))
@@ -226,7 +226,7 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
                  evaluate_fn: Callable | None = None, progress: bool = True, track: bool = True,
                  log: Callable[[str], None] = print) -> tuple[TransferMatrix, list[Path]]:
     """The transfer matrix of ``tasks`` end to end: read their tuned configs, judge
-    every cell, log the table and figure to MLflow (``relaxtune.transfer_tracking``),
+    every cell, log the table and figure to MLflow (``relaxtune.transfer.tracking``),
     write each config's ``transfer`` section.
 
     Args:
@@ -244,7 +244,7 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
             different model pairs, every cell failed, or as ``load_tuned`` and the
             method check.
     """
-    from .job import load_backend
+    from ..backends.load import load_backend
 
     tuned: dict[str, TunedTask] = {}
     for task in tasks:
@@ -270,13 +270,13 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
     if backend is None:
         first = next(iter(tuned.values())).settings
         log(f"loading {first.drafter} -> {first.verifier} (generates only samples not recorded yet)")
-        backend = load_backend(first)
+        backend = load_backend(**first.backend)
     matrix = evaluate_cells(tuned, methods, confidence, backend, evaluate_fn=evaluate_fn, progress=progress, log=log)
     if all(c.error for c in matrix.cells):  # e.g. servers down: keep the sections and runs of the last transfer
         raise TransferError(f"every cell failed (the first: {matrix.cells[0].error}): nothing logged or written")
     runs = None
     if track:
-        from .transfer_tracking import log_transfer
+        from .tracking import log_transfer
 
         runs = log_transfer(matrix, mlflow_uri)
     return matrix, write_sections(tuned, sections(matrix, runs), log)

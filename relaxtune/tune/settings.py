@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .embedded import DRAFTER, VERIFIER
-from .methods import get_method
+from ..backends.embedded import DRAFTER, VERIFIER
+from ..decoding.methods import get_method
 
 __all__ = ["TuneSettings", "study_name", "job_id", "spec_digest"]
 
@@ -103,6 +103,14 @@ class TuneSettings(BaseModel):
     def stale_after(self) -> int:
         """Seconds without a heartbeat after which a running trial is stale (``grace_period`` or 4 x ``heartbeat``)."""
         return self.grace_period or 4 * self.heartbeat
+
+    @property
+    def backend(self) -> dict:
+        """The keyword arguments of ``relaxtune.backends.load.load_backend`` (and of
+        ``backend_name``, less the loading ones): the models and where they run."""
+        return dict(drafter=self.drafter, verifier=self.verifier, dtype=self.dtype, batch_size=self.batch_size,
+                    drafter_url=self.drafter_url, verifier_url=self.verifier_url, tokenizer=self.tokenizer,
+                    concurrency=self.concurrency, native_url=self.native_url)
 
     @property
     def storage_url(self) -> str:
