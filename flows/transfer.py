@@ -1,4 +1,4 @@
-"""Prefect flow ``transfer_matrix``: ``relaxtune transfer`` (``relaxtune.transfer.run_transfer``)
+"""Prefect flow ``transfer_matrix``: ``relaxtune transfer`` (``relaxtune.transfer.run.run_transfer``)
 with each evaluation a ``generate_and_grade`` task run (cached on its inputs and
 what they name, retried on transient backend errors, tagged for the backend's
 concurrency limit), as the tuning flows run theirs."""
@@ -18,7 +18,7 @@ def transfer_matrix(tasks: list[str], methods: list[str] | None = None, confiden
     """Judge each task's tuned point on every other task (``relaxtune transfer``);
     returns ``{"confidence_each", "cells": the transfer table's rows, "written": the
     tuned configs that gained a transfer section}``."""
-    from relaxtune.transfer import load_tuned, run_transfer
+    from relaxtune.transfer.run import load_tuned, run_transfer
 
     @functools.cache
     def settings_of(task_file: str):

@@ -31,11 +31,11 @@ import httpx
 
 from relaxtune.backends.hf import load_pair
 from relaxtune.backends.sglang import SGLangBackend
-from relaxtune.engine import generate
-from relaxtune.evaluation import DecodeConfig, evaluate
-from relaxtune.sampling import SamplingParams
-from relaxtune.stats import drop_bound, paired_counts
-from relaxtune.tasks import TaskSpec, load_problems
+from relaxtune.certify.stats import drop_bound, paired_counts
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.sequence import generate
+from relaxtune.tasks.spec import TaskSpec, load_problems
+from relaxtune.tune.evaluation import DecodeConfig, evaluate
 
 
 def check(failures: list[str], name: str, ok: bool, detail: str) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from relaxtune.evaluation import sample_seed, summarize
+from relaxtune.tasks.spec import Problem
 from relaxtune.testing.synthetic import PROBLEMS, SPEC, Synthetic, SyntheticPair, write_task
-from relaxtune.tasks import Problem
+from relaxtune.tune.evaluation import sample_seed, summarize
 
 __all__ = ["PROBLEMS", "SPEC", "Synthetic", "SyntheticPair", "write_task", "Lucky"]
 

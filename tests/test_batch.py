@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from relaxtune.backends.hf import HFBackend
-from relaxtune.batch import Request, generate_batch
-from relaxtune.engine import generate
-from relaxtune.sampling import SamplingParams
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.batch import Request, generate_batch
+from relaxtune.engine.sequence import generate
 
 from .conftest import P_FLOOR, chi2_pvalue
 from .test_engine import _ar_joint

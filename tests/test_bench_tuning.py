@@ -9,9 +9,9 @@ import pytest
 
 from relaxtune.bench.simulated import PAPER_N, SimTask, truncated_geometric
 from relaxtune.bench.tuning import oracle, reached, run_strategy, summarize
-from relaxtune.methods import get_method
-from relaxtune.search import accepted_per_round
-from relaxtune.speed import speedup
+from relaxtune.decoding.methods import get_method
+from relaxtune.decoding.speed import speedup
+from relaxtune.tune.search import accepted_per_round
 
 
 @pytest.fixture(scope="module")

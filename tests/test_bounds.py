@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from relaxtune.cluster_bound import BET_CAP, ORDERINGS, betting_upper
-from relaxtune.judge import drop_ucb_at, stored_bound
-from relaxtune.paired_bound import exact_pvalue, exact_pvalue_table, exact_upper, tango_score, tango_upper
-from relaxtune.stats import check_counts, drop_bound, paired_counts, smallest_certifiable_drop
+from relaxtune.certify.cluster_bound import BET_CAP, ORDERINGS, betting_upper
+from relaxtune.certify.paired_bound import exact_pvalue, exact_pvalue_table, exact_upper, tango_score, tango_upper
+from relaxtune.certify.stats import check_counts, drop_bound, paired_counts, smallest_certifiable_drop
+from relaxtune.tune.judge import drop_ucb_at, stored_bound
 
 
 def pooled(n: int, b: int, c: int) -> list[tuple[int, int, int]]:

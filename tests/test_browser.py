@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from relaxtune.decision import decide
 from relaxtune.job import run_tune_job
-from relaxtune.settings import TuneSettings
-from relaxtune.tracking import run_url
+from relaxtune.report.decision import decide
+from relaxtune.report.tracking import run_url
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from relaxtune.certify.stats import drop_bound
 from relaxtune.cli.app import console
 from relaxtune.cli.tune import _summary
-from relaxtune.confirm import confirm, confirmation_seed, holdout_split, split_confidence
-from relaxtune.evaluation import sample_seed
-from relaxtune.export import build_config, load_config, save_config
 from relaxtune.job import prepare, run_tune_job
-from relaxtune.judge import feasible
-from relaxtune.settings import TuneSettings
-from relaxtune.stats import drop_bound
-from relaxtune.tuning import Tuner, candidates, choose
+from relaxtune.report.export import build_config, load_config, save_config
+from relaxtune.tune.confirm import confirm, confirmation_seed, holdout_split, split_confidence
+from relaxtune.tune.evaluation import sample_seed
+from relaxtune.tune.judge import feasible
+from relaxtune.tune.settings import TuneSettings
+from relaxtune.tune.tuning import Tuner, candidates, choose
 
 from .synthetic import PROBLEMS, SPEC, Lucky, Synthetic
 

@@ -5,8 +5,8 @@ import functools
 import pytest
 import torch
 
-from relaxtune.decoding import verify_round, verify_rounds
-from relaxtune.methods import METHODS, Rows
+from relaxtune.decoding.methods import METHODS, Rows
+from relaxtune.decoding.round import verify_round, verify_rounds
 
 from .conftest import P_FLOOR, chi2_pvalue, random_rows
 

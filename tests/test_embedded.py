@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from relaxtune import embedded
-from relaxtune.embedded import EmbeddedModel, assemble_gguf
+from relaxtune.backends import embedded
+from relaxtune.backends.embedded import EmbeddedModel, assemble_gguf
 
 
 @pytest.fixture
@@ -58,8 +58,9 @@ def test_missing_part_is_named(fake_parts):
 
 
 def test_pinned_parts_match_the_extra():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["embedded"]

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from relaxtune.backends.hf import HFBackend
-from relaxtune.engine import generate
-from relaxtune.sampling import SamplingParams
-from relaxtune.speed import SPREAD_TOLERANCE
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.decoding.speed import SPREAD_TOLERANCE
+from relaxtune.engine.sequence import generate
 
 from .conftest import P_FLOOR, chi2_pvalue
 from .tiny_models import noisy_copy, tiny_lm, tiny_pair

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from relaxtune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
-from relaxtune.responses import generate_responses
-from relaxtune.tasks import TaskSpec, load_problems
+from relaxtune.engine.responses import generate_responses
+from relaxtune.tasks.spec import TaskSpec, load_problems
+from relaxtune.tune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
 
 from .scripted import ScriptedBackend
 
@@ -133,7 +133,7 @@ def test_thinking_budget_forces_the_answer(tiny_backend):
 
 
 def test_length_cut_responses_are_graded_as_truncated(tiny_backend, tmp_path, monkeypatch):
-    import relaxtune.evaluation as evaluation
+    import relaxtune.tune.evaluation as evaluation
 
     seen = {}
     real = evaluation.grade

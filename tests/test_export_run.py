@@ -12,8 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from relaxtune.job import JobError, check_exportable, export_path, run_tune_job
-from relaxtune.settings import TuneSettings, job_id
-from relaxtune.tasks import load_problems, load_task
+from relaxtune.tasks.spec import load_problems, load_task
+from relaxtune.tune.settings import TuneSettings, job_id
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 

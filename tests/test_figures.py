@@ -9,19 +9,19 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
 import optuna  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.text import Annotation, Text  # noqa: E402
 
-from relaxtune.confirm import confirm  # noqa: E402
-from relaxtune.decision import decide, study_summary  # noqa: E402
-from relaxtune.export import build_config  # noqa: E402
-from relaxtune.figures import combined_figure, knob_figure, method_figure  # noqa: E402
-from relaxtune.judge import drop_ucb_at  # noqa: E402
-from relaxtune.pareto import Point, baseline_points, study_points  # noqa: E402
-from relaxtune.stats import drop_bound, wilson_interval  # noqa: E402
-from relaxtune.tuning import Tuner, TuneSettings, choose  # noqa: E402
+from relaxtune.certify.stats import drop_bound, wilson_interval  # noqa: E402
+from relaxtune.report.decision import decide, study_summary  # noqa: E402
+from relaxtune.report.export import build_config  # noqa: E402
+from relaxtune.report.figures import combined_figure, knob_figure, method_figure  # noqa: E402
+from relaxtune.tune.confirm import confirm  # noqa: E402
+from relaxtune.tune.judge import drop_ucb_at  # noqa: E402
+from relaxtune.tune.pareto import Point, baseline_points, study_points  # noqa: E402
+from relaxtune.tune.tuning import Tuner, TuneSettings, choose  # noqa: E402
 
 from .synthetic import PROBLEMS, SPEC, Lucky, Synthetic  # noqa: E402
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relaxtune.settings import TuneSettings
-from relaxtune.tasks import list_tasks
+from relaxtune.tasks.spec import list_tasks
+from relaxtune.tune.settings import TuneSettings
 
 from .tiny_task import write_tiny_task
 
@@ -32,6 +32,7 @@ def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
 
 def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):
     import optuna
+
     import flows.tune
     from flows.tune import tune_task
 
@@ -141,10 +142,10 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     from typer.testing import CliRunner
 
     from flows.transfer import transfer_matrix
+    from relaxtune.certify.stats import drop_bound
     from relaxtune.cli import app
-    from relaxtune.export import load_config
     from relaxtune.job import run_tune_job
-    from relaxtune.stats import drop_bound
+    from relaxtune.report.export import load_config
 
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.9, methods=["cactus"], limit=4, trials=1, n_drafts=[2])
     tasks = [write_tiny_task(tmp_path, name=name) for name in ("tiny_math", "tiny_sums")]

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
-from relaxtune.export import load_config
+from relaxtune.report.export import load_config
 
 from .tiny_task import write_tiny_task
 
@@ -127,7 +127,7 @@ def test_tune_cli_refuses_bad_input_early(tmp_path):
 
 
 def test_serving_arguments_name_the_upstream_models():
-    from relaxtune.export import serving_args
+    from relaxtune.report.export import serving_args
 
     args = serving_args("strict", None, 4, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", {})
     launch = args["sglang_launch_args"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from relaxtune.methods import METHODS, Needs, Rows, get_method, js_divergence
+from relaxtune.decoding.methods import METHODS, Needs, Rows, get_method, js_divergence
 
 from .conftest import random_rows
 

@@ -6,9 +6,9 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from relaxtune.certify.planning import fewest_problems, plan, problems_needed
+from relaxtune.certify.stats import smallest_certifiable_drop
 from relaxtune.cli import app
-from relaxtune.planning import fewest_problems, plan, problems_needed
-from relaxtune.stats import smallest_certifiable_drop
 
 from .tiny_task import write_tiny_task
 

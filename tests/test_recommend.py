@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from relaxtune.evaluation import summarize
-from relaxtune.recommend import cost_spread, speed_margin
-from relaxtune.speed import CostProfile
+from relaxtune.decoding.speed import CostProfile
+from relaxtune.tune.evaluation import summarize
+from relaxtune.tune.recommend import cost_spread, speed_margin
 
 
 def result(accepted_per_problem: list[int], tokens: int = 100, rounds: int = 10):

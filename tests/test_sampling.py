@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from relaxtune.sampling import (
+from relaxtune.decoding.sampling import (
     SamplingParams,
     sample_from_rows,
     sparse_to_dense,

@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from relaxtune.job import run_tune_job
-from relaxtune.settings import TuneSettings
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import yaml
 
-from relaxtune.schedule import untuned
+from relaxtune.tune.schedule import untuned
 
 from .tiny_task import write_tiny_task
 

@@ -1,4 +1,4 @@
-"""Where a study looks after the grid (``relaxtune.search``), the speed-up's upper bound and
+"""Where a study looks after the grid (``relaxtune.tune.search``), the speed-up's upper bound and
 the tuner's pruning by speed."""
 
 import math
@@ -10,12 +10,18 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from relaxtune.bench.simulated import SimTask
-from relaxtune.evaluation import summarize
-from relaxtune.judge import point_metrics, speedup_upper
-from relaxtune.search import (PRUNED_BY, RelaxationSampler, accepted_per_round, knob_at, per_token_acceptance,
-                              strength)
-from relaxtune.speed import speedup
-from relaxtune.tuning import Tuner, TuneSettings
+from relaxtune.decoding.speed import speedup
+from relaxtune.tune.evaluation import summarize
+from relaxtune.tune.judge import point_metrics, speedup_upper
+from relaxtune.tune.search import (
+    PRUNED_BY,
+    RelaxationSampler,
+    accepted_per_round,
+    knob_at,
+    per_token_acceptance,
+    strength,
+)
+from relaxtune.tune.tuning import Tuner, TuneSettings
 
 from .synthetic import PROBLEMS, SPEC, Lucky
 

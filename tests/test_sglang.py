@@ -9,10 +9,10 @@ import torch
 
 from relaxtune.backends.hf import HFBackend
 from relaxtune.backends.sglang import SGLangBackend, SGLangError, parse_next, parse_score
-from relaxtune.engine import generate
-from relaxtune.evaluation import DecodeConfig, evaluate
-from relaxtune.sampling import SamplingParams
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.sequence import generate
 from relaxtune.testing.sglang_standin import StandInServer
+from relaxtune.tune.evaluation import DecodeConfig, evaluate
 
 from .conftest import P_FLOOR, chi2_pvalue
 from .test_evaluation import tiny_task
@@ -156,7 +156,7 @@ def test_unreachable_server_is_named(tiny_backend):
 
 def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
     from relaxtune.job import run_tune_job
-    from relaxtune.tuning import TuneSettings
+    from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task
 

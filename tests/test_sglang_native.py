@@ -10,10 +10,10 @@ import pytest
 
 from relaxtune.backends.sglang import SGLangBackend, SGLangError
 from relaxtune.backends.sglang_native import DETERMINISTIC, TELEMETRY_KEYS, native_flags, parse_spec_telemetry
-from relaxtune.engine import generate
-from relaxtune.evaluation import DecodeConfig, evaluate
-from relaxtune.sampling import SamplingParams
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.sequence import generate
 from relaxtune.testing.sglang_standin import SGLANG_DEFAULTS, StandInServer, StandInSpecServer
+from relaxtune.tune.evaluation import DecodeConfig, evaluate
 
 from .test_evaluation import tiny_task
 
@@ -217,7 +217,7 @@ def test_a_new_key_rename_is_a_failed_sample_not_a_wrong_one(native, tmp_path):
 
 def test_tuner_pins_the_servers_point(native, tmp_path):
     from relaxtune.job import run_tune_job
-    from relaxtune.tuning import TuneSettings
+    from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task
 
@@ -248,7 +248,7 @@ def test_native_and_client_loop_samples_are_kept_apart(native, tiny_backend, tmp
 
 def test_a_pinned_trial_that_fails_once_is_run_again(native, tmp_path):
     from relaxtune.job import run_tune_job
-    from relaxtune.tuning import TuneSettings
+    from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task
 

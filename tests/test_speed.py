@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from relaxtune.speed import PAPER_C_REL, CostProfile, speedup
+from relaxtune.decoding.speed import PAPER_C_REL, CostProfile, speedup
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ after </think>."""
 
 import pytest
 
-from relaxtune.batch import Request, generate_batch
-from relaxtune.engine import generate, stop_index
-from relaxtune.sampling import SamplingParams
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.batch import Request, generate_batch
+from relaxtune.engine.sequence import generate, stop_index
 
 from .scripted import ScriptedBackend
 

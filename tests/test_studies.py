@@ -8,9 +8,9 @@ import time
 import optuna
 import pytest
 
-from relaxtune.ranges import merge, split, worker_order
-from relaxtune.studies import StorageLock, TrialQueue, failures
-from relaxtune.tuning import Tuner, TuneSettings
+from relaxtune.tune.ranges import merge, split, worker_order
+from relaxtune.tune.studies import StorageLock, TrialQueue, failures
+from relaxtune.tune.tuning import Tuner, TuneSettings
 
 from .synthetic import PROBLEMS, SPEC, Synthetic, SyntheticPair
 

@@ -10,7 +10,7 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
-from relaxtune.tasks import TaskSpec, list_tasks, load_problems, load_task
+from relaxtune.tasks.spec import TaskSpec, list_tasks, load_problems, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHIPPED = ["aime24", "aime25", "gpqa_diamond", "gsm8k", "humaneval", "lcb_lite_v6", "math500"]

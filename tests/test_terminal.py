@@ -15,9 +15,9 @@ import typer
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
-from relaxtune.methods import METHODS
-from relaxtune.progress import LineProgress
-from relaxtune.tasks import load_task
+from relaxtune.decoding.methods import METHODS
+from relaxtune.tasks.spec import load_task
+from relaxtune.tune.progress import LineProgress
 
 from .test_figures import tuned
 from .tiny_task import write_tiny_task

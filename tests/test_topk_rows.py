@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from relaxtune.decoding import verify_rounds
-from relaxtune.methods import METHODS, Rows
-from relaxtune.sampling import SamplingParams, transform_logits
+from relaxtune.decoding.methods import METHODS, Rows
+from relaxtune.decoding.round import verify_rounds
+from relaxtune.decoding.sampling import SamplingParams, transform_logits
 
 from .conftest import P_FLOOR, chi2_pvalue
 

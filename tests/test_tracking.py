@@ -13,8 +13,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from relaxtune.settings import TuneSettings, job_id  # noqa: E402
-from relaxtune.tracking import Tracker, filter_literal  # noqa: E402
+from relaxtune.report.tracking import Tracker, filter_literal  # noqa: E402
+from relaxtune.tune.settings import TuneSettings, job_id  # noqa: E402
 
 from .synthetic import PROBLEMS, SPEC  # noqa: E402
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from relaxtune.confirm import confirmation_seed, holdout_split
-from relaxtune.export import load_config, save_config
+from relaxtune.certify.stats import drop_bound
 from relaxtune.job import run_tune_job
-from relaxtune.settings import TuneSettings
-from relaxtune.stats import drop_bound
-from relaxtune.tasks import load_problems, load_task
-from relaxtune.transfer import Cell, TransferError, TransferMatrix, run_transfer
-from relaxtune.transfer_figure import OVER, WITHIN, matrix_figure
+from relaxtune.report.export import load_config, save_config
+from relaxtune.tasks.spec import load_problems, load_task
+from relaxtune.transfer.figure import OVER, WITHIN, matrix_figure
+from relaxtune.transfer.run import Cell, TransferError, TransferMatrix, run_transfer
+from relaxtune.tune.confirm import confirmation_seed, holdout_split
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from ..speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .base import DraftResult, Pick, SequenceState
 from .hf_batch import BatchedForwards
 from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
@@ -60,7 +60,7 @@ class HFBackend(BatchedForwards):
         verifier: a causal LM with the same vocabulary width as the drafter.
         tokenizer: the shared tokenizer (used for ``decode`` and EOS ids).
         name: description for records (model ids).
-        batch_size: the most sequences ``relaxtune.evaluation.evaluate`` runs at
+        batch_size: the most sequences ``relaxtune.tune.evaluation.evaluate`` runs at
             once (``default_batch_size`` of the device when None); 1 or a model
             with sliding-window layers runs one sequence at a time.
 
@@ -178,7 +178,7 @@ class HFBackend(BatchedForwards):
         """Measure forward costs on this machine, one sequence at a time: verifier
         on 1 token and on N + 1 tokens for each N, drafter on 1 token, each with
         a cache of the prompt plus 64 tokens, timed in interleaved passes until
-        their spread is small (``relaxtune.speed.measure_interleaved``). Each
+        their spread is small (``relaxtune.decoding.speed.measure_interleaved``). Each
         cost is the fastest pass, and a pass over N + 1 tokens is never priced
         below one step (a slow single-step sample would otherwise inflate every
         modeled speed-up). A spread still above ``SPREAD_TOLERANCE`` after
@@ -237,7 +237,7 @@ def resolve_model_path(model_id: str) -> str:
     Raises:
         FileNotFoundError: ``model_id`` looks like a local path but is no folder.
     """
-    from ..embedded import EMBEDDED, ensure_converted
+    from .embedded import EMBEDDED, ensure_converted
 
     if model_id in EMBEDDED:
         return str(ensure_converted(EMBEDDED[model_id]))
@@ -304,7 +304,7 @@ def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> st
     """The pair's name in records and study names (``load_pair``'s ``backend.name``),
     without loading anything: ``<drafter>-><verifier>``, embedded names and hub ids as
     given, local folders by absolute path, ``@<dtype>`` unless bfloat16."""
-    from ..embedded import EMBEDDED
+    from .embedded import EMBEDDED
 
     def short(model: str | None) -> str:
         local = model is not None and model not in EMBEDDED and (model.startswith((".", "/", "~"))

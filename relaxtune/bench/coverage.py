@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from relaxtune.cluster_bound import betting_upper
-from relaxtune.paired_bound import exact_pvalue_table, exact_upper
+from relaxtune.certify.cluster_bound import betting_upper
+from relaxtune.certify.paired_bound import exact_pvalue_table, exact_upper
 
 PROBLEMS = (8, 30, 100, 400)
 DISCORDANCE = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)

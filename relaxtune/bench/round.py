@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from relaxtune.decoding import verify_rounds
-from relaxtune.methods import METHODS, Needs
-from relaxtune.sampling import sample_from_rows
+from relaxtune.decoding.methods import METHODS, Needs
+from relaxtune.decoding.round import verify_rounds
+from relaxtune.decoding.sampling import sample_from_rows
 
 TEMPERATURE = 0.6
 

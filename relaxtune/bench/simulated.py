@@ -57,10 +57,10 @@ from pathlib import Path
 
 import numpy as np
 
-from relaxtune.evaluation import EvalResult, summarize
-from relaxtune.methods import get_method
-from relaxtune.speed import speedup
-from relaxtune.tasks import Problem, TaskSpec
+from relaxtune.decoding.methods import get_method
+from relaxtune.decoding.speed import speedup
+from relaxtune.tasks.spec import Problem, TaskSpec
+from relaxtune.tune.evaluation import EvalResult, summarize
 
 __all__ = ["Family", "FAMILIES", "GAINS", "Surface", "SimTask", "Truth", "SimPair", "truncated_geometric",
            "PAPER_N", "PAPER_C_REL", "MAX_TOKENS", "POPULATION"]
@@ -114,7 +114,7 @@ def truncated_geometric(beta: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarra
     """Mean and variance of accepted drafts per round (tokens) when each of ``n`` drafts is
     accepted with probability ``beta`` until the first rejection: ``P(A = k) = beta^k (1 - beta)``
     for k < n, ``P(A = n) = beta^n``. ``beta`` any shape, in [0, 1); returns two arrays of its
-    shape. The mean is ``beta (1 - beta^n) / (1 - beta)`` (``relaxtune.search.accepted_per_round``)."""
+    shape. The mean is ``beta (1 - beta^n) / (1 - beta)`` (``relaxtune.tune.search.accepted_per_round``)."""
     beta = np.asarray(beta, dtype=np.float64)
     k = np.arange(n + 1, dtype=np.float64)
     pk = beta[..., None] ** k * np.where(k < n, 1.0 - beta[..., None], 1.0)
@@ -205,7 +205,7 @@ class _Problems:
 @dataclass
 class SimTask:
     """One simulated task: its family, c_rel, strict acceptance and the methods' surfaces.
-    Callable as ``relaxtune.evaluation.evaluate`` (same signature), so a ``Tuner`` runs on it.
+    Callable as ``relaxtune.tune.evaluation.evaluate`` (same signature), so a ``Tuner`` runs on it.
 
     Attributes:
         family, seed: what it was drawn from; c_rel: drafter/verifier cost ratio (a ``PAPER_C_REL`` value).
@@ -348,7 +348,7 @@ class SimTask:
         return out
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
-        """``relaxtune.evaluation.evaluate``'s signature: the records of ``problems`` at ``config``
+        """``relaxtune.tune.evaluation.evaluate``'s signature: the records of ``problems`` at ``config``
         (nothing is written)."""
         self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
         method = None if config.method == "strict" else config.method

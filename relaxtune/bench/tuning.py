@@ -18,7 +18,7 @@ bound, feasibility and ``choose`` are the product's own):
   (Optuna's ``RandomSampler``, no grid), evaluated as the search evaluates.
 
 Model tokens count as the product counts them: the trials' tokens
-(``relaxtune.tuning.study_tokens``, pruned trials up to their last stage) plus
+(``relaxtune.tune.tuning.study_tokens``, pruned trials up to their last stage) plus
 strict's baseline at every N the strategy used (``EvalResult.tokens``). After
 each trial a strategy's pick is the product's choice so far (``choose``: fastest
 feasible trial strict does not dominate) or, without one, strict at its fastest
@@ -52,10 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaxtune.bench.simulated import FAMILIES, GAINS, PAPER_N, SimPair, SimTask, Truth
-from relaxtune.methods import get_method
-from relaxtune.settings import TuneSettings
-from relaxtune.stats import wilson_interval
-from relaxtune.tuning import Tuner, choose
+from relaxtune.certify.stats import wilson_interval
+from relaxtune.decoding.methods import get_method
+from relaxtune.tune.settings import TuneSettings
+from relaxtune.tune.tuning import Tuner, choose
 
 __all__ = ["Run", "run_strategy", "oracle", "trace", "reached", "summarize", "STRATEGIES", "TARGET_SHARE",
            "TARGET_TOKENS", "TOLERANCE"]

@@ -1,7 +1,7 @@
 """Sample-size planning for the drop bound: what a sample can certify, and what
 a target needs.
 
-- Smallest certifiable drop: the bound of ``relaxtune.stats`` when relaxed and
+- Smallest certifiable drop: the bound of ``relaxtune.certify.stats`` when relaxed and
   strict agree on every sample (no sample can do better). With one sample per
   problem it is at least ``1 - (1 - c)^(1/n)``, as a point with drop D and no
   relaxed-only pair shows no discordant pair with probability ``(1 - D)^n``,

@@ -6,11 +6,11 @@ task's: the problems are a sample from such problems, and a problem's repeats
 are samples of its own success rates, so the bound clusters by problem.
 
 - One sample per problem: the pairs are independent draws of (strict, relaxed)
-  outcomes and the bound is exact (``relaxtune.paired_bound``: Buehler's bound
+  outcomes and the bound is exact (``relaxtune.certify.paired_bound``: Buehler's bound
   ordered by Tango's score, nominal coverage for every n and discordance).
 - Repeats: each problem gives one mean difference ``d_j = (b_j - c_j) / n_j`` in
   [-1, 1] and the bound is the betting bound on their mean
-  (``relaxtune.cluster_bound``), valid for any spread of harm across problems.
+  (``relaxtune.certify.cluster_bound``), valid for any spread of harm across problems.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ import math
 
 import typer
 
-from ..methods import METHODS
+from ..decoding.methods import METHODS
 from .app import App, app, console
 from .tables import JSON, Col, print_json, show
+
 
 def _fmt(value: float | None) -> str:
     if value is None:
@@ -48,7 +49,7 @@ def tasks(ctx: typer.Context, json_output: bool = JSON) -> None:
     """List the task specs of evals/ (name, version, grader, data source)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..tasks import evals_dir, list_tasks, load_task
+    from ..tasks.spec import evals_dir, list_tasks, load_task
 
     rows = []
     for name in list_tasks():
@@ -78,7 +79,7 @@ def tasks_validate(
     load: bool = typer.Option(False, help="also load the data and format the first prompt"),
 ) -> None:
     """Check a task spec (and optionally its data): one line per invalid field."""
-    from ..tasks import load_problems, load_task
+    from ..tasks.spec import load_problems, load_task
 
     try:
         spec = load_task(file)

@@ -67,7 +67,7 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
     import pydantic
     import yaml
 
-    from ..settings import TuneSettings
+    from ..tune.settings import TuneSettings
 
     merged: dict = dict(base or {})
     if config:

@@ -49,8 +49,8 @@ def plan_(
 ) -> None:
     """Print the smallest drop the current sample can certify, and the problems x repeats needed to
     certify EPSILON at CONFIDENCE for a relaxed point with a given true drop and discordance."""
-    from ..planning import plan, problems_needed
-    from ..tasks import load_problems, load_task
+    from ..certify.planning import plan, problems_needed
+    from ..tasks.spec import load_problems, load_task
 
     try:
         spec = load_task(task)

@@ -13,7 +13,7 @@ from .tables import JSON, print_json
 
 def _cell(cell) -> str:
     """A cell for the terminal: mark, drop bound vs the target's epsilon, speed-up, n."""
-    from ..transfer_figure import OVER, WITHIN
+    from ..transfer.figure import OVER, WITHIN
 
     if cell is None:
         return "[dim]no tuned point[/dim]"
@@ -25,8 +25,8 @@ def _cell(cell) -> str:
 
 
 def _summary(matrix, written, uri: str | None) -> None:
-    from ..methods import get_method
-    from ..tracking import DEFAULT_URI
+    from ..decoding.methods import get_method
+    from ..report.tracking import DEFAULT_URI
 
     for method in matrix.methods:
         table = Table(title=f"{method}: tuned point of each source task (rows) judged on each target (columns)")
@@ -64,7 +64,7 @@ def transfer_(
     """Judge each task's tuned point on every other task (rows: where it was tuned, columns: where it is
     judged), against that task's strict and epsilon; log the matrix to MLflow and add a transfer section to
     every tuned config."""
-    from ..transfer import run_transfer
+    from ..transfer.run import run_transfer
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None

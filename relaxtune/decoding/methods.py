@@ -2,7 +2,7 @@
 valid range, strict point, paper grid and what it needs from the backends.
 
 The rules themselves (pure functions on probability rows) live in
-``relaxtune.rules``; source of every rule and value: Xia, Ribar and Balanca,
+``relaxtune.decoding.rules``; source of every rule and value: Xia, Ribar and Balanca,
 "A Practical Investigation of Training-free Relaxed Speculative Decoding"
 (arXiv 2607.08690, 2026), the unified table reproduced in
 ``shared/docs/relaxed-methods.md``.
@@ -18,9 +18,29 @@ from typing import Callable
 import torch
 
 from .rules import (
-    Rows, Targets, _always_at, _cactus_at, _casc_opt_at, _casc_tok_at, _cont_dec_at, _ens_at, _mentored_at,
-    _r_fuzzy_at, _strict_at, _threshold_at, always_accept, cactus, ens, js_divergence, mentored, r_fuzzy,
-    sglang_threshold, spec_casc_opt, spec_casc_tok, spec_cont_dec, strict,
+    Rows,
+    Targets,
+    _always_at,
+    _cactus_at,
+    _casc_opt_at,
+    _casc_tok_at,
+    _cont_dec_at,
+    _ens_at,
+    _mentored_at,
+    _r_fuzzy_at,
+    _strict_at,
+    _threshold_at,
+    always_accept,
+    cactus,
+    ens,
+    js_divergence,
+    mentored,
+    r_fuzzy,
+    sglang_threshold,
+    spec_casc_opt,
+    spec_casc_tok,
+    spec_cont_dec,
+    strict,
 )
 
 __all__ = [

@@ -183,7 +183,7 @@ def verify_rounds(
         temperature: the sampling transform's T; 0 is refused for methods that
             collapse to strict under greedy decoding; needed by ``spec_cont_dec``.
         validate: check that p and q rows are distributions (one pass over them;
-            backends that build rows with ``relaxtune.sampling`` may skip it).
+            backends that build rows with ``relaxtune.decoding.sampling`` may skip it).
 
     Returns:
         ``BatchRoundResult`` (tokens ``[B, N+1]`` padded with -1).

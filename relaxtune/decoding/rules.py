@@ -13,7 +13,7 @@ model: only probability rows (and raw logits for the two methods that need them)
 Each rule also has a ``*_at`` form giving ``pi_rej(x)`` alone, which is all
 the accept test reads; full target rows are built only at the rejected position.
 The registry of methods (knob ranges, strict points, needs) is
-``relaxtune.methods``.
+``relaxtune.decoding.methods``.
 
 Shapes: ``p`` and ``q`` are ``[..., V]`` probability rows after the sampling
 transform; ``x`` is ``[...]`` (the drafted token at each row); ``z_p`` / ``z_q``

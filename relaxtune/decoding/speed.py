@@ -158,7 +158,7 @@ class CostProfile:
         ``t_verify`` it equals ``speedup(l_accept, N, self.c_rel, L_ar, L_relax)``.
 
         Raises:
-            ValueError: as ``relaxtune.speed.speedup``.
+            ValueError: as ``relaxtune.decoding.speed.speedup``.
         """
         base = speedup(l_accept, n_draft, 0.0, L_ar, L_relax)
         return base * self.t_ar / self.round_seconds(n_draft)

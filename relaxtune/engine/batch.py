@@ -3,11 +3,11 @@
 ``generate_batch`` keeps up to ``batch_size`` sequences (rows) in a
 ``BatchBackend`` batch. Each round drafts N tokens for every row (one drafter
 forward per step), scores all rows in one verifier pass, runs
-``relaxtune.decoding.verify_rounds`` on the ``[R, N+1, V]`` rows (ragged
+``relaxtune.decoding.round.verify_rounds`` on the ``[R, N+1, V]`` rows (ragged
 acceptance), and commits each row's tokens. A row that ends (EOS, stop string,
 budget) leaves the batch and the next request joins at once (continuous refill).
 
-Randomness is per response, exactly as ``relaxtune.engine.generate``: one
+Randomness is per response, exactly as ``relaxtune.engine.sequence.generate``: one
 ``torch.Generator`` seeded with the request's seed, N uniforms drawn for drafting
 and then N + 1 for verification per round (1 per AR step), in the same order.
 So a response does not depend on the batch it ran in: with float32 models it
@@ -25,11 +25,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from .backends.base import BatchBackend, SequenceState
-from .decoding import verify_rounds
-from .engine import AR, Generation, GenerationStats, Limits, check_decode, end_round
-from .methods import Needs, get_method
-from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+from ..backends.base import BatchBackend, SequenceState
+from ..decoding.methods import Needs, get_method
+from ..decoding.round import verify_rounds
+from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+from .sequence import AR, Generation, GenerationStats, Limits, check_decode, end_round
 
 __all__ = ["Request", "generate_batch"]
 
@@ -42,7 +42,7 @@ class Request:
         prompt_ids: prompt token ids (at least one).
         seed: seed of this response's random numbers.
         max_new_tokens: generation budget (tokens, >= 1).
-        stop: stop strings (see ``relaxtune.engine.generate``).
+        stop: stop strings (see ``relaxtune.engine.sequence.generate``).
         stop_after: stop strings count only after this text (``</think>``).
         key: anything the caller needs to recognise the response.
 
@@ -103,7 +103,7 @@ def generate_batch(
             from the left as rows free up, and the caller may append to it while
             iterating (a continuation, e.g. after a thinking budget, joins the
             running batch).
-        method: a method id of ``relaxtune.methods.METHODS``, or ``"ar"``.
+        method: a method id of ``relaxtune.decoding.methods.METHODS``, or ``"ar"``.
         knob: the method's knob (alpha).
         n_draft: draft length N >= 1 (ignored for AR).
         sampling: the sampling transform, applied to both models.
@@ -117,7 +117,7 @@ def generate_batch(
         shares add up to the elapsed time), ``latency_seconds`` its own span.
 
     Raises:
-        ValueError: as ``relaxtune.engine.check_decode``, or batch_size < 1.
+        ValueError: as ``relaxtune.engine.sequence.check_decode``, or batch_size < 1.
     """
     ar = method == AR
     knob = check_decode(method, knob, n_draft, sampling.temperature)

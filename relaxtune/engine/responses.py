@@ -9,7 +9,7 @@ generation continues (seed + 1) up to ``max_new_tokens`` in total. Stop strings
 of a thinking task apply only after ``</think>``: they never cut the reasoning.
 
 ``generate_responses`` runs many responses of one configuration through
-``relaxtune.batch.generate_batch``; a response that needs the forced answer
+``relaxtune.engine.batch.generate_batch``; a response that needs the forced answer
 re-joins the running batch as a continuation, so batched and one-at-a-time
 responses are the same.
 """
@@ -20,11 +20,11 @@ from collections import deque
 from dataclasses import fields
 from typing import Any, Iterable, Iterator
 
-from .backends.base import Backend, BatchBackend
+from ..backends.base import Backend, BatchBackend
+from ..graders.base import THINK_END
+from ..tasks.spec import TaskSpec
 from .batch import Request, generate_batch
-from .engine import Generation, GenerationStats, generate
-from .graders.base import THINK_END
-from .tasks import TaskSpec
+from .sequence import Generation, GenerationStats, generate
 
 __all__ = ["generate_response", "generate_responses"]
 
@@ -73,15 +73,15 @@ def _joined(first: Generation, text: str, ids: list[int], rest: Generation | Non
 
 def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], config, seed: int) -> Generation:
     """One response under the task's budgets (see the module doc), one sequence
-    at a time through ``relaxtune.engine.generate``.
+    at a time through ``relaxtune.engine.sequence.generate``.
 
     Args:
         backend: the model pair; spec: the task; prompt_ids: the prompt's ids.
-        config: a ``relaxtune.evaluation.DecodeConfig`` (method, knob, N).
-        seed: the sample's seed (``relaxtune.evaluation.sample_seed``).
+        config: a ``relaxtune.tune.evaluation.DecodeConfig`` (method, knob, N).
+        seed: the sample's seed (``relaxtune.tune.evaluation.sample_seed``).
 
     Raises:
-        ValueError: as ``relaxtune.engine.generate``.
+        ValueError: as ``relaxtune.engine.sequence.generate``.
     """
     kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())
     req = _first(spec, prompt_ids, seed)
@@ -109,7 +109,7 @@ def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Ite
 
     Yields:
         ``(key, Generation)`` as responses end, or ``(key, exception)`` for one
-        that failed (see ``relaxtune.batch.generate_batch``).
+        that failed (see ``relaxtune.engine.batch.generate_batch``).
     """
     queue = deque(_first(spec, list(ids), seed, (key, list(ids), None)) for key, ids, seed in items)
     kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())

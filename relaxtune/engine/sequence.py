@@ -3,7 +3,7 @@ baseline through the same loop, and per-response statistics.
 
 Per round: draft N tokens from ``q`` (the drafter's rows after the sampling
 transform), score them with the verifier in one pass, run
-``relaxtune.decoding.verify_rounds`` with the method, commit the emitted tokens.
+``relaxtune.decoding.round.verify_rounds`` with the method, commit the emitted tokens.
 The AR baseline (``method="ar"``) runs one verifier step per token through the
 same backend calls.
 
@@ -12,7 +12,7 @@ draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
 the drafter's argmax), then N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
 the same seed share their random numbers (paired comparisons).
-``relaxtune.batch.generate_batch`` runs many responses together with the same
+``relaxtune.engine.batch.generate_batch`` runs many responses together with the same
 randomness per response, and the same round accounting (``end_round``).
 """
 
@@ -24,10 +24,10 @@ from typing import Sequence
 
 import torch
 
-from .backends.base import Backend
-from .decoding import verify_rounds
-from .methods import Needs, get_method
-from .sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+from ..backends.base import Backend
+from ..decoding.methods import Needs, get_method
+from ..decoding.round import verify_rounds
+from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
 
 __all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR", "Limits", "end_round",
            "stop_index"]
@@ -278,7 +278,7 @@ def generate(
     Args:
         backend: the drafter/verifier pair.
         prompt_ids: prompt token ids.
-        method: a method id of ``relaxtune.methods.METHODS``, or ``"ar"``.
+        method: a method id of ``relaxtune.decoding.methods.METHODS``, or ``"ar"``.
         knob: the method's knob (alpha).
         n_draft: draft length N >= 1 (ignored for AR).
         sampling: the sampling transform, applied to both models.

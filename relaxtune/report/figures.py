@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from .pareto import Point, pareto_front
+from ..tune.pareto import Point, pareto_front
 
 __all__ = ["method_figure", "combined_figure", "knob_figure"]
 
@@ -266,8 +266,8 @@ def method_figure(points: list[Point], baselines: list[Point], epsilon: float, t
     """One method's trials vs strict per N and AR (see the module doc).
 
     Args:
-        points: the method's trial points (``relaxtune.pareto.study_points``).
-        baselines: strict per N and AR (``relaxtune.pareto.baseline_points``).
+        points: the method's trial points (``relaxtune.tune.pareto.study_points``).
+        baselines: strict per N and AR (``relaxtune.tune.pareto.baseline_points``).
         epsilon: the capability-loss budget (accuracy, absolute).
         title: the figure's title.
 

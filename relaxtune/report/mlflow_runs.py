@@ -1,5 +1,5 @@
 """What the MLflow runs of a tuning job and of its exports share
-(``relaxtune.tracking``): the experiment (created as a model-training one), runs
+(``relaxtune.report.tracking``): the experiment (created as a model-training one), runs
 found by tags, tables and figures that replace their earlier versions, params
 that are write-once, and a tuned config's decision logged with its figures."""
 
@@ -12,10 +12,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from ..decoding.methods import get_method
+from ..tune.pareto import Point, points_table, study_points
 from .decision import decide
 from .figures import combined_figure, knob_figure, method_figure
-from .methods import get_method
-from .pareto import Point, points_table, study_points
 
 __all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table"]
 

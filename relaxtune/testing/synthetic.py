@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from relaxtune.evaluation import EvalResult, records_path, summarize
-from relaxtune.tasks import Problem, TaskSpec
+from relaxtune.tasks.spec import Problem, TaskSpec
+from relaxtune.tune.evaluation import EvalResult, records_path, summarize
 
 __all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
 
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     import sqlalchemy  # noqa: F401
 
     from relaxtune.job import run_tune_job
-    from relaxtune.settings import TuneSettings
-    from relaxtune.tracking import Tracker  # noqa: F401
+    from relaxtune.report.tracking import Tracker  # noqa: F401
+    from relaxtune.tune.settings import TuneSettings
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
     started = time.time()

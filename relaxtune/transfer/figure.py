@@ -19,7 +19,7 @@ def cell_text(cell) -> str:
 
 def _row_label(matrix, method: str, source: str) -> str:
     """The source task and its tuned point, e.g. ``humaneval\ndelta=1 N=4``."""
-    from .methods import get_method
+    from ..decoding.methods import get_method
 
     c = next((c for c in matrix.cells if (c.method, c.source) == (method, source)), None)
     if c is None:
@@ -29,7 +29,7 @@ def _row_label(matrix, method: str, source: str) -> str:
 
 
 def matrix_figure(matrix):
-    """Heatmaps of a ``relaxtune.transfer.TransferMatrix``, one panel per method.
+    """Heatmaps of a ``relaxtune.transfer.run.TransferMatrix``, one panel per method.
 
     A cell's colour is its drop upper bound minus the target's epsilon (accuracy
     units; green within the budget, red over it); its text gives the mark

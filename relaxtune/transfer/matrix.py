@@ -1,5 +1,5 @@
 """The cells of a transfer matrix (``relaxtune.transfer``), the matrix, and the
-``transfer`` sections they give the tuned configs (``relaxtune.export.Transfer``)."""
+``transfer`` sections they give the tuned configs (``relaxtune.report.export.Transfer``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .export import Transfer, TransferCell, load_config, save_config
+from ..report.export import Transfer, TransferCell, load_config, save_config
 
 __all__ = ["Cell", "TransferMatrix", "sections", "write_sections", "RULE"]
 
@@ -26,7 +26,7 @@ class Cell:
         samples: "confirmation" (the diagonal) or "search"; seed: their base seed;
             problems: how many problems (x the target's repeats).
         epsilon: the target's; confidence: one-sided, after the split.
-        metrics: ``relaxtune.judge.point_metrics`` on the target (``drop_ucb`` at
+        metrics: ``relaxtune.tune.judge.point_metrics`` on the target (``drop_ucb`` at
             ``confidence``, ``speedup`` at the target's costs); empty when the
             evaluation failed.
         within: every constraint of the target holds.
@@ -115,7 +115,7 @@ def sections(matrix: TransferMatrix, mlflow: dict[str, dict] | None = None) -> d
 def write_sections(tuned: dict, parts: dict[str, Transfer],
                    log: Callable[[str], None] = lambda message: None) -> list[Path]:
     """Write each task's ``transfer`` section into its tuned config (``tuned``: task
-    name -> ``relaxtune.transfer.TunedTask``; the file is read again first, and one
+    name -> ``relaxtune.transfer.run.TunedTask``; the file is read again first, and one
     tuned again since the transfer read it is left alone, and said so). Returns
     the files written."""
     written = []

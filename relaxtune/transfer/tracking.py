@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 
-from .mlflow_runs import DEFAULT_URI, experiment_id, find_runs, log_table
+from ..report.mlflow_runs import DEFAULT_URI, experiment_id, find_runs, log_table
 
 __all__ = ["log_transfer", "CROSS_EXPERIMENT"]
 
@@ -46,7 +46,7 @@ def log_transfer(matrix, uri: str | None = None) -> dict[str, dict]:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
-    from .transfer_figure import matrix_figure
+    from .figure import matrix_figure
 
     uri = uri or DEFAULT_URI
     client = MlflowClient(uri)

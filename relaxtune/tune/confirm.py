@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..tasks.spec import Problem
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
 from .judge import constraint_values, drop_ucb_at, point_metrics
-from .tasks import Problem
 from .tuning import candidates
 
 __all__ = ["Attempt", "Confirmation", "confirm", "fresh_point", "confirmation_seed", "holdout_split",
@@ -41,7 +41,7 @@ RULE = ("Bonferroni: the confidence c is split evenly over the T confirmations t
 def confirmation_seed(seed: int, attempt: int) -> int:
     """Base seed of the ``attempt``-th confirmation (1-based) of a job with base
     ``seed``: a hash of both, never ``seed`` itself, so every sample seed differs
-    from the search's (``relaxtune.evaluation.sample_seed``)."""
+    from the search's (``relaxtune.tune.evaluation.sample_seed``)."""
     derived = zlib.crc32(f"relaxtune-confirm:{seed}:{attempt}".encode())
     return derived if derived != seed else derived + 1
 
@@ -126,10 +126,10 @@ def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, pr
         spec, backend: the task and the model pair; method, knob, n_draft: the point.
         profile: costs (``CostProfile`` or c_rel) for the modeled speed-up.
         confidence: one-sided confidence of the drop bound in the metrics.
-        evaluate_fn: evaluation override with ``relaxtune.evaluation.evaluate``'s signature.
+        evaluate_fn: evaluation override with ``relaxtune.tune.evaluation.evaluate``'s signature.
 
     Returns:
-        ``(metrics, strict, relaxed)``: ``relaxtune.judge.point_metrics`` (drop bound
+        ``(metrics, strict, relaxed)``: ``relaxtune.tune.judge.point_metrics`` (drop bound
         ``drop_ucb``, ``bound_method``, counts) and the two evaluations.
     """
     fn = evaluate_fn or evaluate
@@ -140,7 +140,7 @@ def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, pr
 
 def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool = True,
             log: Callable[[str], None] = lambda message: None) -> dict[str, Confirmation]:
-    """Confirm each method's candidates in turn (``relaxtune.tuning.candidates``:
+    """Confirm each method's candidates in turn (``relaxtune.tune.tuning.candidates``:
     feasible, not dominated by strict, best first) until one passes or
     ``settings.confirmations`` failed (module doc for the confidence split).
 
@@ -188,7 +188,7 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
 
 def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem]) -> bool:
     """Both evaluations of a confirmation are finished on disk (an export reads, never generates)."""
-    from .engine import native_server
+    from ..engine.sequence import native_server
 
     pair = getattr(tuner.backend, "name", "backend")
     native = "+native" if native_server(tuner.backend, method) is not None else ""  # as evaluate names them

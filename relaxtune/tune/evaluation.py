@@ -4,7 +4,7 @@ Per-sample records are appended to a JSONL file as each sample is graded, so a
 killed run keeps every finished sample and a restart skips them. Generation is
 batched when the backend can (``BatchBackend``, the in-process models: up to
 ``batch_size`` samples advance together, finished ones make room for the next;
-``relaxtune.responses.generate_responses``), else ``backend.max_concurrency``
+``relaxtune.engine.responses.generate_responses``), else ``backend.max_concurrency``
 sequences run in threads (servers that batch on their side). Grading runs in
 a thread pool meanwhile (the math grader is thread-safe, code runs in
 sandboxed processes). A sample whose generation fails is recorded as failed and
@@ -23,13 +23,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
-from .backends.base import Backend, is_batched
-from .engine import Generation, check_decode, native_server
-from .graders import Verdict, grade
-from .graders.base import THINK_START, answer_section
-from .responses import generate_response, generate_responses
-from .stats import wilson_interval
-from .tasks import Problem, TaskSpec, build_prompt_ids, load_problems
+from ..backends.base import Backend, is_batched
+from ..certify.stats import wilson_interval
+from ..engine.responses import generate_response, generate_responses
+from ..engine.sequence import Generation, check_decode, native_server
+from ..graders import Verdict, grade
+from ..graders.base import THINK_START, answer_section
+from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems
 
 __all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
            "opens_thinking"]
@@ -223,7 +223,7 @@ def evaluate(
         output_dir: where the JSONL records go.
         limit: first ``limit`` problems only.
         problems: pre-loaded problems (else loaded from the spec).
-        progress: show progress (``relaxtune.progress``).
+        progress: show progress (``relaxtune.tune.progress``).
         grade_workers: grading threads.
         batch_size: samples generated together on a batching backend (default:
             ``backend.batch_size``); 1 runs them one by one.

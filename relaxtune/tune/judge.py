@@ -9,11 +9,11 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ..certify.stats import DropBound, drop_bound, paired_counts
+from ..decoding.rambling import loop_rate
+from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .evaluation import EvalResult
-from .rambling import loop_rate
 from .settings import TuneSettings
-from .speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
-from .stats import DropBound, drop_bound, paired_counts
 
 __all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible",
            "set_constraints", "CONSTRAINTS", "VIOLATED"]
@@ -28,12 +28,12 @@ def point_metrics(
 
     Pairs samples by (problem, repeat), skipping pairs where either generation
     failed. ``drop_lcb`` / ``drop_ucb`` bound the paired accuracy drop at one-sided
-    ``confidence`` (``relaxtune.stats.drop_bound``: exact with one sample per
+    ``confidence`` (``relaxtune.certify.stats.drop_bound``: exact with one sample per
     problem, clustered by problem with repeats); ``strict_only`` /
     ``relaxed_only`` count the discordant pairs and, with repeats,
     ``per_problem`` holds each problem's ``[n, strict_only, relaxed_only]`` so
     the bound can be rebuilt at another confidence. Speed-ups follow the paper's
-    model (``relaxtune.speed``) with ``L_AR`` = strict's mean length; ``speedup``
+    model (``relaxtune.decoding.speed``) with ``L_AR`` = strict's mean length; ``speedup``
     uses ``profile`` (measured costs or a c_rel value), ``speedup_c<c>`` the
     paper's c_rel values, ``speedup_ucb`` its upper one-sided ``confidence``
     bound (``speedup_upper``).

@@ -1,13 +1,13 @@
 """What a study's trials come to: one method's outcome, one trial's report, and
-the points a job may choose from (``relaxtune.tuning`` runs the trials; the job
+the points a job may choose from (``relaxtune.tune.tuning`` runs the trials; the job
 and the confirmation read these)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..decoding.methods import get_method
 from .judge import feasible
-from .methods import get_method
 from .settings import TuneSettings
 
 __all__ = ["MethodOutcome", "TrialReport", "candidates", "choose", "study_tokens", "trial_line"]

@@ -1,5 +1,5 @@
 """Pareto fronts of speed-up vs accuracy: the points (trials, strict per N, AR),
-the front and its table. The figures drawn from them are ``relaxtune.figures``."""
+the front and its table. The figures drawn from them are ``relaxtune.report.figures``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class Point:
         kind: "trial", "strict" or "ar".
         speedup: modeled speed-up over AR at the job's cost profile.
         accuracy: accuracy on the paired samples; ``ci_low``/``ci_high`` its 95 %
-            Wilson interval (``relaxtune.stats.wilson_interval``).
+            Wilson interval (``relaxtune.certify.stats.wilson_interval``).
         feasible: satisfies the capability-loss constraint (strict and AR always do).
         chosen: the exported point of its method.
         closest: when its method has no feasible point, the tried point with the
@@ -92,7 +92,7 @@ def _is(result, attr: str, trial) -> bool:
 def study_points(method: str, knob_name: str | None, study, result=None, settings=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics),
     judged under ``settings`` (an export's epsilon and confidence); ``result``, the
-    method's ``relaxtune.export.MethodResult``, marks the chosen and the closest point
+    method's ``relaxtune.report.export.MethodResult``, marks the chosen and the closest point
     and gives every confirmed trial its confirmation's bound (passed or failed)."""
     from .judge import drop_ucb_at, feasible
 

@@ -5,7 +5,7 @@ of one evaluation in a piece.
 Ranges are aligned to multiples of ``size`` from the first problem, so the
 stages of a trial (growing prefixes of the problems) share their full ranges.
 Merging concatenates the per-sample records in problem order and aggregates
-them again (``relaxtune.evaluation.summarize``): every statistic, the paired
+them again (``relaxtune.tune.evaluation.summarize``): every statistic, the paired
 ones against strict included (they pair records by problem and repeat), comes
 from the same records as an evaluation in one piece.
 """

@@ -1,7 +1,7 @@
 """Whether a confirmed relaxed point beats strict by more than the speed estimate's noise.
 
 The modeled speed-up ``S = (L_AR / L_relax) (l_accept + 1) t_AR / round_seconds(N)``
-(``relaxtune.speed``) is estimated from a finite sample of problems, so two
+(``relaxtune.decoding.speed``) is estimated from a finite sample of problems, so two
 close values (1.621x against strict's 1.617x) do not show that either is
 faster. The margin is the one-sided ``confidence`` percentile-bootstrap
 half-width of ``S_relax - S_strict*`` (Efron and Tibshirani 1993, ch. 13):
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..decoding.speed import CostProfile, modeled_speedup
 from .evaluation import EvalResult
-from .speed import CostProfile, modeled_speedup
 
 __all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend"]
 
@@ -118,7 +118,7 @@ def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]
 
     Args:
         tuner: the finished ``Tuner``; methods: method -> ``MethodResult``;
-        confirmations: method -> ``relaxtune.confirm.Confirmation``;
+        confirmations: method -> ``relaxtune.tune.confirm.Confirmation``;
         strict: N -> strict's summary (``modeled_speedup``) as exported.
         dominated: methods whose trials passed the loss constraint but strict
             dominates each (the reason names them).

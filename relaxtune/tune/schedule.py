@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from .tasks import evals_dir, load_task
+from ..tasks.spec import evals_dir, load_task
 
 __all__ = ["Pending", "untuned"]
 

@@ -38,8 +38,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from ..decoding.methods import MethodSpec, get_method
 from .judge import feasible
-from .methods import MethodSpec, get_method
 
 __all__ = ["strength", "knob_at", "per_token_acceptance", "accepted_per_round", "RelaxationSampler", "GAIN",
            "RESOLUTION", "PRUNED_BY"]
@@ -113,7 +113,7 @@ class RelaxationSampler(BaseSampler):
     Args:
         method: the study's method; n_drafts: the draft lengths to choose from.
         speed: ``speed(l_accept, n_draft, length_ratio)``, the modeled speed-up
-            (``relaxtune.speed.modeled_speedup`` at the job's costs, ``L_AR`` = 1).
+            (``relaxtune.decoding.speed.modeled_speedup`` at the job's costs, ``L_AR`` = 1).
         fallback: the sampler that draws when no structured proposal applies.
     """
 

@@ -3,11 +3,11 @@ capability-loss constraint.
 
 One Optuna study per (task, method, pair), named ``<task>__<method>__<pair>``, in
 an RDB storage that any number of worker processes and hosts share
-(``relaxtune.studies``: each study's queue holds exactly ``trials`` trials, the
+(``relaxtune.tune.studies``: each study's queue holds exactly ``trials`` trials, the
 paper's grid first; workers only run trials they take from it; heartbeats tell a
 dead worker's trial, which is retried once with the same parameters, and its
 finished samples are reused from the JSONL records). After the grid, the
-sampler is ``relaxtune.search.RelaxationSampler``: it moves the fastest feasible
+sampler is ``relaxtune.tune.search.RelaxationSampler``: it moves the fastest feasible
 knob to the draft length its measured acceptance predicts fastest and bisects
 between the strongest feasible and the weakest infeasible relaxation, else
 draws from multi-objective TPE with constraints (``Trial.set_constraint``);
@@ -17,10 +17,10 @@ draw different points:
 - objectives: modeled speed-up ``S_relax`` at the chosen cost profile, and accuracy;
 - constraint: ``UCB(accuracy drop vs strict) - epsilon <= 0``, the upper
   one-sided ``confidence`` bound of the PAIRED drop (same problems, repeats and
-  seeds for strict and the trial: common random numbers; ``relaxtune.stats.drop_bound``),
+  seeds for strict and the trial: common random numbers; ``relaxtune.certify.stats.drop_bound``),
   plus optional rambling guards (length ratio, truncated share). A point strict
   dominates is never chosen (``choose``); the job confirms the chosen point on
-  fresh samples (``relaxtune.confirm``).
+  fresh samples (``relaxtune.tune.confirm``).
 
 Cost control: a trial is evaluated in stages of ``stage_size`` problems and
 pruned as soon as the lower bound of its drop already exceeds epsilon, or the
@@ -44,17 +44,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..decoding.methods import get_method
+from ..decoding.speed import CostProfile, modeled_speedup
+from ..tasks.spec import Problem, TaskSpec
 from .evaluation import DecodeConfig, EvalResult, evaluate
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
-from .methods import get_method
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
 from .ranges import merge, split, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
-from .speed import CostProfile, modeled_speedup
 from .studies import Plan, TrialQueue, default_worker, finished
-from .tasks import Problem, TaskSpec
 
 __all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
            "candidates",
@@ -73,9 +73,9 @@ class Tuner:
         spec: the task; problems: its loaded problems.
         backend: the model pair.
         profile: measured ``CostProfile`` or a c_rel value.
-        tracker: an optional ``relaxtune.tracking.Tracker``.
+        tracker: an optional ``relaxtune.report.tracking.Tracker``.
         evaluate_fn: how a range of problems is evaluated; default
-            ``relaxtune.evaluation.evaluate``.
+            ``relaxtune.tune.evaluation.evaluate``.
         progress: show progress bars.
         new_trials: run trials (False: only read what the studies hold, for export).
         log: receives one line per finished trial.
@@ -162,7 +162,7 @@ class Tuner:
     def pinned(self, method: str) -> dict | None:
         """The one point ``{"knob", "n_draft"}`` the backend can serve for ``method``
         (``sglang_threshold`` on a native speculative server: launch flags), or None."""
-        from .engine import native_server
+        from ..engine.sequence import native_server
 
         server = native_server(self.backend, method)
         if server is None:
@@ -188,7 +188,7 @@ class Tuner:
 
     def sampler(self, method: str, number: int):
         """The sampler that draws trial ``number`` of ``method``'s study: ``RelaxationSampler``
-        (``relaxtune.search``) over multivariate TPE, seeded by (seed, number), so a trial's
+        (``relaxtune.tune.search``) over multivariate TPE, seeded by (seed, number), so a trial's
         draw does not depend on which worker takes it or how many draws came before."""
         import optuna
 
@@ -226,7 +226,7 @@ class Tuner:
     def grid_points(self, method: str) -> list[dict]:
         """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
         one: the paper's grid values at the middle draft length, the strongest relaxation
-        first (``relaxtune.search.strength``), so the weaker ones that follow a feasible
+        first (``relaxtune.tune.search.strength``), so the weaker ones that follow a feasible
         one are slower and pruned by speed after a stage."""
         mid, spec = self.settings.mid_n_draft, get_method(method)
         knobs = sorted(spec.grid, key=lambda k: -strength(spec, k)) if spec.has_knob else [None]
