@@ -1,11 +1,13 @@
 """relaxtune: per-task tuning of relaxed speculative decoding.
 
-The decoding core: ``relaxtune.decoding.methods`` (the relaxed rules and their registry),
-``relaxtune.decoding.sampling`` (the sampling transform), ``relaxtune.decoding`` (one
-verification round) and ``relaxtune.decoding.speed`` (the speed model). Around it:
-``engine`` and ``backends`` (whole responses in-process or over SGLang),
-``tasks``, ``graders`` and ``evaluation`` (capability), ``tuning``,
-``tracking``, ``export`` and ``job`` (the main job), ``cli`` (the command line).
+Nine wings, each importing only those before it: ``decoding`` (the relaxed
+rules, their registry, the sampling transform, one verification round, the speed
+model), ``certify`` (the drop bound and sample sizes), ``backends`` (in-process
+transformers, SGLang servers, the embedded pair), ``graders`` and ``tasks``
+(capability), ``engine`` (whole responses and batches), ``tune`` (records,
+studies, search, judging, confirmation), ``report`` (MLflow, figures, the tuned
+config) and ``transfer``; then ``job`` (the main job), ``cli`` (the command line),
+``bench`` and ``testing``. The decoding core's entry points are re-exported here.
 """
 
 from .decoding.methods import METHODS, MethodSpec, get_method
