@@ -236,3 +236,26 @@ def test_sandbox_states_its_containment():
     line = info.describe()
     assert "bubblewrap" in line and ("control group" in line or "budget" in line)
     assert os.path.basename(info.bwrap) == "bwrap"
+
+
+def test_without_a_control_group_the_process_budget_holds(monkeypatch):
+    """Where no control group can be made, a test's processes are capped at the budget
+    (RLIMIT_NPROC, counted in the sandbox's own user namespace) and the stated bound is
+    that count times the address space per process."""
+    import dataclasses
+
+    from relaxtune.graders.sandbox import launcher
+
+    info = dataclasses.replace(sandbox_info(), cgroup=False)
+    monkeypatch.setattr(launcher, "sandbox_info", lambda: info)
+    if os.geteuid() == 0 and not info.fresh_uid:
+        pytest.skip("root's sandbox without a fresh uid: RLIMIT_NPROC does not bind uid 0")
+    code = ("import posix, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = posix.fork()\n"
+            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        posix._exit(0)\n"
+            "    n += 1\nprint(n)\n")
+    outcome, _ = _run(code, 10.0)
+    limit = launcher.budget(1 << 30)
+    assert outcome.memory_bound == limit * (1 << 30) and outcome.oom_kills == 0
+    assert outcome.frame["verdict"] == "wrong_answer"  # it printed how many forks succeeded, not the sum
+    assert f"got '{limit - 2}'" in outcome.frame["detail"] or f"got '{limit - 1}'" in outcome.frame["detail"], \
+        outcome.frame["detail"]

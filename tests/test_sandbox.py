@@ -217,3 +217,26 @@ def test_trusted_values_and_call_comparison():
     assert untrusted(cyclic, dirs) is None  # visited once, no endless walk
     assert same_value((1, 2), [1, 2]) and not same_value([(1, 2)], [[1, 2]]) and not same_value(0.1 + 0.2, 0.3)
     assert same_value(collections.Counter({"a": 2}), {"a": 2}) and same_value(point(1, 2), [1, 2])
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_tasks_validate_says_what_contains_code(monkeypatch, forced):
+    """`relaxtune tasks validate` names the sandbox a code task's solutions run in, and says
+    when it is only a process group."""
+    from typer.testing import CliRunner
+
+    from relaxtune.cli import app
+
+    if forced:
+        monkeypatch.setenv("RELAXTUNE_SANDBOX", "process-group")
+    sandbox_info.cache_clear()
+    try:
+        out = CliRunner().invoke(app, ["tasks", "validate", "evals/humaneval.yaml"], env={"COLUMNS": "300"})
+        kind = sandbox_info().kind
+    finally:
+        sandbox_info.cache_clear()
+    assert out.exit_code == 0, out.output
+    if forced or kind == "process-group":
+        assert "process group only" in out.output and "host sockets can be reached" in out.output
+    else:
+        assert "sandbox: bubblewrap" in out.output and "every namespace" in out.output

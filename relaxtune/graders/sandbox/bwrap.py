@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 __all__ = ["command", "harness_dir", "numpy_dirs", "HARNESS_FILES", "PRIVATE", "SITE", "CODE_DIR"]
@@ -31,21 +32,23 @@ PRIVATE, SITE, CODE_DIR = "/run/relaxtune", "/opt/site", "/opt/relaxtune"
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 _copied: list[str] = []
+_lock = threading.Lock()
 
 
 def harness_dir() -> str:
     """A world-readable copy of the harness's files (made once per process, removed at exit):
     the package may live where the sandbox's user cannot read (under ``/root``)."""
-    if not _copied:
-        target = tempfile.mkdtemp(prefix="relaxtune-harness-")
-        os.chmod(target, 0o755)
-        here = Path(__file__).parent
-        for name in HARNESS_FILES:
-            shutil.copyfile(here / name, Path(target) / name)
-            os.chmod(Path(target) / name, 0o644)
-        _copied.append(target)
-        atexit.register(shutil.rmtree, target, True)
-    return _copied[0]
+    with _lock:
+        if not _copied:
+            target = tempfile.mkdtemp(prefix="relaxtune-harness-")
+            os.chmod(target, 0o755)
+            here = Path(__file__).parent
+            for name in HARNESS_FILES:
+                shutil.copyfile(here / name, Path(target) / name)
+                os.chmod(Path(target) / name, 0o644)
+            _copied.append(target)
+            atexit.register(shutil.rmtree, target, True)
+        return _copied[0]
 
 
 def numpy_dirs() -> list[str]:

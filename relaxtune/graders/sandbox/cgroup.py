@@ -161,9 +161,26 @@ def _make(version: int, memory: int, pids: int) -> RunGroup:
     return group
 
 
+def _sweep() -> None:
+    """Remove the empty groups of runs whose process is gone (a grader that was killed)."""
+    for base in {_own(None), _own("memory"), _own("pids")} - {None}:
+        try:
+            entries = list(base.glob("relaxtune-*-*"))
+        except OSError:
+            continue
+        for d in entries:
+            try:
+                owner = int(d.name.split("-")[1])
+                if owner != os.getpid() and not Path(f"/proc/{owner}").exists():
+                    d.rmdir()
+            except (ValueError, OSError):
+                continue
+
+
 @functools.lru_cache(maxsize=1)
 def _version() -> int | None:
     """The hierarchy this host lets us make groups in (2, 1), or None (probed once)."""
+    _sweep()
     for version in (2, 1):
         try:
             _make(version, 64 << 20, 8).remove()
