@@ -159,10 +159,11 @@ def _prepare(job: dict, notes: list):
         os.makedirs(workdir, mode=0o700, exist_ok=True)
     if box.get("site"):
         sys.path.insert(0, box["site"])
-        if job["kind"] != "humaneval":  # LiveCodeBench's runner imports numpy before its reliability_guard
-            try:
-                import numpy  # noqa: F401
-            except ImportError as err:
+    if job["kind"] != "humaneval":  # LiveCodeBench's runner imports numpy before its reliability_guard
+        try:
+            import numpy  # noqa: F401
+        except ImportError as err:
+            if box.get("site"):
                 notes.append(f"numpy did not load: {err}")
     uid = box.get("uid")
     if uid is not None:
