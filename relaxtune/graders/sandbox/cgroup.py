@@ -162,7 +162,8 @@ def _make(version: int, memory: int, pids: int) -> RunGroup:
 
 
 def _sweep() -> None:
-    """Remove the empty groups of runs whose process is gone (a grader that was killed)."""
+    """Remove the empty groups, older than 10 minutes, of runs whose grader process is gone
+    (a grader that was killed)."""
     for base in {_own(None), _own("memory"), _own("pids")} - {None}:
         try:
             entries = list(base.glob("relaxtune-*-*"))
@@ -171,8 +172,9 @@ def _sweep() -> None:
         for d in entries:
             try:
                 owner = int(d.name.split("-")[1])
-                if owner != os.getpid() and not Path(f"/proc/{owner}").exists():
-                    d.rmdir()
+                stale = time.time() - d.stat().st_mtime > 600  # never a group another grader is setting up
+                if owner != os.getpid() and stale and not Path(f"/proc/{owner}").exists():
+                    d.rmdir()  # fails on a group that still holds processes
             except (ValueError, OSError):
                 continue
 
