@@ -240,3 +240,26 @@ def test_tasks_validate_says_what_contains_code(monkeypatch, forced):
         assert "process group only" in out.output and "host sockets can be reached" in out.output
     else:
         assert "sandbox: bubblewrap" in out.output and "every namespace" in out.output
+
+
+def test_a_run_group_holds_its_limits_and_leaves_nothing():
+    """cgroup.create writes the memory (swap included) and process limits, reports usage and
+    memory kills, and remove() kills what is left and deletes the group."""
+    from relaxtune.graders.sandbox import cgroup
+
+    if not cgroup.available():
+        pytest.skip("this host lets us make no memory and pids control group")
+    group = cgroup.create(256 << 20, 16)
+    assert group is not None
+    try:
+        memory = group.dirs[0] / ("memory.max" if group.version == 2 else "memory.limit_in_bytes")
+        pids = group.dirs[-1] / "pids.max"
+        assert int(memory.read_text()) == 256 << 20 and pids.read_text().strip() == "16"
+        script = "x = bytearray(400 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\n"
+        run = subprocess.run([*group.join_script(), "python3", "-c", script], capture_output=True, timeout=120)
+        assert run.returncode == -9  # killed by the memory controller, not by its own limits
+        assert group.usage()["oom_kills"] >= 1
+        assert group.pids() == []
+    finally:
+        group.remove()
+    assert not any(d.exists() for d in group.dirs)
