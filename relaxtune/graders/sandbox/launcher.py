@@ -1,20 +1,23 @@
 """Start the sandbox harness for one solution and read back its verdict.
 
-Containment, strongest first (``sandbox_info()`` says which this host gives):
+Containment (``sandbox_info()`` says which this host gives):
 
-- ``namespaces`` (root): util-linux ``unshare --pid --fork --kill-child
-  --mount-proc --net --ipc``; the harness is PID 1 of the new PID namespace,
-  so every descendant, ``setsid()`` or not, dies when it ends, and ``unshare``
-  exits only once the namespace is empty (``_stop``). Tests run as a per-run
-  unprivileged user id (process limits are per user: concurrent runs never
-  share them).
-- ``user-namespaces`` (non-root where the kernel allows it): the same inside a
-  user namespace, tests as its root with every capability dropped.
-- ``process-group`` (neither, or ``RELAXTUNE_SANDBOX=process-group``): the
-  harness's own process group, rlimits, a scrubbed environment (and, as root,
-  an unprivileged user and no network); a ``setsid()``
-  descendant can outlive the run and files can be written outside its
-  directory. Verdicts carry a note saying so and a warning is logged once.
+- ``bubblewrap``: the harness runs under ``bwrap`` (``bwrap.py``: every
+  namespace, a fresh minimal mount tree, ``--die-with-parent``, PID 1 of its PID
+  namespace so nothing it starts outlives it). As root the sandbox runs as a
+  fresh unprivileged host uid per run. The whole process tree of the run is held
+  to a memory and process budget by a control group of its own (``cgroup.py``:
+  ``memory + overhead`` bytes, swap included, 64 processes) where the host lets
+  us make one; otherwise by a process count (``RLIMIT_NPROC``, counted per user
+  namespace) times the address space per process (``RLIMIT_AS``), sized to fit
+  half this machine's memory. A memory-control kill anywhere in the tree is a
+  ``memory`` verdict.
+- ``process-group`` (no ``bwrap``, a sandbox that cannot start, or
+  ``RELAXTUNE_SANDBOX=process-group``): the harness's own process group, rlimits,
+  a scrubbed environment (and, as root, an unprivileged user and no network); a
+  ``setsid()`` descendant can outlive the run, files can be written outside its
+  directory and host sockets can be reached. Verdicts carry a note saying so, a
+  warning is logged once, and ``relaxtune tasks validate`` says so.
 
 Every pipe from the sandbox is read through a capped reader (kept bytes and
 total bytes bounded) and the whole run is killed at the ``backstop`` (wall
@@ -39,42 +42,63 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SandboxInfo", "Outcome", "sandbox_info", "run_job", "read_capped"]
+from . import bwrap as bw
+from . import cgroup
+
+__all__ = ["SandboxInfo", "Outcome", "sandbox_info", "run_job", "read_capped", "budget"]
 
 HARNESS = Path(__file__).with_name("harness.py")
 FRAME = "RELAXTUNE-VERDICT"
 RESULT_CAP = 1 << 20  # bytes of harness stdout kept (one small JSON frame is expected)
 STDERR_KEEP = 16 << 10  # bytes of stderr kept (the tail)
 STDERR_CAP = 4 << 20  # bytes of stderr read before the run is killed
-_UNSHARE = ["--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private", "--net", "--ipc"]
+HARNESS_MB = 96  # the harness's own memory inside the run's group (interpreter, preludes, numpy)
+CGROUP_PIDS = 64  # processes and threads of one run, with a control group
 _SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SandboxInfo:
-    """How this host contains solutions: ``kind`` ("namespaces", "user-namespaces",
-    "process-group"), the command prefix, the interpreter, whether tests ``drop``
-    to an unprivileged user id (as root), and a ``note`` for verdicts ("" when
-    containment is complete)."""
+    """How this host contains solutions: ``kind`` ("bubblewrap", "process-group"), the
+    interpreter, ``bwrap``'s path, whether each run gets a fresh host uid
+    (``fresh_uid``, as root), whether the tree's memory is a control group's
+    (``cgroup``), the numpy directories bound in (``site``), and a ``note`` for
+    verdicts ("" when containment is complete)."""
 
     kind: str
-    prefix: tuple[str, ...]
     python: str
-    drop: bool = False
+    bwrap: str | None = None
+    fresh_uid: bool = False
+    cgroup: bool = False
+    site: tuple[str, ...] = ()
     note: str = ""
+
+    def describe(self) -> str:
+        """One line: what contains a solution here, and its bounds."""
+        if self.kind != "bubblewrap":
+            return self.note
+        tree = "a memory and pids control group per run" if self.cgroup else \
+            "a process count x address space budget (no control group here)"
+        numpy = "numpy available" if self.site else "no numpy in the sandbox"
+        return f"sandbox: bubblewrap ({self.bwrap}), every namespace, {tree}, {numpy}" + \
+            (f"; {self.note}" if self.note else "")
 
 
 @dataclass
 class Outcome:
     """One harness run: the verdict ``frame`` (None when none arrived), how it ended
-    (``ended``: "done", "backstop", "overflow"), the tail of its stderr, its exit status."""
+    (``ended``: "done", "backstop", "overflow"), the tail of its stderr, its exit status,
+    notes, and the control group's count of memory kills and peak bytes (None without one)."""
 
     frame: dict | None
     ended: str
     stderr: str = ""
     returncode: int | None = None
     notes: list[str] = field(default_factory=list)
+    oom_kills: int = 0
+    peak_bytes: int | None = None
+    memory_bound: int | None = None
 
 
 def _world_executable(path: str) -> bool:
@@ -86,45 +110,64 @@ def _world_executable(path: str) -> bool:
 
 def _python_for_other_users() -> str | None:
     """An interpreter (and standard library) an unprivileged user can run: this one
-    if world-executable, else the system ``/usr/bin/python3``."""
-    for candidate in (sys.executable, "/usr/bin/python3"):
+    (its real path) if world-executable, else the system ``/usr/bin/python3``."""
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         if os.path.exists(candidate) and _world_executable(candidate):
             return candidate
     return None
 
 
-def _works(prefix: list[str]) -> bool:
+def budget(memory: int) -> int:
+    """Processes per test without a control group: half of this machine's memory
+    divided by the address space per process, between 4 and 32."""
     try:
-        run = subprocess.run([*prefix, "true"], capture_output=True, timeout=20, env={"PATH": _SYSTEM_PATH})
-        return run.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    return max(4, min(32, total // 2 // max(memory, 1)))
+
+
+def _probe(bwrap: str, python: str, fresh_uid: bool) -> tuple[int, int] | None:
+    """The sandbox interpreter's (major, minor) when a trivial bubblewrap run works."""
+    argv = bw.command(bwrap, python, tmp_mb=1, private_mb=1, site=[], info_fd=None, as_root=os.geteuid() == 0)
+    uid = random.randrange(1 << 20, 1 << 30) if fresh_uid else None
+    try:
+        run = subprocess.run([*argv, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             timeout=30, env={"PATH": _SYSTEM_PATH}, cwd="/", user=uid, group=uid,
+                             extra_groups=[] if uid else None)
+        major, minor = map(int, run.stdout.split())
+        return (major, minor) if run.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 @functools.lru_cache(maxsize=1)
 def sandbox_info() -> SandboxInfo:
     """The strongest containment this host offers (probed once per process; see module doc)."""
-    unshare = shutil.which("unshare", path=_SYSTEM_PATH)
     forced = os.environ.get("RELAXTUNE_SANDBOX", "")
-    root = os.geteuid() == 0
-    python = _python_for_other_users() if root else sys.executable
     if forced not in ("", "process-group"):
         raise ValueError(f"RELAXTUNE_SANDBOX={forced!r}: the only accepted value is 'process-group'")
-    if not forced and unshare and python:
-        if root and _works([unshare, *_UNSHARE]):
-            return SandboxInfo("namespaces", (unshare, *_UNSHARE), python, drop=True)
-        userns = [unshare, "--user", "--map-root-user", *_UNSHARE]
-        if not root and _works(userns):
-            return SandboxInfo("user-namespaces", tuple(userns), python)
-    why = "RELAXTUNE_SANDBOX=process-group" if forced else (
-        "no util-linux unshare" if not unshare else "no interpreter other users can run" if not python
-        else "namespaces refused")
-    note = (f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run and files "
-            "can be left outside its directory")
-    if root and not python:
+    root = os.geteuid() == 0
+    shared = _python_for_other_users()
+    bwrap = shutil.which("bwrap", path=_SYSTEM_PATH)
+    why = "RELAXTUNE_SANDBOX=process-group" if forced else "no bubblewrap (Debian package bubblewrap)"
+    if not forced and bwrap:
+        fresh = bool(root and shared)
+        python = shared if root and shared else os.path.realpath(sys.executable)
+        version = _probe(bwrap, python, fresh)
+        if version is not None:
+            site = tuple(bw.numpy_dirs()) if version == sys.version_info[:2] else ()
+            note = "" if fresh or not root or cgroup.available() else \
+                "the process count is unbounded (root's sandbox without a control group)"
+            return SandboxInfo("bubblewrap", python, bwrap, fresh_uid=fresh, cgroup=cgroup.available(), site=site,
+                               note=note)
+        why = "bubblewrap cannot start here (user namespaces refused)"
+    note = (f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run, files "
+            "can be left outside its directory and host sockets can be reached")
+    if root and not shared:
         note += "; solutions run as root"
-    log.warning("code grader: %s; install util-linux or run where namespaces are allowed for full containment", note)
-    return SandboxInfo("process-group", (), python or sys.executable, drop=bool(root and python), note=note)
+    log.warning("code grader: %s; install bubblewrap where user namespaces are allowed for full containment", note)
+    return SandboxInfo("process-group", shared or sys.executable, note=note)
 
 
 def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_cap: int = RESULT_CAP,
@@ -207,35 +250,17 @@ def _parse_frame(out: bytes, nonce: str) -> dict | None:
     return None
 
 
-def _children(pid: int) -> list[int]:
-    """Process ids whose parent is ``pid`` (``/proc/<pid>/task/*/children``, else a scan of ``/proc``)."""
-    try:
-        return [int(c) for task in os.listdir(f"/proc/{pid}/task")
-                for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except OSError:
-        pass
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-
-
-def _stop(proc: subprocess.Popen, namespaced: bool) -> None:
-    """End the run and wait until nothing of it is left. With namespaces the harness (PID 1
-    of its namespace, ``unshare``'s child) is killed and ``unshare`` left to reap it: the
+def _stop(proc: subprocess.Popen, inner: int | None) -> None:
+    """End the run and wait until nothing of it is left. Under bubblewrap the harness (PID 1
+    of its namespace, host pid ``inner``) is killed and ``bwrap`` left to reap it: the
     kernel completes that only once every process of the namespace is gone, so when
-    ``unshare`` exits no descendant survives. Otherwise the process group is killed."""
+    ``bwrap`` exits no descendant survives. Otherwise the process group is killed."""
     deadline = time.monotonic() + 10
-    while namespaced and not _exited(proc) and time.monotonic() < deadline:
-        for pid in _children(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    while inner is not None and not _exited(proc) and time.monotonic() < deadline:
+        try:
+            os.kill(inner, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         time.sleep(0.01)
     if proc.returncode is None:  # not reaped yet: its process group id is still ours
         try:
@@ -243,6 +268,23 @@ def _stop(proc: subprocess.Popen, namespaced: bool) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
+
+
+def _inner_pid(fd: int) -> int | None:
+    """The sandbox's PID 1 as bwrap reported it on its info descriptor (None if it did not)."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 1 << 16)
+        return int(json.loads(data)["child-pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _overheads(job: dict) -> tuple[int, int]:
+    """(tmpfs MiB for each of the solution's mounts, tmpfs MiB for the harness's files)."""
+    return job["tmpfs_mb"], job["private_mb"]
 
 
 def run_job(job: dict, *, backstop: float) -> Outcome:
@@ -256,33 +298,68 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
     Returns:
         ``Outcome``; ``frame`` is the harness's verdict, None when it sent none
         (killed at the backstop, output overflow, harness failure).
+
+    Raises:
+        OSError: the sandbox could not start.
     """
     info = sandbox_info()
     nonce = secrets.token_hex(16)
-    base = None if info.kind != "process-group" else tempfile.mkdtemp(prefix="relaxtune-run-")
+    boxed = info.kind == "bubblewrap"
+    tmp_mb, private_mb = _overheads(job)
+    group = None
+    if boxed and info.cgroup:
+        bound = job["memory"] + ((HARNESS_MB + private_mb + 3 * tmp_mb) << 20)
+        group = cgroup.create(bound, CGROUP_PIDS)
+    nproc = CGROUP_PIDS if group else budget(job["memory"])
+    base = None if boxed else tempfile.mkdtemp(prefix="relaxtune-run-")
     job = {**job, "nonce": nonce, "sandbox": {
-        "namespaces": info.kind != "process-group", "userns": info.kind == "user-namespaces", "base": base,
-        "uid": random.randrange(1 << 20, 1 << 30) if info.drop else None}}
+        "bwrap": boxed, "base": base, "private": bw.PRIVATE if boxed else None,
+        "site": bw.SITE if boxed and info.site else None, "nproc": nproc,
+        "uid": random.randrange(1 << 20, 1 << 30) if not boxed and os.geteuid() == 0 and info.python else None}}
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": base or "/"}
-    if base:
-        os.chmod(base, 0o755)
+    uid = random.randrange(1 << 20, 1 << 30) if boxed and info.fresh_uid else None
+    info_r = info_w = None
     try:
-        proc = subprocess.Popen([*info.prefix, info.python, "-s", str(HARNESS)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=base or "/",
-                                start_new_session=True)
+        if boxed:
+            info_r, info_w = os.pipe()
+            argv = [*bw.command(info.bwrap, info.python, tmp_mb=tmp_mb, private_mb=private_mb, site=list(info.site),
+                                info_fd=info_w, as_root=os.geteuid() == 0), f"{bw.CODE_DIR}/harness.py"]
+            if group:
+                if uid is not None:
+                    for procs in group.procs:
+                        os.chown(procs, uid, uid)
+                argv = [*group.join_script(), *argv]
+        else:
+            os.chmod(base, 0o755)
+            argv = [info.python, "-s", str(HARNESS)]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, cwd=base or "/", start_new_session=True, user=uid, group=uid,
+                                extra_groups=[] if uid is not None else None,
+                                pass_fds=[info_w] if info_w is not None else [])
+        if info_w is not None:
+            os.close(info_w)
+            info_w = None
         try:
             out, err, ended = read_capped(proc, json.dumps(job).encode(), time.monotonic() + backstop)
         finally:
-            _stop(proc, namespaced=info.kind != "process-group")
+            _stop(proc, _inner_pid(info_r) if info_r is not None else None)
+            info_r = None
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if not pipe.closed:
                     pipe.close()
     finally:
+        for fd in (info_r, info_w):
+            if fd is not None:
+                os.close(fd)
         if base:
             shutil.rmtree(base, ignore_errors=True)
+        usage = group.usage() if group else {"oom_kills": 0, "peak": None}
+        if group:
+            group.remove()
     frame = _parse_frame(out, nonce) if ended == "done" else None
     notes = list(frame.get("notes", [])) if frame else []
     if info.note:
         notes.append(info.note)
-    return Outcome(frame, ended, err.decode("utf-8", "replace"), proc.returncode, notes)
+    return Outcome(frame, ended, err.decode("utf-8", "replace"), proc.returncode, notes, usage["oom_kills"],
+                   usage["peak"], group.limit if group else nproc * job["memory"])
