@@ -62,6 +62,35 @@ def test_malformed_responses_name_the_field(mutate, match):
         parse_score(body, [3, 4], vocab=6, server="verifier server at http://x")
 
 
+@pytest.mark.parametrize(
+    "value, match",
+    [(0.0, r"probabilities sum to 2 \(at most 1\)"), (0.7, "impossible logprob 0.7"), (float("nan"), "impossible logprob nan"),
+     (float("inf"), "impossible logprob inf")],
+)
+def test_rows_that_are_not_log_probabilities_are_refused(value, match):
+    # a server whose top-K logprobs are all 0.0 (total probability K) or positive: refused, never renormalised
+    body = json.loads(json.dumps(LAYOUT))
+    for row in body["meta_info"]["input_top_logprobs"][1:] + body["meta_info"]["output_top_logprobs"]:
+        for entry in row:
+            entry[0] = value
+    for entry in body["meta_info"]["input_token_logprobs"][1:]:
+        entry[0] = min(value, 0.0) if value == value else value
+    with pytest.raises(SGLangError, match=match):
+        parse_score(body, [3, 4], vocab=6, server="verifier server at http://x")
+    with pytest.raises(SGLangError, match=match):
+        parse_next(body, vocab=6, server="drafter server at http://x")
+
+
+def test_rows_within_float32_rounding_are_kept():
+    body = json.loads(json.dumps(LAYOUT))
+    body["meta_info"]["output_top_logprobs"] = [[[3e-5, 2, None], [-30.0, 1, None]]]  # rounding above 0
+    row, missing = parse_next(body, vocab=6)
+    assert row[2] == pytest.approx(3e-5) and missing == 0.0
+    full = [[math.log(0.5), 0, None], [math.log(0.25), 1, None], [math.log(0.25) + 1e-4, 2, None]]  # sums to 1.000025
+    body["meta_info"]["output_top_logprobs"] = [full]
+    assert parse_next(body, vocab=6)[1] == 0.0
+
+
 @pytest.fixture
 def servers(tiny_backend):
     d = StandInServer(tiny_backend.drafter).start()
@@ -147,6 +176,22 @@ def test_server_down_mid_run_records_failures(servers, tiny_backend, tmp_path):
     failed = [r for r in result.records if r["failed"]]
     assert all("verifier server at" in r["error"] for r in failed)
     assert len(Path(result.path).read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("side, fault, match", [("verifier", "zero-logprobs", "probabilities sum to"),
+                                               ("drafter", "positive-logprobs", "impossible logprob 0.5")])
+def test_a_server_returning_impossible_rows_fails_the_sample_never_grades_it(servers, tiny_backend, tmp_path, side,
+                                                                            fault, match):
+    d, v = servers
+    backend = sglang(servers, tiny_backend.tokenizer, retries=1, max_concurrency=1)
+    (v if side == "verifier" else d).faults = [fault]  # the first request of that server
+    result = evaluate(tiny_task(), backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=2,
+                      progress=False)
+    assert result.failed == 1 and result.n == 1  # a failed sample, not a wrong answer
+    failed = [r for r in result.records if r["failed"]]
+    assert len(failed) == 1 and failed[0]["verdict"] == "generation_error"
+    assert f"{side} server at" in failed[0]["error"] and match in failed[0]["error"]
+    assert not v.faults and not d.faults
 
 
 def test_unreachable_server_is_named(tiny_backend):
