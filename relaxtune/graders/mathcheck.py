@@ -176,14 +176,15 @@ def compare_sequences(text: str, gold: str):
         ellipsis agree one by one and those before it agree, one side's extra
         leading terms continuing the arithmetic progression of the other's.
     """
-    gold_math = _whole_box(gold) or gold
+    g_terms = _terms(_whole_box(gold) or gold)
+    g_dots = [i for i, t in enumerate(g_terms) if _ELLIPSIS_TERM.fullmatch(t)]
     answer = _whole_box(text)
-    if answer is None:
+    if answer is None:  # no box: the last math span with an ellipsis, and only against such a gold
+        if not g_dots:
+            return None  # "$a_1, \\ldots, a_n$" in the reasoning is no answer
         spans = [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
         answer = next((s for s in reversed(spans) if _ELLIPSIS.search(s)), None)
-    g_terms = _terms(gold_math)
     p_terms = _terms(answer) if answer is not None else []
-    g_dots = [i for i, t in enumerate(g_terms) if _ELLIPSIS_TERM.fullmatch(t)]
     p_dots = [i for i, t in enumerate(p_terms) if _ELLIPSIS_TERM.fullmatch(t)]
     if not g_dots and not p_dots:
         return None
