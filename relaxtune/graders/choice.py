@@ -41,6 +41,7 @@ answer; "cannot determine" and the like are reported as refusals.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -95,6 +96,7 @@ def _anchor_pattern(prefix: str) -> str:
     return r"(?i:" + r"\s*".join(parts) + ")"
 
 
+@functools.lru_cache(maxsize=64)
 def _line_pattern(prefix: str) -> re.Pattern:
     """Lines that begin with the answer prefix (the line the prompt asks for): after
     markdown (``**``, ``#``, ``>``, ``-``) and an optional "final"; any case; spaces and

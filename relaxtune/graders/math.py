@@ -8,12 +8,21 @@ verdict itself, through ``workers.WorkerPool``), each killed past ``timeout``
 handled; thread-safe.
 
 Rules: the answer is read from the text after the thinking block; the LAST
-``\\boxed{}`` wins over earlier, retracted ones; without a box, math-verify's own
+non-empty ``\\boxed{}`` wins over earlier, retracted ones, together with the
+boxes joined to it by a list's connectives only (``\\boxed{3} and \\boxed{5}``
+is the list 3, 5, as math-verify joins them: ``final_boxes``); an empty
+``\\boxed{}`` says nothing. Without a box, math-verify's own
 extraction is used unless the response was truncated (a truncated response
 with no boxed answer, or cut off inside its last ``\\boxed{``, is "no_answer",
 never rescued by the last number in the text or an earlier box). A period that
 ends the box's number (``\\boxed{204.}``) is punctuation. Gold answers without
 ``$...$`` are boxed before parsing, and an empty gold parse is an error.
+
+Notations math-verify misreads are rewritten to equal LaTeX first
+(``mathnorm``: ``\\sqrt(2)``, repeating decimals, trigonometric functions of
+degrees everywhere; plain-text ``pi/2``, ``exp(16)-1``, ``1.5e3`` inside a box
+and in the gold), and ``mathcheck`` adds the truth checks math-verify misses
+(README "Grading policy": ``math-notation``, ``math-truth``, ``ellipsis-lists``).
 
 Number notations math-verify misparses are rewritten first, in response and
 gold alike (``numbers.normalise_numbers``): mixed numbers (``1 1/4`` = 5/4,

@@ -12,9 +12,15 @@ math-verify's own signal timeouts are off (``parsing_timeout=None``,
 
 Rules (``check``): the verdict is ``math_verify.verify``'s, so every equivalence it
 accepts is kept (percent ``10\\%`` = ``10``, ``\\infty`` = ``\\infty``, ``n = 204`` =
-``204``...); the additions only make it stricter, each documented and tested
-(README, "Grading policy"):
+``204``...) except where mathematical truth says otherwise; each addition is
+documented and tested (README, "Grading policy"):
 
+- a list with an ellipsis term is compared term by term (``compare_sequences``:
+  math-verify reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` alike);
+- what math-verify calls different is equal when sympy proves two exact numbers
+  equal with ``i`` as the imaginary unit (``\\sqrt{-4}`` = ``2i``), or a relation in
+  one variable describes the other side's interval (``2 \\le x \\le 5`` =
+  ``[2, 5]``) (``truly_equal``);
 - two exact finite numbers (no float, no percent) that sympy proves different
   are different, although math-verify's numeric check chops ``1/2^98 - 1/2^99``
   to 0;
