@@ -21,15 +21,16 @@ from .tiny_models import noisy_copy, tiny_lm
 GREEDY = SamplingParams(temperature=0.0)
 
 # A /generate response in SGLang 0.5.23's layout (shared/docs/sglang-protocol.md),
-# for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2.
+# for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2 (each row's probabilities sum to at
+# most 1, as log-probabilities must: a row above 1 is refused).
 LAYOUT = {
     "text": "", "output_ids": [2],
     "meta_info": {
         "cached_tokens": 2, "prompt_tokens": 5, "completion_tokens": 1,
         "input_token_logprobs": [[None, 7, None], [-0.5, 3, None], [-3.0, 4, None]],
-        "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.1, 2, None], [-2.5, 0, None]]],
-        "output_token_logprobs": [[-0.2, 2, None]],
-        "output_top_logprobs": [[[-0.2, 2, None], [-1.8, 1, None]]],
+        "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.3, 2, None], [-2.5, 0, None]]],
+        "output_token_logprobs": [[-0.3, 2, None]],
+        "output_top_logprobs": [[[-0.3, 2, None], [-1.8, 1, None]]],
     },
 }
 
@@ -39,7 +40,7 @@ def test_parse_recorded_layout():
     assert rows.shape == (3, 6) and cached == 2
     assert rows[0, 3] == -0.5 and rows[0, 1] == -1.2 and rows[0, 0] == -math.inf
     assert rows[1, 4] == -3.0  # the draft's exact logprob is added though outside the top-K
-    assert rows[2, 2] == -0.2
+    assert rows[2, 2] == -0.3
     assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2))
     row, _ = parse_next(LAYOUT, vocab=6)
     assert torch.equal(row, rows[2])
@@ -239,10 +240,10 @@ def test_a_draft_at_vocab_size_minus_one_is_read_back_from_id_zero():
 def test_asked_ids_join_the_rows_and_must_be_there():
     body = json.loads(json.dumps(LAYOUT))
     body["meta_info"]["input_token_ids_logprobs"] = [None, [[-4.0, 5, None], [-0.5, 3, None]],
-                                                     [[-6.0, 5, None], [-2.0, 3, None]]]
-    body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-1.9, 3, None]]]
+                                                     [[-6.0, 5, None], [-2.5, 3, None]]]
+    body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-3.0, 3, None]]]
     rows, missing, _ = parse_score(body, [3, 4], vocab=6, asked=True)
-    assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.0 and rows[2, 3] == -1.9
+    assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.5 and rows[2, 3] == -3.0
     assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2) - math.exp(-4.0))
     del body["meta_info"]["output_token_ids_logprobs"]
     with pytest.raises(SGLangError, match="field 'meta_info.output_token_ids_logprobs' missing"):
