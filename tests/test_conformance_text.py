@@ -40,9 +40,11 @@ def _math_verify_says(response: str, gold: str) -> bool:
 
 
 def _simple_evals_reads(response: str, letters: str) -> str | None:
-    """The simple-evals GPQA rule: the first "Answer:" (any case), optional spaces and "$", then a
-    letter, which counts only when it is one of the (upper-case) letters."""
-    match = re.search(r"answer[ \t]*:[ \t]*\$?([A-Za-z])", response, re.I)
+    """The simple-evals GPQA rule (``gpqa_eval.py``: ``re.search(ANSWER_PATTERN_MULTICHOICE, ...)``,
+    ``common.py``: ``(?i)Answer[ \\t]*:[ \\t]*\\$?([A-D])\\$?``), its letter class widened to
+    ``letters``: the first match anywhere; a lower-case letter it matches never equals the
+    upper-case gold, so it counts as no answer."""
+    match = re.search(rf"(?i)Answer[ \t]*:[ \t]*\$?([{letters}])\$?", response)
     return match.group(1) if match and match.group(1) in letters else None
 
 

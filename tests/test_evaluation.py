@@ -220,3 +220,25 @@ def test_the_forced_answer_then_stops_after_think(batched):
     first, rest = [backend.vocab.index(t) for t in script[:4]], [backend.vocab.index(t) for t in script[:3]]
     assert len(forced_ids) == 8 and gen.token_ids == first + forced_ids + rest
     assert gen.stats.finish_reason == "stop" and gen.stats.response_tokens == 4 + 8 + 3
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_blank_line_after_the_forced_answer_does_not_end_it(batched):
+    # stops include "\n\n"; the continuation after the forced </think> starts with a blank line
+    script = ["\n\n", "x", "\n\n", "y", "z", "w"]
+    backend = ScriptedBackend(script, extra=("\n", "N", "O", "W", "</think>"), batch_size=3)
+    spec = tiny_task(thinking_budget=4, max_new_tokens=24, answer_now="\nNOW\n", stop=["\n\n"])
+    config = DecodeConfig("strict", None, 2)
+    if batched:
+        out = dict(generate_responses(backend, spec, config, [(k, [0] * (k + 1), 5) for k in range(3)]))
+        assert out[0].token_ids == out[1].token_ids == out[2].token_ids
+        gen = out[0]
+    else:
+        gen = generate_response(backend, spec, [0], config, seed=5)
+    forced = "\nNOW\n</think>\n\n"
+    forced_ids = backend.tokenizer.encode(forced)
+    ids = [backend.vocab.index(t) for t in script]
+    # the thinking (4 tokens) holds "\n\n" too and is never cut; the answer "x" ends at its next blank line
+    assert gen.text == "\n\nx\n\ny" + forced + "\n\nx"
+    assert gen.token_ids == ids[:4] + forced_ids + ids[:3]
+    assert gen.stats.finish_reason == "stop" and gen.stats.response_tokens == 4 + len(forced_ids) + 3

@@ -21,15 +21,16 @@ from .tiny_models import noisy_copy, tiny_lm
 GREEDY = SamplingParams(temperature=0.0)
 
 # A /generate response in SGLang 0.5.23's layout (shared/docs/sglang-protocol.md),
-# for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2.
+# for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2 (each row's probabilities sum to at
+# most 1, as log-probabilities must: a row above 1 is refused).
 LAYOUT = {
     "text": "", "output_ids": [2],
     "meta_info": {
         "cached_tokens": 2, "prompt_tokens": 5, "completion_tokens": 1,
         "input_token_logprobs": [[None, 7, None], [-0.5, 3, None], [-3.0, 4, None]],
-        "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.1, 2, None], [-2.5, 0, None]]],
-        "output_token_logprobs": [[-0.2, 2, None]],
-        "output_top_logprobs": [[[-0.2, 2, None], [-1.8, 1, None]]],
+        "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.3, 2, None], [-2.5, 0, None]]],
+        "output_token_logprobs": [[-0.3, 2, None]],
+        "output_top_logprobs": [[[-0.3, 2, None], [-1.8, 1, None]]],
     },
 }
 
@@ -39,7 +40,7 @@ def test_parse_recorded_layout():
     assert rows.shape == (3, 6) and cached == 2
     assert rows[0, 3] == -0.5 and rows[0, 1] == -1.2 and rows[0, 0] == -math.inf
     assert rows[1, 4] == -3.0  # the draft's exact logprob is added though outside the top-K
-    assert rows[2, 2] == -0.2
+    assert rows[2, 2] == -0.3
     assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2))
     row, _ = parse_next(LAYOUT, vocab=6)
     assert torch.equal(row, rows[2])
@@ -60,6 +61,35 @@ def test_malformed_responses_name_the_field(mutate, match):
     mutate(body)
     with pytest.raises(SGLangError, match=match):
         parse_score(body, [3, 4], vocab=6, server="verifier server at http://x")
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [(0.0, r"probabilities sum to 2 \(at most 1\)"), (0.7, "impossible logprob 0.7"), (float("nan"), "impossible logprob nan"),
+     (float("inf"), "impossible logprob inf")],
+)
+def test_rows_that_are_not_log_probabilities_are_refused(value, match):
+    # a server whose top-K logprobs are all 0.0 (total probability K) or positive: refused, never renormalised
+    body = json.loads(json.dumps(LAYOUT))
+    for row in body["meta_info"]["input_top_logprobs"][1:] + body["meta_info"]["output_top_logprobs"]:
+        for entry in row:
+            entry[0] = value
+    for entry in body["meta_info"]["input_token_logprobs"][1:]:
+        entry[0] = min(value, 0.0) if value == value else value
+    with pytest.raises(SGLangError, match=match):
+        parse_score(body, [3, 4], vocab=6, server="verifier server at http://x")
+    with pytest.raises(SGLangError, match=match):
+        parse_next(body, vocab=6, server="drafter server at http://x")
+
+
+def test_rows_within_float32_rounding_are_kept():
+    body = json.loads(json.dumps(LAYOUT))
+    body["meta_info"]["output_top_logprobs"] = [[[3e-5, 2, None], [-30.0, 1, None]]]  # rounding above 0
+    row, missing = parse_next(body, vocab=6)
+    assert row[2] == pytest.approx(3e-5) and missing == 0.0
+    full = [[math.log(0.5), 0, None], [math.log(0.25), 1, None], [math.log(0.25) + 1e-4, 2, None]]  # sums to 1.000025
+    body["meta_info"]["output_top_logprobs"] = [full]
+    assert parse_next(body, vocab=6)[1] == 0.0
 
 
 @pytest.fixture
@@ -149,6 +179,22 @@ def test_server_down_mid_run_records_failures(servers, tiny_backend, tmp_path):
     assert len(Path(result.path).read_text().splitlines()) == 4
 
 
+@pytest.mark.parametrize("side, fault, match", [("verifier", "zero-logprobs", "probabilities sum to"),
+                                               ("drafter", "positive-logprobs", "impossible logprob 0.5")])
+def test_a_server_returning_impossible_rows_fails_the_sample_never_grades_it(servers, tiny_backend, tmp_path, side,
+                                                                            fault, match):
+    d, v = servers
+    backend = sglang(servers, tiny_backend.tokenizer, retries=1, max_concurrency=1)
+    (v if side == "verifier" else d).faults = [fault]  # the first request of that server
+    result = evaluate(tiny_task(), backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=2,
+                      progress=False)
+    assert result.failed == 1 and result.n == 1  # a failed sample, not a wrong answer
+    failed = [r for r in result.records if r["failed"]]
+    assert len(failed) == 1 and failed[0]["verdict"] == "generation_error"
+    assert f"{side} server at" in failed[0]["error"] and match in failed[0]["error"]
+    assert not v.faults and not d.faults
+
+
 def test_unreachable_server_is_named(tiny_backend):
     with pytest.raises(SGLangError, match="drafter server at http://127.0.0.1:9 is unreachable"):
         SGLangBackend("http://127.0.0.1:9", "http://127.0.0.1:9", tiny_backend.tokenizer, vocab_size=64)
@@ -194,10 +240,10 @@ def test_a_draft_at_vocab_size_minus_one_is_read_back_from_id_zero():
 def test_asked_ids_join_the_rows_and_must_be_there():
     body = json.loads(json.dumps(LAYOUT))
     body["meta_info"]["input_token_ids_logprobs"] = [None, [[-4.0, 5, None], [-0.5, 3, None]],
-                                                     [[-6.0, 5, None], [-2.0, 3, None]]]
-    body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-1.9, 3, None]]]
+                                                     [[-6.0, 5, None], [-2.5, 3, None]]]
+    body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-3.0, 3, None]]]
     rows, missing, _ = parse_score(body, [3, 4], vocab=6, asked=True)
-    assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.0 and rows[2, 3] == -1.9
+    assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.5 and rows[2, 3] == -3.0
     assert missing[0] == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.2) - math.exp(-4.0))
     del body["meta_info"]["output_token_ids_logprobs"]
     with pytest.raises(SGLangError, match="field 'meta_info.output_token_ids_logprobs' missing"):

@@ -1,7 +1,7 @@
 """Where a response ends: a stop string completing inside a round's accepted tokens
 cuts the ids, response_tokens and acceptance statistics where the text is cut, on
 the one-sequence and on the batched path; stops of thinking tasks apply only
-after </think>."""
+to the answer after </think>, past its first non-blank character."""
 
 import pytest
 
@@ -100,8 +100,26 @@ def test_stops_apply_only_after_the_thinking_ends(path):
     assert g.stats.finish_reason == "length" and g.stats.response_tokens == 12  # never closed: no stop fires
 
 
+@PATHS
+def test_a_blank_line_right_after_think_does_not_end_the_answer(path):
+    # a task whose stops include "\n\n": the model's blank line after </think> used to cut the whole answer
+    script = ["<think>", "a", "\n\n", "b", "</think>", "\n\n", "c", "\n\n", "d", "e"]
+    backend = ScriptedBackend(script)
+    g = run(path, backend, stop=["\n\n"], stop_after="</think>")
+    assert g.text == "<think>a\n\nb</think>\n\nc" and g.token_ids == ids_of(backend, *script[:8])
+    assert g.stats.finish_reason == "stop" and g.stats.response_tokens == 8
+    blank = ["<think>", "a", "</think>", "\n\n", " ", "\n\n", "\n\n", " "]  # no answer text: no stop fires
+    g = run(path, ScriptedBackend(blank), max_new_tokens=8, stop=["\n\n"], stop_after="</think>")
+    assert g.stats.finish_reason == "length" and g.text == "".join(blank)
+
+
 def test_stop_index():
     assert stop_index("ab|cd", ["|"]) == 2
+    assert stop_index("<think>x</think>\n\nThe answer\n\nmore", ["\n\n"], "</think>") == 28
+    assert stop_index("<think>x</think>\n\n", ["\n\n"], "</think>") is None  # no answer yet
+    assert stop_index("</think> Question: 2", ["Question:"], "</think>") is None  # never an empty answer
+    assert stop_index("</think>A\n\n", ["\n\n"], "</think>") == 9
+    assert stop_index("\n\nx\n\ny", ["\n\n"], "") == 3  # "": the answer starts at the text's start
     assert stop_index("ab|cd", ["", "x"]) is None  # empty stop strings never match
     assert stop_index("a|b</think>c|d", ["|"], "</think>") == 12
     assert stop_index("a|b<think>", ["|"], "</think>") is None

@@ -62,6 +62,10 @@ from .http import AsyncHTTP, SGLangError, ServerClient
 __all__ = ["SGLangBackend", "SGLangError", "ServerClient", "AsyncHTTP", "parse_score", "parse_next", "stop_token_ids",
            "GREEDY_ONE"]
 
+# float32 log-softmax rounding: a logprob may exceed 0, and a row's probabilities may sum above 1, by this much
+LOGPROB_SLACK = 1e-4
+MASS_SLACK = 1e-3
+
 GREEDY_ONE = {  # every sampling parameter, explicitly: one raw (greedy) step
     "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "stop": [], "ignore_eos": True,
@@ -92,18 +96,32 @@ def _entries(entries, vocab: int, server: str, where: str, known: dict[int, floa
         tid = int(e[1])
         if not 0 <= tid < vocab:
             raise SGLangError(f"{server}: token id {tid} in '{where}' is outside the vocabulary [0, {vocab})")
-        known.setdefault(tid, float(e[0]))
+        lp = float(e[0])
+        if math.isnan(lp) or lp > LOGPROB_SLACK:
+            raise SGLangError(f"{server}: impossible logprob {lp!r} for token {tid} in '{where}' (a log-probability "
+                              "is at most 0): the server's rows are not log-probabilities")
+        known.setdefault(tid, lp)
     return known
 
 
-def _row(known: dict[int, float], vocab: int) -> tuple[torch.Tensor, float]:
-    """A log-prob row ``[V]`` (``-inf`` where unknown) and its missing mass."""
+def _row(known: dict[int, float], vocab: int, server: str = "server", where: str = "row") -> tuple[torch.Tensor, float]:
+    """A log-prob row ``[V]`` (``-inf`` where unknown) and its missing mass.
+
+    Raises:
+        SGLangError: the returned probabilities sum above 1 (beyond float32 rounding,
+            ``MASS_SLACK``): impossible for log-probabilities, so the row is refused
+            (the sample fails) rather than renormalised into some other distribution.
+    """
     row = torch.full((vocab,), -math.inf)
     if not known:
         return row, 1.0
     lps = torch.tensor(list(known.values()), dtype=torch.float64)
+    total = float(lps.exp().sum())
+    if total > 1.0 + MASS_SLACK:
+        raise SGLangError(f"{server}: impossible row '{where}': its {len(known)} returned probabilities sum to "
+                          f"{total:.4g} (at most 1): the server's rows are not log-probabilities")
     row[torch.tensor(list(known))] = lps.float()
-    return row, max(0.0, 1.0 - float(lps.exp().sum()))
+    return row, max(0.0, 1.0 - total)
 
 
 def _per_position(body: dict, key: str, count: int, server: str) -> list:
@@ -121,13 +139,14 @@ def parse_next(body: dict, vocab: int, server: str = "server", asked: bool = Fal
     logprobs of ``output_token_ids_logprobs[0]`` join the top-K.
 
     Raises:
-        SGLangError: a missing or malformed field.
+        SGLangError: a missing or malformed field, or an impossible row (a logprob
+            above 0, probabilities summing above 1: see ``_row``).
     """
     known = _entries(_field(body, "meta_info.output_top_logprobs.0", server), vocab, server, "output_top_logprobs[0]")
     if asked:
         extra = _per_position(body, "output_token_ids_logprobs", 1, server)[0]
         _entries(extra, vocab, server, "output_token_ids_logprobs[0]", known)
-    return _row(known, vocab)
+    return _row(known, vocab, server, "output_top_logprobs[0]")
 
 
 def parse_score(body: dict, drafts: Sequence[int], vocab: int, server: str = "server",
@@ -143,7 +162,8 @@ def parse_score(body: dict, drafts: Sequence[int], vocab: int, server: str = "se
     ``input_token_logprobs`` (the logprob is the draft's): accepted as such.
 
     Raises:
-        SGLangError: a missing field, a misaligned length, or an id mismatch.
+        SGLangError: a missing field, a misaligned length, an id mismatch, or an
+            impossible row (a logprob above 0, probabilities summing above 1).
     """
     n = len(drafts)
     top = _per_position(body, "input_top_logprobs", n + 1, server)
@@ -157,10 +177,10 @@ def parse_score(body: dict, drafts: Sequence[int], vocab: int, server: str = "se
             raise SGLangError(f"{server}: input_token_logprobs[{j}] is for token {id_d}, expected draft {d}")
         if lp_d is None:
             raise SGLangError(f"{server}: input_token_logprobs[{j}] has no logprob for draft {d}")
-        known.setdefault(int(d), float(lp_d))
+        _entries([[lp_d, d]], vocab, server, f"input_token_logprobs[{j}]", known)
         if by_id is not None:
             _entries(by_id[j], vocab, server, f"input_token_ids_logprobs[{j}]", known)
-        row, miss = _row(known, vocab)
+        row, miss = _row(known, vocab, server, f"input_top_logprobs[{j}]")
         rows.append(row)
         missing.append(miss)
     bonus, miss = parse_next(body, vocab, server, asked)

@@ -6,7 +6,11 @@ thinking protocol (``shared/docs/relaxed-methods.md``): the first
 ``thinking_budget`` tokens are generated; when they run out with the thinking
 still open, the fixed ``answer_now`` text and ``</think>`` are forced, and
 generation continues (seed + 1) up to ``max_new_tokens`` in total. Stop strings
-of a thinking task apply only after ``</think>``: they never cut the reasoning.
+of a thinking task apply only to the answer after ``</think>``, from past its
+first non-blank character (``relaxtune.engine.sequence.stop_index``): they never
+cut the reasoning, and ``"\\n\\n"`` right after ``</think>`` does not end the
+response before its answer (a continuation after the forced ``</think>`` is such
+an answer from its start).
 
 ``generate_responses`` runs many responses of one configuration through
 ``relaxtune.engine.batch.generate_batch``; a response that needs the forced answer
@@ -31,6 +35,16 @@ __all__ = ["generate_response", "generate_responses"]
 
 def _stop_after(spec: TaskSpec) -> str | None:
     return THINK_END if spec.thinks else None
+
+
+def _answer_stop_after(spec: TaskSpec, head_text: str) -> str | None:
+    """``stop_after`` for a continuation after ``head_text``: ``""`` (the answer
+    starts with the continuation, stops apply past its first non-blank character)
+    while the head holds no answer text yet; None once it does."""
+    if not spec.thinks:
+        return None
+    answer = head_text.rsplit(THINK_END, 1)[-1] if THINK_END in head_text else ""
+    return None if answer.strip() else ""
 
 
 def _first(spec: TaskSpec, prompt_ids: list[int], seed: int, key: Any = None) -> Request:
@@ -92,7 +106,7 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     text, ids = head
     left = spec.max_new_tokens - len(ids)
     rest = None if left <= 0 else generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1,
-                                           stop=req.stop, **kw)
+                                           stop=req.stop, stop_after=_answer_stop_after(spec, text), **kw)
     return _joined(first, text, ids, rest)
 
 
@@ -124,5 +138,5 @@ def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Ite
         elif (left := spec.max_new_tokens - len(after[1])) <= 0:
             yield key, _joined(gen, *after, None)
         else:  # the forced answer re-joins the running batch
-            queue.append(Request(prompt_ids + after[1], req.seed + 1, left, req.stop, None,
+            queue.append(Request(prompt_ids + after[1], req.seed + 1, left, req.stop, _answer_stop_after(spec, after[0]),
                                  (key, prompt_ids, (gen, *after))))

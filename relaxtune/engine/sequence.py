@@ -18,6 +18,7 @@ randomness per response, and the same round accounting (``end_round``).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
@@ -103,6 +104,7 @@ class GenerationStats:
         return out
 
 
+_NONBLANK = re.compile(r"\S")
 TELEMETRY = ("missing_mass", "cached_tokens")  # per-round lists a server backend keeps
 
 
@@ -135,15 +137,24 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 
 def stop_index(text: str, stop: Sequence[str], stop_after: str | None = None) -> int | None:
-    """Where ``text`` is cut: the start of the earliest stop string, searched only
-    after the first ``stop_after`` when given (None while it has not appeared);
-    None when no stop string occurs. Empty stop strings never match."""
+    """Where ``text`` is cut: the start of the earliest stop string; None when no
+    stop string occurs. Empty stop strings never match.
+
+    With ``stop_after`` (``</think>`` for a thinking task; ``""`` for an answer
+    that starts at the text's beginning) stops apply only to the answer: the text
+    after the first ``stop_after``, from just past its first non-blank character
+    (None while there is none). A task whose stops include ``"\\n\\n"`` so keeps a
+    response that writes ``</think>\\n\\n`` before its answer, and no stop cuts an
+    answer to nothing."""
     start = 0
     if stop_after is not None:
         at = text.find(stop_after)
         if at < 0:
             return None
-        start = at + len(stop_after)
+        first = _NONBLANK.search(text, at + len(stop_after))
+        if first is None:
+            return None
+        start = first.start() + 1
     hits = [i for s in stop if s and (i := text.find(s, start)) >= 0]
     return min(hits) if hits else None
 
@@ -286,8 +297,10 @@ def generate(
         seed: seed of this response's random numbers.
         stop: stop strings; the text is cut before the first one, the ids (and
             the statistics) after the token that completes it.
-        stop_after: search stop strings only after the first occurrence of this
-            text (``</think>``: stops never fire inside the reasoning).
+        stop_after: search stop strings only in the answer after the first
+            occurrence of this text, from past the answer's first non-blank
+            character (``</think>``: stops never fire inside the reasoning nor on
+            the blank lines before the answer; ``stop_index``).
 
     Returns:
         ``Generation`` with ids, text and ``GenerationStats``.

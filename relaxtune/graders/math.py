@@ -8,12 +8,21 @@ verdict itself, through ``workers.WorkerPool``), each killed past ``timeout``
 handled; thread-safe.
 
 Rules: the answer is read from the text after the thinking block; the LAST
-``\\boxed{}`` wins over earlier, retracted ones; without a box, math-verify's own
+non-empty ``\\boxed{}`` wins over earlier, retracted ones, together with the
+boxes joined to it by a list's connectives only (``\\boxed{3} and \\boxed{5}``
+is the list 3, 5, as math-verify joins them: ``final_boxes``); an empty
+``\\boxed{}`` says nothing. Without a box, math-verify's own
 extraction is used unless the response was truncated (a truncated response
 with no boxed answer, or cut off inside its last ``\\boxed{``, is "no_answer",
 never rescued by the last number in the text or an earlier box). A period that
 ends the box's number (``\\boxed{204.}``) is punctuation. Gold answers without
 ``$...$`` are boxed before parsing, and an empty gold parse is an error.
+
+Notations math-verify misreads are rewritten to equal LaTeX first
+(``mathnorm``: ``\\sqrt(2)``, repeating decimals, trigonometric functions of
+degrees everywhere; plain-text ``pi/2``, ``exp(16)-1``, ``1.5e3`` inside a box
+and in the gold), and ``mathcheck`` adds the truth checks math-verify misses
+(README "Grading policy": ``math-notation``, ``math-truth``, ``ellipsis-lists``).
 
 Number notations math-verify misparses are rewritten first, in response and
 gold alike (``numbers.normalise_numbers``): mixed numbers (``1 1/4`` = 5/4,
@@ -31,17 +40,22 @@ import re
 from pathlib import Path
 
 from .base import Verdict, answer_section
+from .mathnorm import normalise_latex, normalise_plain
 from .numbers import normalise_numbers
 from .workers import WorkerPool
 
 DEFAULT_TIMEOUT = 20.0  # wall seconds of math-verify work per response
 WORKER_MEMORY_MB = 2048  # address space of a math-verify worker
 
-__all__ = ["grade_math", "boxes", "scan_boxes", "last_boxed", "gsm8k_gold"]
+__all__ = ["grade_math", "boxes", "scan_boxes", "last_boxed", "final_boxes", "gsm8k_gold"]
 
 _POOL = WorkerPool(Path(__file__).with_name("mathcheck.py"), args=(str(WORKER_MEMORY_MB),))
 _BOX_TOKENS = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 _BOX_PERIOD = re.compile(r"(?<=\d)\.\s*$")
+_BLANK = re.compile(r"(?:\s|~|\\[ ,;:!]|\\q?quad\b)*")
+# between two boxes of one answer: spaces, math delimiters, ",", ";", "and", "or", "\text{ and }", "x ="
+_JOINER = re.compile(r"(?:\s|\$|\\[()\[\]]|\\q?quad\b|[,;]|\b(?:and|or)\b|\\text\s*\{\s*(?:and|or|,)?\s*\}"
+                     r"|\b[A-Za-z](?:_\{?\w+\}?)?\s*=)*")
 
 
 def scan_boxes(text: str) -> tuple[list[tuple[int, str]], list[int]]:
@@ -78,11 +92,32 @@ def gsm8k_gold(answer: str) -> str:
     return answer.rsplit("####", 1)[-1].strip().replace(",", "")
 
 
+def final_boxes(text: str, closed: list[tuple[int, str]]) -> list[str]:
+    """The contents of the final answer's boxes: the last box, and the boxes before
+    it joined to it by a list's connectives only (``\\boxed{3} and \\boxed{5}``,
+    ``$\\boxed{3}$, $\\boxed{5}$``, ``x = \\boxed{3} or x = \\boxed{5}``), as
+    math-verify joins them; a box after other text (``\\boxed{3}. Wait: \\boxed{4}``)
+    is a correction and ends the chain.
+
+    Args:
+        text: the answer section; closed: ``scan_boxes(text)[0]``, non-empty, in order.
+    """
+    chain = [closed[-1]]
+    for at, inner in reversed(closed[:-1]):
+        end = text.index("{", at) + 1 + len(inner)  # the box's closing brace
+        if not _JOINER.fullmatch(text, end + 1, chain[0][0]):
+            break
+        chain.insert(0, (at, inner))
+    return [inner for _, inner in chain]
+
+
 def _gold_text(gold: str) -> str:
-    """The gold as math-verify reads it: number notations normalised, boxed unless it
-    holds ``$`` or a box."""
+    """The gold as math-verify reads it: notations normalised (``numbers``,
+    ``mathnorm``), boxed unless it holds ``$`` or a box."""
     text = normalise_numbers(gold)
-    return text if ("$" in text or "\\boxed" in text) else f"\\boxed{{{text}}}"
+    if "$" in text or "\\boxed" in text:
+        return normalise_latex(text)
+    return f"\\boxed{{{normalise_plain(text)}}}"
 
 
 def grade_math(
@@ -107,12 +142,17 @@ def grade_math(
     if section is None:
         return Verdict(False, "no_answer", None, "thinking never closed")
     closed, unclosed = scan_boxes(section)
+    closed = [(at, inner) for at, inner in closed if not _BLANK.fullmatch(inner)]  # an empty \boxed{} says nothing
     if truncated and unclosed and (not closed or unclosed[-1] > closed[-1][0]):
         return Verdict(False, "no_answer", None, "truncated inside its last \\boxed{}")
-    boxed = closed[-1][1].strip() if closed else None
-    if boxed is None and truncated:
+    if not closed and truncated:
         return Verdict(False, "no_answer", None, "truncated without a boxed answer")
-    text = f"\\boxed{{{_BOX_PERIOD.sub('', boxed)}}}" if boxed is not None else section
+    if closed:
+        chain = [_BOX_PERIOD.sub("", inner.strip()) for inner in final_boxes(section, closed)]
+        boxed = ", ".join(chain)
+        text = ", ".join(f"\\boxed{{{normalise_plain(inner)}}}" for inner in chain)
+    else:
+        boxed, text = None, normalise_latex(section)
     request = {"text": normalise_numbers(text), "gold": _gold_text(gold),
                "integer_range": list(integer_range) if integer_range is not None else None}
     try:

@@ -12,9 +12,15 @@ math-verify's own signal timeouts are off (``parsing_timeout=None``,
 
 Rules (``check``): the verdict is ``math_verify.verify``'s, so every equivalence it
 accepts is kept (percent ``10\\%`` = ``10``, ``\\infty`` = ``\\infty``, ``n = 204`` =
-``204``...); the additions only make it stricter, each documented and tested
-(README, "Grading policy"):
+``204``...) except where mathematical truth says otherwise; each addition is
+documented and tested (README, "Grading policy"):
 
+- a list with an ellipsis term is compared term by term (``compare_sequences``:
+  math-verify reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` alike);
+- what math-verify calls different is equal when sympy proves two exact numbers
+  equal with ``i`` as the imaginary unit (``\\sqrt{-4}`` = ``2i``), or a relation in
+  one variable describes the other side's interval (``2 \\le x \\le 5`` =
+  ``[2, 5]``) (``truly_equal``);
 - two exact finite numbers (no float, no percent) that sympy proves different
   are different, although math-verify's numeric check chops ``1/2^98 - 1/2^99``
   to 0;
@@ -100,6 +106,158 @@ def _integer_value(expr):
     return int(expr) if expr.is_integer else None
 
 
+_ELLIPSIS_TERM = re.compile(r"(?:\\[lc]?dots[bc]?|\\cdots|\.\.\.|…)")
+_ELLIPSIS = re.compile(r"\\[lc]?dots[bc]?(?![A-Za-z])|\.\.\.|…")
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+_DELIMITERS = [(r"\{", r"\}"), ("(", ")"), ("[", "]"), (r"\left\{", r"\right\}"), (r"\left(", r"\right)"),
+               (r"\left[", r"\right]")]
+
+
+def _whole_box(text: str) -> str | None:
+    """The content of ``text`` when it is one ``\\boxed{...}`` (braces matched), else None."""
+    text = text.strip()
+    if not text.startswith("\\boxed{"):
+        return None
+    depth = 0
+    for i in range(len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[len("\\boxed{"):i] if i == len(text) - 1 else None
+    return None
+
+
+def _terms(math: str) -> list[str]:
+    """The comma-separated terms of a list, set or tuple (outer delimiters dropped)."""
+    math = math.strip().strip("$").strip()
+    for left, right in _DELIMITERS:
+        if math.startswith(left) and math.endswith(right) and len(math) > len(left) + len(right):
+            math = math[len(left):-len(right)]
+            break
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(math):
+        depth += 1 if ch in "{([" else -1 if ch in "})]" else 0
+        if ch == "," and depth == 0:
+            terms.append(math[start:i])
+            start = i + 1
+    return [t.strip() for t in terms + [math[start:]]]
+
+
+def _term(text: str):
+    parsed = _parse(f"\\boxed{{{text}}}")
+    return parsed if parsed else None
+
+
+def _same(a: str, b: str) -> bool:
+    from math_verify import verify
+
+    pa, pb = _term(a), _term(b)
+    return pa is not None and pb is not None and bool(verify(pa, pb, timeout_seconds=None))
+
+
+def _extends(short: list[str], long: list[str]) -> bool:
+    """``long`` starts with ``short`` and its further terms continue the arithmetic
+    progression of ``short``'s first two (``1, 2, 3`` extends ``1, 2``)."""
+    import sympy
+
+    if len(short) < 2 or not all(_same(a, b) for a, b in zip(short, long)):
+        return False
+    first, second = _term(short[0]), _term(short[1])
+    if first is None or second is None or not all(isinstance(x[0], sympy.Expr) for x in (first, second)):
+        return False
+    a, d = first[0], second[0] - first[0]
+    for k in range(len(short), len(long)):
+        term = _term(long[k])
+        if term is None or not isinstance(term[0], sympy.Expr) or sympy.simplify(term[0] - (a + k * d)) != 0:
+            return False
+    return True
+
+
+def compare_sequences(text: str, gold: str):
+    """A list with an ellipsis (``1, 3, 5, \\ldots, 2n-1``), term by term: math-verify
+    reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` as the same number.
+
+    Returns:
+        None when neither side is a comma list with an ellipsis term (math-verify
+        decides); else ``(equal, detail)``: equal when the terms after the
+        ellipsis agree one by one and those before it agree, one side's extra
+        leading terms continuing the arithmetic progression of the other's.
+    """
+    g_terms = _terms(_whole_box(gold) or gold)
+    g_dots = [i for i, t in enumerate(g_terms) if _ELLIPSIS_TERM.fullmatch(t)]
+    answer = _whole_box(text)
+    if answer is None:  # no box: the last math span with an ellipsis, and only against such a gold
+        if not g_dots:
+            return None  # "$a_1, \\ldots, a_n$" in the reasoning is no answer
+        spans = [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
+        answer = next((s for s in reversed(spans) if _ELLIPSIS.search(s)), None)
+    p_terms = _terms(answer) if answer is not None else []
+    p_dots = [i for i, t in enumerate(p_terms) if _ELLIPSIS_TERM.fullmatch(t)]
+    if not g_dots and not p_dots:
+        return None
+    detail = "compared term by term (a list with an ellipsis)"
+    if not g_dots or not p_dots:
+        return False, detail
+    if len(g_dots) > 1 or len(p_dots) > 1:
+        same = g_dots == p_dots and len(g_terms) == len(p_terms)
+        return same and all(i in g_dots or _same(a, b) for i, (a, b) in enumerate(zip(g_terms, p_terms))), detail
+    (gi,), (pi,) = g_dots, p_dots
+    g_head, g_tail, p_head, p_tail = g_terms[:gi], g_terms[gi + 1:], p_terms[:pi], p_terms[pi + 1:]
+    if len(g_tail) != len(p_tail) or not all(_same(a, b) for a, b in zip(g_tail, p_tail)):
+        return False, detail
+    if len(g_head) == len(p_head):
+        return all(_same(a, b) for a, b in zip(g_head, p_head)), detail
+    short, long = sorted((g_head, p_head), key=len)
+    return _extends(short, long), detail
+
+
+def _as_number(x):
+    """``x`` with math-verify's symbol ``i`` as the imaginary unit and unevaluated
+    powers evaluated, when it is then a finite exact number; else None."""
+    import sympy
+
+    if not isinstance(x, sympy.Expr):
+        return None
+    if x.free_symbols and {str(v) for v in x.free_symbols} == {"i"}:
+        x = x.subs(next(iter(x.free_symbols)), sympy.I)
+    x = x.doit()
+    exact = bool(x.is_number) and x.is_finite is not False and not x.atoms(sympy.Float, sympy.UnevaluatedExpr)
+    return x if exact else None
+
+
+def _as_set(x):
+    """A relation in one variable (``2 \\le x \\le 5``) as the set it describes, a set as
+    itself; else None."""
+    import sympy
+    from sympy.logic.boolalg import And
+
+    if isinstance(x, sympy.Set):
+        return x
+    if isinstance(x, (sympy.core.relational.Relational, And)) and len(x.free_symbols) == 1:
+        try:
+            return x.as_set()
+        except (NotImplementedError, TypeError, ValueError):
+            return None
+    return None
+
+
+def truly_equal(gold, pred) -> str:
+    """Why the first parses of ``gold`` and ``pred`` are equal although math-verify
+    says they differ ("" when they are not shown equal): equal exact numbers once
+    ``i`` is the imaginary unit (``\\sqrt{-4}`` = ``2i``), or a relation in one
+    variable and an interval describing the same set (``2 \\le x \\le 5`` = ``[2, 5]``,
+    which math-verify accepts in one direction only)."""
+    import sympy
+
+    g, p = gold[0], pred[0]
+    gn, pn = _as_number(g), _as_number(p)
+    if gn is not None and pn is not None and sympy.simplify(gn - pn).is_zero:
+        return "equal exact numbers (math-verify misses it)"
+    gs, ps = _as_set(g), _as_set(p)
+    if gs is not None and ps is not None and (isinstance(g, sympy.Set) != isinstance(p, sympy.Set)) and gs == ps:
+        return "a relation and the interval it describes"
+    return ""
+
+
 def check(text: str, gold: str, integer_range=None) -> dict:
     """Grade ``text`` (``\\boxed{answer}``, or the answer section when it has no box)
     against ``gold`` (both already normalised, the gold boxed unless it holds ``$``).
@@ -113,17 +271,22 @@ def check(text: str, gold: str, integer_range=None) -> dict:
     """
     from math_verify import verify
 
+    from_sequences = compare_sequences(text, gold)
     gold_parsed = parse_gold(gold)
     pred = _parse(text)
-    if not pred:
+    if not pred and from_sequences is None:
         return {"verdict": "no_answer", "shown": None, "detail": "no parsable answer"}
-    shown = str(pred[-1]) if len(pred) > 1 else str(pred[0])
-    ok = verify(gold_parsed, pred, timeout_seconds=None)
-    detail = ""
-    if ok and _exactly_different(gold_parsed, pred):
-        ok, detail = False, "exactly different (math-verify compares these only to 15 digits)"
+    shown = (str(pred[-1]) if len(pred) > 1 else str(pred[0])) if pred else text
+    if from_sequences is not None:
+        ok, detail = from_sequences
+    else:
+        ok, detail = verify(gold_parsed, pred, timeout_seconds=None), ""
+        if ok and _exactly_different(gold_parsed, pred):
+            ok, detail = False, "exactly different (math-verify compares these only to 15 digits)"
+        elif not ok and (why := truly_equal(gold_parsed, pred)):
+            ok, detail = True, why
     if integer_range is not None:
-        value = _integer_value(pred[0])
+        value = _integer_value(pred[0]) if pred else None
         lo, hi = integer_range
         if value is None:
             ok, detail = False, "not an integer"

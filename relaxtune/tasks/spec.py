@@ -10,9 +10,12 @@ writing one YAML file: ``relaxtune tasks validate FILE`` checks it.
 Thinking mode follows the paper (``shared/docs/relaxed-methods.md``, protocol):
 when ``thinking_budget`` tokens are spent without ``</think>``, the fixed
 ``answer_now`` text and ``</think>`` are appended and generation continues up
-to ``max_new_tokens`` in total. A thinking task's stop strings apply only after
-``</think>`` (a stop that could fire inside the reasoning would cut it short);
-stop strings holding a thinking marker, and empty ones, are refused at load.
+to ``max_new_tokens`` in total. A thinking task's stop strings apply only to the
+answer after ``</think>``, from past its first non-blank character (a stop that
+could fire inside the reasoning would cut it short, and ``"\\n\\n"`` would fire on
+the blank line a model writes right after ``</think>``, losing the whole answer:
+``relaxtune.engine.sequence.stop_index``); stop strings holding a thinking
+marker, and empty ones, are refused at load.
 """
 
 from __future__ import annotations
@@ -167,7 +170,8 @@ class TaskSpec(_Strict):
     @property
     def thinks(self) -> bool:
         """True for a thinking task (``prompt.thinking`` or a ``thinking_budget``):
-        its stop strings apply only after ``</think>``."""
+        its stop strings apply only to the answer after ``</think>``, past its
+        first non-blank character."""
         return self.prompt.thinking or self.thinking_budget is not None
 
 

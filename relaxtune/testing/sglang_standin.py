@@ -19,7 +19,9 @@ SGLang 0.5.23's source does (file and function named at each place):
   (``SchedulerInternalStateController``).
 
 ``faults`` injects failures, one per request: "500", "truncate" (a cut JSON
-body), "drop" (close without answering).
+body), "drop" (close without answering), "zero-logprobs" and "positive-logprobs"
+(every logprob of the answer 0.0, or 0.5: rows that are not log-probabilities,
+as a broken server could return).
 
 ``StandInSpecServer`` stands in for a STANDALONE speculative server (the
 ``sglang_threshold`` method): the first token comes from the verifier's prefill,
@@ -61,6 +63,23 @@ def _entry(logprob: float, token: int) -> list:
 def _top(logprobs: torch.Tensor, k: int) -> list:
     vals, ids = logprobs.topk(min(k, logprobs.shape[-1]))
     return [_entry(v, i) for v, i in zip(vals, ids)]
+
+
+_BAD_LOGPROBS = {"zero-logprobs": 0.0, "positive-logprobs": 0.5}
+
+
+def _set_logprobs(meta: dict, value: float) -> None:
+    """Every ``[logprob, id, text]`` entry of ``meta``'s logprob fields set to ``value``."""
+    def visit(node):
+        if isinstance(node, list) and len(node) == 3 and isinstance(node[0], float) and isinstance(node[1], int):
+            node[0] = value
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    for key, entries in meta.items():
+        if key.endswith("logprobs"):
+            visit(entries)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -141,9 +160,12 @@ class StandInServer:
                     self.connection.close()
                     return None
                 try:
-                    body = json.dumps(server.answer(payload)).encode()
+                    answer = server.answer(payload)
                 except ValueError as err:
                     return self._send(400, str(err).encode())
+                if fault in _BAD_LOGPROBS:
+                    _set_logprobs(answer["meta_info"], _BAD_LOGPROBS[fault])
+                body = json.dumps(answer).encode()
                 if fault == "truncate":
                     body = body[: len(body) // 2]
                 return self._send(200, body, "application/json")
