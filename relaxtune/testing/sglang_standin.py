@@ -14,6 +14,8 @@ SGLang 0.5.23's source does (file and function named at each place):
   (``TokenizerManager.add_logprob_to_meta_info``); text entries are null;
 - ``cached_tokens`` is the longest prefix shared with an earlier request,
   capped at ``logprob_start_len`` (``Req._compute_max_prefix_len``);
+- ``/model_info`` (and its deprecated alias ``/get_model_info``) reports
+  ``model_path`` and ``served_model_name`` (``http_server.py``);
 - ``/server_info`` gives the launch flags at the top level and the live values
   (changed by ``/set_internal_state``) in ``internal_states``
   (``SchedulerInternalStateController``).
@@ -82,8 +84,10 @@ class StandInServer:
             every request's parameters it leaves out.
     """
 
-    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None) -> None:
+    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None,
+                 model_path: str = "standin-model") -> None:
         self.model = model.eval()
+        self.model_path = model_path
         self.vocab_size = int(model.config.vocab_size)
         self.preferred = dict(preferred_sampling_params or {})
         self.launch = {"speculative_algorithm": None, "speculative_num_steps": None, "speculative_eagle_topk": None,
@@ -110,6 +114,11 @@ class StandInServer:
                     self._send(200, b"")
                 elif self.path == "/server_info":
                     self._send(200, json.dumps(server.server_info()).encode(), "application/json")
+                elif self.path in ("/model_info", "/get_model_info"):
+                    info = {"model_path": server.model_path, "served_model_name": server.model_path,
+                            "tokenizer_path": server.model_path, "is_generation": True,
+                            "preferred_sampling_params": server.preferred or None, "weight_version": "default"}
+                    self._send(200, json.dumps(info).encode(), "application/json")
                 else:
                     self._send(404, b"not found")
 
