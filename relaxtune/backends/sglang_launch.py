@@ -147,6 +147,20 @@ def wait_healthy(url: str, timeout: float = 600.0, proc: subprocess.Popen | None
     raise RuntimeError(f"{url} did not become ready within {timeout:.0f} s{tail()}")
 
 
+# the installed distribution's version without importing SGLang (its import takes minutes on a busy CPU);
+# a package without distribution metadata is imported for its __version__
+_VERSION_PROBE = """
+import importlib.metadata, importlib.util, sys
+if importlib.util.find_spec("sglang") is None:
+    sys.exit(1)
+try:
+    print(importlib.metadata.version("sglang"))
+except importlib.metadata.PackageNotFoundError:
+    import sglang
+    print(sglang.__version__)
+"""
+
+
 def check_sglang(python: str = sys.executable, allow_other_version: bool = False, env: dict | None = None) -> str:
     """The SGLang version ``python`` imports, checked against the pinned one.
 
@@ -159,8 +173,7 @@ def check_sglang(python: str = sys.executable, allow_other_version: bool = False
             ``allow_other_version``) its version is not ``SGLANG_VERSION``.
     """
     try:
-        found = subprocess.run([python, "-c", "import sglang; print(sglang.__version__)"], capture_output=True,
-                               text=True, env=env, timeout=300)
+        found = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, env=env, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"cannot run {python} to find SGLang: {err}") from None
     if found.returncode != 0:
