@@ -78,7 +78,7 @@ def test_drafting_rows_equal_the_drafter_in_process(local, remote):
     prompt = _prompt(local, "abc")
     state = remote.start(prompt)
     out = remote.draft(state, 3, pick=lambda row: int(row.argmax()), extra_step=True)
-    seq = prompt + out.token_ids
+    seq = prompt + out.ids
     want = _logprobs(local.drafter, seq)[len(prompt) - 1:]
     assert out.logits.shape == (4, V) and state.draft_forwards == 4
     torch.testing.assert_close(out.logits.log_softmax(-1), want, atol=ATOL, rtol=0)

@@ -6,6 +6,10 @@ model, plus ``GET /health``, ``GET /server_info`` and ``POST /set_internal_state
 Where the real server's behaviour matters to a client, the stand-in does what
 SGLang 0.5.23's source does (file and function named at each place):
 
+- with ``max_new_tokens: 0`` the bonus row stays (``output_top_logprobs`` and
+  ``output_token_ids_logprobs`` of length 1; ``output_token_logprobs`` and
+  ``output_ids`` empty), as a live SGLang 0.5.23 server answers (not as
+  ``sglang-protocol.md`` says);
 - ``input_token_logprobs`` reports an input id at or above ``vocab_size - 1``
   as 0 (``SchedulerLogprobResultProcessor._process_input_token_logprobs``);
 - ``input_top_logprobs`` / ``input_token_ids_logprobs`` start with a null
@@ -205,8 +209,9 @@ class StandInServer:
         """The response body for a ``/generate`` payload."""
         ids = [int(t) for t in payload["input_ids"]]
         sp = self.sampling_params(payload)
-        if sp["max_new_tokens"] != 1 or sp["temperature"] != 0:
-            raise ValueError("the stand-in serves one-token greedy requests only")
+        if sp["max_new_tokens"] not in (0, 1) or sp["temperature"] != 0:
+            raise ValueError("the stand-in serves greedy requests for at most one token only")
+        n_out = int(sp["max_new_tokens"])
         start = int(payload.get("logprob_start_len", len(ids) - 1))
         k = int(payload.get("top_logprobs_num", 0))
         asked = payload.get("token_ids_logprob")
@@ -220,10 +225,10 @@ class StandInServer:
         last = lp[-1]
         nxt = int(last.argmax())
         meta = {
-            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": 1},
+            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": n_out},
             "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
-            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)],
-            "output_token_logprobs_length": 1,
+            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)][:n_out],
+            "output_token_logprobs_length": n_out,
         }
         if k > 0:
             meta["input_top_logprobs"] = [None] + [_top(lp[pos - 1], k) for pos in range(start + 1, len(ids))]
@@ -232,8 +237,8 @@ class StandInServer:
             meta["input_token_ids_logprobs"] = [None] + [[_entry(lp[pos - 1, t], t) for t in asked]
                                                          for pos in range(start + 1, len(ids))]
             meta["output_token_ids_logprobs"] = [[_entry(last[t], t) for t in asked]]
-        meta.update(reasoning_tokens=0, completion_tokens=1, cached_tokens=min(cached, start))
-        return {"text": "", "output_ids": [nxt], "meta_info": meta}
+        meta.update(reasoning_tokens=0, completion_tokens=n_out, cached_tokens=min(cached, start))
+        return {"text": "", "output_ids": [nxt][:n_out], "meta_info": meta}
 
 
 class StandInSpecServer(StandInServer):
