@@ -97,13 +97,18 @@ def test_max_new_tokens_zero_still_returns_the_bonus_row(live_pair, local):
 
 def test_a_batch_list_returns_one_body_per_item_equal_to_single_requests(live_pair, local):
     a, b = _prompt(local, "xy"), _prompt(local, "hello world")
-    items = [_payload(a + [3, 4], len(a) - 1), _payload(b + [9], len(b) - 1, token_ids_logprob=[V - 1, 2])]
-    batch = _post(live_pair.urls[1], {
-        "input_ids": [a + [3, 4], b + [9]], "sampling_params": [dict(GREEDY_ONE)] * 2, "return_logprob": True,
-        "logprob_start_len": [len(a) - 1, len(b) - 1], "top_logprobs_num": [V, V],
-        "token_ids_logprob": [None, [V - 1, 2]]})
+    asked_ids = [[1, 2], [V - 1, 2]]
+    items = [_payload(a + [3, 4], len(a) - 1, token_ids_logprob=asked_ids[0]),
+             _payload(b + [9], len(b) - 1, token_ids_logprob=asked_ids[1])]
+    payload = {"input_ids": [a + [3, 4], b + [9]], "sampling_params": [dict(GREEDY_ONE)] * 2, "return_logprob": True,
+               "logprob_start_len": [len(a) - 1, len(b) - 1], "top_logprobs_num": [V, V],
+               "token_ids_logprob": asked_ids}
+    refused = httpx.post(f"{live_pair.urls[1]}/generate", json={**payload, "token_ids_logprob": [None, [2]]},
+                         timeout=120)
+    assert refused.status_code == 400  # per item, a list for every item: null is refused
+    batch = _post(live_pair.urls[1], payload)
     assert isinstance(batch, list) and len(batch) == 2
-    for body, single, drafts, asked in zip(batch, items, ([3, 4], [9]), (False, True)):
+    for body, single, drafts, asked in zip(batch, items, ([3, 4], [9]), (True, True)):
         got = parse_score(body, drafts, V, asked=asked)[0]
         want = parse_score(_post(live_pair.urls[1], single), drafts, V, asked=asked)[0]
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
