@@ -130,3 +130,15 @@ def pg_database(pg_server):
     with psycopg.connect(pg_server, autocommit=True) as conn:
         for name in made:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# ------------------------------------------------------------------ SGLang, live
+
+@pytest.fixture(scope="session")
+def live_pair(tmp_path_factory):
+    """A real SGLang drafter and verifier server on tiny models, started once per session
+    (skips without ``RELAXTUNE_SGLANG_PYTHON``; ``tests/sglang_live.py``)."""
+    from .sglang_live import start_live_pair
+
+    with start_live_pair(tmp_path_factory.mktemp("sglang-live")) as pair:
+        yield pair

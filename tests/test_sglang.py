@@ -326,3 +326,18 @@ def test_stop_tokens_are_the_union_sglang_stops_on(tiny_pair_dirs, tmp_path, ser
 
     generation = type("G", (), {"eos_token_id": [151645, 151643]})()
     assert stop_token_ids(Qwen(), None, generation) == {151643, 151645, 151650}
+
+
+def test_max_new_tokens_zero_keeps_the_bonus_row_as_the_live_server_does(tiny_backend):
+    """Seen on a live SGLang 0.5.23 server (tests/test_sglang_live.py checks it there):
+    max_new_tokens = 0 keeps output_top_logprobs (the bonus row), not as sglang-protocol.md says."""
+    server = StandInServer(tiny_backend.verifier)
+    payload = {"input_ids": [5, 9, 7, 3], "return_logprob": True, "logprob_start_len": 2, "top_logprobs_num": 64,
+               "token_ids_logprob": [1, 63], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    one = server.answer(payload)
+    zero = server.answer({**payload, "sampling_params": {"max_new_tokens": 0, "temperature": 0}})
+    meta = zero["meta_info"]
+    assert zero["output_ids"] == [] and meta["output_token_logprobs"] == [] and meta["completion_tokens"] == 0
+    assert meta["finish_reason"] == {"type": "length", "length": 0}
+    assert len(meta["output_top_logprobs"]) == len(meta["output_token_ids_logprobs"]) == 1
+    assert torch.equal(parse_score(zero, [3], 64, asked=True)[0], parse_score(one, [3], 64, asked=True)[0])

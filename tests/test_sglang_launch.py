@@ -14,17 +14,23 @@ from relaxtune.backends.sglang_native import DETERMINISTIC
 from relaxtune.cli import app
 
 LAUNCH_SERVER = textwrap.dedent('''
-    """A fake ``python -m sglang.launch_server``: records its argv, then serves /health
-    (or exits with FAKE_SGLANG_EXIT)."""
-    import http.server, json, os, pathlib, sys
+    """A fake ``python -m sglang.launch_server``: records its argv, environment and the pid of
+    a child it starts (as SGLang starts its scheduler), then serves /health (503 with
+    FAKE_SGLANG_NEVER_READY), or exits with FAKE_SGLANG_EXIT after a line of log."""
+    import http.server, json, os, pathlib, subprocess, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])
-    pathlib.Path(os.environ["FAKE_SGLANG_DIR"], f"argv-{port}.json").write_text(json.dumps(sys.argv[1:]))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pathlib.Path(os.environ["FAKE_SGLANG_DIR"], f"argv-{port}.json").write_text(json.dumps(
+        {"argv": sys.argv[1:], "env": dict(os.environ), "child": child.pid}))
     if os.environ.get("FAKE_SGLANG_EXIT"):
+        print("ValueError: the model folder has no config.json", flush=True)
+        child.kill()
         sys.exit(int(os.environ["FAKE_SGLANG_EXIT"]))
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            ready = self.path == "/health" and not os.environ.get("FAKE_SGLANG_NEVER_READY")
+            self.send_response(200 if ready else 503 if self.path == "/health" else 404)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -39,7 +45,7 @@ LAUNCH_SERVER = textwrap.dedent('''
 def fake_sglang(tmp_path, monkeypatch):
     """Put a fake ``sglang`` of a given version on the path of every child Python."""
 
-    def install(version=SGLANG_VERSION, exit_code=None):
+    def install(version=SGLANG_VERSION, exit_code=None, never_ready=False):
         pkg = tmp_path / "site" / "sglang"
         pkg.mkdir(parents=True, exist_ok=True)
         (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
@@ -48,6 +54,8 @@ def fake_sglang(tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_SGLANG_DIR", str(tmp_path))
         if exit_code is not None:
             monkeypatch.setenv("FAKE_SGLANG_EXIT", str(exit_code))
+        if never_ready:
+            monkeypatch.setenv("FAKE_SGLANG_NEVER_READY", "1")
         return tmp_path
 
     return install
@@ -92,15 +100,126 @@ def test_serve_launches_the_speculative_server_deterministic(fake_sglang):
     root = fake_sglang(exit_code=3)  # each fake server records its flags and exits: serve reports it
     port = _free_port()
     out = CliRunner().invoke(app, ["serve", "--drafter", "d/m", "--verifier", "v/m", "--port", str(port),
-                                   "--native-threshold", "0.4", "-n", "3"])
+                                   "--native-threshold", "0.4", "-n", "3", "--device", "cuda"])
     assert out.exit_code == 1 and "exited with code 3" in out.output
-    argv = json.loads((root / f"argv-{port + 2}.json").read_text())
+    argv = json.loads((root / f"argv-{port + 2}.json").read_text())["argv"]
     assert DETERMINISTIC in argv and argv[argv.index("--speculative-accept-threshold-acc") + 1] == "0.4"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
-    assert DETERMINISTIC not in json.loads((root / f"argv-{port}.json").read_text())  # plain servers: no need
+    assert DETERMINISTIC not in json.loads((root / f"argv-{port}.json").read_text())["argv"]  # plain servers: no need
 
 
 def test_serve_refuses_another_sglang_version(fake_sglang):
     fake_sglang("0.5.9")
     out = CliRunner().invoke(app, ["serve", "--drafter", "d/m", "--verifier", "v/m"], env={"COLUMNS": "300"})
     assert out.exit_code == 1 and "SGLang 0.5.9 is installed" in out.output and "--allow-other-sglang" in out.output
+
+
+def _gone(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie that nobody reaped yet is gone too
+        return f.read().split(") ")[1].startswith("Z")
+
+
+def test_cpu_servers_get_the_cpu_engine_the_flags_and_the_kernel_stand_in_without_amx():
+    from relaxtune.backends.sglang_cpu import KERNEL_DIR
+    from relaxtune.backends.sglang_launch import CPU_FLAGS, server_env
+
+    cmd = ServerSpec("m", 31000).command("/env/bin/python", "cpu")
+    assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
+    assert cmd[-len(CPU_FLAGS):] == list(CPU_FLAGS) and "--mem-fraction-static" not in cmd
+    assert "--context-length" in cmd and "--disable-overlap-schedule" in cmd
+    gpu = ServerSpec("m", 31000, 0.3).command("/env/bin/python", "cuda")
+    assert gpu[gpu.index("--mem-fraction-static") + 1] == "0.3" and "--disable-overlap-schedule" not in gpu
+    env = server_env("cpu", {"PYTHONPATH": "/a"}, amx=False)
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["PYTHONPATH"] == f"{KERNEL_DIR}:/a"
+    assert (KERNEL_DIR / "sgl_kernel" / "__init__.py").is_file()
+    assert server_env("cpu", {}, amx=True) == {"SGLANG_USE_CPU_ENGINE": "1"}  # a real CPU build runs there
+    assert server_env("cuda", {"PYTHONPATH": "/a"}) == {"PYTHONPATH": "/a"}
+
+
+def test_launch_on_cpu_puts_the_stand_in_first_and_stops_every_process_of_the_group(fake_sglang):
+    root = fake_sglang()
+    port = _free_port()
+    with launch([ServerSpec("some/model", port)], timeout=60, device="cpu") as urls:
+        assert httpx.get(f"{urls[0]}/health").status_code == 200
+        seen = json.loads((root / f"argv-{port}.json").read_text())
+    assert seen["env"]["SGLANG_USE_CPU_ENGINE"] == "1" and "--disable-overlap-schedule" in seen["argv"]
+    assert "sglang_cpu" in seen["env"]["PYTHONPATH"].split(":")[0]
+    assert _gone(seen["child"])  # the server's child (as SGLang's scheduler) went with it
+
+
+def test_a_server_that_dies_is_reported_with_its_last_log_lines(fake_sglang):
+    fake_sglang(exit_code=3)
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 before it was ready; its last log lines .*"
+                                           r"the model folder has no config.json"):
+        with launch([ServerSpec("some/model", _free_port())], timeout=60, device="cpu"):
+            pass
+
+
+def test_a_server_that_never_becomes_ready_is_stopped_after_the_timeout(fake_sglang):
+    root = fake_sglang(never_ready=True)
+    port = _free_port()
+    with pytest.raises(RuntimeError, match=rf"http://127.0.0.1:{port} did not become ready within 3 s"):
+        with launch([ServerSpec("some/model", port)], timeout=3, device="cpu"):
+            pass
+    assert _gone(json.loads((root / f"argv-{port}.json").read_text())["child"])
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_port_already_taken_is_refused_before_starting(fake_sglang):
+    import socket
+
+    fake_sglang()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"port {port} is already in use"):
+            with launch([ServerSpec("some/model", port)], timeout=30, device="cpu"):
+                pass
+
+
+def test_serve_refuses_native_threshold_on_a_cpu_host(fake_sglang):
+    fake_sglang()
+    out = CliRunner().invoke(app, ["serve", "--drafter", "d/m", "--verifier", "v/m", "--native-threshold", "0.5",
+                                   "--device", "cpu"], env={"COLUMNS": "300"})
+    assert out.exit_code == 1
+    assert "cannot run on a CPU host" in out.output and "EAGLE is not supported in decode attention backend" in out.output
+
+
+def test_serve_stops_its_servers_on_sigterm(fake_sglang):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    root = fake_sglang()
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "relaxtune.cli", "serve", "--drafter", "d/m", "--verifier", "v/m",
+                             "--port", str(port), "--device", "cpu"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
+                            start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "tune with" in line:
+                break
+        assert any("tune with" in x for x in lines), "".join(lines)
+        children = [json.loads((root / f"argv-{p}.json").read_text())["child"] for p in (port, port + 1)]
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0 and "servers stopped" in rest
+        deadline = time.monotonic() + 10
+        while not all(_gone(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_gone(c) for c in children)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

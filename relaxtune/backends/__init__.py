@@ -2,8 +2,9 @@
 
 ``base`` defines the protocol; ``hf`` runs transformers models in-process (``hf_batch``
 its batched forwards over ``ragged`` caches); ``http``, ``sglang`` and ``sglang_native``
-talk to SGLang servers (``sglang_launch`` starts them); ``embedded`` assembles the
-embedded CPU pair. Backends know nothing about tasks or methods.
+talk to SGLang servers (``sglang_launch`` starts them, on a CPU host with the
+pure-torch ``sgl_kernel`` stand-in of ``sglang_cpu``; ``sglang_models`` checks the
+model each serves); ``embedded`` assembles the embedded CPU pair. Backends know nothing about tasks or methods.
 
 May import: decoding.
 """

@@ -27,17 +27,24 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
 
     Raises:
         ValueError: only one of the two URLs is set, or ``native_url`` without them.
-        relaxtune.backends.sglang.SGLangError: a server is unreachable.
+        relaxtune.backends.sglang.SGLangError: a server is unreachable, or serves another
+            model than ``drafter`` / ``verifier`` names (its ``/model_info``).
     """
     if bool(drafter_url) != bool(verifier_url):
         raise ValueError("the SGLang backend needs both --drafter-url and --verifier-url")
     if native_url and not verifier_url:
         raise ValueError("--native-url needs --drafter-url and --verifier-url too (strict, the baseline, runs on them)")
     if verifier_url:
+        from .embedded import EMBEDDED
+        from .hf import resolve_model_path
         from .sglang import SGLangBackend
 
-        return SGLangBackend(drafter_url, verifier_url, tokenizer or verifier, max_concurrency=concurrency,
-                             native_url=native_url, name=backend_name(drafter, verifier, dtype, drafter_url, verifier_url))
+        tokenizer = tokenizer or verifier
+        if tokenizer in EMBEDDED:  # its converted folder holds the tokenizer and configs
+            tokenizer = resolve_model_path(tokenizer)
+        return SGLangBackend(drafter_url, verifier_url, tokenizer, max_concurrency=concurrency,
+                             native_url=native_url, name=backend_name(drafter, verifier, dtype, drafter_url, verifier_url),
+                             models=(drafter, verifier))
     from .hf import load_pair
 
     return load_pair(drafter, verifier, dtype=dtype, batch_size=batch_size)

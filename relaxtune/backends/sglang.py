@@ -242,15 +242,18 @@ class SGLangBackend:
         native_url: an optional STANDALONE speculative server that runs
             ``sglang_threshold`` itself (``relaxtune.backends.sglang_native``).
         check: probe ``/health`` of the servers now.
+        models: ``(drafter, verifier)`` as the job names them: with ``check``, each
+            server's ``/model_info`` must report that model
+            (``relaxtune.backends.sglang_models.serves``).
 
     Raises:
-        SGLangError: a server is unreachable (with ``check``).
+        SGLangError: a server is unreachable, or serves another model than named (with ``check``).
     """
 
     def __init__(self, drafter_url: str, verifier_url: str, tokenizer, *, vocab_size: int | None = None,
                  top_logprobs: int = 64, asked_ids: int | None = None, timeout: float = 120.0, retries: int = 3,
                  backoff: float = 0.5, max_concurrency: int = 8, name: str | None = None,
-                 native_url: str | None = None, check: bool = True) -> None:
+                 native_url: str | None = None, check: bool = True, models: tuple[str, str] | None = None) -> None:
         from .sglang_native import NativeSpecServer
 
         self.http = AsyncHTTP(timeout, max_concurrency)
@@ -261,6 +264,11 @@ class SGLangBackend:
             try:
                 for server in (self.drafter, self.verifier) + ((self.native.server,) if self.native else ()):
                     server.health()
+                if models is not None:
+                    from .sglang_models import check_serves
+
+                    check_serves(self.drafter, models[0], "--drafter")
+                    check_serves(self.verifier, models[1], "--verifier")
             except SGLangError:
                 self.http.close()
                 raise

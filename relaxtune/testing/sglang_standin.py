@@ -6,6 +6,10 @@ model, plus ``GET /health``, ``GET /server_info`` and ``POST /set_internal_state
 Where the real server's behaviour matters to a client, the stand-in does what
 SGLang 0.5.23's source does (file and function named at each place):
 
+- with ``max_new_tokens: 0`` the bonus row stays (``output_top_logprobs`` and
+  ``output_token_ids_logprobs`` of length 1; ``output_token_logprobs`` and
+  ``output_ids`` empty), as a live SGLang 0.5.23 server answers (not as
+  ``sglang-protocol.md`` says);
 - ``input_token_logprobs`` reports an input id at or above ``vocab_size - 1``
   as 0 (``SchedulerLogprobResultProcessor._process_input_token_logprobs``);
 - ``input_top_logprobs`` / ``input_token_ids_logprobs`` start with a null
@@ -14,6 +18,8 @@ SGLang 0.5.23's source does (file and function named at each place):
   (``TokenizerManager.add_logprob_to_meta_info``); text entries are null;
 - ``cached_tokens`` is the longest prefix shared with an earlier request,
   capped at ``logprob_start_len`` (``Req._compute_max_prefix_len``);
+- ``/model_info`` (and its deprecated alias ``/get_model_info``) reports
+  ``model_path`` and ``served_model_name`` (``http_server.py``);
 - ``/server_info`` gives the launch flags at the top level and the live values
   (changed by ``/set_internal_state``) in ``internal_states``
   (``SchedulerInternalStateController``).
@@ -101,8 +107,10 @@ class StandInServer:
             every request's parameters it leaves out.
     """
 
-    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None) -> None:
+    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None,
+                 model_path: str = "standin-model") -> None:
         self.model = model.eval()
+        self.model_path = model_path
         self.vocab_size = int(model.config.vocab_size)
         self.preferred = dict(preferred_sampling_params or {})
         self.launch = {"speculative_algorithm": None, "speculative_num_steps": None, "speculative_eagle_topk": None,
@@ -129,6 +137,11 @@ class StandInServer:
                     self._send(200, b"")
                 elif self.path == "/server_info":
                     self._send(200, json.dumps(server.server_info()).encode(), "application/json")
+                elif self.path in ("/model_info", "/get_model_info"):
+                    info = {"model_path": server.model_path, "served_model_name": server.model_path,
+                            "tokenizer_path": server.model_path, "is_generation": True,
+                            "preferred_sampling_params": server.preferred or None, "weight_version": "default"}
+                    self._send(200, json.dumps(info).encode(), "application/json")
                 else:
                     self._send(404, b"not found")
 
@@ -218,8 +231,9 @@ class StandInServer:
         """The response body for a ``/generate`` payload."""
         ids = [int(t) for t in payload["input_ids"]]
         sp = self.sampling_params(payload)
-        if sp["max_new_tokens"] != 1 or sp["temperature"] != 0:
-            raise ValueError("the stand-in serves one-token greedy requests only")
+        if sp["max_new_tokens"] not in (0, 1) or sp["temperature"] != 0:
+            raise ValueError("the stand-in serves greedy requests for at most one token only")
+        n_out = int(sp["max_new_tokens"])
         start = int(payload.get("logprob_start_len", len(ids) - 1))
         k = int(payload.get("top_logprobs_num", 0))
         asked = payload.get("token_ids_logprob")
@@ -233,10 +247,10 @@ class StandInServer:
         last = lp[-1]
         nxt = int(last.argmax())
         meta = {
-            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": 1},
+            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": n_out},
             "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
-            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)],
-            "output_token_logprobs_length": 1,
+            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)][:n_out],
+            "output_token_logprobs_length": n_out,
         }
         if k > 0:
             meta["input_top_logprobs"] = [None] + [_top(lp[pos - 1], k) for pos in range(start + 1, len(ids))]
@@ -245,8 +259,8 @@ class StandInServer:
             meta["input_token_ids_logprobs"] = [None] + [[_entry(lp[pos - 1, t], t) for t in asked]
                                                          for pos in range(start + 1, len(ids))]
             meta["output_token_ids_logprobs"] = [[_entry(last[t], t) for t in asked]]
-        meta.update(reasoning_tokens=0, completion_tokens=1, cached_tokens=min(cached, start))
-        return {"text": "", "output_ids": [nxt], "meta_info": meta}
+        meta.update(reasoning_tokens=0, completion_tokens=n_out, cached_tokens=min(cached, start))
+        return {"text": "", "output_ids": [nxt][:n_out], "meta_info": meta}
 
 
 class StandInSpecServer(StandInServer):
