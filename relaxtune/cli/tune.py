@@ -142,7 +142,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
         with status(loading, json_output):
-            spec, problems, backend = prepare(settings, new_trials=new_trials)
+            spec, problems, backend = prepare(settings, new_trials=new_trials, log=lambda m: None)  # the job warns
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     try:
