@@ -131,7 +131,8 @@ def selection(args) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for structure in STRUCTURES:
             for outcome in OUTCOMES:
-                for k in (CANDIDATES[:2] if args.quick else CANDIDATES):
+                for k in ([int(x) for x in args.candidates.split(",")] if args.candidates else
+                          CANDIDATES[:2] if args.quick else CANDIDATES):
                     cells = []
                     for mode in modes:
                         rng = np.random.default_rng([args.seed, STRUCTURES.index(structure), OUTCOMES.index(outcome), k])
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confirm", default="holdout,seeds", help="confirmation modes, comma separated")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="3 and 8 candidates only")
+    ap.add_argument("--candidates", default=None, help="candidate counts, comma separated (default 3,8,24)")
     ap.add_argument("--planner", action="store_true", help="the planner's table instead")
     ap.add_argument("--datasets", type=int, default=1000, help="planner: simulated confirmations per row")
     ap.add_argument("--plan-epsilon", type=float, default=0.15, help="planner: the epsilon planned for")

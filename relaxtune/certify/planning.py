@@ -57,9 +57,7 @@ def split_confidence(confidence: float, planned: int) -> float:
 
 
 def _check_target(epsilon, confidence, true_drop, discordance) -> tuple[float, float, float, float]:
-    epsilon = check_finite(epsilon, "epsilon")
-    if not 0.0 < epsilon <= 1.0:
-        raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
+    epsilon = check_probability(epsilon, "epsilon")
     true_drop = check_finite(true_drop, "true_drop")
     discordance = check_probability(discordance, "discordance")
     if not abs(true_drop) <= discordance:
@@ -103,7 +101,7 @@ def certified_power(problems: int, epsilon: float, confidence: float, true_drop:
     relaxed-only with ``(discordance - true_drop) / 2``) is at most ``epsilon`` (module doc).
 
     Raises:
-        ValueError: problems not an integer >= 1, epsilon outside (0, 1], confidence
+        ValueError: problems not an integer >= 1, epsilon outside [0, 1], confidence
             outside (0, 1), discordance outside [|true_drop|, 1], a NaN or infinite input.
     """
     from .paired_bound import _tail
@@ -170,7 +168,7 @@ def problems_needed(epsilon: float, confidence: float, discordance: float, true_
 
     Raises:
         ValueError: discordance outside [|true_drop|, 1], power or confidence outside
-            (0, 1), epsilon outside (0, 1], a NaN or infinite input.
+            (0, 1), epsilon outside [0, 1], a NaN or infinite input.
     """
     epsilon, confidence, true_drop, discordance = _check_target(epsilon, confidence, true_drop, discordance)
     target = check_confidence(power, "power")
@@ -188,7 +186,7 @@ def _needed(epsilon: float, confidence: float, true_drop: float, delta: float, t
     from scipy import stats
 
     at = lambda k: certified_power(k, epsilon, confidence, true_drop, delta)  # noqa: E731
-    floor = fewest_problems(epsilon, confidence)  # below a perfect sample's need, power is 0
+    floor = fewest_problems(epsilon, confidence) if epsilon > 0 else 1  # below a perfect sample's need, power is 0
     guess = max(_normal_need(epsilon, confidence, target, true_drop, delta), floor)
     if guess > MAX_EXACT:
         return guess

@@ -55,14 +55,16 @@ def check_confirmable(problems: int, settings, repeats: int, planned: int) -> st
     floor = smallest_certifiable_drop(held, repeats, each) if held else 1.0
     if floor <= settings.epsilon:
         return None
-    need = (2 if holdout else 1) * fewest_problems(settings.epsilon, each, repeats)
+    need = (2 if holdout else 1) * fewest_problems(settings.epsilon, each, repeats) if settings.epsilon > 0 else None
     where = (f"--confirm holdout keeps {held} of the {problems} problems for confirmation" if holdout else
              f"--confirm seeds confirms on the {problems} problems")
     message = (f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({settings.confidence:g} split "
                f"over {planned} planned confirmation(s)), and their smallest certifiable drop is {floor:.3f} > epsilon "
-               f"{settings.epsilon:g}; at least {need} problems (--limit) would let a confirmation pass (fewer methods "
-               "or --confirmations split the confidence less), or a larger --epsilon; `relaxtune plan` says what "
-               "certifies with a given power")
+               f"{settings.epsilon:g}; "
+               + (f"at least {need} problems (--limit) would let a confirmation pass (fewer methods or "
+                  "--confirmations split the confidence less), or a larger --epsilon" if need else
+                  "no sample certifies a drop of 0 when relaxed and strict agree: use a larger --epsilon")
+               + "; `relaxtune plan` says what certifies with a given power")
     search_floor = smallest_certifiable_drop(search, repeats, settings.confidence) if search else 1.0
     if search_floor <= settings.epsilon:
         raise ConfirmationError(message)
