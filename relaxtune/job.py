@@ -32,8 +32,8 @@ from .report.reexport import (
     tuning_settings,
 )
 from .tasks.spec import build_prompt_ids, load_problems, load_task
-from .tune.checks import SearchProblemsError, check_holdout, check_methods, check_search_problems
-from .tune.confirm import confirm, holdout_split
+from .tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
+from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .tune.settings import TuneSettings, job_id
 from .tune.tuning import Tuner, choose
@@ -42,18 +42,21 @@ __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file"
            "check_exportable", "JobError", "cautions"]
 
 
-def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
+def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: Callable[[str], None] = print):
     """Validate and load everything before any generation: the task, for an
     export its Optuna storage (``export_storage``, before the problems load), its
-    problems, method/temperature compatibility, a held-out half big enough to
-    certify epsilon (``--confirm holdout``), the task's records (same spec
+    problems, method/temperature compatibility, the task's records (same spec
     under the same version), for an export (``new_trials=False``) what it reads
-    (``check_exportable``), then the backend. Returns ``(spec, problems, backend)``.
+    (``check_exportable``), then the backend, and, for a tuning job, whether a
+    confirmation can certify epsilon at the confidence it is judged at
+    (``check_confirmable``: refused when only the search could, a warning to
+    ``log`` when neither can). Returns ``(spec, problems, backend)``.
 
     Raises:
         FileNotFoundError / ValueError / RuntimeError: unknown task, invalid spec,
             missing data, a method that collapses at the task's temperature, a
-            held-out half too small, a task edited under the same version.
+            task edited under the same version, a job whose search could pass
+            points no confirmation can (``ConfirmationError``).
         JobError: an export with nothing to export, before any model (or, for a
             missing storage, any problem) loads.
     """
@@ -64,14 +67,19 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True):
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
-    if settings.confirm == "holdout":
-        check_holdout(problems, settings.seed, spec.repeats, settings.epsilon, settings.confidence)
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
     if not new_trials:  # the trials searched the first half with --confirm holdout
         search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
         check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(**settings.backend))
     if backend is None:
         backend = load_backend(**settings.backend)
+    if new_trials:
+        from .engine.sequence import native_server
+
+        pinned = {m for m in settings.methods if native_server(backend, m) is not None}
+        warning = check_confirmable(len(problems), settings, spec.repeats, planned_confirmations(settings, pinned))
+        if warning:
+            log(f"warning: {warning}")
     return spec, problems, backend
 
 
@@ -108,8 +116,9 @@ def run_tune_job(
         ``(config, path)`` of the exported YAML.
 
     After the studies, each method's chosen point is confirmed on samples the
-    search never saw (fresh seeds, or the held-out half of the problems with
-    ``--confirm holdout``); only confirmed points are exported as feasible. A
+    search never saw (the held-out half of the problems, split before any
+    generation, or fresh seeds with ``--confirm seeds``); only confirmed points
+    are exported as feasible. A
     tuning job logs to its MLflow runs (``Tracker``) and writes ``settings.export``
     or ``<output_dir>/<task>.tuned.yaml``; an export logs to a run of its own
     (``ExportRun``) and writes ``export_path``: it never modifies the tuning run's
@@ -121,7 +130,7 @@ def run_tune_job(
             study searched other problems.
     """
     # checks, problems, the pair and the forward costs
-    spec, everything, backend = prepare(settings, backend, new_trials)
+    spec, everything, backend = prepare(settings, backend, new_trials, log)
     pair = getattr(backend, "name", "backend")
     holdout = settings.confirm == "holdout"
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)

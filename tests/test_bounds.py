@@ -159,20 +159,21 @@ def test_cluster_coverage_when_harm_concentrates():
     upper = 2 * betting_upper((1 + d) / 2, confidence) - 1
     assert np.mean(upper >= 0.05) >= confidence - 3 * se
     assert np.mean(old_t_upper(b.sum(1), c.sum(1), 1440, confidence) >= 0.05) < confidence - 3 * se
-    first = drop_bound([(48, int(x), int(y)) for x, y in zip(b[0], c[0])], confidence)  # the product's entry point
-    assert first.method == "cluster-betting" and first.upper == pytest.approx(upper[0], abs=1e-6)
+    legacy = drop_bound([(48, int(x), int(y)) for x, y in zip(b[0], c[0])], confidence)  # stored without a first repeat
+    assert legacy.method == "cluster-betting" and legacy.upper == pytest.approx(upper[0], abs=1e-6)
 
 
 # ---------------------------------------------------------------------------- clustering
 
 def test_clustered_bound_is_wider_than_the_per_sample_one_when_harm_concentrates():
-    counts = [(48, 24, 0)] * 3 + [(48, 0, 0)] * 27  # 3 of 30 problems lose half their samples
+    counts = [(48, 24, 0, 1)] * 3 + [(48, 0, 0, 0)] * 27  # 3 of 30 problems lose half their samples, the first too
     cluster = drop_bound(counts, 0.9)
     per_sample = drop_bound(pooled(1440, 72, 0), 0.9)
-    assert cluster.method == "cluster-betting" and per_sample.method == "exact-score"
+    assert cluster.method == "exact-first-repeat" and per_sample.method == "exact-score"
+    assert cluster.upper == exact_upper(30, 3, 0, 0.9)
     assert cluster.drop == pytest.approx(per_sample.drop) == pytest.approx(0.05)
     assert cluster.upper > 1.5 * per_sample.upper  # the samples of a problem are not independent
-    spread = drop_bound([(48, 2, 0)] * 18 + [(48, 3, 0)] * 12, 0.9)  # the same 72 losses spread over every problem
+    spread = drop_bound([(48, 2, 0, 0)] * 18 + [(48, 3, 0, 0)] * 12, 0.9)  # the same 72 losses spread, none first
     assert spread.upper < cluster.upper
 
 
@@ -207,25 +208,67 @@ def test_smallest_certifiable_drop_falls_with_more_problems_and_repeats():
     assert smallest_certifiable_drop(30, 48, 0.9) >= 1 - 0.1 ** (1 / 30)  # no valid bound beats this with 30 problems
 
 
-# ---------------------------------------------------------------------------- validation
+def test_repeats_never_loosen_the_floor():
+    """With r repeats the floor is exactly the one-sample floor of the same problems, which
+    no valid bound beats (the betting bound it replaced gave 0.0859 for 30 x 16)."""
+    one = 1 - 0.1 ** (1 / 30)  # 0.073881
+    for repeats in (1, 2, 16, 48):
+        assert smallest_certifiable_drop(30, repeats, 0.9) == pytest.approx(one, abs=1e-6), repeats
+    assert smallest_certifiable_drop(30, 16, 0.9) == pytest.approx(0.073881, abs=1e-6)
+    assert 2 * betting_upper([0.5] * 30, 0.9) - 1 == pytest.approx(0.0859, abs=5e-4)  # what repeats used to give
+    assert smallest_certifiable_drop(164, 4, 0.95) == smallest_certifiable_drop(164, 1, 0.95)
 
-def test_impossible_counts_raise_instead_of_bounding():
-    for bad in ([(10, 8, 3)], [(10, -1, 0)], [(0, 0, 0)], [(5, 1.5, 0)], [(5, 1)], []):
-        with pytest.raises(ValueError):
-            drop_bound(bad, 0.9)
-    with pytest.raises(ValueError, match="impossible"):
-        check_counts([(48, 2, 0), (48, 40, 9)])
-    with pytest.raises(ValueError):
-        exact_upper(10, 7, 4, 0.9)
-    with pytest.raises(ValueError, match="confidence"):
-        drop_bound([(1, 0, 0)], 1.0)
-    good = {"n": 100, "strict_only": 10, "relaxed_only": 4, "drop_ucb": 0.1, "confidence": 0.9}
-    assert stored_bound(good, 0.95).upper == pytest.approx(exact_upper(100, 10, 4, 0.95))
-    for corrupt in ({"strict_only": 90, "relaxed_only": 20}, {"strict_only": -3}, {"n": 0}):
-        with pytest.raises(ValueError, match="impossible"):
-            drop_ucb_at(good | corrupt, 0.95)
-    with pytest.raises(ValueError, match="impossible"):
-        drop_ucb_at(good | {"per_problem": [[2, 3, 0]]}, 0.9)
+
+def test_the_first_repeat_is_the_lowest_paired_one():
+    strict = [{"problem_id": "a", "repeat": r, "correct": True} for r in range(3)]
+    relaxed = [{"problem_id": "a", "repeat": 2, "correct": False}, {"problem_id": "a", "repeat": 0, "failed": True},
+               {"problem_id": "a", "repeat": 1, "correct": False}]
+    assert paired_counts(strict, relaxed) == [(2, 2, 0, 1)]  # repeat 0 failed: repeat 1 is the first paired
+    with pytest.raises(ValueError, match="first repeat's outcome 1 does not fit"):
+        drop_bound([(3, 0, 1, 1)], 0.9)
+
+
+def test_first_repeat_bound_covers_when_five_percent_of_problems_lose_every_repeat():
+    """Harm concentrated: each of 100 problems loses all 16 repeats with probability 0.05
+    (true drop 0.05). 2000 datasets: coverage at >= 0.9 - 3 SE, read from the exact p-value
+    table (the bound covers D exactly when its p-value at D exceeds 1 - c)."""
+    rng, datasets, confidence = np.random.default_rng(7), 2000, 0.9
+    lost = (rng.random((datasets, 100)) < 0.05).sum(1)
+    tb, tc, p = exact_pvalue_table(100, 0.05, confidence)
+    covered = np.array([p[(tb == k) & (tc == 0)][0] > 1 - confidence for k in lost])
+    assert covered.mean() >= confidence - 3 * math.sqrt(confidence * (1 - confidence) / datasets)
+    row = [(16, 16, 0, 1)] * int(lost[0]) + [(16, 0, 0, 0)] * (100 - int(lost[0]))
+    assert drop_bound(row, confidence).upper == exact_upper(100, int(lost[0]), 0, confidence)
+
+
+BAD_INPUTS = [
+    (lambda: drop_bound([(1, 0, 0), (math.inf, 0, 0)], 0.9), "problem 1: n must be an integer >= 0, got inf"),
+    (lambda: drop_bound([(4, math.nan, 0)], 0.9), "problem 0: strict_only must be an integer >= 0, got nan"),
+    (lambda: drop_bound([(4, 0, 1.5)], 0.9), "problem 0: relaxed_only must be an integer >= 0, got 1.5"),
+    (lambda: drop_bound([(4, True, 0)], 0.9), "problem 0: strict_only must be an integer >= 0, got True"),
+    (lambda: drop_bound([(1, 0, 0)], math.nan), "confidence must be in (0, 1), got nan"),
+    (lambda: drop_bound([(1, 0, 0)], 1.0), "confidence must be in (0, 1), got 1.0"),
+    (lambda: exact_upper(10.5, 1, 0, 0.9), "n must be an integer >= 1, got 10.5"),
+    (lambda: exact_upper(10, math.inf, 0, 0.9), "b must be an integer >= 0, got inf"),
+    (lambda: exact_upper(10, 1, 0, -0.1), "confidence must be in (0, 1), got -0.1"),
+    (lambda: exact_pvalue(10, 1, 0, math.nan, 0.9), "margin must be a finite number, got nan"),
+    (lambda: exact_pvalue(10, 1, math.nan, 0.05, 0.9), "c must be an integer >= 0, got nan"),
+    (lambda: exact_pvalue_table(10, math.nan, 0.9), "margin must be a finite number, got nan"),
+    (lambda: exact_pvalue_table(10, 0.05, 0.0), "confidence must be in (0, 1), got 0.0"),
+    (lambda: tango_upper(1, 0, 10, math.nan), "confidence must be in (0, 1), got nan"),
+    (lambda: betting_upper([0.5], math.inf), "confidence must be in (0, 1), got inf"),
+    (lambda: smallest_certifiable_drop(30.5, 1, 0.9), "problems must be an integer >= 1, got 30.5"),
+    (lambda: smallest_certifiable_drop(30, math.nan, 0.9), "repeats must be an integer >= 1, got nan"),
+    (lambda: stored_bound({"n": math.nan, "strict_only": 0, "relaxed_only": 0}, 0.9),
+     "stored n must be an integer >= 0, got nan"),
+]
+
+
+@pytest.mark.parametrize("call,message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_inputs_a_bound_cannot_take_raise_naming_the_argument(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert str(err.value) == message
 
 
 def test_paired_counts_group_by_problem_and_skip_failures():
@@ -234,4 +277,4 @@ def test_paired_counts_group_by_problem_and_skip_failures():
     relaxed = [{"problem_id": "b", "repeat": 0, "correct": True}, {"problem_id": "a", "repeat": 0, "correct": False},
                {"problem_id": "a", "repeat": 1, "correct": True}, {"problem_id": "b", "repeat": 1, "failed": True},
                {"problem_id": "c", "repeat": 0, "correct": False}]
-    assert paired_counts(strict, relaxed) == [(2, 1, 0), (1, 0, 1), (1, 1, 0)]  # strict's problem order
+    assert paired_counts(strict, relaxed) == [(2, 1, 0, 1), (1, 0, 1, -1), (1, 1, 0, 1)]  # strict's problem order

@@ -93,7 +93,8 @@ def test_the_task_run_page_shows_the_decision_and_lists_the_figures(tmp_path, mo
     runs = tmp_path / "relaxtune-runs"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     s = TuneSettings(task=write_task(tmp_path / "task", 24, "browser"), methods=["cactus", "mentored"], n_drafts=[4],
-                     trials=4, stage_size=24, c_rel=0.2, epsilon=0.2, output_dir=str(runs), mlflow_uri=uri)
+                     trials=4, stage_size=24, c_rel=0.2, epsilon=0.2, output_dir=str(runs), mlflow_uri=uri,
+                     confirm="seeds")
     config, _ = run_tune_job(s, SyntheticPair(), progress=False, log=lambda m: None,
                              evaluate_fn=Synthetic(cliff=20.0, delay=1e-4))
     decision = decide(config)

@@ -158,7 +158,11 @@ def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     with console.capture() as captured:  # the summary `relaxtune tune` prints
         _summary(config, path)
     text = " ".join(captured.get().split())
-    assert "yes (try 2)" in text and "confirmation on fresh seeds (60 problems): 2 allowed, each at 95.0%" in text
+    assert "yes (try 2)" in text and "confirmation on the held-out problems (30 problems): 2 allowed, each at 95.0%" \
+        in text  # the default: half of the 60 problems held out before any generation
+    assert "promise: over problems like this task's, the true accuracy drop vs strict of every exported point is at " \
+           "most 0.15 with confidence 0.9: the 30 confirmation problems were held out before any generation" in text
+    assert config.confirmation["samples"] == "holdout" and "every method, knob and N" in config.confirmation["promise"]
     assert f"{result.search_drop_upper_bound:.3f} │ {result.drop_upper_bound:.3f}" in text  # search and confirm UCB
     assert config.sample["problems"] == 60 and config.sample["smallest_certifiable"] < 0.15
     client = MlflowClient(uri)
@@ -168,8 +172,63 @@ def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     assert study.data.metrics["search_drop_ucb"] == pytest.approx(result.search_drop_upper_bound)
     assert study.data.tags["relaxtune.confirmed"].endswith("(attempt 2)")
     assert "confirmation.json" in {a.path for a in client.list_artifacts(study.info.run_id)}
-    # a held-out half of 30 problems cannot certify 0.05 at all: refused before any model loads
-    small = settings.model_copy(update={"confirm": "holdout", "epsilon": 0.05})
-    with pytest.raises(ValueError, match="--confirm holdout keeps 30 of the 60 problems"):
-        prepare(small, Pair())
+    task_run = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
+                    if r.data.tags.get("relaxtune.kind") == "task")
+    assert task_run.data.tags["relaxtune.promise"] == config.confirmation["promise"]
     assert Path(path).exists()
+
+    # --confirm seeds: the same job states the weaker promise in the YAML, the summary and the task run
+    seeds = settings.model_copy(update={"confirm": "seeds", "output_dir": str(tmp_path / "seeds"),
+                                        "mlflow_uri": f"sqlite:///{tmp_path / 'seeds.db'}"})
+    config, path = run_tune_job(seeds, Pair(), progress=False, evaluate_fn=Lucky(), log=lambda m: None)
+    assert config.confirmation["problems"] == 60 and config.confirmation["promise"].startswith(
+        "about these 60 problems, not new ones: the confirmation re-ran the search's own problems with fresh seeds")
+    with console.capture() as captured:
+        _summary(config, path)
+    assert "promise: about these 60 problems, not new ones" in " ".join(captured.get().split())
+    client = MlflowClient(seeds.mlflow_uri)
+    task_run = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
+                    if r.data.tags.get("relaxtune.kind") == "task")
+    assert task_run.data.tags["relaxtune.promise"].startswith("about these 60 problems, not new ones")
+
+
+def write_synth(tmp_path, n: int) -> str:
+    data = tmp_path / f"synth{n}.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n)))
+    task = tmp_path / f"synth{n}.yaml"
+    task.write_text(f"name: synth{n}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
+                    "grader: {kind: math}\nmax_new_tokens: 8\n")
+    return str(task)
+
+
+def test_checks_judge_at_the_confirmations_confidence_before_any_generation(tmp_path):
+    """100 problems, epsilon 0.05, two methods x two confirmations: the search's 50 problems
+    could certify 0.05 at 0.9 (floor 0.045), but each confirmation is judged at 0.975 on the
+    other 50 (floor 0.077): refused, naming the sample that would do. 8 problems (the README's
+    demo): neither can, so the job runs with a warning and recommends strict."""
+    from relaxtune.certify.planning import fewest_problems
+    from relaxtune.tune.checks import ConfirmationError
+
+    settings = TuneSettings(task=write_synth(tmp_path, 100), methods=["cactus", "mentored"], n_drafts=[4], trials=4,
+                            output_dir=str(tmp_path / "runs"), epsilon=0.05)
+    with pytest.raises(ConfirmationError) as err:
+        prepare(settings, Pair())
+    assert fewest_problems(0.05, 0.975) == 81
+    assert str(err.value) == (
+        "no confirmation can pass: --confirm holdout keeps 50 of the 100 problems for confirmation, judged at 0.975 "
+        "one-sided (0.9 split over 4 planned confirmation(s)), and their smallest certifiable drop is 0.077 > "
+        "epsilon 0.05; at least 162 problems (--limit) would let a confirmation pass (fewer methods or "
+        "--confirmations split the confidence less), or a larger --epsilon; `relaxtune plan` says what certifies "
+        "with a given power")
+    lines: list[str] = []
+    demo = settings.model_copy(update={"limit": 8})
+    prepare(demo, Pair(), log=lines.append)
+    assert lines == [
+        "warning: no confirmation can pass: --confirm holdout keeps 4 of the 8 problems for confirmation, judged at "
+        "0.975 one-sided (0.9 split over 4 planned confirmation(s)), and their smallest certifiable drop is 0.612 > "
+        "epsilon 0.05; at least 162 problems (--limit) would let a confirmation pass (fewer methods or "
+        "--confirmations split the confidence less), or a larger --epsilon; `relaxtune plan` says what certifies "
+        "with a given power. The search cannot certify epsilon either (its 4 problems: 0.438 at 0.9): this job explores "
+        "and will recommend strict"]
+    seeds = settings.model_copy(update={"confirm": "seeds", "methods": ["cactus"], "confirmations": 1})
+    assert prepare(seeds, Pair(), log=lines.append) and len(lines) == 1  # 100 problems at 0.9: floor 0.023

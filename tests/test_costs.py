@@ -96,7 +96,8 @@ class MeasuringPair:
 
 def _setup(tmp_path, **over):
     spec = load_task(write_tiny_task(tmp_path))
-    settings = TuneSettings(task=spec.source_file, output_dir=str(tmp_path / "runs"), n_drafts=[4], **over)
+    settings = TuneSettings(**{"task": spec.source_file, "output_dir": str(tmp_path / "runs"), "n_drafts": [4],
+                               "confirm": "seeds"} | over)
     return settings, spec, load_problems(spec, 2)
 
 

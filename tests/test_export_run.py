@@ -27,7 +27,7 @@ def uri(tmp_path_factory) -> str:
 def settings(tmp_path: Path, uri: str, name: str, **over) -> TuneSettings:
     task = write_task(tmp_path / "task", 24, name)
     return TuneSettings(**(dict(task=task, methods=["cactus", "mentored"], n_drafts=[4], trials=4, stage_size=24,
-                                c_rel=0.2, output_dir=str(tmp_path / "relaxtune-runs"), mlflow_uri=uri) | over))
+                                c_rel=0.2, output_dir=str(tmp_path / "relaxtune-runs"), mlflow_uri=uri, confirm="seeds") | over))
 
 
 def run(s: TuneSettings, new_trials: bool = True, track: bool = True):

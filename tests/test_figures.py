@@ -34,7 +34,7 @@ def tuned(tmp_path, cliff: float, epsilon: float = 0.05, confidence: float = 0.9
     """A finished synthetic job on 40 problems (cactus, 5 trials at N=4, its point
     confirmed on fresh seeds) and its config."""
     s = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=5, stage_size=40, c_rel=0.2,
-                     output_dir=str(tmp_path), epsilon=epsilon, confidence=confidence)
+                     output_dir=str(tmp_path), epsilon=epsilon, confidence=confidence, confirm="seeds")
     tuner = Tuner(s, SPEC, PROBLEMS[:40], Pair(), 0.2, evaluate_fn=Synthetic(cliff=cliff, drop=0.25), progress=False)
     outcome = tuner.tune_method("cactus")
     tuner.baseline(4)
@@ -88,7 +88,9 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     assert (d.metrics["epsilon"], d.metrics["confidence"], d.metrics["n"]) == (0.2, 0.9, 40.0)
     assert d.metrics["cactus.feasible"] == 1.0 and d.metrics["cactus.drop_ucb"] == r.drop_upper_bound
     assert d.tags == {"relaxtune.recommended": "cactus delta=10 N=4", "relaxtune.recommended_method": "cactus",
-                      "relaxtune.task": "synthetic", "relaxtune.feasible_methods": "cactus", "relaxtune.epsilon": "0.2"}
+                      "relaxtune.task": "synthetic", "relaxtune.feasible_methods": "cactus", "relaxtune.epsilon": "0.2",
+                      "relaxtune.confirm": "seeds", "relaxtune.promise": config.confirmation["promise"]}
+    assert config.confirmation["promise"].startswith("about these 40 problems, not new ones")
     assert not re.search(r"[.;:!?]\s+[A-Z]", d.description) and d.description.endswith(".")  # one sentence
     assert d.description.startswith("Use cactus delta=10 N=4 on synthetic v2 (modeled ")
     assert f"accuracy drop vs strict <= {r.drop_upper_bound:.3f} on fresh samples" in d.description

@@ -27,7 +27,7 @@ def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
     drafter, verifier = tiny_pair_dirs
     return {"drafter": drafter, "verifier": verifier, "dtype": "float32", "c_rel": 0.3, "stage_size": 4,
             "output_dir": str(tmp_path / "runs"), "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "range_size": 2, "heartbeat": 5} | over
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "range_size": 2, "heartbeat": 5, "confirm": "seeds"} | over
 
 
 def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):

@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
+from relaxtune.certify.stats import smallest_certifiable_drop
 from relaxtune.report.export import load_config
 
 from .tiny_task import write_tiny_task
@@ -22,20 +23,23 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     cfg.write_text(yaml.safe_dump({"methods": ["cactus", "ens"], "trials": 2, "n_drafts": [2], "limit": 4,
                                    "dtype": "float32", "c_rel": 0.3, "stage_size": 2}))
     args = ["tune", "--config", str(cfg), "--task", task, "--drafter", drafter, "--verifier", verifier,
-            "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri, "--trials", "3"]  # flag beats file
+            "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri, "--trials", "3", "--confirm", "seeds"]  # flag beats file
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "recommendation" in out.output and "tuned config" in out.output
-    text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the summary says what would
-    assert "with 4 problems x 1 the smallest certifiable drop is 0.438" in text  # 1 - 0.1^(1/4)
-    assert "problems x 1 would certify 0.05" in text
+    text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the job and the summary say what would
+    floor = smallest_certifiable_drop(4, 1, 0.975)  # 0.9 split over 2 methods x 2 confirmations
+    assert "warning: no confirmation can pass: --confirm seeds confirms on the 4 problems, judged at 0.975" in text
+    assert f"with 4 problems x 1 a confirmation (4 problems, 97.5% one-sided) certifies no drop below {floor:.3f}" in text
+    assert "problems x 1 (--limit) would certify 0.05" in text
+    assert "promise: about these 4 problems, not new ones" in text
 
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert set(config.methods) == {"cactus", "ens"}
     assert config.methods["cactus"].trials == 3 and config.c_rel == 0.3
     assert config.task_version == 1 and config.drafter == drafter and config.problems == 4
     assert config.schema_version == 2
-    assert config.sample["smallest_certifiable"] == pytest.approx(1 - 0.1 ** 0.25, abs=1e-6)
+    assert config.sample["smallest_certifiable"] == pytest.approx(floor, abs=1e-9)
     assert config.confirmation["samples"] == "seeds" and config.confirmation["per_method"] == 2
     assert config.recommendation.serving["relaxtune"]["n_draft"] == config.recommendation.n_draft
 

@@ -78,7 +78,7 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     task = write_task(tmp_path / "task", 24)
     settings = dict(task=task, methods=["cactus", "mentored"], n_drafts=[4], trials=3, stage_size=8, range_size=8,
                     c_rel=0.2, epsilon=0.2, heartbeat=1, grace_period=3, output_dir=str(tmp_path / "runs"),
-                    storage=storage, mlflow_uri=mlflow_server)
+                    storage=storage, mlflow_uri=mlflow_server, confirm="seeds")
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     names = [f"synthetic__{m}__synthetic-pair" for m in settings["methods"]]
     workers = {}

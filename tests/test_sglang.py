@@ -208,7 +208,7 @@ def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
 
     backend = sglang(servers, tiny_backend.tokenizer)
     settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["cactus"], n_drafts=[2], trials=2, limit=4,
-                            c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4)
+                            c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4, confirm="seeds")
     config, path = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
     assert config.methods["cactus"].trials == 2 and path.exists()
 

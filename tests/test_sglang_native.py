@@ -223,7 +223,7 @@ def test_tuner_pins_the_servers_point(native, tmp_path):
 
     backend, server = native(threshold=0.5, n_draft=3)
     settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["sglang_threshold"], n_drafts=[2, 3], trials=3,
-                            limit=4, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4)
+                            limit=4, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4, confirm="seeds")
     config, _ = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
     result = config.methods["sglang_threshold"]
     assert result.trials == 1  # the launch flags fix (t, N): one point, one trial
@@ -262,7 +262,7 @@ def test_a_pinned_trial_that_fails_once_is_run_again(native, tmp_path):
         return evaluate(spec, backend, config, **kw)
 
     settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["sglang_threshold"], n_drafts=[3], trials=3,
-                            limit=2, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=2)
+                            limit=2, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=2, confirm="seeds")
     config, _ = run_tune_job(settings, backend, evaluate_fn=flaky, progress=False, track=False, log=lambda m: None)
     result = config.methods["sglang_threshold"]
     assert blips and result.failed == 1 and result.trials == 1

@@ -16,9 +16,10 @@ an e-value): the bound hardly moves when the input is reordered. The bound is
 the smallest m whose averaged capital reaches ``1/alpha``; every factor rises
 with m, so the rejected means form an interval and bisection is exact.
 
-relaxtune applies it to per-problem mean differences (problems as clusters).
-The given order must not depend on the values (relaxtune passes the task's
-problem order).
+It bounded relaxtune's drop with repeats until its floor proved looser than the
+one-sample exact bound's (30 problems: 0.0859 against 0.0739 at 0.9); the product
+now rounds repeats (``relaxtune.certify.rounding``). It stays for the coverage
+benchmark's comparison. The given order must not depend on the values.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from .inputs import check_confidence
 
 __all__ = ["betting_upper"]
 
@@ -52,8 +55,7 @@ def betting_upper(x, confidence: float, tol: float = 1e-6) -> np.ndarray | float
     Raises:
         ValueError: empty input, values outside [0, 1] or NaN, confidence outside (0, 1).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    check_confidence(confidence)
     arr = np.asarray(x, dtype=np.float64)
     single = arr.ndim == 1
     arr = np.atleast_2d(arr)

@@ -29,6 +29,8 @@ import math
 
 import numpy as np
 
+from .inputs import check_confidence, check_count, check_finite
+
 __all__ = ["tango_score", "tango_upper", "exact_pvalue", "exact_upper", "exact_pvalue_table"]
 
 DISCORDANCE_GRID = 256  # grid points for the supremum over the discordance (cosine-spaced)
@@ -57,6 +59,7 @@ def tango_upper(b: int, c: int, n: int, confidence: float) -> float:
     ``tango_score(b, c, n, d0) = -z_confidence`` (1.0 when ``b = n``)."""
     from scipy import optimize, stats
 
+    check_confidence(confidence)
     if b >= n:
         return 1.0
     z = stats.norm.ppf(confidence)
@@ -118,12 +121,13 @@ def _sup(n: int, t: np.ndarray, d0: float) -> float:
     return min(best, 1.0)
 
 
-def _check(n: int, b: int, c: int, confidence: float) -> None:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if n < 1 or b < 0 or c < 0 or b + c > n:
+def _check(n: int, b: int, c: int, confidence: float) -> tuple[int, int, int]:
+    n, b, c = check_count("n", n, 1), check_count("b", b), check_count("c", c)
+    check_confidence(confidence)
+    if b + c > n:
         raise ValueError(f"paired counts need n >= 1 and 0 <= strict-only b, relaxed-only c with b + c <= n; "
                          f"got n={n}, b={b}, c={c}")
+    return n, b, c
 
 
 def exact_pvalue(n: int, b: int, c: int, margin: float, confidence: float) -> float:
@@ -133,9 +137,11 @@ def exact_pvalue(n: int, b: int, c: int, margin: float, confidence: float) -> fl
     this exceeds ``1 - confidence`` (the p-value falls monotonically in margin).
 
     Raises:
-        ValueError: counts outside ``0 <= b, c``, ``b + c <= n``, or confidence outside (0, 1).
+        ValueError: counts that are not integers with ``0 <= b, c``, ``b + c <= n``
+            (naming the count), a NaN or infinite margin, or confidence outside (0, 1).
     """
-    _check(n, b, c, confidence)
+    n, b, c = _check(n, b, c, confidence)
+    margin = check_finite(margin, "margin")
     from scipy import stats
 
     u = tango_upper(b, c, n, confidence)
@@ -155,7 +161,7 @@ def exact_upper(n: int, b: int, c: int, confidence: float) -> float:
     Raises:
         ValueError: as ``exact_pvalue``.
     """
-    _check(n, b, c, confidence)
+    n, b, c = _check(n, b, c, confidence)
     from scipy import optimize, stats
 
     u = tango_upper(b, c, n, confidence)
@@ -178,9 +184,13 @@ def exact_pvalue_table(n: int, margin: float, confidence: float) -> tuple[np.nda
 
     Returns:
         ``(b, c, p)``, three arrays over the ``(n + 1)(n + 2) / 2`` outcomes.
+
+    Raises:
+        ValueError: n not an integer >= 1, a NaN or infinite margin, confidence outside (0, 1).
     """
     from scipy import special, stats
 
+    n, margin, confidence = check_count("n", n, 1), check_finite(margin, "margin"), check_confidence(confidence)
     b, c = (x.ravel() for x in np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij"))
     keep = b + c <= n
     b, c = b[keep], c[keep]

@@ -46,7 +46,7 @@ TUNE_FLAGS = dict(
                               "heartbeat]"),
     range_size=typer.Option(None, help="problems per evaluation range, shared among workers \\[default: all]"),
     job_id=typer.Option(None, help="the job's id in MLflow \\[default: a digest of storage, task and settings]"),
-    confirm=typer.Option(None, help="confirm chosen points on fresh 'seeds' (default) or on a 'holdout' half of the "
+    confirm=typer.Option(None, help="confirm chosen points on a 'holdout' half of the problems the search never sees (default) or on fresh 'seeds' (a promise about these problems only) of the "
                          "problems the search never sees"),
     confirmations=typer.Option(None, help="points confirmed at most per method; the confidence is split evenly over "
                                "every confirmation the search allows \\[default: 2]"),

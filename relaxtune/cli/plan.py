@@ -12,9 +12,6 @@ import typer
 from .app import app, console
 from .tables import JSON, Col, print_json, show
 
-DISCORDANCES = (0.02, 0.05, 0.1, 0.2, 0.4)
-
-
 def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
     """``(problems, repeats, file)`` of the largest strict records of the task in
     ``output_dir`` (any pair, N and seed; finished samples only), or None."""
@@ -37,22 +34,33 @@ def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
 def plan_(
     task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or YAML path"),
     epsilon: float = typer.Option(..., help="the accuracy drop vs strict to certify"),
-    confidence: float = typer.Option(0.9, help="one-sided confidence of the bound"),
+    confidence: float = typer.Option(0.9, help="the job's one-sided confidence (--confidence of `relaxtune tune`)"),
     drop: float = typer.Option(0.0, help="true accuracy drop of the relaxed point planned for"),
     discordance: float = typer.Option(0.1, help="share of paired samples where relaxed and strict differ (common "
                                       "random numbers give about 0.1)"),
-    power: float = typer.Option(0.8, help="chance of certifying epsilon"),
+    power: float = typer.Option(0.8, help="chance that the exported bound certifies epsilon"),
+    methods: int = typer.Option(2, min=1, help="methods the job tunes (the confidence is split over their "
+                                "confirmations)"),
+    confirmations: int = typer.Option(2, min=1, help="--confirmations of the job"),
+    confirm: str = typer.Option("holdout", help="--confirm of the job: holdout (confirm on the held-out half) or "
+                                "seeds (fresh seeds on every problem)"),
     problems: Optional[int] = typer.Option(None, min=1, help="the sample to assess \\[default: strict's records in "
                                            "--output-dir, else the task's problems]"),
     output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs' records are"),
     json_output: bool = JSON,
 ) -> None:
-    """Print the smallest drop the current sample can certify, and the problems x repeats needed to
-    certify EPSILON at CONFIDENCE for a relaxed point with a given true drop and discordance."""
-    from ..certify.planning import plan, problems_needed
-    from ..tasks.spec import load_problems, load_task
+    """Print what the exported bound of a job on the current sample can certify, and the problems x repeats
+    at which it certifies EPSILON with probability POWER, at the export's own confidence (CONFIDENCE split
+    over METHODS x CONFIRMATIONS confirmations) and split (--confirm), for a relaxed point with a given true
+    drop and discordance. Power is exact (the bound's own test summed over every outcome); repeats change
+    neither it nor the floor (the bound reads each problem's first repeat)."""
+    from ..certify.planning import plan
 
+    if confirm not in ("holdout", "seeds"):
+        raise typer.BadParameter(f"--confirm must be holdout or seeds, got {confirm!r}")
     try:
+        from ..tasks.spec import load_problems, load_task
+
         spec = load_task(task)
         repeats = spec.repeats
         if problems is not None:
@@ -63,28 +71,20 @@ def plan_(
         else:
             problems = len(load_problems(spec))
             source = f"the task's problems (no strict records under {output_dir})"
-        result = plan(problems, repeats, epsilon, confidence, discordance, drop, power)
+        with console.status("computing the exact power"):
+            result = plan(problems, repeats, epsilon, confidence, discordance, drop, power,
+                          planned=methods * confirmations, holdout=confirm == "holdout")
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
-    rows = []
-    for delta in sorted({*DISCORDANCES, discordance}):
-        if delta >= abs(drop):
-            spread, concentrated = (problems_needed(epsilon, confidence, delta, drop, power, repeats, concentrated=c)
-                                    for c in ((False, True) if repeats > 1 else (False, False)))
-            rows.append({"discordance": delta, "problems": spread, "problems_concentrated": concentrated})
     if json_output:
-        print_json({"source": source, "plan": asdict(result) | {"line": result.line()}, "needed": rows})
+        print_json({"source": source, "plan": asdict(result) | {"line": result.line(),
+                                                                 "assumptions": result.assumptions()}})
         return
     console.print(f"sample: {problems} problems x {repeats}, from {source}", soft_wrap=True)
+    console.print(f"assumes: {result.assumptions()}")
     console.print(result.line())
-    cols = [Col("discordance", justify="right"),
-            Col(f"problems x {repeats}" + (" (loss spread evenly)" if repeats > 1 else ""), justify="right")]
-    if repeats > 1:
-        cols.append(Col("(loss in a few problems)", justify="right"))
-    # title and caption as lines: a table this narrow would wrap them into a column
-    console.print(f"to certify {epsilon:g} at {confidence:.0%}, {power:.0%} of the time (true drop {drop:g}):")
-    show(None, cols, [[f"{r['discordance']:.2f}", *("-" if k is None else str(k) for k in
-                                                    (r["problems"], r["problems_concentrated"])[: len(cols) - 1])]
-                      for r in rows])
-    console.print("normal approximation to the bound, never below what a perfect sample needs; the exact bounds "
-                  "need somewhat more at small samples")
+    rows = [["this sample", str(result.problems), f"{result.power_now:.3f}"]]
+    if result.needed is not None:
+        rows.append(["needed", str(result.needed), f"{result.power_needed:.3f}"])
+    show(None, [Col("sample"), Col(f"problems x {repeats}", justify="right"),
+                Col("P(certify)", justify="right")], rows)

@@ -56,6 +56,8 @@ def _summary(config, path) -> None:
         console.print(f"confirmation on {where} ({conf['problems']} problems): {conf['planned']} allowed, each at "
                       f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
                       "UCB is the exported bound)")
+    if conf.get("promise"):
+        console.print(f"promise: {conf['promise']}", soft_wrap=True)
     sample = config.sample  # what would decide, when nothing could be certified
     console.print(sample["line"] if not any(r.feasible for r in config.methods.values()) else
                   f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
@@ -140,7 +142,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
         with status(loading, json_output):
-            spec, problems, backend = prepare(settings, new_trials=new_trials)
+            spec, problems, backend = prepare(settings, new_trials=new_trials, log=lambda m: None)  # the job warns
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     try:

@@ -86,6 +86,9 @@ def decide(config) -> Decision:
     feasible = [m for m, r in config.methods.items() if r.feasible]
     tags = {"relaxtune.recommended": label, "relaxtune.recommended_method": rec.method, "relaxtune.task": config.task,
             "relaxtune.feasible_methods": ",".join(feasible) or "none", "relaxtune.epsilon": f"{config.epsilon:g}"}
+    if config.confirmation.get("promise"):  # what the exported bound promises, in words (weaker with --confirm seeds)
+        tags["relaxtune.promise"] = config.confirmation["promise"][:5000]
+        tags["relaxtune.confirm"] = config.confirmation.get("samples", "?")
     return Decision(params, {k: float(v) for k, v in metrics.items() if v is not None}, tags, label,
                     _sentence(config, label))
 

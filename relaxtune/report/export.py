@@ -158,7 +158,7 @@ class TunedConfig(_Model):
     cost_profile: dict | None = None
     strict_by_n_draft: dict[int, dict]
     methods: dict[str, MethodResult]
-    confirmation: dict  # {samples: seeds | holdout, problems, per_method, planned, confidence_each, rule}
+    confirmation: dict  # {samples: holdout | seeds, problems, per_method, planned, confidence_each, rule, promise}
     sample: dict  # relaxtune.certify.planning.SamplePlan: smallest certifiable drop, problems needed; line
     recommendation: Recommendation
     relaxtune_version: str
@@ -263,7 +263,7 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
     """
     from ..certify.planning import DEFAULT_DISCORDANCE, plan
     from ..decoding.speed import CostProfile, c_rel_of
-    from ..tune.confirm import RULE, split_confidence
+    from ..tune.confirm import RULE, planned_confirmations, promise, split_confidence
     from ..tune.judge import drop_ucb_at
     from ..tune.recommend import recommend
 
@@ -280,12 +280,18 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
         rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:
         rec["serving"] = methods[rec["method"]].serving
-    planned = next(iter(confirmations.values())).planned if confirmations else 0
+    pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
+    planned = (next(iter(confirmations.values())).planned if confirmations else
+               planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned))
     tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
              if t.state.name == "COMPLETE" and "strict_only" in (m := t.user_attrs.get("metrics", {}))]
     pairs = sum(m["n"] for m in tried)  # discordance pooled over every completed trial, else the default
     discordance = sum(m["strict_only"] + m["relaxed_only"] for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
-    sample = plan(len(tuner.problems), spec.repeats, s.epsilon, s.confidence, discordance=discordance)
+    holdout = s.confirm == "holdout"
+    held = confirm_problems or len(tuner.problems)
+    total = len(tuner.problems) + held if holdout else len(tuner.problems)  # the job's problems (--limit)
+    sample = plan(total, spec.repeats, s.epsilon, s.confidence, discordance=max(discordance, 1e-6),
+                  planned=max(planned, 1), holdout=holdout)
     profile = tuner.profile
     return TunedConfig(
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
@@ -294,9 +300,10 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
         c_rel=c_rel_of(profile),
         cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,
         strict_by_n_draft=strict, methods=methods,
-        confirmation={"samples": s.confirm, "problems": confirm_problems or len(tuner.problems),
+        confirmation={"samples": s.confirm, "problems": held,
                       "per_method": s.confirmations, "planned": planned,
-                      "confidence_each": split_confidence(s.confidence, planned), "rule": RULE},
+                      "confidence_each": split_confidence(s.confidence, planned), "rule": RULE,
+                      "promise": promise(s.confirm, s.confidence, s.epsilon, held)},
         sample=asdict(sample) | {"line": sample.line()}, recommendation=Recommendation(**rec),
         relaxtune_version=metadata.version("relaxtune"),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), mlflow=mlflow_info,

@@ -1,6 +1,6 @@
 """What a tuning job checks before any generation, each from the few settings it reads:
-methods against the task's temperature, a held-out half that can certify epsilon, and
-studies that searched the same problems."""
+methods against the task's temperature, confirmations that can certify epsilon at the
+confidence they are judged at, and studies that searched the same problems."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import hashlib
 from ..certify.planning import fewest_problems
 from ..certify.stats import smallest_certifiable_drop
 from ..decoding.methods import get_method
-from .confirm import holdout_split
+from .confirm import split_confidence
 from .settings import study_name
 
-__all__ = ["SearchProblemsError", "check_methods", "check_holdout", "check_search_problems"]
+__all__ = ["SearchProblemsError", "ConfirmationError", "check_methods", "check_confirmable", "check_search_problems"]
 
 
 class SearchProblemsError(ValueError):
@@ -29,20 +29,47 @@ def check_methods(methods: list[str], temperature: float) -> None:
         get_method(method).check_temperature(temperature)
 
 
-def check_holdout(problems, seed: int, repeats: int, epsilon: float, confidence: float) -> None:
-    """Refuse ``--confirm holdout`` when the held-out half of ``problems`` (split by
-    ``seed``) cannot certify ``epsilon`` even with no discordance.
+class ConfirmationError(ValueError):
+    """No confirmation of this job can pass, though its search could pass points (the message says what would)."""
+
+
+def check_confirmable(problems: int, settings, repeats: int, planned: int) -> str | None:
+    """Whether a confirmation of this job can certify epsilon at all, judged where the
+    promise is: at ``split_confidence(confidence, planned)`` on the confirmation's
+    problems (the held-out half, or all of them with ``--confirm seeds``), with no
+    discordance at all. Returns None when it can, else a warning that names the
+    confidence, the floor and the problems (``--limit``) that would let a
+    confirmation pass.
 
     Raises:
-        ValueError: the half is too small, naming the problems that would do.
+        ConfirmationError: no confirmation can pass but the search could certify
+            epsilon (its floor at ``confidence`` on its problems is at most epsilon):
+            the job would search for points it can never confirm. When the search
+            cannot certify either (a demo on a few problems), the job runs and
+            recommends strict, and the warning says so.
     """
-    held = holdout_split(problems, seed)[1]
-    floor = smallest_certifiable_drop(len(held), repeats, confidence) if held else 1.0
-    if floor > epsilon:
-        need = 2 * fewest_problems(epsilon, confidence, repeats)
-        raise ValueError(f"--confirm holdout keeps {len(held)} of the {len(problems)} problems for confirmation, whose "
-                         f"smallest certifiable drop is {floor:.3f} > epsilon {epsilon:g}: use --confirm "
-                         f"seeds, at least {need} problems (--limit), or a larger --epsilon")
+    holdout = settings.confirm == "holdout"
+    held = problems // 2 if holdout else problems
+    search = problems - held if holdout else problems
+    each = split_confidence(settings.confidence, planned)
+    floor = smallest_certifiable_drop(held, repeats, each) if held else 1.0
+    if floor <= settings.epsilon:
+        return None
+    need = (2 if holdout else 1) * fewest_problems(settings.epsilon, each, repeats) if settings.epsilon > 0 else None
+    where = (f"--confirm holdout keeps {held} of the {problems} problems for confirmation" if holdout else
+             f"--confirm seeds confirms on the {problems} problems")
+    message = (f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({settings.confidence:g} split "
+               f"over {planned} planned confirmation(s)), and their smallest certifiable drop is {floor:.3f} > epsilon "
+               f"{settings.epsilon:g}; "
+               + (f"at least {need} problems (--limit) would let a confirmation pass (fewer methods or "
+                  "--confirmations split the confidence less), or a larger --epsilon" if need else
+                  "no sample certifies a drop of 0 when relaxed and strict agree: use a larger --epsilon")
+               + "; `relaxtune plan` says what certifies with a given power")
+    search_floor = smallest_certifiable_drop(search, repeats, settings.confidence) if search else 1.0
+    if search_floor <= settings.epsilon:
+        raise ConfirmationError(message)
+    return (f"{message}. The search cannot certify epsilon either (its {search} problems: {search_floor:.3f} at "
+            f"{settings.confidence:g}): this job explores and will recommend strict")
 
 
 def check_search_problems(storage_url: str, methods: list[str], spec, pair: str, problems, confirm: str) -> str:

@@ -9,6 +9,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ..certify.inputs import check_count
 from ..certify.stats import DropBound, drop_bound, paired_counts
 from ..decoding.rambling import loop_rate
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
@@ -31,7 +32,7 @@ def point_metrics(
     ``confidence`` (``relaxtune.certify.stats.drop_bound``: exact with one sample per
     problem, clustered by problem with repeats); ``strict_only`` /
     ``relaxed_only`` count the discordant pairs and, with repeats,
-    ``per_problem`` holds each problem's ``[n, strict_only, relaxed_only]`` so
+    ``per_problem`` holds each problem's ``[n, strict_only, relaxed_only, first]`` so
     the bound can be rebuilt at another confidence. Speed-ups follow the paper's
     model (``relaxtune.decoding.speed``) with ``L_AR`` = strict's mean length; ``speedup``
     uses ``profile`` (measured costs or a c_rel value), ``speedup_c<c>`` the
@@ -111,12 +112,11 @@ def stored_bound(metrics: dict, confidence: float) -> DropBound:
     """
     if "per_problem" in metrics:
         return drop_bound(metrics["per_problem"], confidence)
-    n, b, c = (metrics[k] for k in ("n", "strict_only", "relaxed_only"))
-    if any(isinstance(v, bool) or int(v) != v for v in (n, b, c)) or n < 1 or b < 0 or c < 0 or b + c > n:
+    n, b, c = (check_count(f"stored {k}", metrics[k]) for k in ("n", "strict_only", "relaxed_only"))
+    if n < 1 or b + c > n:
         raise ValueError(f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need "
                          "n >= 1 and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; "
                          "evaluate it again")
-    n, b, c = int(n), int(b), int(c)
     return drop_bound([(1, 1, 0)] * b + [(1, 0, 1)] * c + [(1, 0, 0)] * (n - b - c), confidence)
 
 

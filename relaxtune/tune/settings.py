@@ -59,7 +59,9 @@ class TuneSettings(BaseModel):
     job_id: str | None = Field(None, description="the tuning job's id in MLflow (every worker of one job shares it); "
                                "default: a digest of the storage, the task and the settings that shape trials")
     confirm: Literal["seeds", "holdout"] = Field(
-        "seeds", description="confirmation samples: fresh seeds on the same problems, or a held-out half of them")
+        "holdout", description="confirmation samples: a held-out half of the problems, split before any generation "
+        "(the promise is about problems like these), or fresh seeds on the search's problems (about these problems, "
+        "not new ones)")
     confirmations: int = Field(2, ge=1, description="points confirmed at most per method (the confidence is split)")
 
     @field_validator("methods")
