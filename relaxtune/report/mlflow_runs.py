@@ -6,6 +6,7 @@ that are write-once, and a tuned config's decision logged with its figures."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -74,7 +75,10 @@ class Runs:
     def __init__(self, uri: str | None, task, pair: str, lock=None) -> None:
         from mlflow.tracking import MlflowClient
 
+        from .stores import prepare_mlflow
+
         self.uri = uri or DEFAULT_URI
+        prepare_mlflow(self.uri, logging.getLogger(__name__).warning)  # created once, whoever comes first
         self.client = MlflowClient(self.uri)
         self.task, self.pair = task, pair
         self._lock = lock or nullcontext
