@@ -16,11 +16,11 @@ from pathlib import Path
 from ..decoding.methods import get_method
 from ..tune.pareto import Point, points_table, study_points
 from .decision import decide
+from .stores import DEFAULT_URI, prepare_mlflow
 from .figures import combined_figure, knob_figure, method_figure
 
 __all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table"]
 
-DEFAULT_URI = "sqlite:///mlflow.db"
 KIND_TAG, TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
@@ -74,8 +74,6 @@ class Runs:
 
     def __init__(self, uri: str | None, task, pair: str, lock=None) -> None:
         from mlflow.tracking import MlflowClient
-
-        from .stores import prepare_mlflow
 
         self.uri = uri or DEFAULT_URI
         prepare_mlflow(self.uri, logging.getLogger(__name__).warning)  # created once, whoever comes first

@@ -26,6 +26,7 @@ from typing import Callable
 
 __all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state"]
 
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
 
 
@@ -46,8 +47,6 @@ def prepare_stores(storage_url: str, mlflow_uri: str | None, *, track: bool = Tr
     if optuna:
         prepare_optuna(storage_url, log)
     if track:
-        from .mlflow_runs import DEFAULT_URI
-
         prepare_mlflow(mlflow_uri or DEFAULT_URI, log)
 
 
