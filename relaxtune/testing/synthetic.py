@@ -10,7 +10,9 @@ relaxed point with knob k accepts ``N k / (k + 1)`` and, past ``cliff``, gets ev
 ``delay``, each sample not recorded yet costs ``delay`` seconds of sleep (a
 stand-in for generation that occupies no CPU) and is then appended to a JSONL
 file per configuration under the output folder, so workers share finished
-samples as they do with real records.
+samples as they do with real records: claimed first as ``evaluate`` claims
+them (``relaxtune.tune.claims``), so a sample is generated once, and carrying
+the code identity a real record carries.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import time
 from pathlib import Path
 
 from relaxtune.tasks.spec import Problem, TaskSpec
-from relaxtune.tune.evaluation import EvalResult, records_path, summarize
+from relaxtune.tune.claims import claim, claim_path
+from relaxtune.tune.evaluation import EvalResult, record_identity, records_path, summarize
 
 __all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
 
@@ -66,7 +69,8 @@ class Synthetic:
         rounds = 10
         return dict(problem_id=problem.id, repeat=0, seed=0, failed=False, correct=correct,
                     verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
-                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
+                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
+                    **record_identity())
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
         self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
@@ -76,20 +80,25 @@ class Synthetic:
         records = [self._record(config, p) for p in problems]
         if self.delay > 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-            done = set()
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    try:
-                        done.add(json.loads(line)["problem_id"])
-                    except (json.JSONDecodeError, KeyError):
-                        continue  # a line cut by a kill
-            with open(path, "ab", buffering=0) as out:
-                for record in records:
-                    if record["problem_id"] not in done:
-                        time.sleep(self.delay)
-                        out.write((json.dumps(record) + "\n").encode())
-                        self.generated.append((spec.name, config.label, record["problem_id"]))
+            with claim(claim_path(path, [p.id for p in problems])):
+                self._generate(spec, config, path, records)
         return summarize(records, path)
+
+    def _generate(self, spec, config, path: Path, records: list[dict]) -> None:
+        """Sleep ``delay`` per record not in the file yet, then append it (under the claim)."""
+        done = set()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    done.add(json.loads(line)["problem_id"])
+                except (json.JSONDecodeError, KeyError):
+                    continue  # a line cut by a kill
+        with open(path, "ab", buffering=0) as out:
+            for record in records:
+                if record["problem_id"] not in done:
+                    time.sleep(self.delay)
+                    out.write((json.dumps(record) + "\n").encode())
+                    self.generated.append((spec.name, config.label, record["problem_id"]))
 
 
 def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> str:
