@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop", type=float, default=0.5)
     ap.add_argument("--strict-accept", type=float, default=0.2, help="strict's accepted drafts per round / N")
     ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
+    ap.add_argument("--barrier", default=None, help="a folder: after the imports, create ready-<worker> there and "
+                                                    "start when a file named go appears (workers starting at once)")
     args = ap.parse_args(argv)
 
     import datasets  # noqa: F401 - what the job imports on first use: part of starting the process,
@@ -140,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     from relaxtune.tune.settings import TuneSettings
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
+    if args.barrier:
+        Path(args.barrier, f"ready-{args.worker}").touch()
+        while not Path(args.barrier, "go").exists():
+            time.sleep(0.002)
     started = time.time()
     config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
                              evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,
