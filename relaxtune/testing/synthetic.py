@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from relaxtune.job import run_tune_job
     from relaxtune.report.tracking import Tracker  # noqa: F401
+    from relaxtune.tune.evaluation import record_identity
+
+    record_identity()  # the code identity, computed once per process (source digests): part of starting it
     from relaxtune.tune.settings import TuneSettings
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
