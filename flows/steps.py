@@ -116,13 +116,16 @@ def backend_tag(settings: TuneSettings) -> str:
 
 def evaluation_cache_key(context, parameters: dict) -> str:
     """``generate_and_grade``'s cache key: SHA-256 of its inputs, the task's name,
-    version and spec digest, the backend's identity and relaxtune's version."""
+    version and spec digest, the backend's identity, relaxtune's version and the
+    code identity (``relaxtune.tune.identity.code_identity``)."""
     from importlib import metadata
+
+    from relaxtune.tune.identity import code_identity
 
     settings = TuneSettings(**parameters["settings"])
     spec = load_task(settings.task)
     key = {"inputs": parameters, "task": [spec.name, spec.version, spec_digest(spec)],
-           "backend": backend_identity(settings), "relaxtune": metadata.version("relaxtune")}
+           "backend": backend_identity(settings), "relaxtune": metadata.version("relaxtune"), "code": code_identity()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 

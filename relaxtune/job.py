@@ -1,6 +1,7 @@
 """The main job, end to end, as the README's "What the main job does" tells it:
 
 1. ``prepare``: every check before generation, then the task's problems and the pair;
+   the stores, created and migrated once whoever starts first (``relaxtune.report.stores``);
    the forward costs (``relaxtune.backends.costs``);
 2. strict as the baseline, at every draft length a trial used;
 3. one Optuna study per method (``relaxtune.tune.tuning.Tuner``);
@@ -21,6 +22,7 @@ from typing import Callable
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
 from .report.export import TunedConfig, build_config, cautions, save_config
+from .report.stores import StoreError, prepare_stores
 from .report.reexport import (
     JobError,
     check_exportable,
@@ -131,6 +133,10 @@ def run_tune_job(
     """
     # checks, problems, the pair and the forward costs
     spec, everything, backend = prepare(settings, backend, new_trials, log)
+    try:  # before any Optuna storage or MLflow client of this worker opens them
+        prepare_stores(settings.storage_url, settings.mlflow_uri, track=track, optuna=new_trials, log=log)
+    except StoreError as err:
+        raise JobError(str(err)) from None
     pair = getattr(backend, "name", "backend")
     holdout = settings.confirm == "holdout"
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)

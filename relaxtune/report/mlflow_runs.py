@@ -6,6 +6,7 @@ that are write-once, and a tuned config's decision logged with its figures."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -15,11 +16,11 @@ from pathlib import Path
 from ..decoding.methods import get_method
 from ..tune.pareto import Point, points_table, study_points
 from .decision import decide
+from .stores import DEFAULT_URI, prepare_mlflow
 from .figures import combined_figure, knob_figure, method_figure
 
 __all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table"]
 
-DEFAULT_URI = "sqlite:///mlflow.db"
 KIND_TAG, TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
@@ -75,6 +76,7 @@ class Runs:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri or DEFAULT_URI
+        prepare_mlflow(self.uri, logging.getLogger(__name__).warning)  # created once, whoever comes first
         self.client = MlflowClient(self.uri)
         self.task, self.pair = task, pair
         self._lock = lock or nullcontext

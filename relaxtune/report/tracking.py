@@ -168,7 +168,37 @@ class Tracker(Runs):
     def finish(self, outcomes, tuner, config, config_path: Path) -> None:
         """Close the job's runs once strict is known at every N and the config is
         built: each study's figures, table, chosen point and description; the task
-        run's decision, figures, points and config."""
+        run's decision, figures, points and config. Done once per config: a worker of the
+        same job that finds the task run already finished with the same config (tag
+        ``relaxtune.finished_config``, under the job's lock) draws nothing again."""
+        import hashlib
+        import json
+
+        digest = hashlib.sha256(json.dumps({k: v for k, v in config.model_dump(mode="json").items() if k != "created"},
+                                           sort_keys=True, default=str).encode()).hexdigest()[:16]
+        with self._lock():
+            self._backfill(outcomes)
+            if self.client.get_run(self.task_run_id).data.tags.get("relaxtune.finished_config") == digest:
+                for o in outcomes:  # reopened by this worker's start: closed again, nothing redrawn
+                    self.client.set_terminated(self.study_runs[o.method])
+                self.client.set_terminated(self.task_run_id)
+                return
+            self._finish(outcomes, tuner, config, config_path)
+            self.client.set_tag(self.task_run_id, "relaxtune.finished_config", digest)
+
+    def _backfill(self, outcomes) -> None:
+        """Log the ended trials that have no run: their worker died between telling the
+        study and logging the run (one run per trial, whoever logs it)."""
+        for o in outcomes:
+            key = {"relaxtune.kind": "trial", "relaxtune.study": o.study.study_name, "relaxtune.job": self.job_id}
+            logged = {r.data.tags.get("relaxtune.trial") for r in self._find(key)}
+            for t in o.study.get_trials(deepcopy=False):
+                if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and str(t.number) not in logged and "n_draft" in t.params:
+                    note = t.user_attrs.get("pruned") or t.user_attrs.get("error")
+                    self.log_trial(o.method, t.number, t.params, t.user_attrs.get("metrics") or {}, t.state.name,
+                                   None, note=note)
+
+    def _finish(self, outcomes, tuner, config, config_path: Path) -> None:
         baselines, per_method = baseline_points(tuner), self._points(outcomes, tuner, config)
         for o in outcomes:
             self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)

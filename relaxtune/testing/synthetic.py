@@ -10,7 +10,9 @@ relaxed point with knob k accepts ``N k / (k + 1)`` and, past ``cliff``, gets ev
 ``delay``, each sample not recorded yet costs ``delay`` seconds of sleep (a
 stand-in for generation that occupies no CPU) and is then appended to a JSONL
 file per configuration under the output folder, so workers share finished
-samples as they do with real records.
+samples as they do with real records: claimed first as ``evaluate`` claims
+them (``relaxtune.tune.claims``), so a sample is generated once, and carrying
+the code identity a real record carries.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import time
 from pathlib import Path
 
 from relaxtune.tasks.spec import Problem, TaskSpec
-from relaxtune.tune.evaluation import EvalResult, records_path, summarize
+from relaxtune.tune.claims import claim, claim_path
+from relaxtune.tune.evaluation import EvalResult, record_identity, records_path, summarize
 
 __all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
 
@@ -66,7 +69,8 @@ class Synthetic:
         rounds = 10
         return dict(problem_id=problem.id, repeat=0, seed=0, failed=False, correct=correct,
                     verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
-                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
+                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
+                    **record_identity())
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
         self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
@@ -76,20 +80,25 @@ class Synthetic:
         records = [self._record(config, p) for p in problems]
         if self.delay > 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-            done = set()
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    try:
-                        done.add(json.loads(line)["problem_id"])
-                    except (json.JSONDecodeError, KeyError):
-                        continue  # a line cut by a kill
-            with open(path, "ab", buffering=0) as out:
-                for record in records:
-                    if record["problem_id"] not in done:
-                        time.sleep(self.delay)
-                        out.write((json.dumps(record) + "\n").encode())
-                        self.generated.append((spec.name, config.label, record["problem_id"]))
+            with claim(claim_path(path, [p.id for p in problems])):
+                self._generate(spec, config, path, records)
         return summarize(records, path)
+
+    def _generate(self, spec, config, path: Path, records: list[dict]) -> None:
+        """Sleep ``delay`` per record not in the file yet, then append it (under the claim)."""
+        done = set()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    done.add(json.loads(line)["problem_id"])
+                except (json.JSONDecodeError, KeyError):
+                    continue  # a line cut by a kill
+        with open(path, "ab", buffering=0) as out:
+            for record in records:
+                if record["problem_id"] not in done:
+                    time.sleep(self.delay)
+                    out.write((json.dumps(record) + "\n").encode())
+                    self.generated.append((spec.name, config.label, record["problem_id"]))
 
 
 def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> str:
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop", type=float, default=0.5)
     ap.add_argument("--strict-accept", type=float, default=0.2, help="strict's accepted drafts per round / N")
     ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
+    ap.add_argument("--barrier", default=None, help="a folder: after the imports, create ready-<worker> there and "
+                                                    "start when a file named go appears (workers starting at once)")
     args = ap.parse_args(argv)
 
     import datasets  # noqa: F401 - what the job imports on first use: part of starting the process,
@@ -128,9 +139,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from relaxtune.job import run_tune_job
     from relaxtune.report.tracking import Tracker  # noqa: F401
+    from relaxtune.tune.evaluation import record_identity
+
+    record_identity()  # the code identity, computed once per process (source digests): part of starting it
     from relaxtune.tune.settings import TuneSettings
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
+    if args.barrier:
+        Path(args.barrier, f"ready-{args.worker}").touch()
+        while not Path(args.barrier, "go").exists():
+            time.sleep(0.002)
     started = time.time()
     config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
                              evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,

@@ -209,7 +209,7 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
                 break
             m, strict, relaxed = fresh_point(tuner.spec, tuner.backend, method, knob, n_draft, problems, seed,
                                              profile=tuner.profile, confidence=level, output_dir=s.output_dir,
-                                             evaluate_fn=tuner.evaluate_fn, progress=tuner.progress)
+                                             evaluate_fn=tuner.evaluate_ranges, progress=tuner.progress)
             passed = all(v <= 0 for v in constraint_values(m, judge).values())
             search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
             result.attempts.append(Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed,

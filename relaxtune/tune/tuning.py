@@ -47,7 +47,10 @@ from typing import Callable
 from ..decoding.methods import get_method
 from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
-from .evaluation import DecodeConfig, EvalResult, evaluate
+from pathlib import Path
+
+from .claims import claim, claim_path
+from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
@@ -122,8 +125,30 @@ class Tuner:
             return merge(self.run_ranges(config, problems, ranges))
         if len(ranges) == 1:
             return one(ranges[0])
-        results = {r.start: one(r) for r in worker_order(ranges, self.worker)}
+        # the ranges no other worker holds first, then the others (by then recorded: read, not generated)
+        records = records_path(Path(self.settings.output_dir), self.spec, config, records_name(self.backend, config.method))
+        results, held = {}, []
+        for r in worker_order(ranges, self.worker):
+            with claim(claim_path(records, [p.id for p in problems[r.start:r.stop]]), wait=False) as mine:
+                if mine:
+                    results[r.start] = one(r)
+                else:
+                    held.append(r)
+        for r in held:
+            results[r.start] = one(r)
         return merge([results[r.start] for r in ranges])
+
+    def evaluate_ranges(self, spec: TaskSpec, backend, config: DecodeConfig, *, output_dir, problems: list[Problem],
+                        progress: bool) -> EvalResult:
+        """``evaluate``'s signature, run as the tuner runs an evaluation: in ranges of
+        ``settings.range_size`` problems, claimed (``relaxtune.tune.claims``), so workers
+        confirming the same point share its samples and generate each once (the
+        tuner's own task, pair and output folder). Under a flow (``run_ranges``), one
+        evaluation in this process, as before (claimed by ``evaluate`` itself)."""
+        if self.run_ranges is not None:
+            return (self.evaluate_fn or evaluate)(spec, backend, config, output_dir=output_dir, problems=problems,
+                                                  progress=progress)
+        return self._evaluate(config, problems)
 
     def baseline(self, n_draft: int) -> EvalResult:
         """Strict at draft length N on all problems (cached in memory and on disk)."""

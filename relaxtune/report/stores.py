@@ -1,0 +1,183 @@
+"""A tuning job's stores, created and migrated once before any worker uses them.
+
+Any number of workers may start at the same instant on stores that do not exist
+yet. MLflow creates and migrates its database in whichever client opens it
+first, and Optuna creates its tables in whichever storage opens them first:
+left to themselves, workers starting together run the same migration at once
+and crash ("table _alembic_tmp_experiments already exists", "duplicate column"),
+sometimes leaving the store half-migrated. ``prepare_stores`` creates both stores
+under the job's storage lock (``relaxtune.tune.studies.storage_lock``: a file lock
+next to an SQLite file, a PostgreSQL advisory lock), before any MLflow client or
+Optuna storage of the job opens them; the workers that wait find them ready.
+
+A store left half-created by a process that died while creating it is repaired
+when it holds nothing yet (an SQLite file is moved aside to
+``<file>.broken-<time>``, never deleted, and created anew), else refused with a
+``StoreError`` that says what to do. An MLflow tracking server (``http(s)://``)
+migrates its own store when it starts: nothing to prepare.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state"]
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
+LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
+
+
+class StoreError(RuntimeError):
+    """A store could not be created or migrated; the message says what to do."""
+
+
+def prepare_stores(storage_url: str, mlflow_uri: str | None, *, track: bool = True, optuna: bool = True,
+                   log: Callable[[str], None] = print) -> None:
+    """Create and migrate (``optuna``) the Optuna storage ``storage_url`` and (``track``) the
+    MLflow store ``mlflow_uri`` (default ``sqlite:///mlflow.db``) once, each under its lock
+    (an export reads an existing storage: ``optuna=False``).
+
+    Raises:
+        StoreError: a store that cannot be created or migrated (the message says why
+            and what to do), or a missing database driver.
+    """
+    if optuna:
+        prepare_optuna(storage_url, log)
+    if track:
+        prepare_mlflow(mlflow_uri or DEFAULT_URI, log)
+
+
+def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
+    """Create the Optuna storage's tables once (Optuna's ``create_all`` only adds missing
+    tables, so one left half-created by a killed process is completed).
+
+    Raises:
+        StoreError: the storage cannot be opened (e.g. an older Optuna schema: the
+            message names ``optuna storage upgrade``).
+    """
+    import optuna
+
+    from ..tune.studies import storage_lock
+
+    with storage_lock(url)():
+        try:
+            storage = optuna.storages.RDBStorage(url)
+        except ImportError as err:
+            raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
+        except Exception as err:  # noqa: BLE001 - said with what to do
+            raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: {err}. If it "
+                             f"was made by an older Optuna, run `optuna storage upgrade --storage URL`; else point "
+                             "--storage at a new database") from err
+        storage.engine.dispose()
+
+
+def mlflow_state(uri: str) -> dict:
+    """What an MLflow database holds, read without MLflow: ``tables`` (set of names),
+    ``leftovers`` (``_alembic_tmp_*`` tables of a migration cut short), ``runs`` (how
+    many; 0 without a runs table), ``version`` (alembic's revision or None) and
+    ``complete`` (every table MLflow defines exists, at its newest revision, no leftovers)."""
+    import sqlalchemy
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        tables = set(sqlalchemy.inspect(engine).get_table_names())
+        with engine.connect() as conn:
+            runs = conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM runs")).scalar() if "runs" in tables else 0
+            version = (conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+                       if "alembic_version" in tables else None)
+    finally:
+        engine.dispose()
+    leftovers = sorted(t for t in tables if t.startswith(LEFTOVER))
+    complete = (set(Base.metadata.tables) <= tables and not leftovers
+                and version == _get_latest_schema_revision())
+    return {"tables": tables, "leftovers": leftovers, "runs": runs, "version": version, "complete": complete}
+
+
+def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
+    """Create and migrate the MLflow store at ``uri`` once, under its lock; repair one
+    left half-created (it holds no runs) or refuse it.
+
+    Raises:
+        StoreError: a half-migrated store that holds runs, or one that cannot be created.
+    """
+    from sqlalchemy.engine import make_url
+
+    from ..tune.studies import storage_lock
+
+    if "://" not in uri or uri.split("://")[0].split("+")[0] not in ("sqlite", "postgresql", "mysql", "mssql"):
+        return  # a tracking server migrates its own store; other schemes are not databases
+    url = make_url(uri)
+    sqlite = url.get_backend_name() == "sqlite"
+    if sqlite and url.database:
+        Path(url.database).resolve().parent.mkdir(parents=True, exist_ok=True)
+    with storage_lock(uri)():
+        state = mlflow_state(uri)
+        if state["complete"]:
+            return
+        broken = bool(state["leftovers"]) or (state["tables"] and not state["complete"] and state["runs"] == 0)
+        if broken and state["runs"] == 0 and sqlite:
+            _move_aside(uri, url.database, state, log)
+        elif state["leftovers"]:
+            raise StoreError(_refusal(uri, state, f"leftover tables {', '.join(state['leftovers'])} of a migration "
+                                                  "cut short"))
+        try:
+            _open(uri)
+        except Exception as err:  # noqa: BLE001 - repaired once, else said with what to do
+            state = mlflow_state(uri)
+            if not (sqlite and state["runs"] == 0):
+                raise StoreError(_refusal(uri, state, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")) from err
+            _move_aside(uri, url.database, state, log)
+            _open(uri)
+
+
+def _open(uri: str) -> None:
+    """Open the store through MLflow (which creates and migrates it) and read from it."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).search_experiments(max_results=1)
+
+
+def _move_aside(uri: str, database: str, state: dict, log: Callable[[str], None]) -> None:
+    """Move a half-created SQLite store (no runs) to ``<file>.broken-<time>`` and forget
+    MLflow's engine of it, so the next open creates it anew."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()  # a store this process opened before
+    path = Path(database).resolve()
+    aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            os.replace(part, aside.with_name(aside.name + suffix))
+    what = f"leftover tables {', '.join(state['leftovers'])}" if state["leftovers"] else "tables missing or unversioned"
+    log(f"MLflow store {path} was left half-created by a process that died while creating it ({what}; no runs): "
+        f"moved aside to {aside.name} and created anew")
+
+
+def _refusal(uri: str, state: dict, why: str) -> str:
+    if "Can't locate revision" in why:  # e.g. Optuna's alembic_version in the same database
+        return (f"MLflow store {_shown(uri)}: its database holds another application's tables (alembic revision "
+                f"{state['version']} is not MLflow's; Optuna keeps one too): give MLflow a database of its own")
+    return (f"MLflow store {_shown(uri)} is half-migrated ({why}) and holds {state['runs']} run(s), so it is left as "
+            f"it is: back it up, drop the leftover tables ({', '.join(state['leftovers']) or 'none'}), then run "
+            f"`mlflow db upgrade {_shown(uri)}`; or point --mlflow-uri at a new store")
+
+
+def _shown(url: str) -> str:
+    """``url`` with its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a database URL
+        return url
