@@ -40,7 +40,8 @@ def test_samples_tokens_and_seconds_per_phase():
     assert lines[0] == "plan: strict N=4: 8 samples, about 800 tokens (8 problems x 1)"
     assert lines[1].startswith("plan: cactus trials: 8-16 samples, about 1,600 tokens (2 trials, each 8 samples in "
                                "stages of 4 problems, 4 if pruned after the first)")
-    assert lines[4].startswith(f"estimate: about {est.seconds // 60:.0f}:{round(est.seconds) % 60:02d} (at least ")
+    minutes, seconds = divmod(round(est.seconds), 60)
+    assert lines[4].startswith(f"estimate: about {minutes}:{seconds:02d} for strict and the trials (")
     assert len(lines) == 5  # an idle machine: no busy line
 
 
