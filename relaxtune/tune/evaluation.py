@@ -249,7 +249,10 @@ def evaluate(
     if progress and todo:  # a bar on a terminal, plain lines in a pipe or a log
         from .progress import progress as progress_bar
 
-        bar = progress_bar(len(todo), f"{spec.name} {config.label}")
+        from .estimate import prior_length
+
+        bar = progress_bar(len(todo), f"{spec.name} {config.label}",
+                           length=prior_length(path.parent, spec.max_new_tokens)[0])
     prompts = {p.id: build_prompt_ids(backend.tokenizer, spec, p) for p, _ in todo}
     items = [((p, r), prompts[p.id], sample_seed(config.seed, p.id, r)) for p, r in todo]
     pending: list[tuple[dict, Future | None]] = []  # records wait for their verdicts, in generation order
@@ -263,14 +266,15 @@ def evaluate(
             out.write((json.dumps(record) + "\n").encode())
             done[(record["problem_id"], record["repeat"])] = record
             if bar is not None:
-                bar.update(1)
+                bar.update(1, record.get("response_tokens"))
 
     # grading overlaps with generation; records are written in generation order, each
     # in one unbuffered write to the O_APPEND file, so records of several workers
     # appending to the same file never interleave
     opens = {p.id: opens_thinking(backend.tokenizer, prompts[p.id]) for p, _ in todo}
     with ThreadPoolExecutor(grade_workers) as graders, open(path, "ab", buffering=0) as out:
-        for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size):
+        on_tokens = bar.add_tokens if bar is not None else None
+        for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size, on_tokens):
             prompt_ids = prompts[problem.id]
             record = dict(
                 task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
@@ -299,20 +303,24 @@ def evaluate(
     return summarize([done[(p.id, r)] for p in problems for r in range(spec.repeats) if (p.id, r) in done], path)
 
 
-def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None
-               ) -> Iterator[tuple[object, Generation | Exception]]:
+def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None,
+               on_tokens=None) -> Iterator[tuple[object, Generation | Exception]]:
     """``(key, Generation or exception)`` per item ``(key, prompt_ids, seed)``:
-    batched on a ``BatchBackend`` (in the order samples end), else
-    ``max_concurrency`` threads of ``generate_response`` (in item order)."""
+    batched on a ``BatchBackend`` (in the order samples end; ``on_tokens(n)`` after
+    every round), else ``max_concurrency`` threads of ``generate_response`` (in item
+    order; ``on_tokens`` as each response ends)."""
     if is_batched(backend):
-        yield from generate_responses(backend, spec, config, items, batch_size)
+        yield from generate_responses(backend, spec, config, items, batch_size, on_tokens=on_tokens)
         return
 
     def one(prompt_ids: list[int], seed: int) -> Generation | Exception:
         try:
-            return generate_response(backend, spec, prompt_ids, config, seed)
+            gen = generate_response(backend, spec, prompt_ids, config, seed)
         except Exception as err:  # noqa: BLE001 - recorded as failed
             return err
+        if on_tokens is not None:
+            on_tokens(gen.stats.response_tokens)
+        return gen
 
     concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
     with ThreadPoolExecutor(concurrency) as pool:
