@@ -134,7 +134,12 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
+    import shlex
+    import sys
+
     from ..job import JobError, prepare, run_tune_job
+    from ..tune.settings import study_name
+    from ..tune.stopping import guarded
 
     log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
@@ -143,8 +148,13 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
             spec, problems, backend = prepare(settings, new_trials=new_trials)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
+    pair = getattr(backend, "name", "backend")
+    studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
+    resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
+        with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
+                     exit_now=True):
+            config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None
     finally:
@@ -154,4 +164,3 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
         print_json(config.model_dump(mode="json") | {"path": str(path)})
     else:
         _summary(config, path)
-

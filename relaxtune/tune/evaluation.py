@@ -30,6 +30,7 @@ from ..engine.sequence import Generation, check_decode, native_server
 from ..graders import Verdict, grade
 from ..graders.base import THINK_START, answer_section
 from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems
+from .stopping import check_stop
 
 __all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
            "opens_thinking"]
@@ -273,30 +274,41 @@ def evaluate(
     # appending to the same file never interleave
     opens = {p.id: opens_thinking(backend.tokenizer, prompts[p.id]) for p, _ in todo}
     with ThreadPoolExecutor(grade_workers) as graders, open(path, "ab", buffering=0) as out:
-        on_tokens = bar.add_tokens if bar is not None else None
-        for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size, on_tokens):
-            prompt_ids = prompts[problem.id]
-            record = dict(
-                task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
-                seed=sample_seed(config.seed, problem.id, repeat),
-                prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
-                method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
-            )
-            if isinstance(gen, Exception):  # recorded as failed, never as wrong
-                record.update(failed=True, error=f"{type(gen).__name__}: {gen}", verdict="generation_error",
-                              correct=None)
-                pending.append((record, None))
-            else:
-                record.update(failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
-                              response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict())
-                if "missing_mass" in gen.extra:
-                    record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
-                if "cached_tokens" in gen.extra:
-                    record["cached_tokens"] = gen.extra["cached_tokens"]
-                truncated = gen.stats.finish_reason == "length"
-                text = THINK_START + gen.text if opens[problem.id] else gen.text
-                pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))
+        def on_tokens(n: int) -> None:  # after every round: progress, and a stop asked for in another thread
+            check_stop()
+            if bar is not None:
+                bar.add_tokens(n)
+
+        try:
+            for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size, on_tokens):
+                prompt_ids = prompts[problem.id]
+                record = dict(
+                    task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
+                    seed=sample_seed(config.seed, problem.id, repeat),
+                    prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
+                    method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
+                )
+                if isinstance(gen, Exception):  # recorded as failed, never as wrong
+                    record.update(failed=True, error=f"{type(gen).__name__}: {gen}", verdict="generation_error",
+                                  correct=None)
+                    pending.append((record, None))
+                else:
+                    record.update(failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
+                                  response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict())
+                    if "missing_mass" in gen.extra:
+                        record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
+                    if "cached_tokens" in gen.extra:
+                        record["cached_tokens"] = gen.extra["cached_tokens"]
+                    truncated = gen.stats.finish_reason == "length"
+                    text = THINK_START + gen.text if opens[problem.id] else gen.text
+                    pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))
+                flush(wait=False)
+        except BaseException:  # a stop or a failure: keep every graded sample, drop the queued gradings
+            if bar is not None:
+                bar.close(final=False)
+            graders.shutdown(wait=False, cancel_futures=True)
             flush(wait=False)
+            raise
         flush(wait=True)
     if bar is not None:
         bar.close()
@@ -323,10 +335,13 @@ def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch
         return gen
 
     concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
-    with ThreadPoolExecutor(concurrency) as pool:
+    pool = ThreadPoolExecutor(concurrency)
+    try:
         jobs = [(key, ids, pool.submit(one, ids, seed)) for key, ids, seed in items]
         for key, _, job in jobs:
             yield key, job.result()
+    finally:  # a stop: the requests not sent yet are dropped
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def summarize(records: list[dict], path: Path) -> EvalResult:

@@ -153,11 +153,14 @@ class LineProgress:
             self.last = float("-inf")
         self.tick()
 
-    def close(self) -> None:
-        """Stop the timer; the final line: steps done, tokens and the time taken."""
+    def close(self, final: bool = True) -> None:
+        """Stop the timer; the final line (unless ``final`` is False, for work that
+        stopped half-way): steps done, tokens and the time taken."""
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if not final:
+            return
         c = self.counts
         elapsed = c.clock() - c.start
         self._print(f"{c.n}/{self.total} {self.unit}s done in {_clock(elapsed)}, {c.tokens:,} tokens"
@@ -202,7 +205,7 @@ class BarProgress:
         self.bar.update(n)
         self._postfix(force=True)
 
-    def close(self) -> None:
+    def close(self, final: bool = True) -> None:
         self.bar.close()
 
 
