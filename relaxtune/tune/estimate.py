@@ -34,12 +34,12 @@ from typing import Callable
 
 from ..decoding.methods import get_method
 from ..decoding.speed import CostProfile
+from .progress import LENGTH_PRIOR, prior_length
 
 __all__ = ["Phase", "JobEstimate", "estimate_job", "announce", "machine_load", "prior_length", "clock", "ACCEPT_PRIOR",
            "LENGTH_PRIOR", "BATCH_EXPONENT", "BUSY_FACTOR"]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
-LENGTH_PRIOR = 0.5  # share of max_new_tokens a response takes, before any record exists
 BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9}  # aggregate throughput of B rows = B ** exponent x one row's
 BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
 
@@ -156,29 +156,6 @@ def machine_load() -> tuple[float | None, int]:
         return os.getloadavg()[0], cores
     except OSError:
         return None, cores
-
-
-def prior_length(folder: Path, max_new_tokens: int, limit: int = 5000) -> tuple[float, str]:
-    """Expected response tokens per sample: the mean ``response_tokens`` of the
-    finished records in ``folder`` (the pair's records of this task; at most ``limit``
-    read), else ``LENGTH_PRIOR * max_new_tokens``. Returns ``(tokens, where from)``."""
-    lengths: list[int] = []
-    for path in sorted(Path(folder).glob("*.jsonl")) if Path(folder).is_dir() else []:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if not rec.get("failed") and isinstance(rec.get("response_tokens"), int):
-                    lengths.append(rec["response_tokens"])
-                if len(lengths) >= limit:
-                    break
-        if len(lengths) >= limit:
-            break
-    if lengths:
-        return sum(lengths) / len(lengths), f"the mean of {len(lengths)} recorded responses"
-    return LENGTH_PRIOR * max_new_tokens, f"assumed: {LENGTH_PRIOR:.0%} of the task's {max_new_tokens}-token budget"
 
 
 def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostProfile | float,

@@ -250,7 +250,7 @@ def evaluate(
     if progress and todo:  # a bar on a terminal, plain lines in a pipe or a log
         from .progress import progress as progress_bar
 
-        from .estimate import prior_length
+        from .progress import prior_length
 
         bar = progress_bar(len(todo), f"{spec.name} {config.label}",
                            length=prior_length(path.parent, spec.max_new_tokens)[0])

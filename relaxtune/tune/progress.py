@@ -13,16 +13,20 @@ others.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, TextIO
 
-__all__ = ["progress", "LineProgress", "BarProgress", "DEFAULT_INTERVAL", "interval_seconds"]
+__all__ = ["progress", "LineProgress", "BarProgress", "DEFAULT_INTERVAL", "interval_seconds", "prior_length",
+           "LENGTH_PRIOR"]
 
 DEFAULT_INTERVAL = 30.0  # seconds between plain progress lines
 MIN_ETA_SECONDS = 5.0  # throughput measured over less than this gives no time left
+LENGTH_PRIOR = 0.5  # share of max_new_tokens a response takes, before any record exists
 
 
 def interval_seconds() -> float:
@@ -41,6 +45,29 @@ def interval_seconds() -> float:
     if not value >= 0:
         raise ValueError(f"RELAXTUNE_PROGRESS_SECONDS must be a number of seconds >= 0, got {raw!r}")
     return value
+
+
+def prior_length(folder: Path, max_new_tokens: int, limit: int = 5000) -> tuple[float, str]:
+    """Expected response tokens per sample: the mean ``response_tokens`` of the
+    finished records in ``folder`` (the pair's records of this task; at most ``limit``
+    read), else ``LENGTH_PRIOR * max_new_tokens``. Returns ``(tokens, where from)``."""
+    lengths: list[int] = []
+    for path in sorted(Path(folder).glob("*.jsonl")) if Path(folder).is_dir() else []:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not rec.get("failed") and isinstance(rec.get("response_tokens"), int):
+                    lengths.append(rec["response_tokens"])
+                if len(lengths) >= limit:
+                    break
+        if len(lengths) >= limit:
+            break
+    if lengths:
+        return sum(lengths) / len(lengths), f"the mean of {len(lengths)} recorded responses"
+    return LENGTH_PRIOR * max_new_tokens, f"assumed: {LENGTH_PRIOR:.0%} of the task's {max_new_tokens}-token budget"
 
 
 class _Counts:
