@@ -245,3 +245,17 @@ def test_pair_names_are_known_before_loading(tiny_pair_dirs):
         assert pair_name(drafter, verifier, dtype) == load_pair(drafter, verifier, dtype=dtype).name
     assert pair_name("qwen2.5-coder-0.5b-instruct", "Qwen/Qwen3-8B") == "qwen2.5-coder-0.5b-instruct->Qwen/Qwen3-8B"
     assert pair_name(None, "./v", "float16") == f"None->{os.path.abspath('v')}@float16"
+
+
+def test_version_plain_validation_messages_and_c_rel_precision():
+    from importlib import metadata
+
+    from relaxtune.report.export import TunedConfig
+
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output == f"relaxtune {metadata.version('relaxtune')}\n"
+    out = runner.invoke(app, ["tune", "--task", "humaneval", "--methods", "foo"], env={"COLUMNS": "300"})
+    text = " ".join(out.output.replace("│", " ").split())
+    assert out.exit_code != 0 and "--methods: unknown method 'foo'; known methods: strict, always_accept," in text
+    assert "Value error" not in text, text
+    assert TunedConfig._c_rel_precision(0.33912345678) == 0.3391 and TunedConfig._c_rel_precision(0.3) == 0.3
