@@ -126,7 +126,8 @@ def test_ui_prints_the_mlflow_and_optuna_dashboard_recipes():
     out = runner.invoke(app, ["ui", "--storage", "sqlite:///runs/optuna.db", "--port", "5001"], env={"COLUMNS": "100"})
     assert out.exit_code == 0
     lines = out.output.splitlines()
-    assert "  mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001" in lines
+    assert ("  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001 "
+            "--workers 1") in lines
     assert "  open http://127.0.0.1:5001/#/experiments?workflowType=machine_learning" in lines
     assert "  pip install optuna-dashboard" in lines and "  optuna-dashboard sqlite:///runs/optuna.db --port 5081" in lines
     served = runner.invoke(app, ["ui", "--mlflow-uri", "http://tracking:5000/"]).output

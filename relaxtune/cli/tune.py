@@ -68,7 +68,8 @@ def _summary(config, path) -> None:
     console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
     m = config.mlflow
     if m:
-        console.print(f"MLflow: mlflow ui --backend-store-uri {m['tracking_uri']}  (experiment {m['experiment']})",
+        console.print(f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+                      f"{m['tracking_uri']} --workers 1  (experiment {m['experiment']})",
                       soft_wrap=True, markup=False)
         if m.get("experiment_id"):
             console.print(f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}", soft_wrap=True,
