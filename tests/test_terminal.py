@@ -260,3 +260,35 @@ def test_version_plain_validation_messages_and_c_rel_precision():
     assert out.exit_code != 0 and "--methods: unknown method 'foo'; known methods: strict, always_accept," in text
     assert "Value error" not in text, text
     assert TunedConfig._c_rel_precision(0.33912345678) == 0.3391 and TunedConfig._c_rel_precision(0.3) == 0.3
+
+
+def test_commands_that_only_read_records_load_no_model(tmp_path, tiny_pair_dirs, monkeypatch):
+    """``export`` of a finished tuning folder and ``eval`` of a point whose samples are all
+    recorded read the records: the loaders are never called."""
+    import relaxtune.backends.hf
+    import relaxtune.backends.load
+    from relaxtune.job import run_tune_job
+    from relaxtune.tune.settings import TuneSettings
+
+    drafter, verifier = tiny_pair_dirs
+    task = write_tiny_task(tmp_path)
+    runs, mlflow = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    pair = ["--drafter", drafter, "--verifier", verifier, "--dtype", "float32", "--output-dir", str(runs)]
+    run_tune_job(TuneSettings(task=task, methods=["cactus"], drafter=drafter, verifier=verifier, dtype="float32",
+                              c_rel=0.3, limit=4, trials=1, n_drafts=[2], epsilon=0.5, output_dir=str(runs),
+                              mlflow_uri=mlflow), progress=False, log=lambda message: None)
+    point = ["eval", "--task", task, "--limit", "2", "--method", "cactus", "--alpha", "1", "-n", "2", *pair]
+    assert runner.invoke(app, point, env={"COLUMNS": "200"}).exit_code == 0  # generates: loads the pair
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(relaxtune.backends.hf, "load_pair", refuse)
+    monkeypatch.setattr(relaxtune.backends.load, "load_backend", refuse)
+    out = runner.invoke(app, ["export", "--task", task, "--epsilon", "0.9", "--mlflow-uri", mlflow, *pair],
+                        env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert (runs / "tiny_math.tuned.eps0.9.yaml").exists() and "loading" in out.output
+    out = runner.invoke(app, point, env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "2 of 2 samples were read back from these records" in " ".join(out.output.split())

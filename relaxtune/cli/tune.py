@@ -138,6 +138,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     import shlex
     import sys
 
+    from ..backends.load import lazy_backend
     from ..job import JobError, prepare, run_tune_job
     from ..tune.settings import study_name
     from ..tune.stopping import guarded
@@ -146,7 +147,9 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
         with status(loading, json_output):
-            spec, problems, backend = prepare(settings, new_trials=new_trials)
+            # an export only reads records: the pair loads if something needs it, which nothing should
+            lazy = None if new_trials else lazy_backend(**settings.backend)
+            spec, problems, backend = prepare(settings, lazy, new_trials=new_trials)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")

@@ -321,6 +321,8 @@ def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch
     batched on a ``BatchBackend`` (in the order samples end; ``on_tokens(n)`` after
     every round), else ``max_concurrency`` threads of ``generate_response`` (in item
     order; ``on_tokens`` as each response ends)."""
+    if not items:  # every sample recorded: the backend is not touched (a lazy one is never loaded)
+        return
     if is_batched(backend):
         yield from generate_responses(backend, spec, config, items, batch_size, on_tokens=on_tokens)
         return
