@@ -10,8 +10,9 @@ with the same parameters on several workers (one per GPU host or SGLang
 deployment, against one PostgreSQL storage): they share the studies, finish
 exactly ``trials`` trials per method, and each exports the same config.
 ``tune_all`` and ``tune_new`` fan tasks out the same way (``parallel_tasks`` at a
-time); ``tune_new`` tunes every task spec that has no tuned config for its
-version yet, or whose spec changed since (deployed daily by ``prefect.yaml``).
+time); ``tune_new`` tunes every task spec whose data loads and that has no tuned
+config for its version and pair yet, or whose spec changed since (deployed daily
+by ``prefect.yaml``, bounded by its ``limit``, ``trials`` and ``n_drafts``).
 """
 
 from __future__ import annotations
@@ -130,19 +131,29 @@ def tune_all(tasks: list[str] | None = None, methods: list[str] | None = None, l
 
 @flow(name="tune_new", log_prints=True)
 def tune_new(folders: list[str] | None = None, methods: list[str] | None = None, limit: int | None = None,
-             epsilon: float = 0.05, trials: int = 8, settings: dict | None = None,
+             epsilon: float = 0.05, trials: int = 8, n_drafts: list[int] | None = None, settings: dict | None = None,
              parallel_tasks: int = 1) -> dict[str, str]:
     """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
-    for its version in the output folder yet, or whose spec changed after its
-    config was made (``relaxtune.tune.schedule.untuned``); returns task -> recommended method."""
-    from relaxtune.tune.schedule import untuned
+    for its version and the settings' model pair in the output folder yet, or whose
+    spec changed after its config was made (``relaxtune.tune.schedule.untuned``), and
+    whose data loads: a spec whose data cannot load is skipped with a one-line reason
+    before any model loads; returns task -> recommended method."""
+    from relaxtune.tune.schedule import unavailable, untuned
 
-    output_dir = (settings or {}).get("output_dir", TuneSettings.model_fields["output_dir"].default)
-    pending = untuned(folders, output_dir)
+    defaults = TuneSettings.model_fields
+    given = settings or {}
+    output_dir = given.get("output_dir", defaults["output_dir"].default)
+    pair = (given.get("drafter", defaults["drafter"].default), given.get("verifier", defaults["verifier"].default))
     logger = get_run_logger()
-    for p in pending:
-        logger.info(f"{p.name} ({p.path}): {p.reason}")
+    pending = []
+    for p in untuned(folders, output_dir, pair):
+        why = unavailable(p)
+        if why is None:
+            logger.info(f"{p.name} ({p.path}): {p.reason}")
+            pending.append(p)
+        else:
+            logger.warning(f"skipping {p.name} ({p.path}): {why}")
     if not pending:
-        logger.info("every task spec has a current tuned config: nothing to tune")
+        logger.info("every task spec with loadable data has a current tuned config: nothing to tune")
     return _tune_many({p.name: p.path for p in pending}, parallel_tasks, methods=methods, limit=limit, epsilon=epsilon,
-                      trials=trials, settings=settings)
+                      trials=trials, n_drafts=n_drafts, settings=settings)

@@ -36,6 +36,7 @@ from .report.reexport import (
 from .tasks.spec import build_prompt_ids, load_problems, load_task
 from .tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
 from .tune.confirm import confirm, holdout_split, planned_confirmations
+from .tune.estimate import announce
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .tune.settings import TuneSettings, job_id
 from .tune.tuning import Tuner, choose
@@ -140,12 +141,13 @@ def run_tune_job(
     pair = getattr(backend, "name", "backend")
     holdout = settings.confirm == "holdout"
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
+    measured: list = []  # this run's own cost measurement, for the estimate
     try:
         digest = check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
         profile = job_costs(backend, lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]), settings.n_drafts,
                             saved, c_rel=settings.c_rel, remeasure=settings.remeasure_costs, new_trials=new_trials,
-                            log=log)
+                            log=log, on_measured=measured.append)
     except (SearchProblemsError, CostsError) as err:
         raise JobError(str(err)) from None
     tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
@@ -156,6 +158,10 @@ def run_tune_job(
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
         save_job(settings.output_dir, spec.name, settings.model_dump())
+
+    # the plan and its expected wall time, before the first generation
+    if new_trials:
+        announce(settings, spec, problems, held_out, backend, profile, (measured or [None])[0], saved, log)
 
     # the studies (a trial runs strict's baseline at its N first, when no record holds it)
     verb = "tuning" if new_trials else "reading the study of"

@@ -13,6 +13,7 @@ from relaxtune.tune.settings import TuneSettings
 from .tiny_task import write_tiny_task
 
 ROOT = Path(__file__).parents[1]
+SHIPPED = {"humaneval", "gsm8k_mini", "gsm8k", "math500", "aime24", "aime25", "gpqa_diamond", "lcb_lite_v6"}
 
 
 @pytest.fixture(scope="module")
@@ -98,18 +99,24 @@ def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness
 
 
 def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_dirs, monkeypatch):
+    import flows.tune
     from flows.tune import tune_new
 
     evals, extra = tmp_path / "evals", tmp_path / "extra"
     evals.mkdir()
     extra.mkdir()
-    write_tiny_task(extra)  # a new task in an extra folder; evals/ has none
+    task = write_tiny_task(extra)  # a new task in an extra folder; evals/ has none
+    missing = extra / "no_data.yaml"  # a spec whose data file is not there: skipped before any model loads
+    missing.write_text(Path(task).read_text().replace("name: tiny_math", "name: no_data").replace(
+        "tiny_math.jsonl", "absent.jsonl"))
     monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
+    loaded, load = [], flows.tune.load_backend
+    monkeypatch.setattr(flows.tune, "load_backend", lambda s: loaded.append(s.task) or load(s))
     settings = _settings(tmp_path, tiny_pair_dirs)
     kwargs = dict(folders=[str(extra)], methods=["cactus"], limit=2, trials=1, settings=settings)
     assert tune_new(**kwargs) == {"tiny_math": "strict"}  # 2 problems certify nothing: strict
-    assert (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
-    assert tune_new(**kwargs) == {}  # tuned for this version: nothing left to do
+    assert loaded == [task] and (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
+    assert tune_new(**kwargs) == {} and loaded == [task]  # tuned for this version and pair: nothing left to do
 
 
 def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
@@ -117,7 +124,7 @@ def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     per_task = {d["parameters"]["task"]: d for d in spec["deployments"] if d["entrypoint"].endswith(":tune_task")}
-    assert set(per_task) == set(list_tasks())
+    assert set(per_task) == SHIPPED and SHIPPED <= set(list_tasks())  # a spec added to evals/ changes nothing here
     for name, d in per_task.items():
         assert d["entrypoint"] == "flows/tune.py:tune_task" and d["work_pool"]["name"] == "relaxtune"
         assert d["schedules"][0]["cron"].count(" ") == 4
@@ -126,6 +133,8 @@ def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
     minute, hour, day, month, weekday = new["schedules"][0]["cron"].split()
     assert (day, month, weekday) == ("*", "*", "*") and minute.isdigit() and hour.isdigit()  # daily
     tune_new.validate_parameters(new["parameters"])
+    bounds = new["parameters"]
+    assert (bounds["limit"], bounds["trials"], bounds["n_drafts"]) == (8, 4, [4])  # a bounded run per task
     assert "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY=true" in (ROOT / "prefect.yaml").read_text()
     from flows.transfer import transfer_matrix
 

@@ -11,8 +11,9 @@ from relaxtune.tune.schedule import untuned
 from .tiny_task import write_tiny_task
 
 
-def _config(path, task: str, version: int, created: str | None = None) -> None:
+def _config(path, task: str, version: int, created: str | None = None, pair: tuple | None = None) -> None:
     fields = {"task": task, "task_version": version} | ({"created": created} if created else {})
+    fields |= {"drafter": pair[0], "verifier": pair[1]} if pair else {}
     path.write_text(yaml.safe_dump(fields))
 
 
@@ -31,6 +32,9 @@ def test_new_bumped_and_edited_specs_need_tuning(tmp_path, monkeypatch):
     assert [p.reason for p in untuned([], runs)] == ["spec modified after its tuned config was made"]
     _config(runs / "tiny_math.tuned.yaml", "tiny_math", 1, "2000-01-01T00:00:00+00:00")
     assert [p.reason for p in untuned([], runs)] == ["spec modified after its tuned config was made"]
+    _config(runs / "tiny_math.tuned.yaml", "tiny_math", 1, "2999-01-01T00:00:00+00:00", ("d", "v"))
+    assert untuned([], runs, ("d", "v")) == []
+    assert [p.reason for p in untuned([], runs, ("d", "other"))] == ["tuned for d -> v, not d -> other"]
     _config(runs / "tiny_math.tuned.yaml", "tiny_math", 2, "2999-01-01T00:00:00+00:00")
     assert [p.reason for p in untuned([], runs)] == ["tuned for version 2, the spec is version 1"]
 
@@ -41,3 +45,14 @@ def test_new_bumped_and_edited_specs_need_tuning(tmp_path, monkeypatch):
     assert [(p.name, p.path) for p in found] == [("other_task", str(extra / "other.yaml")), ("tiny_math", spec)]
     with pytest.raises(FileNotFoundError, match="no folder of task specs"):
         untuned([tmp_path / "missing"], runs)
+
+
+def test_a_spec_whose_data_cannot_load_says_why(tmp_path):
+    from relaxtune.tune.schedule import Pending, unavailable
+
+    good = write_tiny_task(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(good).read().replace("tiny_math.jsonl", "absent.jsonl"))
+    assert unavailable(Pending("tiny_math", good, "never tuned")) is None
+    why = unavailable(Pending("tiny_math", str(bad), "never tuned"))
+    assert why.startswith("its data cannot be loaded (") and "absent.jsonl" in why and "\n" not in why

@@ -4,10 +4,12 @@ dashboards' recipes, progress as plain lines when piped, and an export that
 refuses before loading any model."""
 
 import io
+import itertools
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from typer.testing import CliRunner
 from relaxtune.cli import app
 from relaxtune.decoding.methods import METHODS
 from relaxtune.tasks.spec import load_task
-from relaxtune.tune.progress import LineProgress
+from relaxtune.tune.progress import DEFAULT_INTERVAL, LineProgress, interval_seconds
 
 from .test_figures import tuned
 from .tiny_task import write_tiny_task
@@ -124,7 +126,8 @@ def test_ui_prints_the_mlflow_and_optuna_dashboard_recipes():
     out = runner.invoke(app, ["ui", "--storage", "sqlite:///runs/optuna.db", "--port", "5001"], env={"COLUMNS": "100"})
     assert out.exit_code == 0
     lines = out.output.splitlines()
-    assert "  mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001" in lines
+    assert ("  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001 "
+            "--workers 1") in lines
     assert "  open http://127.0.0.1:5001/#/experiments?workflowType=machine_learning" in lines
     assert "  pip install optuna-dashboard" in lines and "  optuna-dashboard sqlite:///runs/optuna.db --port 5081" in lines
     served = runner.invoke(app, ["ui", "--mlflow-uri", "http://tracking:5000/"]).output
@@ -134,16 +137,69 @@ def test_ui_prints_the_mlflow_and_optuna_dashboard_recipes():
 def test_line_progress_prints_plain_timed_lines():
     now = [100.0]
     out = io.StringIO()
-    bar = LineProgress(4, "gsm8k strict-N4", file=out, interval=30.0, clock=lambda: now[0])
-    for step in (10.0, 25.0, 10.0, 50.0):  # lines only once 30 s passed since the last one
-        now[0] += step
-        bar.update()
+    bar = LineProgress(4, "gsm8k strict-N4", file=out, interval=30.0, clock=lambda: now[0], length=200, timer=False)
+    steps = [(10.0, 50, None), (25.0, 300, None), (0.0, 0, (1, 120)), (30.0, 300, None)]
+    for seconds, tokens, finished in steps:  # lines only once 30 s passed since the last one
+        now[0] += seconds
+        bar.add_tokens(tokens)
+        if finished:
+            bar.update(*finished)
+        bar.tick()
+    bar.update(3, 600)
     bar.close()
     assert out.getvalue().splitlines() == [
         "gsm8k strict-N4: 4 samples to do",
-        "gsm8k strict-N4: 2/4 samples (50%), 0:35 elapsed, about 0:35 left",
-        "gsm8k strict-N4: 4/4 samples done in 1:35",
+        # no sample done: 4 x 200 expected tokens, 350 decoded, at 10 tokens/s
+        "gsm8k strict-N4: 0/4 samples, 350 tokens decoded (10.0 tokens/s), 0:35 elapsed, about 0:45 left",
+        # one done (120 tokens): the others at max(120, 200) each, less the 530 in flight
+        "gsm8k strict-N4: 1/4 samples, 650 tokens decoded (10.0 tokens/s), 1:05 elapsed, about 0:07 left",
+        "gsm8k strict-N4: 4/4 samples done in 1:05, 720 tokens (11.1 tokens/s)",
     ]
+
+
+def test_the_default_interval_is_30_seconds(monkeypatch):
+    monkeypatch.delenv("RELAXTUNE_PROGRESS_SECONDS", raising=False)
+    assert DEFAULT_INTERVAL == 30.0 and interval_seconds() == 30.0
+    assert LineProgress(1, "x", file=io.StringIO(), timer=False).interval == 30.0
+    monkeypatch.setenv("RELAXTUNE_PROGRESS_SECONDS", "0.5")
+    assert interval_seconds() == 0.5
+    monkeypatch.setenv("RELAXTUNE_PROGRESS_SECONDS", "soon")
+    with pytest.raises(ValueError, match="RELAXTUNE_PROGRESS_SECONDS must be a number of seconds >= 0, got 'soon'"):
+        interval_seconds()
+
+
+class SlowRounds:
+    """The tiny pair with no EOS (every response runs to its budget) and 40 ms per round."""
+
+    def __init__(self, backend) -> None:
+        self._backend, self.eos_token_ids = backend, frozenset()
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def commit_batch(self, batch, tokens) -> None:
+        time.sleep(0.04)
+        self._backend.commit_batch(batch, tokens)
+
+
+def test_a_piped_evaluation_prints_lines_while_one_batch_decodes(tmp_path, tiny_backend, monkeypatch):
+    """Three samples in one batch end together after about 1.5 s: lines every 0.2 s
+    (the interval's stand-in for 30 s) come before any sample ends, with tokens rising."""
+    from relaxtune.tune.evaluation import DecodeConfig, evaluate
+
+    monkeypatch.setenv("RELAXTUNE_PROGRESS_SECONDS", "0.2")
+    err = io.StringIO()  # not a terminal: plain lines
+    monkeypatch.setattr(sys, "stderr", err)
+    spec = load_task(write_tiny_task(tmp_path, max_new_tokens=60))
+    result = evaluate(spec, SlowRounds(tiny_backend), DecodeConfig("strict", None, 2), output_dir=tmp_path / "runs",
+                      limit=3, batch_size=3)
+    assert result.n == 3 and {r["response_tokens"] for r in result.records} == {60}
+    lines = [line.split(": ", 1)[1] for line in err.getvalue().splitlines() if line.startswith("tiny_math strict")]
+    assert lines[0] == "3 samples to do", err.getvalue() and lines[-1].startswith("3/3 samples done in ")
+    waiting = list(itertools.takewhile(lambda line: line.startswith("0/3 samples, "), lines[1:]))
+    assert len(waiting) >= 3  # lines while no sample had ended (the samples then end and are graded)
+    decoded = [int(line.split(", ")[1].split(" tokens")[0].replace(",", "")) for line in waiting]
+    assert decoded == sorted(decoded) and 0 < decoded[-1] <= 180 and decoded[0] < decoded[-1]
 
 
 def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_dirs):
@@ -157,8 +213,9 @@ def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_
     assert proc.returncode == 0, proc.stderr
     progress = [line for line in proc.stderr.splitlines() if line.startswith("tiny_math cactus-1__N2__seed0: ")]
     said = [line.split(": ", 1)[1] for line in progress]
-    assert len(said) == 4 and said[0] == "3 samples to do" and said[1].startswith("1/3 samples (33%), ")
-    assert said[2].startswith("2/3 samples (67%), ") and said[3].startswith("3/3 samples done in ")
+    assert len(said) == 4 and said[0] == "3 samples to do" and said[1].startswith("1/3 samples, ")
+    assert said[2].startswith("2/3 samples, ") and said[3].startswith("3/3 samples done in ")
+    assert " tokens decoded (" in said[1] and said[3].endswith(" tokens/s)")
     assert "\r" not in proc.stderr + proc.stdout
     assert proc.stdout.splitlines()[0] == f"loading {drafter} -> {verifier} ..."  # the spinner, as a line
     assert all(len(line) <= 100 for line in table_lines(proc.stdout))  # a pipe's tables fit 100 columns
@@ -189,3 +246,49 @@ def test_pair_names_are_known_before_loading(tiny_pair_dirs):
         assert pair_name(drafter, verifier, dtype) == load_pair(drafter, verifier, dtype=dtype).name
     assert pair_name("qwen2.5-coder-0.5b-instruct", "Qwen/Qwen3-8B") == "qwen2.5-coder-0.5b-instruct->Qwen/Qwen3-8B"
     assert pair_name(None, "./v", "float16") == f"None->{os.path.abspath('v')}@float16"
+
+
+def test_version_plain_validation_messages_and_c_rel_precision():
+    from importlib import metadata
+
+    from relaxtune.report.export import TunedConfig
+
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output == f"relaxtune {metadata.version('relaxtune')}\n"
+    out = runner.invoke(app, ["tune", "--task", "humaneval", "--methods", "foo"], env={"COLUMNS": "300"})
+    text = " ".join(out.output.replace("│", " ").split())
+    assert out.exit_code != 0 and "--methods: unknown method 'foo'; known methods: strict, always_accept," in text
+    assert "Value error" not in text, text
+    assert TunedConfig._c_rel_precision(0.33912345678) == 0.3391 and TunedConfig._c_rel_precision(0.3) == 0.3
+
+
+def test_commands_that_only_read_records_load_no_model(tmp_path, tiny_pair_dirs, monkeypatch):
+    """``export`` of a finished tuning folder and ``eval`` of a point whose samples are all
+    recorded read the records: the loaders are never called."""
+    import relaxtune.backends.hf
+    import relaxtune.backends.load
+    from relaxtune.job import run_tune_job
+    from relaxtune.tune.settings import TuneSettings
+
+    drafter, verifier = tiny_pair_dirs
+    task = write_tiny_task(tmp_path)
+    runs, mlflow = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    pair = ["--drafter", drafter, "--verifier", verifier, "--dtype", "float32", "--output-dir", str(runs)]
+    run_tune_job(TuneSettings(task=task, methods=["cactus"], drafter=drafter, verifier=verifier, dtype="float32",
+                              c_rel=0.3, limit=4, trials=1, n_drafts=[2], epsilon=0.5, output_dir=str(runs),
+                              mlflow_uri=mlflow), progress=False, log=lambda message: None)
+    point = ["eval", "--task", task, "--limit", "2", "--method", "cactus", "--alpha", "1", "-n", "2", *pair]
+    assert runner.invoke(app, point, env={"COLUMNS": "200"}).exit_code == 0  # generates: loads the pair
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(relaxtune.backends.hf, "load_pair", refuse)
+    monkeypatch.setattr(relaxtune.backends.load, "load_backend", refuse)
+    out = runner.invoke(app, ["export", "--task", task, "--epsilon", "0.9", "--mlflow-uri", mlflow, *pair],
+                        env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert (runs / "tiny_math.tuned.eps0.9.yaml").exists() and "loading" in out.output
+    out = runner.invoke(app, point, env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "2 of 2 samples were read back from these records" in " ".join(out.output.split())

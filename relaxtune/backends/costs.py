@@ -22,7 +22,8 @@ class CostsError(ValueError):
 
 def job_costs(backend, prompt_ids: Callable[[], list[int]], n_drafts: list[int], saved: Path, *,
               c_rel: float | str = "measured", remeasure: bool = False, new_trials: bool = True,
-              log: Callable[[str], None] = print) -> CostProfile | float:
+              log: Callable[[str], None] = print,
+              on_measured: Callable[[CostProfile], None] | None = None) -> CostProfile | float:
     """The job's costs.
 
     - ``c_rel`` when it is a number (a fixed value overrides any measurement);
@@ -39,6 +40,8 @@ def job_costs(backend, prompt_ids: Callable[[], list[int]], n_drafts: list[int],
 
     A measurement whose spread stays above ``SPREAD_TOLERANCE`` is flagged too.
     An export (``new_trials=False``) never measures: it prices with the saved profile.
+    ``on_measured`` receives this run's own measurement, whichever profile prices
+    (the job's time estimate reads the speed now from it).
 
     Raises:
         CostsError: an export without a saved profile (and without a fixed ``c_rel``).
@@ -57,6 +60,8 @@ def job_costs(backend, prompt_ids: Callable[[], list[int]], n_drafts: list[int],
         return DEFAULT_C_REL
     log("measuring forward costs (interleaved passes until their spread is small)")
     fresh = backend.cost_profile(prompt_ids(), sorted(n_drafts))
+    if on_measured is not None:
+        on_measured(fresh)
     for flag in fresh.flags:
         log(f"warning: cost profile: {flag}")
     if earlier is not None and remeasure:

@@ -48,3 +48,47 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
     from .hf import load_pair
 
     return load_pair(drafter, verifier, dtype=dtype, batch_size=batch_size)
+
+
+class LazyBackend:
+    """A backend that loads on first use: its ``name`` is known before (``backend_name``),
+    so work that only reads records (``relaxtune export``, ``relaxtune eval`` when every
+    sample is recorded) never loads a model. Any other attribute loads the backend and
+    is read from it; ``native`` (the SGLang speculative server) is None without a
+    ``native_url``; ``close`` closes only a loaded backend.
+
+    Args:
+        load: loads the backend (e.g. ``lambda: load_backend(**kwargs)``).
+        name: the name the loaded backend will have.
+        native: whether the loaded backend has a native speculative server.
+    """
+
+    def __init__(self, load, name: str, native: bool = False) -> None:
+        self.name, self._load, self._native, self._backend = name, load, native, None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the backend was loaded."""
+        return self._backend is not None
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") or attr in ("_backend", "_load", "_native"):
+            raise AttributeError(attr)
+        if attr == "native" and not self._native:
+            return None
+        if self._backend is None:
+            self._backend = self._load()
+        return getattr(self._backend, attr)
+
+    def close(self) -> None:
+        """Close the backend when it was loaded (an SGLang client), else nothing."""
+        if self._backend is not None and hasattr(self._backend, "close"):
+            self._backend.close()
+
+
+def lazy_backend(**kwargs) -> LazyBackend:
+    """``LazyBackend`` of ``load_backend(**kwargs)``, named by ``backend_name(**kwargs)``."""
+    from . import load as module  # looked up at load time (tests replace load_backend)
+
+    return LazyBackend(lambda: module.load_backend(**kwargs), backend_name(**kwargs),
+                       native=bool(kwargs.get("native_url")))

@@ -52,6 +52,20 @@ app = App(add_completion=False, no_args_is_help=True, help="Tune relaxed specula
 console = Console()
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        print(f"relaxtune {metadata.version('relaxtune')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print relaxtune's version and exit")) -> None:
+    """Tune relaxed speculative decoding per task."""
+
+
 def fit_pipes() -> None:
     """Tables no wider than ``PIPE_WIDTH`` when the output is not a terminal and
     ``$COLUMNS`` is unset (rich would assume 80)."""

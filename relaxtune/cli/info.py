@@ -11,6 +11,9 @@ from .app import App, app, console
 from .tables import JSON, Col, print_json, show
 
 
+MLFLOW_UI_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"  # MLflow 3 starts job consumers for its GenAI jobs
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
@@ -118,8 +121,8 @@ def ui(
     run = lambda command: console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)  # noqa: E731
     say("MLflow: each task run's page holds the decision (params, metrics, description); figures are under "
         "Artifacts.")
-    if local:
-        run(f"mlflow ui --backend-store-uri {mlflow_uri} --port {port}")
+    if local:  # no job-execution (huey) consumers, one web worker: the UI answers in seconds
+        run(f"{MLFLOW_UI_ENV} mlflow ui --backend-store-uri {mlflow_uri} --port {port} --workers 1")
     run(f"open {base}/#/experiments?workflowType=machine_learning")
     say("The experiments are relaxtune-<task>; MLflow 3.17 remembers its GenAI / Model training switch per "
         "browser, and the workflowType above selects the model-training view (runs, not traces).")

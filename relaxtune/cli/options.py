@@ -104,10 +104,18 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
             key = str(loc[0]) if loc else ""
             return f"--{key.replace('_', '-')}" if key in given or not config else f"{config}: {key}"
 
-        lines = [f"{where(e['loc'])}: {e['msg']}" for e in err.errors()]
+        lines = [f"{where(e['loc'])}: {_plain(e['msg'])}" for e in err.errors()]
         raise typer.BadParameter("; ".join(lines)) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
+
+
+def _plain(message: str) -> str:
+    """A pydantic message without its library prefix (``Value error, unknown method 'foo'`` ->
+    ``unknown method 'foo'``), starting lower-case as the other messages do."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message[:1].lower() + message[1:]
 
 
 def tune_options(fn):

@@ -102,7 +102,7 @@ def eval_(
     import json
     from pathlib import Path
 
-    from ..backends.hf import load_pair
+    from ..backends.hf import load_pair, pair_name
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
@@ -113,18 +113,29 @@ def eval_(
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
-    with status(f"loading {drafter} -> {verifier}", json_output):
-        try:
-            if verifier_url or drafter_url or native_url:
-                from ..backends.load import load_backend
 
-                backend = load_backend(drafter, verifier, drafter_url=drafter_url, verifier_url=verifier_url,
-                                       tokenizer=tokenizer, native_url=native_url, concurrency=concurrency)
-            else:
-                backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size)
-        except (ValueError, RuntimeError, OSError) as err:
-            raise typer.BadParameter(str(err)) from None
+    def load():
+        if verifier_url or drafter_url or native_url:
+            from ..backends.load import load_backend
+
+            return load_backend(drafter, verifier, drafter_url=drafter_url, verifier_url=verifier_url,
+                                tokenizer=tokenizer, native_url=native_url, concurrency=concurrency)
+        return load_pair(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size)
+
+    from ..backends.load import LazyBackend, backend_name
+
+    served = bool(verifier_url or drafter_url or native_url)
+    name = backend_name(drafter, verifier, dtype, drafter_url, verifier_url) if served else \
+        pair_name(drafter if method != AR else None, verifier, dtype)
+    backend = LazyBackend(load, name, native=bool(native_url))  # every sample recorded: no model loads
     config = DecodeConfig(method, alpha, n_draft, seed)
+    if finished_samples(Path(output_dir), spec, config, records_name(backend, method), problems) < \
+            len(problems) * spec.repeats:
+        with status(f"loading {drafter} -> {verifier}", json_output):
+            try:
+                backend = load()
+            except (ValueError, RuntimeError, OSError) as err:
+                raise typer.BadParameter(str(err)) from None
     try:
         reused = finished_samples(Path(output_dir), spec, config, records_name(backend, method), problems)
         result = evaluate(spec, backend, config, output_dir=output_dir, problems=problems)

@@ -45,7 +45,8 @@ def _summary(matrix, written, uri: str | None) -> None:
                   "target's search samples", soft_wrap=True)
     for path in written:
         console.print(f"transfer section written to {path}", soft_wrap=True)
-    console.print(f"MLflow: mlflow ui --backend-store-uri {uri or DEFAULT_URI}  (experiment relaxtune-transfer, and "
+    console.print(f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+                  f"{uri or DEFAULT_URI} --workers 1  (experiment relaxtune-transfer, and "
                   "a transfer run in each task's)", soft_wrap=True)
 
 

@@ -70,7 +70,8 @@ def _summary(config, path) -> None:
     console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
     m = config.mlflow
     if m:
-        console.print(f"MLflow: mlflow ui --backend-store-uri {m['tracking_uri']}  (experiment {m['experiment']})",
+        console.print(f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+                      f"{m['tracking_uri']} --workers 1  (experiment {m['experiment']})",
                       soft_wrap=True, markup=False)
         if m.get("experiment_id"):
             console.print(f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}", soft_wrap=True,
@@ -136,17 +137,30 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
+    import shlex
+    import sys
+
+    from ..backends.load import lazy_backend
     from ..job import JobError, prepare, run_tune_job
+    from ..tune.settings import study_name
+    from ..tune.stopping import guarded
 
     log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
         with status(loading, json_output):
-            spec, problems, backend = prepare(settings, new_trials=new_trials, log=lambda m: None)  # the job warns
+            # an export only reads records: the pair loads if something needs it, which nothing should
+            lazy = None if new_trials else lazy_backend(**settings.backend)
+            spec, problems, backend = prepare(settings, lazy, new_trials=new_trials, log=lambda m: None)  # the job warns
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
+    pair = getattr(backend, "name", "backend")
+    studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
+    resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
+        with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
+                     exit_now=True):
+            config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None
     finally:
@@ -156,4 +170,3 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
         print_json(config.model_dump(mode="json") | {"path": str(path)})
     else:
         _summary(config, path)
-

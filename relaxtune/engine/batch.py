@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -94,6 +94,7 @@ def generate_batch(
     n_draft: int = 4,
     sampling: SamplingParams = SamplingParams(),
     batch_size: int | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Request, Generation | Exception]]:
     """Generate every request, ``batch_size`` at a time; yield each as it ends.
 
@@ -108,6 +109,8 @@ def generate_batch(
         n_draft: draft length N >= 1 (ignored for AR).
         sampling: the sampling transform, applied to both models.
         batch_size: most rows at once (default: ``backend.batch_size``).
+        on_tokens: called after every round with the tokens the round added to all
+            rows (progress); an exception it raises stops the batch (e.g. a stop request).
 
     Yields:
         ``(request, Generation)`` in the order responses end; ``(request,
@@ -160,6 +163,8 @@ def generate_batch(
                                                      backend.decode)
             kept.append(tokens)
         backend.commit_batch(batch, kept)
+        if on_tokens is not None:
+            on_tokens(sum(len(t) for t in kept))
         share = (time.perf_counter() - t0) / len(rows)
         for row in rows:
             row.stats.wall_seconds += share

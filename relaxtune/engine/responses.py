@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import fields
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..backends.base import Backend, BatchBackend
 from ..graders.base import THINK_END
@@ -111,7 +111,8 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
 
 
 def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Iterable[tuple[Any, list[int], int]],
-                       batch_size: int | None = None) -> Iterator[tuple[Any, Generation | Exception]]:
+                       batch_size: int | None = None, on_tokens: Callable[[int], None] | None = None
+                       ) -> Iterator[tuple[Any, Generation | Exception]]:
     """Many responses of one configuration, ``batch_size`` at a time (default:
     ``backend.batch_size``); each equals ``generate_response`` of the same prompt
     and seed.
@@ -120,6 +121,7 @@ def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Ite
         backend: a ``BatchBackend``; spec: the task; config: a ``DecodeConfig``.
         items: ``(key, prompt_ids, seed)`` per response.
         batch_size: most sequences at once.
+        on_tokens: called after every round with the tokens it added (progress).
 
     Yields:
         ``(key, Generation)`` as responses end, or ``(key, exception)`` for one
@@ -127,7 +129,7 @@ def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Ite
     """
     queue = deque(_first(spec, list(ids), seed, (key, list(ids), None)) for key, ids, seed in items)
     kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())
-    for req, gen in generate_batch(backend, queue, batch_size=batch_size, **kw):
+    for req, gen in generate_batch(backend, queue, batch_size=batch_size, on_tokens=on_tokens, **kw):
         key, prompt_ids, head = req.key
         if isinstance(gen, Exception):
             yield key, gen

@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
@@ -165,6 +165,13 @@ class TunedConfig(_Model):
     created: str
     mlflow: dict | None = None
     transfer: Transfer | None = None
+
+    @field_validator("c_rel")
+    @classmethod
+    def _c_rel_precision(cls, c_rel: float) -> float:
+        """c_rel at 4 significant digits (a timing's noise is far above that); the raw
+        timings stay in ``cost_profile``."""
+        return float(f"{c_rel:.4g}")
 
 
 def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, verifier: str, sampling: dict) -> dict:

@@ -50,6 +50,7 @@ from pathlib import Path
 from ..decoding.methods import get_method
 from ..decoding.speed import CostProfile, c_rel_of
 from ..tune.pareto import Point, baseline_points, point_label, points_table
+from ..tune.stopping import on_stop
 from .decision import study_summary
 from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_url
 
@@ -82,6 +83,13 @@ class Tracker(Runs):
             if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
                 self._log_dataset(self.task_run_id, problems)
         self.client.log_dict(self.task_run_id, settings, "settings.json")
+        on_stop(self.end)  # a stopped or failed job ends its runs (relaxtune.tune.stopping)
+
+    def end(self, status: str) -> None:
+        """End this job's study runs and task run as ``status`` (``KILLED``: the job was
+        stopped; ``FAILED``); a resumed job finds them again and sets them RUNNING."""
+        for run_id in [*self.study_runs.values(), self.task_run_id]:
+            self.client.set_terminated(run_id, status=status)
 
     def _run(self, name: str, parent: str | None, key: dict, tags: dict | None = None) -> str:
         """The run identified by ``key`` tags and this job (resumed), or a new one named ``name``."""

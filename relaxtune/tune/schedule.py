@@ -3,9 +3,11 @@
 
 A spec needs tuning when its task has no tuned config in the output folder
 (``<output_dir>/<task>.tuned.yaml``), when that config was tuned for another
-version of the task, or when the spec file was modified after the config was
-made (a task edited under the same version is refused by the job itself, which
-then says so).
+version of the task or another model pair, or when the spec file was modified
+after the config was made (a task edited under the same version is refused by
+the job itself, which then says so). ``unavailable`` tells, before any model
+loads, which of them cannot load their data (a missing file, a hub that cannot
+be reached): the flow skips those with a one-line reason.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 
 from ..tasks.spec import evals_dir, load_task
 
-__all__ = ["Pending", "untuned"]
+__all__ = ["Pending", "untuned", "unavailable"]
 
 _log = logging.getLogger(__name__)
 
@@ -44,9 +46,10 @@ def _tuned_at(config: dict, path: Path) -> float:
 
 
 def untuned(folders: list[str | os.PathLike] | None = None,
-            output_dir: str | os.PathLike = "relaxtune-runs") -> list[Pending]:
+            output_dir: str | os.PathLike = "relaxtune-runs", pair: tuple[str, str] | None = None) -> list[Pending]:
     """The task specs of ``evals_dir()`` and ``folders`` (``*.yaml``) that need tuning,
-    in name order.
+    in name order; with ``pair`` (drafter, verifier as the job names them), a config
+    tuned for another pair needs tuning too.
 
     A spec that does not load is skipped with a warning (the others still tune); a
     task name met again in a later folder is skipped with a warning (its tuned
@@ -78,9 +81,28 @@ def untuned(folders: list[str | os.PathLike] | None = None,
                 out.append(Pending(spec.name, str(path), "never tuned"))
                 continue
             config = yaml.safe_load(config_path.read_text()) or {}
+            tuned_pair = (config.get("drafter"), config.get("verifier"))
             if config.get("task_version") != spec.version:
                 out.append(Pending(spec.name, str(path), f"tuned for version {config.get('task_version')}, "
                                                          f"the spec is version {spec.version}"))
+            elif pair is not None and tuned_pair != tuple(pair):
+                out.append(Pending(spec.name, str(path), f"tuned for {tuned_pair[0]} -> {tuned_pair[1]}, not "
+                                                         f"{pair[0]} -> {pair[1]}"))
             elif path.stat().st_mtime > _tuned_at(config, config_path):
                 out.append(Pending(spec.name, str(path), "spec modified after its tuned config was made"))
     return sorted(out, key=lambda p: p.name)
+
+
+def unavailable(pending: Pending) -> str | None:
+    """Why ``pending``'s data cannot load (one line), or None when its first problem
+    loads: a missing file, a hub that cannot be reached, a field the data lacks.
+    Loads the task's data only (never a model)."""
+    from ..tasks.spec import load_problems
+
+    try:
+        if not load_problems(load_task(pending.path), limit=1):
+            return "its data holds no problems"
+    except Exception as err:  # noqa: BLE001 - any reason the data cannot load skips the task
+        text = str(err).strip().splitlines()
+        return f"its data cannot be loaded ({type(err).__name__}: {text[0] if text else ''})"
+    return None

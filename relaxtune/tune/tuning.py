@@ -57,6 +57,7 @@ from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_toke
 from .ranges import merge, split, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
+from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished
 
 __all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
@@ -176,6 +177,7 @@ class Tuner:
         size = self.settings.stage_size
         ends = list(range(size, len(self.problems), size)) + [len(self.problems)]
         for end in ends:
+            check_stop()
             result = self._evaluate(config, self.problems[:end])
             metrics = point_metrics(strict, result, n_draft, self.profile, self.settings.confidence)
             if end < len(self.problems) and on_stage is not None:
@@ -354,7 +356,13 @@ class Tuner:
                 metrics, state, note = last, "PRUNED", str(pruned)
             except optuna.exceptions.UpdateFinishedTrialError:
                 metrics, state = {}, "LOST"
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the trial waits for the resume, first in line
+                self._requeue(method, trial, "stopped")
+                raise
             except Exception as err:  # noqa: BLE001 - a failed evaluation must not end the study
+                if environmental(err):  # the machine failed, not the trial: the job stops, the trial waits
+                    self._requeue(method, trial, f"{type(err).__name__}")
+                    raise
                 metrics, state, note = {}, "FAIL", f"{type(err).__name__}: {err}"
             if state != "LOST":
                 state = self._tell(trial, state, metrics, note)
@@ -368,6 +376,22 @@ class Tuner:
         done = finished(trial.study.get_trials(deepcopy=False))
         self.log(trial_line(method, trial.number, trial.params, metrics, state, done, self.settings.trials))
         return report
+
+    def _requeue(self, method: str, trial, why: str) -> None:
+        """Put a trial this worker was running back into its study's queue (WAITING, same
+        parameters, same number), so the next worker (a resume) takes it first, with no
+        wait for its heartbeat to go stale and no retry spent; its finished samples are
+        in the records."""
+        from optuna.trial import TrialState
+
+        try:
+            with self.queue.lock():
+                trial.set_user_attr("requeued", f"{why} on {self.worker}")
+                self.queue.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+            self.log(f"{method} trial {trial.number} goes back to its queue ({why}): the resume runs it first")
+        except Exception as err:  # noqa: BLE001 - the storage may be what failed; staleness then retries it
+            self.log(f"{method} trial {trial.number} could not go back to its queue ({type(err).__name__}: {err}); "
+                     f"it is retried once its heartbeat is older than {self.settings.stale_after} s")
 
     def speed_bar(self, study) -> float | None:
         """The modeled speed-up a trial must be able to exceed to matter: that of the study's

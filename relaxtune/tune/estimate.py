@@ -1,0 +1,269 @@
+"""A tuning job's plan and how long it should take, said before the first generation.
+
+The plan counts samples and response tokens per phase: strict at each draft length
+the search will use, every method's trials (each in stages of ``stage_size``
+problems; pruning can stop it after the first), and the confirmations (only when a
+point is chosen). The wall time prices those tokens with the forward costs just
+measured (``relaxtune.decoding.speed.CostProfile``, one sequence at a time):
+
+    seconds(phase) = tokens * round_seconds(N) / (l_accept + 1) / batch_gain(B)
+
+where ``round_seconds(N) = N t_draft + t_verify(N+1)`` (the paper's round, section 3;
+``relaxtune.decoding.speed``), ``l_accept`` the accepted drafts per round, and
+``batch_gain(B) = B ** BATCH_EXPONENT`` the aggregate throughput of B rows over one
+row. Before any sample exists two figures are priors, said in the plan:
+``ACCEPT_PRIOR`` (l_accept = 0.6 N) and the response length (the mean of the pair's
+records of this task when there are any, else ``LENGTH_PRIOR`` of the task's token
+budget). ``BATCH_EXPONENT`` on a CPU comes from the README's batch table (strict at
+batch 8: 3.95x batch 1, 8 ** 0.66 = 3.95); on a GPU rows are nearly free (0.9).
+
+The machine looks busy when this run's single-step cost ``t_AR`` is more than
+``BUSY_FACTOR`` times the saved profile's, or when the 1-minute load average exceeds
+the cores this process may use; the plan then says by how much and what the job
+would take at the saved (idle) speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..decoding.methods import get_method
+from ..decoding.speed import CostProfile
+from .progress import LENGTH_PRIOR, prior_length
+
+__all__ = ["Phase", "JobEstimate", "estimate_job", "announce", "machine_load", "prior_length", "clock", "ACCEPT_PRIOR",
+           "LENGTH_PRIOR", "BATCH_EXPONENT", "BUSY_FACTOR"]
+
+ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
+BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9}  # aggregate throughput of B rows = B ** exponent x one row's
+BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
+
+
+@dataclass
+class Phase:
+    """One phase of the job.
+
+    Attributes:
+        name: e.g. ``strict N=4``, ``cactus trials``, ``confirmations``.
+        samples / tokens: what it generates at most (tokens: expected response tokens).
+        seconds: expected wall seconds at that size (None without a cost profile).
+        least_samples / least_seconds: when pruning or a failed search can end it early
+            (a trial's first stage; no confirmation), else equal to the above.
+        detail: how the count comes about, one clause.
+    """
+
+    name: str
+    samples: int
+    tokens: int
+    seconds: float | None
+    least_samples: int
+    least_seconds: float | None
+    detail: str
+
+
+@dataclass
+class JobEstimate:
+    """The plan: phases, priors, the machine's state and the total.
+
+    Attributes:
+        phases: in the order the job runs them.
+        length: expected response tokens per sample, and ``length_from`` where that comes from.
+        accept: accepted drafts per round assumed, as a share of N.
+        tokens_per_second: one sequence's decoding speed at the middle N (None: no profile).
+        batch: rows decoded together.
+        slowdown: this run's t_AR over the saved profile's (None: nothing to compare).
+        load, cores: the 1-minute load average and the cores available.
+        busy: why the machine looks busy (empty: it does not).
+    """
+
+    phases: list[Phase]
+    length: float
+    length_from: str
+    accept: float
+    tokens_per_second: float | None
+    batch: int
+    slowdown: float | None
+    load: float | None
+    cores: int
+    busy: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float | None:
+        """Expected wall seconds of strict and every trial at full size, confirmations left
+        out (they run only when a point is chosen; ``confirm_seconds``). None without a profile."""
+        search = [p for p in self.phases if p.name != "confirmations"]
+        return None if any(p.seconds is None for p in search) else sum(p.seconds for p in search)
+
+    @property
+    def least_seconds(self) -> float | None:
+        """Wall seconds when every trial is pruned after its first stage."""
+        search = [p for p in self.phases if p.name != "confirmations"]
+        return None if any(p.least_seconds is None for p in search) else sum(p.least_seconds for p in search)
+
+    @property
+    def confirm_seconds(self) -> float | None:
+        """Wall seconds of every confirmation the job allows (None without a profile)."""
+        return next((p.seconds for p in self.phases if p.name == "confirmations"), 0.0)
+
+    def lines(self) -> list[str]:
+        """The plan as the job prints it: one line per phase, the estimate, the machine."""
+        out = [f"plan: {p.name}: {_samples(p)}, about {_num(p.tokens)} tokens ({p.detail})" for p in self.phases]
+        assumed = (f"{self.length:.0f} tokens per response ({self.length_from}), {self.accept:.0%} of N drafts "
+                   f"accepted, batch {self.batch}")
+        if self.seconds is None:
+            out.append(f"estimate: no wall time (no measured cost profile to price tokens with); assumes {assumed}")
+        else:
+            out.append(f"estimate: about {clock(self.seconds)} for strict and the trials ({clock(self.least_seconds)}"
+                       f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
+                       f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
+                       f"now; assumes {assumed}; the progress lines correct it from the measured throughput")
+        if self.busy:
+            idle = (f"; at the saved profile's speed it would take about {clock(self.seconds / self.slowdown)}"
+                    if self.seconds is not None and self.slowdown and self.slowdown > BUSY_FACTOR else "")
+            out.append(f"machine looks busy: {'; '.join(self.busy)}. The estimate is at the speed measured now and "
+                       f"grows if the other work grows{idle}. For the README's timings run it on an idle machine.")
+        return out
+
+
+def _samples(p: Phase) -> str:
+    if p.least_samples == p.samples:
+        return f"{p.samples} samples"
+    return f"{p.least_samples}-{p.samples} samples"
+
+
+def _num(n: float) -> str:
+    return f"{int(round(n)):,}"
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss`` or ``m:ss`` of ``seconds`` (rounded)."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def machine_load() -> tuple[float | None, int]:
+    """``(1-minute load average or None where unknown, cores this process may use)``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cores
+    except OSError:
+        return None, cores
+
+
+def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostProfile | float,
+                 measured: CostProfile | None = None, saved: CostProfile | None = None, *,
+                 length: tuple[float, str] | None = None, batch_size: int = 8, device: str = "cpu",
+                 strict_done: int = 0, load: tuple[float | None, int] | None = None) -> JobEstimate:
+    """The job's plan and expected wall time (see the module doc for the formula).
+
+    Args:
+        settings: the job's ``TuneSettings`` (methods, trials, n_drafts, stage_size,
+            confirmations).
+        spec: the task (repeats, max_new_tokens).
+        n_search / n_confirm: problems the search and each confirmation run on.
+        profile: what the job prices trials with; ``measured``: this run's own
+            measurement (the speed now), priced with in preference; ``saved``: the
+            profile saved earlier, to compare with.
+        length: ``(expected tokens per response, where from)``; default ``LENGTH_PRIOR``.
+        batch_size: rows decoded together; device: ``cpu`` or ``cuda``.
+        strict_done: strict samples at the middle N already recorded (a resumed job).
+        load: ``(load average, cores)``; default ``machine_load()``.
+
+    Returns:
+        ``JobEstimate``; its ``seconds`` is None when there is no ``CostProfile``.
+    """
+    repeats = spec.repeats
+    length_tokens, length_from = length or (LENGTH_PRIOR * spec.max_new_tokens,
+                                            f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token "
+                                            "budget")
+    speed = measured or (profile if isinstance(profile, CostProfile) else None)
+    exponent = BATCH_EXPONENT.get(device, BATCH_EXPONENT["cpu"])
+    mid = settings.mid_n_draft
+
+    def seconds(samples: int, n_draft: int, rows: int) -> float | None:
+        if speed is None or samples == 0:
+            return None if speed is None else 0.0
+        per_token = speed.round_seconds(n_draft) / (ACCEPT_PRIOR * n_draft + 1)
+        gain = max(1, min(batch_size, rows)) ** exponent
+        return samples * length_tokens * per_token / gain
+
+    def phase(name, samples, least, n_draft, rows, least_rows, detail) -> Phase:
+        return Phase(name, samples, round(samples * length_tokens), seconds(samples, n_draft, rows), least,
+                     seconds(least, n_draft, least_rows), detail)
+
+    phases = []
+    strict = n_search * repeats - strict_done
+    grid_extra = max((max(0, settings.trials - len(get_method(m).grid or [None])) for m in settings.methods),
+                     default=0)
+    other_n = min(len(settings.n_drafts) - 1, grid_extra)  # sampled trials may move to other draft lengths
+    phases.append(phase(f"strict N={mid}", strict, strict, mid, strict, strict,
+                        f"{n_search} problems x {repeats}" + (f", {strict_done} already recorded" if strict_done else "")
+                        + (f"; strict also runs at up to {other_n} other N the search may pick, not counted"
+                           if other_n else "")))
+    stage = min(settings.stage_size, n_search)
+    for method in settings.methods:
+        per_trial, first = n_search * repeats, stage * repeats
+        phases.append(phase(f"{method} trials", settings.trials * per_trial, settings.trials * first, mid,
+                            min(stage, n_search) * repeats, first,
+                            f"{settings.trials} trials, each {per_trial} samples in stages of {stage} problems, "
+                            f"{first} if pruned after the first"))
+    confirm = n_confirm * repeats
+    attempts = settings.confirmations * len(settings.methods)
+    phases.append(phase("confirmations", attempts * 2 * confirm, 0, mid, confirm, 0,
+                        f"up to {settings.confirmations} per method, each {confirm} relaxed and {confirm} strict "
+                        "samples on fresh seeds; only when a point is chosen"))
+
+    slowdown = measured.t_ar / saved.t_ar if measured is not None and saved is not None else None
+    avg, cores = load if load is not None else machine_load()
+    busy = []
+    if slowdown is not None and slowdown > BUSY_FACTOR:
+        busy.append(f"one forward step takes {slowdown:.1f}x the saved profile's (t_AR {measured.t_ar * 1e3:.0f} ms "
+                    f"now, {saved.t_ar * 1e3:.0f} ms saved)")
+    if avg is not None and avg > cores:
+        busy.append(f"load average {avg:.1f} on {cores} core{'s' if cores > 1 else ''}")
+    tps = None if speed is None else (ACCEPT_PRIOR * mid + 1) / speed.round_seconds(mid)
+    return JobEstimate(phases, length_tokens, length_from, ACCEPT_PRIOR, tps, batch_size, slowdown, avg, cores, busy)
+
+
+def announce(settings, spec, problems: list, held_out: list, backend, profile, measured: CostProfile | None,
+             saved_path: Path, log: Callable[[str], None]) -> JobEstimate:
+    """``estimate_job`` for a job about to generate, from what is on disk (the saved
+    profile at ``saved_path``, the pair's records beside it for the response length and
+    strict's samples already recorded) and the backend (its batch size and device); each
+    line of the plan goes to ``log``.
+
+    Args:
+        problems / held_out: the search's problems and a confirmation's.
+        measured: this run's cost measurement (None: nothing was measured).
+    """
+    from .evaluation import DecodeConfig, finished_samples
+
+    saved = None
+    if saved_path.exists() and measured is not None:
+        try:
+            saved = CostProfile.from_dict(json.loads(saved_path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            saved = None
+        if saved is not None and math.isclose(saved.t_ar, measured.t_ar) and math.isclose(saved.t_draft,
+                                                                                            measured.t_draft):
+            saved = None  # the profile was measured just now: nothing earlier to compare with
+    device = getattr(backend, "device", "cpu")
+    device = str(getattr(device, "type", device) or "cpu")
+    batch = int(settings.batch_size or getattr(backend, "batch_size", None) or
+                getattr(backend, "max_concurrency", None) or 1)
+    strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)
+    done = finished_samples(Path(settings.output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
+    est = estimate_job(settings, spec, len(problems), len(held_out), profile, measured, saved,
+                       length=prior_length(saved_path.parent, spec.max_new_tokens), batch_size=batch,
+                       device=device, strict_done=done)
+    for line in est.lines():
+        log(line)
+    return est
