@@ -5,7 +5,6 @@ top-K rows with -inf outside."""
 
 import dataclasses
 import functools
-import math
 
 import pytest
 import torch

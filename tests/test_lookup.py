@@ -119,20 +119,20 @@ def test_strict_with_prompt_lookup_is_lossless():
     prompt = [1, 2, 3, 1, 2]  # the lookup drafts 3 1 ...: accepted or not, the output follows p
     joint = _ar_joint(verifier, prompt, v)
     codes = [(lambda t: t[0] * v + t[1])(generate(backend, prompt, method="strict", n_draft=3, max_new_tokens=2,
-                                                 seed=s).token_ids) for s in range(1500)]
+                                                 seed=s).token_ids) for s in range(600)]
     assert chi2_pvalue(torch.tensor(codes), joint) > P_FLOOR
-    requests = [Request(prompt, seed=s, max_new_tokens=2) for s in range(1500)]
+    requests = [Request(prompt, seed=s, max_new_tokens=2) for s in range(2000)]
     batched = [g.token_ids[0] * v + g.token_ids[1] for _, g in generate_batch(backend, requests, method="strict",
-                                                                              n_draft=3, batch_size=16)]
+                                                                              n_draft=3, batch_size=32)]
     assert chi2_pvalue(torch.tensor(batched), joint) > P_FLOOR
-    copy = torch.zeros(v * v)
-    copy[3 * v + 1] = 1.0  # always_accept copies the context: the output is the lookup's drafts
+    assert chi2_pvalue(torch.tensor(batched), torch.full((v * v,), 1.0 / (v * v))) < 1e-6  # the test has power
+    # always_accept copies the context: the output is the lookup's drafts
     aa = [generate(backend, prompt, method="always_accept", n_draft=3, max_new_tokens=2, seed=s).token_ids
           for s in range(20)]
     assert all(t == [3, 1] for t in aa)
 
 
-def test_strict_with_prompt_lookup_over_sglang_follows_ar():
+def test_prompt_lookup_over_sglang_equals_in_process():
     v = 4
 
     class Tok:
@@ -147,13 +147,12 @@ def test_strict_with_prompt_lookup_over_sglang_follows_ar():
         backend = PromptLookupBackend(SGLangBackend(None, server.url, Tok(), vocab_size=v, top_logprobs=v))
         assert backend.drafter is None and backend.native is None and not hasattr(backend, "cost_profile")
         prompt = [1, 2, 3, 1, 2]
-        codes = [(lambda t: t[0] * v + t[1])(generate(backend, prompt, method="strict", n_draft=2, max_new_tokens=2,
-                                                     seed=s).token_ids) for s in range(1000)]
-        assert chi2_pvalue(torch.tensor(codes), _ar_joint(verifier, prompt, v)) > P_FLOOR
         local = _lookup_backend(verifier)
         for method, knob in (("strict", None), ("ears", 0.5), ("typical", 0.09)):
-            kw = dict(method=method, knob=knob, n_draft=3, max_new_tokens=12, seed=3, sampling=SamplingParams(0.8))
-            assert generate(backend, prompt, **kw).token_ids == generate(local, prompt, **kw).token_ids
+            for seed in range(3):  # strict here is lossless as in-process (test above): the same tokens
+                kw = dict(method=method, knob=knob, n_draft=3, max_new_tokens=12, seed=seed, sampling=SamplingParams(0.8))
+                remote, here = generate(backend, prompt, **kw), generate(local, prompt, **kw)
+                assert remote.token_ids == here.token_ids and remote.stats.accepted == here.stats.accepted
     finally:
         server.stop()
 
