@@ -288,3 +288,27 @@ def test_top_k_rows(method, knob):
     assert chi2_pvalue(first, closed[1]) > P_FLOOR
     if t is not None:
         assert torch.isfinite(t.pi_rej).all() and torch.equal(t.pi_res.sum(-1), torch.ones(1))
+
+
+# ------------------------------------------------------- tuned and exported
+
+def test_tuned_yaml_round_trips_the_new_rules(tmp_path):
+    from relaxtune.report.export import build_config, load_config, save_config
+    from relaxtune.tune.confirm import confirm
+    from relaxtune.tune.settings import TuneSettings
+    from relaxtune.tune.tuning import Tuner
+
+    from .synthetic import PROBLEMS, SPEC, Lucky
+
+    class Pair:
+        name = "synthetic-pair"
+
+    settings = TuneSettings(task="synthetic", methods=["typical", "ears"], n_drafts=[4], trials=3, stage_size=500,
+                            output_dir=str(tmp_path), c_rel=0.2, epsilon=0.1)
+    tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(loss=lambda k: 0.0), progress=False)
+    outcomes = tuner.tune(["typical", "ears"])
+    config = build_config(tuner, outcomes, confirmations=confirm(tuner, outcomes, PROBLEMS))
+    assert set(config.methods) == {"typical", "ears"}
+    assert config.methods["typical"].knob_name == "epsilon" and config.methods["ears"].knob_name == "tolerance"
+    assert any(m.knob is not None for m in config.methods.values())  # a confirmed point is exported
+    assert load_config(save_config(config, tmp_path / "c.yaml")) == config

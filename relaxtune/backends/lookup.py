@@ -238,12 +238,11 @@ class PromptLookupBackend:
 
     # ------------------------------------------------------------------- costs
 
-    def _cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
-                      max_passes: int = MAX_PASSES) -> CostProfile:
-        """The verifier backend's profile with ``t_draft`` measured for lookup: one
-        drafted token (the lookup and its logit row) on the prompt plus 64 tokens,
-        timed over 100 calls per pass in interleaved passes (seconds per token)."""
-        profile = self.inner.cost_profile(prompt_ids, n_drafts, min_passes=min_passes, max_passes=max_passes)
+    def draft_seconds(self, prompt_ids: Sequence[int], min_passes: int = MIN_PASSES,
+                      max_passes: int = MAX_PASSES) -> tuple[float, float, int]:
+        """Seconds per drafted token: one lookup and its logit row on the prompt plus
+        64 tokens, timed over 100 calls per pass in interleaved passes
+        (``measure_interleaved``). Returns ``(seconds, spread, passes)``."""
         state = SequenceState(tokens=[int(t) for t in prompt_ids] + [t % self.vocab_size for t in range(64)],
                               prompt_len=len(prompt_ids))
         calls = 100
@@ -253,6 +252,13 @@ class PromptLookupBackend:
                 point_mass_rows(self._lookup(state, 1), self.vocab_size)
 
         fastest, spread, passes = measure_interleaved({"t_draft": job}, min_passes=min_passes, max_passes=max_passes)
-        return replace(profile, t_draft=fastest["t_draft"] / calls, spread=profile.spread | spread,
-                       source=f"{profile.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram}), "
-                              f"{calls} lookups per pass")
+        return fastest["t_draft"] / calls, spread["t_draft"], passes
+
+    def _cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
+                      max_passes: int = MAX_PASSES) -> CostProfile:
+        """The verifier backend's profile with ``t_draft`` measured for lookup
+        (``draft_seconds``)."""
+        profile = self.inner.cost_profile(prompt_ids, n_drafts, min_passes=min_passes, max_passes=max_passes)
+        seconds, spread, _ = self.draft_seconds(prompt_ids, min_passes, max_passes)
+        return replace(profile, t_draft=seconds, spread=profile.spread | {"t_draft": spread},
+                       source=f"{profile.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram})")
