@@ -192,3 +192,27 @@ def test_loading_names_and_refusals():
         load_backend("prompt-lookup", "v", drafter_url="http://d", verifier_url="http://v")
     with pytest.raises(ValueError, match="not prompt lookup"):
         load_backend("prompt-lookup", "v", verifier_url="http://v", native_url="http://n")
+
+
+def test_tune_with_prompt_lookup_and_the_new_rules(tmp_path, tiny_pair_dirs):
+    """One flag picks the drafter; `tune` takes the new rules, measures lookup's costs and exports them."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from relaxtune.cli import app
+    from relaxtune.report.export import load_config
+
+    from .tiny_task import write_tiny_task
+
+    task = write_tiny_task(tmp_path)
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump({"trials": 2, "n_drafts": [2], "limit": 4, "dtype": "float32", "stage_size": 2}))
+    args = ["tune", "--config", str(cfg), "--task", task, "--drafter", "prompt-lookup", "--verifier", tiny_pair_dirs[1],
+            "--methods", "typical,ears", "--output-dir", str(tmp_path / "runs"),
+            "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
+    assert set(config.methods) == {"typical", "ears"} and config.drafter == "prompt-lookup"
+    # measured, not the 0.2 default (near 0 against a real verifier; a tiny one runs in a fraction of a millisecond)
+    assert config.c_rel != 0.2 and "prompt lookup" in config.cost_profile["source"]

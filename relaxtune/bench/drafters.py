@@ -31,6 +31,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
+
+import torch
 
 from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import load_pair
@@ -102,19 +105,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-draft", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's); 1 is faster on a machine other work keeps busy")
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts, 24 tokens: a smoke run")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.code, args.math, args.max_new_tokens = 1, 1, 24
     methods = parse_methods(args.methods)
     spec = load_task("gsm8k_mini")
     sampling = spec.sampling.params()  # the paper's transform: T 0.6, top-p 0.95, top-k 20
     t0 = time.perf_counter()
-    rows = []
+    rows, profile = [], None
     for drafter in (DRAFTER.name, LOOKUP):
         backend = load_pair(drafter, VERIFIER.name, dtype=args.dtype)
         prompts, problems = _prompts(backend.tokenizer, args.code, args.math)
-        profile = backend.cost_profile(prompts[0], [args.n_draft], min_passes=3, max_passes=6)
+        if profile is None:  # the pair's costs; lookup then shares its verifier costs and measures its drafting
+            profile = backend.cost_profile(prompts[0], [args.n_draft], min_passes=2, max_passes=4)
+        else:
+            seconds, spread, _ = backend.draft_seconds(prompts[0], min_passes=2, max_passes=4)
+            profile = replace(profile, t_draft=seconds, spread=profile.spread | {"t_draft": spread})
         print(f"# {backend.name}: {profile.summary()}", flush=True)
         strict_len = None
         for method, knob in methods:
