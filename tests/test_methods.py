@@ -25,7 +25,7 @@ def _rows(seed=0, n=64, v=12, temperature=0.8):
 
 
 def test_registry_holds_the_papers_methods():
-    assert list(METHODS) == PAPER_IDS + ["sglang_threshold"]
+    assert list(METHODS) == PAPER_IDS + ["sglang_threshold", "typical", "ears"]
     for spec in METHODS.values():
         assert spec.targets.__doc__ and spec.description
         if spec.has_knob:
@@ -78,7 +78,7 @@ def test_greedy_allowed_for_methods_that_mix_in_q(method):
     get_method(method).check_temperature(0.0)
 
 
-@pytest.mark.parametrize("method", PAPER_IDS)
+@pytest.mark.parametrize("method", PAPER_IDS + ["typical", "ears"])
 def test_residual_targets_are_distributions(method):
     spec = METHODS[method]
     rows = _rows()
@@ -89,7 +89,7 @@ def test_residual_targets_are_distributions(method):
         assert torch.allclose(t.pi_res.sum(-1), torch.ones(len(rows.p)), atol=1e-5)
 
 
-@pytest.mark.parametrize("method", PAPER_IDS)
+@pytest.mark.parametrize("method", PAPER_IDS + ["typical", "ears"])
 def test_rej_at_equals_full_rows_at_the_draft(method):
     spec = METHODS[method]
     rows = _rows(seed=1)

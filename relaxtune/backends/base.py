@@ -13,6 +13,13 @@ and an autoregressive step is ``step(state)`` (verifier logits ``[V]``) then
 ``[V]`` to the drafted token id, so sampling (and its randomness) stays with the
 caller and the backend never sees a method or a task.
 
+A drafter may propose point masses instead of samples (prompt lookup,
+``relaxtune.backends.lookup``): such a backend sets ``point_mass_drafts = True``
+and returns drafter rows that are ``0`` at the drafted id and ``-inf`` elsewhere;
+the engine then takes ``q`` as one-hot at the id ``pick`` returns (its argmax),
+without running the sampling transform on the row. The attribute is optional:
+absent means False, so other backends need not change.
+
 A backend that can advance many sequences at once also implements
 ``BatchBackend``: a ``Batch`` of rows (one ``SequenceState`` each) that join and
 leave at any round (continuous refill), one forward per drafting step, one
@@ -27,7 +34,8 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-__all__ = ["Backend", "BatchBackend", "Batch", "DraftResult", "SequenceState", "Pick", "BatchPick", "is_batched"]
+__all__ = ["Backend", "BatchBackend", "Batch", "DraftResult", "SequenceState", "Pick", "BatchPick", "is_batched",
+           "point_mass_drafts"]
 
 Pick = Callable[[torch.Tensor], int]
 BatchPick = Callable[[torch.Tensor, int], torch.Tensor]  # (raw drafter logits [R, V], draft step) -> ids [R]
@@ -92,6 +100,8 @@ class Backend(Protocol):
         vocab_size: V, the width of every logit row (tokens).
         eos_token_ids: ids that end a response.
         name: a short description (model ids) for records.
+        point_mass_drafts: optional, default False: the drafter's rows are point
+            masses (see the module doc).
     """
 
     vocab_size: int
@@ -188,3 +198,8 @@ class BatchBackend(Backend, Protocol):
 def is_batched(backend) -> bool:
     """True when ``backend`` implements ``BatchBackend`` (and allows batching)."""
     return callable(getattr(backend, "start_batch", None)) and int(getattr(backend, "batch_size", 0) or 0) >= 1
+
+
+def point_mass_drafts(backend) -> bool:
+    """True when ``backend``'s drafter proposes point masses (``point_mass_drafts``)."""
+    return bool(getattr(backend, "point_mass_drafts", False))

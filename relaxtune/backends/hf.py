@@ -32,6 +32,7 @@ import torch
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .base import DraftResult, Pick, SequenceState
 from .hf_batch import BatchedForwards
+from .lookup import PromptLookupBackend, parse_lookup
 from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
 from .ragged import PrefillStore, supports
 
@@ -266,11 +267,13 @@ def _tokenizer(path: str):
 
 
 def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto",
-              batch_size: int | None = None) -> HFBackend:
+              batch_size: int | None = None) -> HFBackend | PromptLookupBackend:
     """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
 
     Args:
-        drafter: model id or path, an embedded name, or None (AR only).
+        drafter: model id or path, an embedded name, ``prompt-lookup[:<max n>]`` (a
+            ``relaxtune.backends.lookup.PromptLookupBackend`` over the verifier), or
+            None (AR only).
         verifier: model id or path, or an embedded name.
         dtype: torch dtype name ("bfloat16" is fastest on CPUs measured so far;
             "float32" for exact comparisons).
@@ -283,6 +286,9 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
     """
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
+    if (max_ngram := parse_lookup(drafter)) is not None:  # a drafter without a model: the verifier alone, wrapped
+        verifier_only = load_pair(None, verifier, dtype=dtype, device=device, batch_size=batch_size)
+        return PromptLookupBackend(verifier_only, max_ngram=max_ngram, name=pair_name(drafter, verifier, dtype))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     v_path = resolve_model_path(verifier)

@@ -3,6 +3,8 @@ in-process pair; and the name its records and studies carry, known without loadi
 
 from __future__ import annotations
 
+from .lookup import PromptLookupBackend, parse_lookup
+
 __all__ = ["backend_name", "load_backend"]
 
 
@@ -12,7 +14,7 @@ def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_u
     without loading anything: ``sglang-<drafter>-><verifier>`` for servers, else the
     in-process pair's ``pair_name``. ``loading``: ``load_backend``'s other arguments,
     which do not change the name (so one dict serves both)."""
-    if drafter_url and verifier_url:
+    if verifier_url and (drafter_url or parse_lookup(drafter) is not None):
         return f"sglang-{drafter}->{verifier}"
     from .hf import pair_name
 
@@ -23,17 +25,25 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
                  drafter_url: str | None = None, verifier_url: str | None = None, tokenizer: str | None = None,
                  concurrency: int = 8, native_url: str | None = None):
     """The SGLang backend when both server URLs are set, else the in-process pair
-    (``hf.load_pair``: ``batch_size`` sequences together).
+    (``hf.load_pair``: ``batch_size`` sequences together). The prompt-lookup drafter
+    (``--drafter prompt-lookup``, ``relaxtune.backends.lookup``) needs no model: over
+    SGLang it takes the verifier's URL alone.
 
     Raises:
-        ValueError: only one of the two URLs is set, or ``native_url`` without them.
+        ValueError: only one of the two URLs is set (a drafter URL with prompt lookup),
+            or ``native_url`` without them (or with prompt lookup).
         relaxtune.backends.sglang.SGLangError: a server is unreachable, or serves another
             model than ``drafter`` / ``verifier`` names (its ``/model_info``).
     """
-    if bool(drafter_url) != bool(verifier_url):
+    max_ngram = parse_lookup(drafter)
+    if max_ngram is not None and drafter_url:
+        raise ValueError(f"--drafter {drafter} drafts without a model: give --verifier-url alone, no --drafter-url")
+    if max_ngram is None and bool(drafter_url) != bool(verifier_url):
         raise ValueError("the SGLang backend needs both --drafter-url and --verifier-url")
     if native_url and not verifier_url:
         raise ValueError("--native-url needs --drafter-url and --verifier-url too (strict, the baseline, runs on them)")
+    if native_url and max_ngram is not None:
+        raise ValueError("--native-url serves SGLang's speculative server with its own drafter model, not prompt lookup")
     if verifier_url:
         from .embedded import EMBEDDED
         from .hf import resolve_model_path
@@ -42,9 +52,11 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
         tokenizer = tokenizer or verifier
         if tokenizer in EMBEDDED:  # its converted folder holds the tokenizer and configs
             tokenizer = resolve_model_path(tokenizer)
-        return SGLangBackend(drafter_url, verifier_url, tokenizer, max_concurrency=concurrency,
-                             native_url=native_url, name=backend_name(drafter, verifier, dtype, drafter_url, verifier_url),
-                             models=(drafter, verifier))
+        name = backend_name(drafter, verifier, dtype, drafter_url, verifier_url)
+        backend = SGLangBackend(drafter_url, verifier_url, tokenizer, max_concurrency=concurrency,
+                                native_url=native_url, name=name,
+                                models=(drafter if max_ngram is None else None, verifier))
+        return backend if max_ngram is None else PromptLookupBackend(backend, max_ngram=max_ngram, name=name)
     from .hf import load_pair
 
     return load_pair(drafter, verifier, dtype=dtype, batch_size=batch_size)

@@ -228,7 +228,8 @@ class SGLangBackend:
     """A drafter and a verifier served by SGLang.
 
     Args:
-        drafter_url, verifier_url: base URLs of the two servers.
+        drafter_url, verifier_url: base URLs of the two servers; ``drafter_url`` None for
+            a verifier alone (``relaxtune.backends.lookup.PromptLookupBackend`` drafts).
         tokenizer: the shared tokenizer (object, or a model id / folder to load it
             from, with the model config and generation config when there: their
             EOS ids join the stop tokens, ``stop_token_ids``).
@@ -257,17 +258,19 @@ class SGLangBackend:
         from .sglang_native import NativeSpecServer
 
         self.http = AsyncHTTP(timeout, max_concurrency)
-        self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff)
+        self.drafter = ServerClient(drafter_url, "drafter", self.http, retries, backoff) if drafter_url else None
         self.verifier = ServerClient(verifier_url, "verifier", self.http, retries, backoff)
         self.native = NativeSpecServer(native_url, self.http, retries, backoff) if native_url else None
         if check:  # fail fast, before loading a tokenizer
             try:
                 for server in (self.drafter, self.verifier) + ((self.native.server,) if self.native else ()):
-                    server.health()
+                    if server is not None:
+                        server.health()
                 if models is not None:
                     from .sglang_models import check_serves
 
-                    check_serves(self.drafter, models[0], "--drafter")
+                    if self.drafter is not None and models[0] is not None:
+                        check_serves(self.drafter, models[0], "--drafter")
                     check_serves(self.verifier, models[1], "--verifier")
             except SGLangError:
                 self.http.close()
@@ -307,6 +310,8 @@ class SGLangBackend:
         """Draft ``n`` tokens one request at a time (our sampler picks each); the
         first ``asked_ids`` ids of the drafter's rows taken rank by rank (every
         row's best, then every row's second, ...) are kept for the next ``score``."""
+        if self.drafter is None:
+            raise RuntimeError(f"{self.name}: no drafter server (a model-free drafter wraps this backend)")
         ids: list[int] = []
         rows = []
         for i in range(n + int(extra_step)):

@@ -6,7 +6,7 @@ import math
 
 import typer
 
-from ..decoding.methods import METHODS
+from ..decoding.methods import METHODS, Needs
 from .app import App, app, console
 from .tables import JSON, Col, print_json, show
 
@@ -32,9 +32,12 @@ def methods(json_output: bool = JSON) -> None:
         close = ")" if spec.high_open or math.isinf(spec.high) else "]"
         rng = f"[{_fmt(spec.low)}, {_fmt(spec.high)}{close}" if spec.has_knob else "-"
         strict = ("< 0" if spec.strict_below_zero else _fmt(spec.strict_point)) if spec.has_knob else "-"
+        if spec.has_knob and spec.strict_point is None:
+            strict = "none"
+        full = "no" if spec.pointwise else ("yes" if Needs.FULL_ROWS in spec.needs else "p only")
         rows.append({"method": spec.id, "knob": spec.knob or "-", "valid range": rng, "strict at": strict,
                      "paper grid": ", ".join(_fmt(g) for g in spec.grid) or "-",
-                     "full rows": "no" if spec.pointwise else "yes", "rule": spec.description})
+                     "full rows": full, "rule": spec.description})
     if json_output:
         print_json(rows)
         return

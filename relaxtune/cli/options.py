@@ -11,7 +11,8 @@ import typer
 TUNE_FLAGS = dict(
     task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
     methods=typer.Option(None, help="comma-separated method ids \\[default: cactus,mentored]"),
-    drafter=typer.Option(None, help="drafter: embedded name, folder or hub id \\[default: embedded 0.5B]"),
+    drafter=typer.Option(None, help="drafter: embedded name, folder, hub id, or prompt-lookup[:n] (no model) "
+                                    "\\[default: embedded 0.5B]"),
     verifier=typer.Option(None, help="verifier \\[default: embedded 1.5B]"),
     dtype=typer.Option(None, help="bfloat16 (default), float16 or float32"),
     drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),

@@ -17,7 +17,7 @@ def generate(
     method: str = typer.Option("strict", help="method id (see `relaxtune methods`) or 'ar'"),
     alpha: Optional[float] = typer.Option(None, help="the method's knob; default: the middle of its paper grid"),
     n_draft: int = typer.Option(4, "--n-draft", "-n", help="draft length N"),
-    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder or hub id"),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder, hub id or prompt-lookup"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="embedded name, local folder or hub id"),
     temperature: float = typer.Option(0.6),
     top_k: int = typer.Option(20, help="keep the k most likely tokens; 0 keeps all"),

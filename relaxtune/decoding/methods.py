@@ -5,7 +5,9 @@ The rules themselves (pure functions on probability rows) live in
 ``relaxtune.decoding.rules``; source of every rule and value: Xia, Ribar and Balanca,
 "A Practical Investigation of Training-free Relaxed Speculative Decoding"
 (arXiv 2607.08690, 2026), the unified table reproduced in
-``shared/docs/relaxed-methods.md``.
+``shared/docs/relaxed-methods.md``. Beside them, the rules serving engines ship
+(``relaxtune.decoding.engine_rules``: ``typical``, ``ears``) and SGLang's own
+(``sglang_threshold``), each with its source in its docstring.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .rules import (
     spec_cont_dec,
     strict,
 )
+from .engine_rules import _ears_at, _typical_at, ears, typical
 
 __all__ = [
     "Rows",
@@ -63,6 +66,7 @@ class Needs(enum.Flag):
     DRAFTER_LOGITS = enum.auto()  # raw drafter logits z_q
     EXTRA_DRAFTER_STEP = enum.auto()  # drafter row at position N+1 after a full accept
     GREEDY_DRAFTS = enum.auto()  # drafts are the drafter's argmax and q rows are one-hot
+    VERIFIER_ROWS = enum.auto()  # the full p row at every drafted position (its entropy or maximum), not q's
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,10 @@ class MethodSpec:
         bonus_from_pi: draw the bonus token from the method's pi at N+1
             (``spec_cont_dec``) instead of ``p``.
         strict_below_zero: every negative knob is strict too (an empty switch set).
-        refuses_greedy: T = 0 makes the method collapse to strict.
+        refuses_greedy: T = 0 makes the method collapse to strict (or to greedy
+            decoding: ``typical``).
+        weaker_up: a larger knob relaxes less (``typical``'s epsilon), so the tuner's
+            strength runs from the top of the search range.
         server_native: SGLang's speculative server runs the rule itself (a backend
             with such a server, ``native``, serves it there).
         description: one line for listings.
@@ -107,13 +114,14 @@ class MethodSpec:
     strict_below_zero: bool = False
     refuses_greedy: bool = False
     server_native: bool = False
+    weaker_up: bool = False
     description: str = ""
 
     @property
     def pointwise(self) -> bool:
         """True when the accept test reads only p(x) and q(x) (full rows are then
         needed only at the rejected position)."""
-        return Needs.FULL_ROWS not in self.needs
+        return not self.needs & (Needs.FULL_ROWS | Needs.VERIFIER_ROWS)
 
     @property
     def has_knob(self) -> bool:
@@ -222,6 +230,18 @@ METHODS: dict[str, MethodSpec] = {
             grid=(0.8, 0.5, 0.2), search=(0.05, 1.0, False), needs=Needs.GREEDY_DRAFTS, refuses_greedy=True,
             server_native=True,
             description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t or u <= p(x)/t (not in the paper)",
+        ),
+        MethodSpec(
+            "typical", typical, _typical_at, "epsilon", 0.0, 1.0, strict_point=None, grid=(0.25, 0.09, 0.03),
+            search=(0.01, 1.0, True), needs=Needs.VERIFIER_ROWS, refuses_greedy=True, weaker_up=True,
+            description="typical acceptance (Medusa, vLLM): accept iff p(x) > min(eps, sqrt(eps) e^-H(p)), "
+                        "else the verifier's argmax; deterministic, no strict point (not in the paper)",
+        ),
+        MethodSpec(
+            "ears", ears, _ears_at, "tolerance", 0.0, 1.0, strict_point=0.0, grid=(0.1, 0.3, 0.5),
+            search=(0.0, 1.0, False), needs=Needs.VERIFIER_ROWS, refuses_greedy=True,
+            description="EARS: accept w.p. min(1, p(x)/q(x) + t (1 - max p)), never p(x) = 0; residual from p "
+                        "(not in the paper)",
         ),
     )
 }

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..backends.base import BatchBackend, SequenceState
+from ..backends.base import BatchBackend, SequenceState, point_mass_drafts
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
@@ -126,7 +126,8 @@ def generate_batch(
     knob = check_decode(method, knob, n_draft, sampling.temperature)
     spec = None if ar else get_method(method)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
-    greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
+    # one-hot q at the drafter's argmax: SGLang's target-only rule, or a point-mass drafter (prompt lookup)
+    greedy_drafts = spec is not None and (Needs.GREEDY_DRAFTS in spec.needs or point_mass_drafts(backend))
     size = int(batch_size or backend.batch_size)
     if size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
@@ -188,7 +189,7 @@ def _round(backend: BatchBackend, batch, rows: list[_Row], ar: bool, spec, knob,
     q_rows: list[torch.Tensor] = []
 
     def pick(z: torch.Tensor, i: int) -> torch.Tensor:
-        if greedy_drafts:  # the drafter's argmax, q one-hot (SGLang's target-only rule)
+        if greedy_drafts:  # the drafter's argmax, q one-hot
             ids = z.argmax(-1)
             q_rows.append(torch.nn.functional.one_hot(ids, z.shape[-1]).float())
             return ids
@@ -197,7 +198,9 @@ def _round(backend: BatchBackend, batch, rows: list[_Row], ar: bool, spec, knob,
 
     ids, z_q = backend.draft_batch(batch, n_draft, pick, extra_step=extra_step)
     if extra_step:
-        q_rows.append(transform_logits(z_q[:, -1], sampling))
+        z = z_q[:, -1]
+        q_rows.append(torch.nn.functional.one_hot(z.argmax(-1), z.shape[-1]).float() if greedy_drafts
+                      else transform_logits(z, sampling))
     z_p = backend.score_batch(batch, ids)
     out = verify_rounds(
         transform_logits(z_p, sampling), torch.stack(q_rows, 1), ids, spec, knob,

@@ -9,7 +9,8 @@ same backend calls.
 
 Randomness: one ``torch.Generator`` per response seeded with ``seed``. A round
 draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
-the drafter's argmax), then N + 1 for verification; an AR step draws 1.
+the drafter's argmax, and by a point-mass drafter such as prompt lookup), then
+N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
 the same seed share their random numbers (paired comparisons).
 ``relaxtune.engine.batch.generate_batch`` runs many responses together with the same
@@ -25,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from ..backends.base import Backend
+from ..backends.base import Backend, point_mass_drafts
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
@@ -324,7 +325,8 @@ def generate(
         gen = _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, ())
         return _cut_native(gen, backend.decode, stop, stop_after)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
-    greedy_drafts = spec is not None and Needs.GREEDY_DRAFTS in spec.needs
+    # one-hot q at the drafter's argmax: SGLang's target-only rule, or a point-mass drafter (prompt lookup)
+    greedy_drafts = spec is not None and (Needs.GREEDY_DRAFTS in spec.needs or point_mass_drafts(backend))
 
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(int(seed))
@@ -342,7 +344,7 @@ def generate(
             q_rows: list[torch.Tensor] = []
 
             def pick(z: torch.Tensor) -> int:
-                if greedy_drafts:  # the drafter's argmax, q one-hot (SGLang's target-only rule)
+                if greedy_drafts:  # the drafter's argmax, q one-hot
                     token = int(z.argmax())  # the transform keeps the order: no need to run it
                     q_rows.append(torch.nn.functional.one_hot(torch.tensor([token]), z.shape[-1]).float())
                     return token
@@ -352,7 +354,8 @@ def generate(
             drafted = backend.draft(state, n_draft, pick, extra_step=extra_step)
             z_q = drafted.logits
             if extra_step:
-                q_rows.append(transform_logits(z_q[-1:], sampling))
+                q_rows.append(torch.nn.functional.one_hot(z_q[-1:].argmax(-1), z_q.shape[-1]).float() if greedy_drafts
+                              else transform_logits(z_q[-1:], sampling))
             z_p = backend.score(state, drafted.ids)
             out = verify_rounds(
                 transform_logits(z_p, sampling)[None],

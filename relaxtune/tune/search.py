@@ -56,9 +56,11 @@ def _unit(spec: MethodSpec, knob: float) -> float:
 
 
 def _reversed(spec: MethodSpec) -> bool:
-    """The strict point lies at the top of the search range (``sglang_threshold``: t = 1)."""
+    """The weakest relaxation lies at the top of the search range: the strict point is there
+    (``sglang_threshold``: t = 1), or the knob relaxes less as it grows (``weaker_up``:
+    ``typical``'s epsilon, which has no strict point)."""
     sp = spec.strict_point
-    return sp is not None and math.isfinite(sp) and sp >= spec.search[1]
+    return spec.weaker_up or (sp is not None and math.isfinite(sp) and sp >= spec.search[1])
 
 
 def strength(spec: MethodSpec | str, knob: float) -> float:
