@@ -116,7 +116,8 @@ class Tracker(Runs):
             client.log_dict(run, profile.to_dict(), "cost_profile.json")
             if profile.spread:
                 client.log_metric(run, "cost_spread_max", max(profile.spread.values()))
-            client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
+            with self._lock():  # every worker sets it at its start (concurrent inserts of one tag clash)
+                client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
 
     def start_study(self, method: str, study) -> str:
         """The study's run (created or resumed); returns its id."""
@@ -158,20 +159,21 @@ class Tracker(Runs):
         """A method's confirmation on its study run: every attempt as ``confirmation.json``,
         the search and confirmation bounds of the last attempt as metrics (``search_drop_ucb``,
         ``confirm_drop_ucb`` at ``confirm_confidence``) and the outcome as a tag."""
-        run_id = self.study_runs[method]
-        attempts = [a.summary() for a in confirmation.attempts]
-        self.client.log_dict(run_id, {"confidence": confirmation.confidence, "planned": confirmation.planned,
-                                      "attempts": attempts, "missing": confirmation.missing}, "confirmation.json")
-        if attempts:
-            last = attempts[-1]
-            for key, value in {"search_drop_ucb": last["search_drop_upper_bound"],
-                               "confirm_drop_ucb": last["drop_upper_bound"], "confirm_confidence": last["confidence"],
-                               "confirm_accuracy": last["accuracy"], "confirm_strict_accuracy": last["strict_accuracy"],
-                               "confirm_n": last["n"], "confirm_attempts": len(attempts)}.items():
-                self.client.log_metric(run_id, key, float(value))
-        done = confirmation.confirmed
-        self.client.set_tag(run_id, "relaxtune.confirmed",
-                            f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
+        with self._lock():  # workers confirming together set the same tags (MLflow: insert, then a unique clash)
+            run_id = self.study_runs[method]
+            attempts = [a.summary() for a in confirmation.attempts]
+            self.client.log_dict(run_id, {"confidence": confirmation.confidence, "planned": confirmation.planned,
+                                          "attempts": attempts, "missing": confirmation.missing}, "confirmation.json")
+            if attempts:
+                last = attempts[-1]
+                for key, value in {"search_drop_ucb": last["search_drop_upper_bound"],
+                                   "confirm_drop_ucb": last["drop_upper_bound"], "confirm_confidence": last["confidence"],
+                                   "confirm_accuracy": last["accuracy"], "confirm_strict_accuracy": last["strict_accuracy"],
+                                   "confirm_n": last["n"], "confirm_attempts": len(attempts)}.items():
+                    self.client.log_metric(run_id, key, float(value))
+            done = confirmation.confirmed
+            self.client.set_tag(run_id, "relaxtune.confirmed",
+                                f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
 
     def finish(self, outcomes, tuner, config, config_path: Path) -> None:
         """Close the job's runs once strict is known at every N and the config is
