@@ -22,6 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(ROOT)}
 
 
+def trials_attrs(storage: str, name: str) -> str:
+    """Every trial's user attributes as one string (a stale retry leaves its mark there)."""
+    return json.dumps([t.user_attrs for t in optuna.load_study(study_name=name, storage=storage).trials], default=str)
+
+
 def _records(runs: Path) -> dict[str, list[str]]:
     return {p.name: p.read_text().splitlines() for p in sorted(runs.rglob("*.jsonl"))}
 
@@ -58,7 +63,8 @@ def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, s
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     said = (tmp_path / "first.log").read_text()
-    assert rc == 130 and took < 10, (rc, took, said)
+    # about a second on an idle machine; the bound leaves room for a machine at load 30 on 2 cores
+    assert rc == 130 and took < 30, (rc, took, said)
     assert "Traceback" not in said, said
     last = said.strip().splitlines()[-1]
     kept = _records(runs)
@@ -74,7 +80,8 @@ def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, s
     started = time.time()
     resumed = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert time.time() - started < 120 and "went stale" not in resumed.stdout  # no 600 s grace period
+    assert time.time() - started < 400, resumed.stdout  # the grace period is 600 s: a stale wait would show
+    assert "went stale" not in resumed.stdout and "stale" not in trials_attrs(settings["storage"], name)
     trials = optuna.load_study(study_name=name, storage=settings["storage"]).trials
     assert [t.state.name for t in trials] in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"], ["PRUNED", "PRUNED"],
                                               ["PRUNED", "COMPLETE"])
