@@ -1,7 +1,8 @@
 """Backends: where drafter and verifier distributions come from.
 
 ``base`` defines the protocol; ``hf`` runs transformers models in-process (``hf_batch``
-its batched forwards over ``ragged`` caches); ``http``, ``sglang`` and ``sglang_native``
+its batched forwards over ``ragged`` caches); ``llamacpp`` runs GGUF files on llama.cpp
+(``llamacpp_model`` one model's context); ``http``, ``sglang`` and ``sglang_native``
 talk to SGLang servers (``sglang_launch`` starts them); ``embedded`` assembles the
 embedded CPU pair. Backends know nothing about tasks or methods.
 
