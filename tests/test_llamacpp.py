@@ -189,3 +189,37 @@ def test_cost_profile_prices_every_draft_length_at_least_one_step(files):
     assert all(t >= profile.t_ar for t in profile.t_verify.values())
     assert "@" not in profile.source and "threads" in profile.source
     assert sorted(backend.verifier.free) == list(range(8))
+
+
+def test_eval_and_generate_run_on_llamacpp(files, tiny_pair_dirs, tmp_path):
+    """``--runtime llamacpp`` on the command line: eval gives the same records at batch
+    1 and 3 under the pair's ``@llamacpp`` name; generate runs and reports its speed-up."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from relaxtune.cli import app
+    from relaxtune.cli.options import settings_from
+
+    from .tiny_task import write_tiny_task
+
+    runner, task = CliRunner(), write_tiny_task(tmp_path)
+    pair = ["--runtime", "llamacpp", "--drafter", str(files["d64"]), "--verifier", str(files["v64"]),
+            "--tokenizer", tiny_pair_dirs[1]]
+    outputs = {}
+    for size in ("1", "3"):
+        out = runner.invoke(app, ["eval", "--task", task, "--limit", "4", *pair, "--batch-size", size,
+                                  "--output-dir", str(tmp_path / size)], env={"COLUMNS": "200"})
+        assert out.exit_code == 0, out.output
+        (records,) = (tmp_path / size).rglob("*.jsonl")
+        assert "llamacpp" in str(records)
+        outputs[size] = sorted((r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines()))
+    assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
+    out = runner.invoke(app, ["generate", "abc", "--max-new-tokens", "12", "--method", "cactus", "--alpha", "1",
+                              "--temperature", "0.8", *pair], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "decoding statistics" in out.output and "measured wall-clock speed-up over AR" in out.output
+    settings = settings_from(None, {"task": "humaneval", "runtime": "llamacpp"})
+    assert settings.backend["runtime"] == "llamacpp"
+    with pytest.raises(Exception, match="runtime"):
+        settings_from(None, {"task": "humaneval", "runtime": "vllm"})

@@ -13,15 +13,29 @@ from pathlib import Path
 import numpy as np
 
 
+def vocab_of(path: str | Path) -> dict:
+    """A GGUF's vocabulary as ``write_tiny_gguf`` keywords: ``vocab`` (token texts),
+    ``token_types``, ``merges``, ``pre`` and ``eos``."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(path)).fields
+    get = lambda key: fields[key].contents() if key in fields else None  # noqa: E731
+    return dict(vocab=get("tokenizer.ggml.tokens"), token_types=get("tokenizer.ggml.token_type"),
+                merges=get("tokenizer.ggml.merges") or [], pre=get("tokenizer.ggml.pre") or "default",
+                eos=get("tokenizer.ggml.eos_token_id"))
+
+
 def write_tiny_gguf(path: str | Path, vocab: list[str], *, seed: int = 0, noise: float = 0.0, noise_seed: int = 1,
-                    control: int = 0, eos: int | None = None, scale: float = 0.3, out_scale: float = 1.0,
+                    control: int = 0, token_types: list[int] | None = None, merges: list[str] = (),
+                    pre: str = "qwen2", eos: int | None = None, scale: float = 0.3, out_scale: float = 1.0,
                     n_embd: int = 32, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 64,
                     n_ctx: int = 1024) -> Path:
     """Write a tiny random Qwen2 GGUF (float32) to ``path`` and return it.
 
     Args:
         vocab: the token texts (byte-level: ``Ġ`` a space, ``Ċ`` a newline); the
-            first ``control`` of them are control tokens.
+            first ``control`` of them are control tokens (or ``token_types`` gives
+            every token's type); merges / pre: the BPE merges and pre-tokenizer.
         seed: the weights' seed; noise: standard deviation of the noise added to
             every weight (relative to ``scale``), drawn with ``noise_seed``.
         eos: the end-of-sequence id (None: none named).
@@ -50,10 +64,11 @@ def write_tiny_gguf(path: str | Path, vocab: list[str], *, seed: int = 0, noise:
     out.add_layer_norm_rms_eps(1e-6)
     out.add_file_type(gguf.LlamaFileType.ALL_F32)
     out.add_tokenizer_model("gpt2")
-    out.add_tokenizer_pre("qwen2")
+    out.add_tokenizer_pre(pre)
     out.add_token_list(vocab)
-    out.add_token_types([gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (v - control))
-    out.add_token_merges([])
+    out.add_token_types(list(token_types) if token_types is not None
+                        else [gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (v - control))
+    out.add_token_merges(list(merges) or [f"{vocab[-2]} {vocab[-1]}"])  # llama.cpp needs at least one merge
     if eos is not None:
         out.add_eos_token_id(eos)
     out.add_add_bos_token(False)

@@ -26,6 +26,8 @@ def generate(
     seed: int = typer.Option(0),
     dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
     runtime: str = typer.Option("hf", help=TUNE_FLAGS["runtime"].help),
+    tokenizer: Optional[str] = typer.Option(None, help="tokenizer id/folder for --runtime llamacpp \\[default: the "
+                                            "verifier GGUF's]"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
     json_output: bool = JSON,
 ) -> None:
@@ -49,7 +51,7 @@ def generate(
     with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
         try:
             backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
-                                   batch_size=1 if runtime == "llamacpp" else None)
+                                   batch_size=1 if runtime == "llamacpp" else None, tokenizer=tokenizer)
         except (OSError, ValueError, RuntimeError) as err:
             raise typer.BadParameter(str(err)) from None
     ids = backend.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
