@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", default=None, help="which tables: single, batch [default: both; batch on llamacpp]")
     ap.add_argument("--runtime", default="hf", choices=["hf", "llamacpp"],
                     help="hf: transformers on the bf16 models; llamacpp: llama.cpp on the GGUF files")
+    ap.add_argument("--tokenizer", default=None, help="llamacpp: tokenizer id/folder [default: the verifier GGUF's]")
     ap.add_argument("--drafts", default="2,4,8", help="draft lengths N of the single table, comma separated")
     ap.add_argument("--batch-sizes", default="1,4,8", help="batch sizes B of the batch table, comma separated")
     ap.add_argument("--batch-n-draft", type=int, default=4, help="relaxtune strict's N in the batch table")
@@ -157,7 +158,8 @@ def _llamacpp(args) -> int:
     from relaxtune.bench.llamacpp import llamacpp_table
 
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    backend = load_gguf_pair(args.drafter, args.verifier, max(sizes), n_ctx_seq=args.max_new_tokens + 256)
+    backend = load_gguf_pair(args.drafter, args.verifier, max(sizes), n_ctx_seq=args.max_new_tokens + 256,
+                             tokenizer=args.tokenizer)
     backend.eos_token_ids = frozenset()  # fixed-length runs
     prompts = [chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
     print(f"{backend.name}, GGUF on llama.cpp, {len(prompts)} prompts x {args.max_new_tokens} new tokens, T 0.6 "

@@ -88,6 +88,7 @@ def llamacpp_table(backend: LlamaCppBackend, prompts: list[list[int]], sizes: li
                                    ("r_", run_ours(backend, prompts, b, max_new, n_draft, method, knob))):
                 for key, value in result.items():
                     out[b].setdefault(prefix + key, []).append(value)
+                print(f"  B = {b} {prefix[0].upper()}: {result['tps']:.2f} tok/s", flush=True)  # progress
     base = out[sizes[0]]["s_tps"]
     print(f"llama.cpp: {len(prompts)} responses per run, {backend.verifier.threads} threads; L = llama.cpp batched AR "
           f"(its sampler), S = relaxtune strict N={n_draft}, R = relaxtune {method} {knob:g} N={n_draft}, both on "
