@@ -213,7 +213,8 @@ def test_eval_and_generate_run_on_llamacpp(files, tiny_pair_dirs, tmp_path):
         assert out.exit_code == 0, out.output
         (records,) = (tmp_path / size).rglob("*.jsonl")
         assert "llamacpp" in str(records)
-        outputs[size] = sorted((r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines()))
+        rows = map(json.loads, records.read_text().splitlines())
+        outputs[size] = sorted((r["problem_id"], r["output"]) for r in rows)
     assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
     out = runner.invoke(app, ["generate", "abc", "--max-new-tokens", "12", "--method", "cactus", "--alpha", "1",
                               "--temperature", "0.8", *pair], env={"COLUMNS": "200"})
