@@ -224,3 +224,18 @@ def test_eval_and_generate_run_on_llamacpp(files, tiny_pair_dirs, tmp_path):
     assert settings.backend["runtime"] == "llamacpp"
     with pytest.raises(Exception, match="runtime"):
         settings_from(None, {"task": "humaneval", "runtime": "vllm"})
+
+
+def test_the_benchmark_rows_run_llamacpp_ar_beside_strict_and_a_relaxed_rule(files, capsys):
+    from relaxtune.bench.llamacpp import llamacpp_table
+
+    backend = _pair(files, "64", slots=2)
+    prompts = [[3 + (5 * i + j) % 60 for j in range(4 + i)] for i in range(4)]
+    figures = llamacpp_table(backend, prompts, [1, 2], n_draft=2, max_new=6, repeats=1)
+    for b in (1, 2):
+        assert figures[b]["l_tps"][0] > 0 and figures[b]["s_tps"][0] > 0 and figures[b]["r_tps"][0] > 0
+        assert 0 <= figures[b]["s_l_accept"][0] <= 2
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.strip()[:1] in "12" and "|" in line]
+    assert [int(r.split("|")[0]) for r in rows] == [1, 2] and "S/L" in out and "R/L" in out
+    assert sorted(backend.verifier.free) == [0, 1]  # the AR runs gave their slots back
