@@ -5,17 +5,24 @@ from __future__ import annotations
 
 from .lookup import PromptLookupBackend, parse_lookup
 
-__all__ = ["backend_name", "load_backend"]
+__all__ = ["backend_name", "load_backend", "RUNTIMES"]
+
+RUNTIMES = ("hf", "llamacpp")  # the in-process backends: transformers, llama.cpp
 
 
 def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_url: str | None = None,
-                 verifier_url: str | None = None, **loading) -> str:
+                 verifier_url: str | None = None, runtime: str = "hf", **loading) -> str:
     """The name ``load_backend`` gives its backend (records and study names carry it),
     without loading anything: ``sglang-<drafter>-><verifier>`` for servers, else the
-    in-process pair's ``pair_name``. ``loading``: ``load_backend``'s other arguments,
-    which do not change the name (so one dict serves both)."""
+    in-process pair's ``pair_name`` (on llama.cpp ``gguf_pair_name``, ending ``@llamacpp``).
+    ``loading``: ``load_backend``'s other arguments, which do not change the name (so one
+    dict serves both)."""
     if verifier_url and (drafter_url or parse_lookup(drafter) is not None):
         return f"sglang-{drafter}->{verifier}"
+    if runtime == "llamacpp":
+        from .llamacpp import gguf_pair_name
+
+        return gguf_pair_name(drafter, verifier)
     from .hf import pair_name
 
     return pair_name(drafter, verifier, dtype)
@@ -23,18 +30,22 @@ def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_u
 
 def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_size: int | None = None,
                  drafter_url: str | None = None, verifier_url: str | None = None, tokenizer: str | None = None,
-                 concurrency: int = 8, native_url: str | None = None):
-    """The SGLang backend when both server URLs are set, else the in-process pair
-    (``hf.load_pair``: ``batch_size`` sequences together). The prompt-lookup drafter
+                 concurrency: int = 8, native_url: str | None = None, runtime: str = "hf"):
+    """The SGLang backend when both server URLs are set, else the in-process pair:
+    ``hf.load_pair`` (``runtime="hf"``), or ``llamacpp.load_gguf_pair`` on GGUF files
+    (``runtime="llamacpp"``; ``tokenizer`` overrides the GGUF's), ``batch_size``
+    sequences together. The prompt-lookup drafter
     (``--drafter prompt-lookup``, ``relaxtune.backends.lookup``) needs no model: over
     SGLang it takes the verifier's URL alone.
 
     Raises:
         ValueError: only one of the two URLs is set (a drafter URL with prompt lookup),
-            or ``native_url`` without them (or with prompt lookup).
+            ``native_url`` without them (or with prompt lookup), or an unknown runtime.
         relaxtune.backends.sglang.SGLangError: a server is unreachable, or serves another
             model than ``drafter`` / ``verifier`` names (its ``/model_info``).
     """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; use one of {', '.join(RUNTIMES)}")
     max_ngram = parse_lookup(drafter)
     if max_ngram is not None and drafter_url:
         raise ValueError(f"--drafter {drafter} drafts without a model: give --verifier-url alone, no --drafter-url")
@@ -57,6 +68,12 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
                                 native_url=native_url, name=name,
                                 models=(drafter if max_ngram is None else None, verifier))
         return backend if max_ngram is None else PromptLookupBackend(backend, max_ngram=max_ngram, name=name)
+    if runtime == "llamacpp":
+        if max_ngram is not None:
+            raise ValueError(f"--drafter {drafter} runs on the transformers runtime (--runtime hf)")
+        from .llamacpp import load_gguf_pair
+
+        return load_gguf_pair(drafter, verifier, batch_size, tokenizer=tokenizer)
     from .hf import load_pair
 
     return load_pair(drafter, verifier, dtype=dtype, batch_size=batch_size)

@@ -33,11 +33,13 @@ def run_hf(backend: HFBackend, prompts: list[list[int]], size: int, max_new: int
     return dict(tps=tokens / (time.perf_counter() - t0), latency=latency / len(prompts))
 
 
-def run_ours(backend: HFBackend, prompts: list[list[int]], size: int, max_new: int, n_draft: int) -> dict:
-    """relaxtune strict at N, ``size`` rows: tokens/s, mean latency (s), l_accept."""
+def run_ours(backend: HFBackend, prompts: list[list[int]], size: int, max_new: int, n_draft: int,
+             method: str = "strict", knob: float | None = None) -> dict:
+    """relaxtune ``method`` (strict by default) at N, ``size`` rows: tokens/s, mean latency (s), l_accept."""
     t0, tokens, latency, rounds, accepted = time.perf_counter(), 0, 0.0, 0, 0
     requests = [Request(ids, seed=i, max_new_tokens=max_new) for i, ids in enumerate(prompts)]
-    for _, gen in generate_batch(backend, requests, method="strict", n_draft=n_draft, sampling=PAPER, batch_size=size):
+    for _, gen in generate_batch(backend, requests, method=method, knob=knob, n_draft=n_draft, sampling=PAPER,
+                                 batch_size=size):
         if isinstance(gen, Exception):
             raise gen
         tokens += gen.stats.response_tokens

@@ -2,6 +2,7 @@
 
     python -m relaxtune.bench.engine [--tables single,batch] [--drafts 2,4,8] [--batch-sizes 1,4,8]
         [--max-new-tokens 128] [--prompts 8] [--repeats 3] [--device cpu|cuda] [--random-weights]
+        [--runtime hf|llamacpp]
 
 On the embedded pair (or ``--drafter`` / ``--verifier``), two tables:
 
@@ -18,6 +19,10 @@ batch (``relaxtune.bench.batching``), for each batch size B: transformers'
 batched ``generate`` (AR, left-padded) against relaxtune's batched strict at
 ``--batch-n-draft`` on the same prompts: aggregate tokens/s, per-sequence
 latency, and the ratios to relaxtune at B = 1 and to transformers.
+
+``--runtime llamacpp`` runs the batch table on the GGUF files instead
+(``relaxtune.bench.llamacpp``): llama.cpp's own batched AR against relaxtune
+strict and one relaxed rule on the llama.cpp backend, same GGUF, same process.
 
 All runs sample with the paper's transform (T 0.6, top-k 20, top-p 0.95) and
 ignore EOS, so every response has exactly ``--max-new-tokens`` tokens. Every
@@ -42,7 +47,7 @@ import torch
 from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import HFBackend
 from relaxtune.bench.batching import batch_table
-from relaxtune.bench.harness import NOISY, PAPER, build, fmt, hf_generate, median_spread, sync
+from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate, median_spread, sync
 from relaxtune.engine.sequence import generate
 
 
@@ -110,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
     ap.add_argument("--random-weights", action="store_true", help="models from the configs, random weights")
-    ap.add_argument("--tables", default="single,batch", help="which tables: single, batch")
+    ap.add_argument("--tables", default=None, help="which tables: single, batch [default: both; batch on llamacpp]")
+    ap.add_argument("--runtime", default="hf", choices=["hf", "llamacpp"],
+                    help="hf: transformers on the bf16 models; llamacpp: llama.cpp on the GGUF files")
+    ap.add_argument("--tokenizer", default=None, help="llamacpp: tokenizer id/folder [default: the verifier GGUF's]")
     ap.add_argument("--drafts", default="2,4,8", help="draft lengths N of the single table, comma separated")
     ap.add_argument("--batch-sizes", default="1,4,8", help="batch sizes B of the batch table, comma separated")
     ap.add_argument("--batch-n-draft", type=int, default=4, help="relaxtune strict's N in the batch table")
@@ -118,11 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8, help="prompts per run (the batch table needs one per row)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every figure")
     args = ap.parse_args(argv)
-    tables = {t.strip() for t in args.tables.split(",") if t.strip()}
+    llama = args.runtime == "llamacpp"
+    tables = {t.strip() for t in (args.tables or ("batch" if llama else "single,batch")).split(",") if t.strip()}
     if not tables <= {"single", "batch"} or args.repeats < 1 or args.prompts < 1:
         ap.error("--tables takes single and/or batch; --repeats and --prompts must be >= 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no CUDA device here (use --device cpu)")
+    if llama and (tables != {"batch"} or args.random_weights):
+        ap.error("--runtime llamacpp runs the batch table on the GGUF files (no --random-weights, --tables batch)")
+    if llama:
+        return _llamacpp(args)
 
     backend, prompts = build(args)
     print(f"{backend.name}, {args.dtype} on {backend.device}, {torch.get_num_threads()} threads, {len(prompts)} "
@@ -135,6 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     if "batch" in tables:
         sizes = [int(s) for s in args.batch_sizes.split(",")]
         batch_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
+    return 0
+
+
+def _llamacpp(args) -> int:
+    """The llama.cpp table (``relaxtune.bench.llamacpp``) on the pair's GGUF files."""
+    from relaxtune.backends.llamacpp import load_gguf_pair
+    from relaxtune.bench.harness import chat_ids
+    from relaxtune.bench.llamacpp import llamacpp_table
+
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    backend = load_gguf_pair(args.drafter, args.verifier, max(sizes), n_ctx_seq=args.max_new_tokens + 256,
+                             tokenizer=args.tokenizer)
+    backend.eos_token_ids = frozenset()  # fixed-length runs
+    prompts = [chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
+    print(f"{backend.name}, GGUF on llama.cpp, {len(prompts)} prompts x {args.max_new_tokens} new tokens, T 0.6 "
+          f"top-k 20 top-p 0.95, median ±spread of {args.repeats} repeats ('!': spread over {NOISY:.0%})")
+    llamacpp_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
+    backend.close()
     return 0
 
 

@@ -14,7 +14,8 @@ from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import HFBackend, load_pair
 from relaxtune.decoding.sampling import SamplingParams
 
-__all__ = ["PROMPTS", "PAPER", "NOISY", "median_spread", "fmt", "sync", "random_model", "build", "hf_generate"]
+__all__ = ["PROMPTS", "PAPER", "NOISY", "median_spread", "fmt", "sync", "random_model", "build", "hf_generate",
+           "chat_ids"]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -55,7 +56,8 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _chat_ids(tokenizer, text: str) -> list[int]:
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """The ids of ``text`` as one user message in ``tokenizer``'s chat template (generation prompt added)."""
     out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
@@ -82,7 +84,7 @@ def build(args) -> tuple[HFBackend, list[list[int]]]:
         prompts = [torch.randint(backend.vocab_size, (30 + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
     else:
         backend = load_pair(args.drafter, args.verifier, dtype=args.dtype, device=device)
-        prompts = [_chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
+        prompts = [chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
     backend.eos_token_ids = frozenset()  # fixed-length runs
     return backend, prompts
 

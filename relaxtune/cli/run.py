@@ -25,11 +25,14 @@ def generate(
     max_new_tokens: int = typer.Option(256),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
+    runtime: str = typer.Option("hf", help=TUNE_FLAGS["runtime"].help),
+    tokenizer: Optional[str] = typer.Option(None, help="tokenizer id/folder for --runtime llamacpp \\[default: the "
+                                            "verifier GGUF's]"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
     json_output: bool = JSON,
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
-    from ..backends.hf import load_pair
+    from ..backends.load import load_backend
     from ..decoding.methods import get_method
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
@@ -47,7 +50,8 @@ def generate(
         raise typer.BadParameter(str(err)) from None
     with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
         try:
-            backend = load_pair(drafter if method != AR else None, verifier, dtype=dtype)
+            backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
+                                   batch_size=1 if runtime == "llamacpp" else None, tokenizer=tokenizer)
         except (OSError, ValueError, RuntimeError) as err:
             raise typer.BadParameter(str(err)) from None
     ids = backend.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -88,6 +92,7 @@ def eval_(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
     dtype: str = typer.Option("bfloat16"),
+    runtime: str = typer.Option("hf", help=TUNE_FLAGS["runtime"].help),
     drafter_url: Optional[str] = TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
@@ -102,7 +107,7 @@ def eval_(
     import json
     from pathlib import Path
 
-    from ..backends.hf import load_pair, pair_name
+    from ..backends.load import LazyBackend, backend_name, load_backend
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
@@ -116,17 +121,14 @@ def eval_(
 
     def load():
         if verifier_url or drafter_url or native_url:
-            from ..backends.load import load_backend
-
             return load_backend(drafter, verifier, drafter_url=drafter_url, verifier_url=verifier_url,
                                 tokenizer=tokenizer, native_url=native_url, concurrency=concurrency)
-        return load_pair(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size)
-
-    from ..backends.load import LazyBackend, backend_name
+        return load_backend(drafter if method != AR else None, verifier, dtype=dtype, batch_size=batch_size,
+                            tokenizer=tokenizer, runtime=runtime)
 
     served = bool(verifier_url or drafter_url or native_url)
-    name = backend_name(drafter, verifier, dtype, drafter_url, verifier_url) if served else \
-        pair_name(drafter if method != AR else None, verifier, dtype)
+    name = backend_name(drafter if served or method != AR else None, verifier, dtype, drafter_url, verifier_url,
+                        runtime=runtime)
     backend = LazyBackend(load, name, native=bool(native_url))  # every sample recorded: no model loads
     config = DecodeConfig(method, alpha, n_draft, seed)
     if finished_samples(Path(output_dir), spec, config, records_name(backend, method), problems) < \

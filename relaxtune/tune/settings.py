@@ -27,6 +27,8 @@ class TuneSettings(BaseModel):
     drafter: str = DRAFTER.name
     verifier: str = VERIFIER.name
     dtype: str = "bfloat16"
+    runtime: Literal["hf", "llamacpp"] = Field("hf", description="in-process backend: transformers (hf) or llama.cpp "
+                                               "on GGUF files (llamacpp: pip install 'relaxtune[llamacpp]')")
     drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
     verifier_url: str | None = Field(None, description="SGLang verifier server")
     tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
@@ -112,7 +114,7 @@ class TuneSettings(BaseModel):
         ``backend_name``, less the loading ones): the models and where they run."""
         return dict(drafter=self.drafter, verifier=self.verifier, dtype=self.dtype, batch_size=self.batch_size,
                     drafter_url=self.drafter_url, verifier_url=self.verifier_url, tokenizer=self.tokenizer,
-                    concurrency=self.concurrency, native_url=self.native_url)
+                    concurrency=self.concurrency, native_url=self.native_url, runtime=self.runtime)
 
     @property
     def storage_url(self) -> str:

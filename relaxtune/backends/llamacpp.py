@@ -1,0 +1,415 @@
+"""The llama.cpp backend: GGUF models decoded by llama.cpp, speculated by relaxtune.
+
+``LlamaCppBackend`` serves the protocol of ``relaxtune.backends.base`` (one
+sequence at a time and ``BatchBackend``) on two ``LlamaModel`` contexts, one per
+model. Every sequence owns a slot in each context (its own KV stream). A
+drafting step feeds every row its next token in one ``llama_decode``; scoring
+feeds every row its lacking token and its N drafts in one ``llama_decode`` and
+reads full-vocabulary logits at all N + 1 positions; after a round each
+context keeps, per row, the prefix it shares with the row's committed tokens
+(``llama_memory_seq_rm`` drops the rest, the rule of ``HFBackend.commit``).
+Rows join (their prompt prefilled) and leave at any round. The rules, the
+sampling transform and the round's random numbers stay in
+``relaxtune.engine``: this module only serves logits.
+
+A batch runs as one llama.cpp forward when its rows feed as many tokens each
+(see ``relaxtune.backends.llamacpp_model``). The verifier's rows always lack
+one token; a drafter row lacks two after a round that accepted every draft,
+so the first drafting step of a round rolls every other row back by one token
+(recomputed, cheaper than a second forward).
+
+Models load directly from GGUF files (the embedded pair's, no conversion, or any
+file a user names); the tokenizer is read from the verifier's GGUF by
+transformers (or given). Install: ``pip install 'relaxtune[llamacpp]'``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .hf_batch import common_prefix
+from .llamacpp_model import LlamaModel
+
+__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "gguf_pair_name", "BATCH_SIZE_LLAMACPP"]
+
+BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
+RUNTIME = "llamacpp"
+
+
+class LlamaCppBackend:
+    """A drafter/verifier pair of GGUF models on llama.cpp (CPU).
+
+    Args:
+        drafter: the drafter's ``LlamaModel`` (None: AR only).
+        verifier: the verifier's ``LlamaModel``.
+        tokenizer: a transformers tokenizer of the pair (chat template, decode), or None.
+        name: description for records.
+        batch_size: the most sequences an evaluation runs at once (at most the
+            contexts' slots).
+
+    Raises:
+        ValueError: the two vocabularies differ, or batch_size is outside [1, slots].
+    """
+
+    def __init__(self, drafter: LlamaModel | None, verifier: LlamaModel, tokenizer=None, name: str = RUNTIME,
+                 batch_size: int | None = None) -> None:
+        self.drafter, self.verifier, self.tokenizer, self.name = drafter, verifier, tokenizer, name
+        self.vocab_size = verifier.n_vocab
+        if drafter is not None and drafter.token_texts() != verifier.token_texts():
+            raise ValueError(f"drafter {drafter.path.name} and verifier {verifier.path.name} have different "
+                             "vocabularies; speculative decoding needs the same token ids")
+        self.eos_token_ids = verifier.end_ids()
+        slots = min(m.slots for m in self.models.values())
+        self.batch_size = int(batch_size or slots)
+        if not 1 <= self.batch_size <= slots:
+            raise ValueError(f"batch_size must lie in [1, {slots}] (the contexts' sequence slots), got {batch_size}")
+        self.device = torch.device("cpu")
+
+    @property
+    def models(self) -> dict[str, LlamaModel]:
+        """The contexts by key: "v" the verifier, "d" the drafter (when there is one)."""
+        return {"v": self.verifier} | ({"d": self.drafter} if self.drafter is not None else {})
+
+    # ---------------------------------------------------------------- states
+
+    def start(self, prompt_ids: Sequence[int]) -> SequenceState:
+        """A fresh state holding a slot in each context (freed with the state, or by
+        ``leave``); the first forward prefills the prompt.
+
+        Raises:
+            ValueError: empty prompt. RuntimeError: no free slot.
+        """
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt must hold at least one token")
+        state = SequenceState(tokens=[int(t) for t in prompt_ids], prompt_len=len(prompt_ids))
+        slots = {}
+        try:
+            for key, model in self.models.items():
+                slots[key] = model.acquire()
+        except BaseException:
+            for key, slot in slots.items():
+                self.models[key].release(slot)
+            raise
+        state.extra["slots"] = slots
+        for key in slots:
+            state.extra[f"{key}_fed"] = []
+        state.extra["release"] = weakref.finalize(state, _release, dict(self.models), dict(slots))
+        return state
+
+    def _forward(self, key: str, states: list[SequenceState], feeds: list[list[int]], keep: int) -> torch.Tensor:
+        """One decode of model ``key`` over each row's feed; logits ``[R, keep, V]``.
+        Each row is charged an equal share of the seconds."""
+        model = self.models[key]
+        t0 = time.perf_counter()
+        out = model.decode([(s.extra["slots"][key], len(s.extra[f"{key}_fed"]), f, keep)
+                            for s, f in zip(states, feeds)])
+        share = (time.perf_counter() - t0) / len(states)
+        for s, f in zip(states, feeds):
+            s.extra[f"{key}_fed"].extend(f)
+            if key == "v":
+                s.verify_seconds += share
+                s.verify_forwards += 1
+                s.verify_tokens_fed += len(f)
+            else:
+                s.draft_seconds += share
+                s.draft_forwards += 1
+                s.draft_tokens_fed += len(f)
+        return out.view(len(states), keep, -1)
+
+    def _lacking(self, key: str, states: list[SequenceState], equal: bool) -> list[list[int]]:
+        """Per row, the committed tokens the ``key`` context lacks; with ``equal``,
+        rows lacking fewer than the most are rolled back to lack as many (one
+        llama.cpp forward for all) unless that would re-feed a whole prompt."""
+        fed = [s.extra[f"{key}_fed"] for s in states]
+        lack = [len(s.tokens) - len(f) for s, f in zip(states, fed)]
+        most = max(lack)
+        if equal and most <= 4:
+            for s, f, n in zip(states, fed, lack):
+                if n < most:
+                    keep = len(s.tokens) - most
+                    self.models[key].rollback(s.extra["slots"][key], keep)
+                    del f[keep:]
+        return [s.tokens[len(f):] for s, f in zip(states, fed)]
+
+    def _draft(self, states: list[SequenceState], n: int, pick, extra_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.drafter is None:
+            raise RuntimeError("this backend has no drafter (AR only)")
+        feeds = self._lacking("d", states, equal=True)
+        ids, rows = [], []
+        for i in range(n + int(extra_step)):
+            rows.append(self._forward("d", states, feeds, 1)[:, 0])
+            if i < n:
+                ids.append(torch.as_tensor(pick(rows[-1], i)).long().reshape(len(states)))
+                feeds = [[t] for t in ids[-1].tolist()]
+        return (torch.stack(ids, 1) if ids else torch.zeros(len(states), 0, dtype=torch.long)), torch.stack(rows, 1)
+
+    def _score(self, states: list[SequenceState], drafts: list[list[int]]) -> torch.Tensor:
+        feeds = [lack + list(d) for lack, d in zip(self._lacking("v", states, equal=True), drafts)]
+        return self._forward("v", states, feeds, len(drafts[0]) + 1)
+
+    def _commit(self, states: list[SequenceState], tokens: Sequence[Sequence[int]]) -> None:
+        for state, new in zip(states, tokens):
+            before = len(state.tokens)
+            state.tokens.extend(int(t) for t in new)
+            for key, slot in state.extra["slots"].items():
+                fed = state.extra[f"{key}_fed"]
+                keep = min(common_prefix(fed, state.tokens, before), len(state.tokens) - 1)
+                if keep < len(fed):
+                    self.models[key].rollback(slot, keep)
+                    del fed[keep:]
+
+    # ---------------------------------------------------------------- one sequence
+
+    def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
+        """Draft ``n`` tokens, one drafter decode each; ids and raw logits ``[n(+1), V]``."""
+        ids, rows = self._draft([state], n, lambda z, i: torch.tensor([int(pick(z[0]))]), extra_step)
+        return DraftResult([int(t) for t in ids[0]], rows[0])
+
+    def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
+        """Verifier raw logits ``[N+1, V]`` (float32) in one decode."""
+        return self._score([state], [[int(t) for t in draft_ids]])[0]
+
+    def step(self, state: SequenceState) -> torch.Tensor:
+        """Verifier raw logits ``[V]`` for the next token."""
+        return self.score(state, [])[0]
+
+    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
+        """Append ``tokens``; each context keeps the prefix it shares with the sequence
+        (the last token left uncached)."""
+        self._commit([state], [tokens])
+
+    # ---------------------------------------------------------------- batches
+
+    def start_batch(self) -> Batch:
+        """An empty batch (rows hold their own slots)."""
+        return Batch()
+
+    def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
+        """Append one row per prompt; each context prefills all of it but the last
+        token in one decode (``prefill_seconds``).
+
+        Raises:
+            ValueError: an empty prompt. RuntimeError: no free slot (nothing joins).
+        """
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt must hold at least one token")
+        states = []
+        try:
+            for p in prompts:
+                states.append(self.start(p))
+            for key, model in self.models.items():
+                todo = [s for s in states if len(s.tokens) > 1]
+                if not todo:
+                    continue
+                t0 = time.perf_counter()
+                model.decode([(s.extra["slots"][key], 0, s.tokens[:-1], 0) for s in todo])
+                share = (time.perf_counter() - t0) / len(todo)
+                for s in todo:
+                    s.extra[f"{key}_fed"].extend(s.tokens[:-1])
+                    s.prefill_seconds += share
+                    if key == "v":
+                        s.verify_tokens_fed += len(s.tokens) - 1
+                    else:
+                        s.draft_tokens_fed += len(s.tokens) - 1
+        except BaseException:
+            for s in states:
+                s.extra["release"]()
+            raise
+        batch.states.extend(states)
+        return states
+
+    def leave(self, batch: Batch, rows: Sequence[int]) -> None:
+        """Remove ``rows``; their slots are emptied and freed."""
+        gone = set(rows)
+        for i in gone:
+            batch.states[i].extra["release"]()
+        batch.states = [s for i, s in enumerate(batch.states) if i not in gone]
+
+    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``n`` tokens for every row, one drafter decode per step. Returns ids
+        ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
+        return self._draft(batch.states, n, pick, extra_step)
+
+    def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Verifier raw logits ``[R, N+1, V]`` over each row's lacking token and its
+        drafts ``draft_ids [R, N]`` in one decode (N = 0: an AR step)."""
+        return self._score(batch.states, draft_ids.tolist())
+
+    def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
+        """Append each row's tokens and roll each context back to what it shares."""
+        self._commit(batch.states, tokens)
+
+    # ---------------------------------------------------------------- costs, text
+
+    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
+                     max_passes: int = MAX_PASSES) -> CostProfile:
+        """Forward costs on this machine, one sequence at a time, measured as
+        ``HFBackend.cost_profile`` does: verifier decodes of 1 and N + 1 tokens,
+        drafter decodes of 1 token, each after the prompt plus 64 tokens, in
+        interleaved passes (``relaxtune.decoding.speed.measure_interleaved``); each
+        cost the fastest pass, a verify never below one step, noisy spreads flagged.
+
+        Returns:
+            ``CostProfile`` (seconds), with its spreads.
+        """
+        ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
+        state = self.start(ctx)
+        try:
+            models = {"verify": "v"} | ({"draft": "d"} if self.drafter is not None else {})
+            for key in models.values():
+                self.models[key].decode([(state.extra["slots"][key], 0, ctx, 1)])
+            base = len(ctx)
+
+            def job(name: str, k: int):
+                key = models[name]
+                model, slot = self.models[key], state.extra["slots"][key]
+
+                def run() -> None:
+                    model.decode([(slot, base, ctx[-k:], k)])
+                    model.rollback(slot, base)
+                return run
+
+            shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
+            shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
+            fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
+                                                          min_passes=min_passes, max_passes=max_passes)
+        finally:
+            state.extra["release"]()
+        t_ar = fastest["t_ar"]
+        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
+        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
+                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
+                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
+        return CostProfile(
+            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
+            t_verify={k: max(fastest[label], t_ar) for label, (_, k) in shapes.items() if label.startswith("t_verify")},
+            source=f"{self.name} on {platform.processor() or platform.machine()}, {self.verifier.threads} threads, "
+                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
+            spread=spread, passes=passes, flags=flags,
+        )
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def close(self) -> None:
+        """Free both contexts (the backend is unusable afterwards)."""
+        for model in self.models.values():
+            model.close()
+
+
+def _release(models: dict[str, LlamaModel], slots: dict[str, int]) -> None:
+    for key, slot in slots.items():
+        models[key].release(slot)
+
+
+# ------------------------------------------------------------------- loading
+
+
+def resolve_gguf(model: str) -> Path:
+    """The GGUF file of ``model``: an embedded name (its assembled GGUF, no
+    conversion), else a path to a ``.gguf`` file.
+
+    Raises:
+        FileNotFoundError: no such file, or a folder / hub id (this backend reads
+            GGUF files only), naming it.
+    """
+    from .embedded import EMBEDDED, assemble_gguf
+
+    if model in EMBEDDED:
+        return assemble_gguf(EMBEDDED[model])
+    path = Path(os.path.expanduser(model)).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"the llama.cpp backend loads GGUF files: no file {model!r} (give a .gguf path or an "
+                                f"embedded name: {', '.join(EMBEDDED)})")
+    return path
+
+
+def gguf_pair_name(drafter: str | None, verifier: str) -> str:
+    """``<drafter>-><verifier>@llamacpp`` (embedded names as given, files by absolute path):
+    records and studies of this backend never mix with the transformers backend's."""
+    from .embedded import EMBEDDED
+
+    def short(model: str | None) -> str:
+        return str(model) if model is None or model in EMBEDDED else str(Path(os.path.expanduser(model)).resolve())
+
+    return f"{short(drafter)}->{short(verifier)}@{RUNTIME}"
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str, tokenizer: str | None):
+    """A transformers tokenizer: ``tokenizer`` (id or folder) when given, else the
+    GGUF's own, converted once (about 30 CPU seconds for Qwen's 151,936 tokens) and
+    kept in the cache (``<cache>/tokenizers/<digest of path, size and mtime>``)."""
+    from transformers import AutoTokenizer
+
+    from .embedded import cache_dir
+
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    gguf = Path(path)
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    kept = cache_dir() / "tokenizers" / digest
+    if (kept / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(kept)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=kept.parent, prefix=f"{digest}-"))
+    try:
+        tok.save_pretrained(tmp)
+        os.replace(tmp, kept)
+    except OSError:  # another process kept it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def load_gguf_pair(drafter: str | None, verifier: str, batch_size: int | None = None, *, tokenizer=None,
+                   n_ctx_seq: int = 4096, threads: int | None = None) -> LlamaCppBackend:
+    """Load a GGUF drafter/verifier pair into a ``LlamaCppBackend``.
+
+    Args:
+        drafter / verifier: embedded names or GGUF paths (drafter None: AR only).
+        batch_size: sequences at once (default ``BATCH_SIZE_LLAMACPP``): the
+            contexts' sequence slots.
+        tokenizer: a transformers tokenizer, or a tokenizer id/folder; default:
+            read from the verifier's GGUF (needs the ``gguf`` package).
+        n_ctx_seq: KV cells per sequence (prompt + response + N + 1).
+        threads: CPU threads (default: torch's).
+
+    Raises:
+        FileNotFoundError / ValueError: a model that cannot be loaded, by name;
+            ValueError also for two vocabularies that differ.
+        relaxtune.backends.llamacpp_model.LlamaCppMissing: llama-cpp-python is not installed.
+    """
+    size = int(batch_size or BATCH_SIZE_LLAMACPP)
+    if size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    v_path = resolve_gguf(verifier)
+    d_path = resolve_gguf(drafter) if drafter is not None else None
+    # a verifier decode holds B x (N + 1) tokens (N up to 21 in one call); the drafter's hold B or 2B
+    v_model = LlamaModel(v_path, size, n_ctx_seq, threads, max(512, 22 * size))
+    d_model = LlamaModel(d_path, size, n_ctx_seq, threads, 512) if d_path is not None else None
+    tok = tokenizer
+    if tok is None or isinstance(tok, str):
+        try:
+            tok = _tokenizer(str(v_path), tok)
+        except Exception as err:  # noqa: BLE001 - the source is named in the error
+            raise ValueError(f"cannot read a tokenizer from {tokenizer or v_path} ({err}); give --tokenizer") from err
+    return LlamaCppBackend(d_model, v_model, tok, name=gguf_pair_name(drafter, verifier), batch_size=size)

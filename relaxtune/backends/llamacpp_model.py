@@ -1,0 +1,237 @@
+"""One GGUF model in one llama.cpp context: sequence slots, batched decodes, rollback.
+
+The low-level API of llama-cpp-python (``pip install 'relaxtune[llamacpp]'``): a
+context holds ``slots`` sequences, each with a KV stream of its own of ``n_ctx_seq``
+cells (``kv_unified = False``: a sequence attends only to its own stream). One
+``decode`` call feeds any number of sequences at once and returns, per sequence,
+the full-vocabulary logits of its last ``keep`` positions; ``rollback`` removes a
+sequence's cached positions from some point on (``llama_memory_seq_rm``).
+
+llama.cpp splits such a batch into micro-batches in which every sequence has the
+same number of tokens and the sequence ids run consecutively
+(``llama_batch_allocr::split_equal`` with ``sequential``): ``decode`` orders the
+feeds by slot, and slots are handed out lowest first, so a batch whose rows all
+feed the same number of tokens runs as one forward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp"]
+
+
+class LlamaCppMissing(RuntimeError):
+    """llama-cpp-python is not installed (the message says how to install it)."""
+
+
+def require_llama_cpp():
+    """The ``llama_cpp`` module, quiet below errors.
+
+    Raises:
+        LlamaCppMissing: it is not importable.
+    """
+    try:
+        import llama_cpp
+    except (ImportError, OSError) as err:
+        raise LlamaCppMissing(
+            f"the llama.cpp backend needs llama-cpp-python ({err}); install it with "
+            "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'relaxtune[llamacpp]' (builds from source: ~5 min on 2 cores)"
+        ) from None
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    if not getattr(require_llama_cpp, "_init", False):
+        llama_cpp.llama_backend_init()
+        require_llama_cpp._init = True
+    return llama_cpp
+
+
+class LlamaModel:
+    """A GGUF model with a context of ``slots`` sequences.
+
+    Args:
+        path: the GGUF file.
+        slots: sequences the context holds at once (``n_seq_max``).
+        n_ctx_seq: KV cells per sequence (prompt + response + N + 1 must fit).
+        threads: CPU threads (default: torch's thread count).
+        n_batch: most tokens one llama.cpp decode takes (longer feeds are split).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: llama.cpp cannot load it (not a GGUF, an unknown architecture),
+            naming the file.
+        LlamaCppMissing: llama-cpp-python is not installed.
+    """
+
+    def __init__(self, path: str | Path, slots: int = 1, n_ctx_seq: int = 4096, threads: int | None = None,
+                 n_batch: int = 512) -> None:
+        self.L = L = require_llama_cpp()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no GGUF file {self.path}")
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self.model:
+            raise ValueError(f"llama.cpp cannot load {self.path} (not a GGUF model, or an architecture this "
+                             "llama-cpp-python build does not know)")
+        cp = L.llama_context_default_params()
+        cp.n_seq_max, cp.n_ctx = int(slots), int(slots) * int(n_ctx_seq)
+        cp.n_batch = cp.n_ubatch = int(n_batch)
+        cp.n_threads = cp.n_threads_batch = int(threads or torch.get_num_threads())
+        cp.kv_unified, cp.no_perf = False, True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise ValueError(f"llama.cpp cannot make a context for {self.path} ({slots} sequences of {n_ctx_seq} "
+                             "tokens: too little memory?)")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_batch, self.slots, self.threads = int(n_batch), int(slots), int(cp.n_threads)
+        self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.free = list(range(self.slots))
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------ slots
+
+    def acquire(self) -> int:
+        """The lowest free sequence slot.
+
+        Raises:
+            RuntimeError: every slot is taken.
+        """
+        with self.lock:
+            if not self.free:
+                raise RuntimeError(f"{self.path.name}: all {self.slots} sequence slots are in use (a larger "
+                                   "batch_size gives more)")
+            self.free.sort()
+            return self.free.pop(0)
+
+    def release(self, slot: int) -> None:
+        """Empty ``slot`` and return it to the free slots."""
+        with self.lock:
+            if self.ctx is not None:
+                self.L.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            if slot not in self.free:
+                self.free.append(slot)
+
+    def rollback(self, slot: int, keep: int) -> None:
+        """Keep only positions ``[0, keep)`` of ``slot``."""
+        with self.lock:
+            if not self.L.llama_memory_seq_rm(self.mem, slot, int(keep), -1):
+                raise RuntimeError(f"{self.path.name}: llama.cpp could not roll sequence {slot} back to {keep}")
+
+    # ------------------------------------------------------------ decode
+
+    def decode(self, feeds: Sequence[tuple[int, int, Sequence[int], int]]) -> torch.Tensor:
+        """Feed every sequence its tokens and return the logits of their last positions.
+
+        Args:
+            feeds: per sequence ``(slot, first position, token ids, keep)``: the ids
+                go to positions ``first ..``; ``keep`` (<= len(ids)) of the last
+                positions return logits. At most one feed per slot.
+
+        Returns:
+            float32 ``[sum of keep, V]``: the feeds' rows in the order given.
+
+        Raises:
+            ValueError: a token id outside the vocabulary, an empty feed, a slot fed
+                twice, or a sequence longer than its ``n_ctx_seq`` cells.
+            RuntimeError: llama.cpp fails to decode (its return code).
+        """
+        if len({f[0] for f in feeds}) != len(feeds):
+            raise ValueError("one feed per sequence slot")
+        for slot, pos, ids, keep in feeds:
+            if not ids or not 0 <= keep <= len(ids):
+                raise ValueError(f"a feed needs tokens and 0 <= keep <= their count (got {len(ids)}, keep {keep})")
+            if pos + len(ids) > self.n_ctx_seq:
+                raise ValueError(f"{self.path.name}: a sequence of {pos + len(ids)} tokens exceeds the "
+                                 f"{self.n_ctx_seq} cells per sequence (raise n_ctx_seq)")
+            if min(ids) < 0 or max(ids) >= self.n_vocab:
+                raise ValueError(f"token ids must lie in [0, {self.n_vocab})")
+        # pieces of at most n_batch tokens, in slot order; a call never holds two pieces of one slot
+        order = sorted(range(len(feeds)), key=lambda i: feeds[i][0])
+        pending = []
+        for i in order:
+            slot, pos, ids, keep = feeds[i]
+            for s in range(0, len(ids), self.n_batch):
+                part = list(ids[s:s + self.n_batch])
+                out_from = len(ids) - keep  # positions >= out_from return logits
+                pending.append((i, slot, pos + s, part, max(0, s + len(part) - max(out_from, s))))
+        rows: dict[int, list[np.ndarray]] = {i: [] for i in range(len(feeds))}
+        with self.lock:
+            while pending:
+                call, used, seen, rest = [], 0, set(), []
+                for piece in pending:
+                    if piece[1] in seen or used + len(piece[3]) > self.n_batch:
+                        rest.append(piece)
+                    else:
+                        call.append(piece)
+                        seen.add(piece[1])
+                        used += len(piece[3])
+                pending = rest
+                self._run(call, rows)
+        out = [r for i in range(len(feeds)) for r in rows[i]]
+        if not out:
+            return torch.zeros(0, self.n_vocab)
+        return torch.from_numpy(np.concatenate(out) if len(out) > 1 else out[0])
+
+    def _run(self, pieces, rows: dict[int, list[np.ndarray]]) -> None:
+        """One ``llama_decode`` of ``pieces`` (in order); appends each piece's logit rows."""
+        L, b, k = self.L, self.batch, 0
+        for _, slot, pos, part, keep in pieces:
+            first_out = len(part) - keep
+            for j, tok in enumerate(part):
+                b.token[k] = tok
+                b.pos[k] = pos + j
+                b.n_seq_id[k] = 1
+                b.seq_id[k][0] = slot
+                b.logits[k] = j >= first_out
+                k += 1
+        b.n_tokens = k
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"{self.path.name}: llama_decode returned {rc} (1: no KV cells left, <0: an error)")
+        n_out = sum(p[4] for p in pieces)
+        if n_out == 0:
+            return
+        ptr = L.llama_get_logits(self.ctx)
+        block = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_out, self.n_vocab))
+        at = 0
+        for i, *_, keep in pieces:
+            if keep:
+                rows[i].append(block[at:at + keep].copy())
+                at += keep
+
+    # ------------------------------------------------------------ vocabulary
+
+    def token_texts(self) -> list[bytes]:
+        """Every token's text as stored in the GGUF (to compare two vocabularies)."""
+        return [self.L.llama_vocab_get_text(self.vocab, i) or b"" for i in range(self.n_vocab)]
+
+    def end_ids(self) -> frozenset[int]:
+        """The ids llama.cpp treats as ends of generation (``llama_vocab_is_eog``)."""
+        return frozenset(i for i in range(self.n_vocab) if self.L.llama_vocab_is_eog(self.vocab, i))
+
+    def close(self) -> None:
+        """Free the context and the model (idempotent)."""
+        with self.lock:
+            if self.ctx is not None:
+                self.L.llama_batch_free(self.batch)
+                self.L.llama_free(self.ctx)
+                self.L.llama_model_free(self.model)
+                self.ctx = self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
