@@ -27,3 +27,16 @@ def test_summarize_one_configuration():
     assert row["l_accept"] == pytest.approx(150 / 90) and row["length"] == 150 and row["len/strict"] == 1.5
     assert row["loops"] == 0.5 and row["trunc"] == 0.5 and row["math acc"] == 0.5 and row["c_rel"] == 0.001
     assert row["speed-up"] == pytest.approx((100 / 150) * (150 / 90 + 1) / (1 + 4 * 0.001))
+
+
+def test_run_config_returns_responses_in_prompt_order(tiny_pair_dirs):
+    from relaxtune.backends.hf import load_pair
+    from relaxtune.bench.drafters import run_config
+    from relaxtune.decoding.sampling import SamplingParams
+
+    backend = load_pair("prompt-lookup", tiny_pair_dirs[1], dtype="float32")
+    prompts = [[3, 4, 5, 3, 4], [7, 8, 9, 10, 7, 8, 9], [5]]
+    gens = run_config(backend, prompts, "ears", 0.3, 3, 8, SamplingParams(0.6, top_k=20, top_p=0.95))
+    assert [len(g.token_ids) for g in gens] == [8, 8, 8]
+    again = run_config(backend, prompts, "ears", 0.3, 3, 8, SamplingParams(0.6, top_k=20, top_p=0.95))
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # fixed seeds: every configuration alike

@@ -46,7 +46,7 @@ from relaxtune.engine.batch import Request, generate_batch
 from relaxtune.graders import grade
 from relaxtune.tasks.spec import build_prompt_ids, load_problems, load_task
 
-__all__ = ["METHODS", "main", "parse_methods", "summarize"]
+__all__ = ["METHODS", "main", "parse_methods", "run_config", "summarize"]
 
 METHODS = "strict,ens:0.2,typical:0.09,ears:0.3"  # strict and three relaxed rules at a grid value each
 
@@ -85,6 +85,24 @@ def summarize(gens: list, graded: dict[int, bool], strict_len: float | None, pro
         "c_rel": profile.c_rel,
         "speed-up": profile.speedup(l_accept, n_draft, L_ar=base, L_relax=length),
     }
+
+
+def run_config(backend, prompts: list[list[int]], method: str, knob: float | None, n_draft: int,
+               max_new_tokens: int, sampling) -> list:
+    """Every prompt's response under one configuration, in one batch (seed ``1000 + i`` for
+    prompt i, the same for every configuration): ``Generation`` objects in prompt order.
+
+    Raises:
+        Exception: the first response that failed.
+    """
+    requests = [Request(ids, seed=1000 + i, max_new_tokens=max_new_tokens, key=i) for i, ids in enumerate(prompts)]
+    done = {r.key: g for r, g in generate_batch(backend, requests, method=method, knob=knob, n_draft=n_draft,
+                                                sampling=sampling, batch_size=len(requests))}
+    gens = [done[i] for i in range(len(requests))]
+    for g in gens:
+        if isinstance(g, Exception):
+            raise g
+    return gens
 
 
 def _prompts(tokenizer, code: int, math: int) -> tuple[list[list[int]], list]:
@@ -129,14 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# {backend.name}: {profile.summary()}", flush=True)
         strict_len = None
         for method, knob in methods:
-            requests = [Request(ids, seed=1000 + i, max_new_tokens=args.max_new_tokens, key=i)
-                        for i, ids in enumerate(prompts)]
-            done = dict(generate_batch(backend, requests, method=method, knob=knob, n_draft=args.n_draft,
-                                       sampling=sampling, batch_size=len(requests)))
-            gens = [done[r] for r in requests]
-            failed = [g for g in gens if isinstance(g, Exception)]
-            if failed:
-                raise failed[0]
+            gens = run_config(backend, prompts, method, knob, args.n_draft, args.max_new_tokens, sampling)
             graded = {}
             for j, problem in enumerate(problems):
                 g = gens[args.code + j]
