@@ -8,8 +8,8 @@ from scipy import special, stats
 
 from relaxtune.certify.cluster_bound import BET_CAP, ORDERINGS, betting_upper
 from relaxtune.certify.paired_bound import exact_pvalue, exact_pvalue_table, exact_upper, tango_score, tango_upper
-from relaxtune.certify.stats import check_counts, drop_bound, paired_counts, smallest_certifiable_drop
-from relaxtune.tune.judge import drop_ucb_at, stored_bound
+from relaxtune.certify.stats import drop_bound, paired_counts, smallest_certifiable_drop
+from relaxtune.tune.judge import stored_bound
 
 
 def pooled(n: int, b: int, c: int) -> list[tuple[int, int, int]]:

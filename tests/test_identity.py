@@ -3,7 +3,6 @@ math-verify or decoding core is never served an old verdict; records are re-grad
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest

@@ -38,7 +38,7 @@ import torch
 from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import load_pair
 from relaxtune.backends.lookup import NAME as LOOKUP
-from relaxtune.bench.harness import PROMPTS, _chat_ids
+from relaxtune.bench.harness import PROMPTS, chat_ids
 from relaxtune.decoding.methods import get_method
 from relaxtune.decoding.rambling import ends_in_loop
 from relaxtune.decoding.speed import CostProfile
@@ -110,7 +110,7 @@ def _prompts(tokenizer, code: int, math: int) -> tuple[list[list[int]], list]:
     the problems (for grading)."""
     spec = load_task("gsm8k_mini")
     problems = list(load_problems(spec, limit=math))
-    ids = [_chat_ids(tokenizer, p) for p in PROMPTS[:code]] + [build_prompt_ids(tokenizer, spec, p) for p in problems]
+    ids = [chat_ids(tokenizer, p) for p in PROMPTS[:code]] + [build_prompt_ids(tokenizer, spec, p) for p in problems]
     return ids, problems
 
 

@@ -47,7 +47,7 @@ import torch
 from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import HFBackend
 from relaxtune.bench.batching import batch_table
-from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate, median_spread, sync
+from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate
 from relaxtune.engine.sequence import generate
 
 
