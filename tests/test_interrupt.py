@@ -44,7 +44,7 @@ def _runs(mlflow_uri: str) -> dict[str, str]:
 def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, sig):
     runs = tmp_path / "runs"
     settings = dict(task=write_task(tmp_path / "task", 8), methods=["cactus"], n_drafts=[4], trials=2, stage_size=4,
-                    c_rel=0.2, epsilon=0.2, heartbeat=30, grace_period=600, output_dir=str(runs),
+                    confirm="seeds", c_rel=0.2, epsilon=0.2, heartbeat=30, grace_period=600, output_dir=str(runs),
                     storage=f"sqlite:///{tmp_path / 'optuna.db'}", mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(tmp_path / "settings.json"), "--delay", "0.3"]
@@ -114,6 +114,7 @@ def test_a_full_disk_ends_in_one_paragraph_and_a_logged_traceback(tmp_path):
 
     runs = tmp_path / "runs"
     settings = TuneSettings(task=write_task(tmp_path / "task", 8), methods=["cactus"], n_drafts=[4], trials=2,
+                            confirm="seeds",
                             stage_size=4, c_rel=0.2, output_dir=str(runs), storage=f"sqlite:///{tmp_path / 'o.db'}")
     said = []
     with pytest.raises(SystemExit) as stop:
