@@ -3,6 +3,8 @@ math-verify or decoding core is never served an old verdict; records are re-grad
 
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,32 @@ def test_the_source_digest_follows_behaviour_not_docstrings(tmp_path, monkeypatc
     assert source_digest(("fakegrader",)) == before  # docs, comments, layout: the same code
     (pkg / "rule.py").write_text('def grade(x):\n    """Right when positive."""\n    return x >= 0\n')
     assert source_digest(("fakegrader",)) != before  # other behaviour
+
+
+def test_workers_in_threads_never_parse_at_once(fresh_identity, monkeypatch):
+    """CPython 3.11's ast.parse is not thread-safe (python/cpython#106905): three tuner
+    threads asking for the identity at once failed a trial with "AST constructor
+    recursion depth mismatch". Every parse is serialized."""
+    parse, inside, most = identity.ast.parse, [0], [0]
+
+    def slow_parse(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.002)  # a window in which an unserialized second parse would enter
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(identity.ast, "parse", slow_parse)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append((identity.grader_identity(),
+                                                           identity.decoding_identity()))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and len(got) == 4 and len(set(got)) == 1
 
 
 def test_the_graders_identity_covers_every_grader_module_and_math_verify(fresh_identity, monkeypatch):

