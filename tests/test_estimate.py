@@ -43,6 +43,12 @@ def test_samples_tokens_and_seconds_per_phase():
     minutes, seconds = divmod(round(est.seconds), 60)
     assert lines[4].startswith(f"estimate: about {minutes}:{seconds:02d} for strict and the trials (")
     assert len(lines) == 5  # an idle machine: no busy line
+    # llama.cpp on a CPU gains little from rows (its README table): the README job on it took 6:28 for
+    # strict and the trials against 3:10 estimated with the transformers exponent, 6:53 with its own
+    llama = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8,
+                         device="llamacpp", load=(0.5, 2))
+    assert llama.phases[0].seconds == pytest.approx(800 * per_token / 8 ** 0.1)
+    assert llama.phases[1].seconds == pytest.approx(1600 * per_token / 4 ** 0.1)
 
 
 def test_a_busy_machine_is_named_and_the_idle_time_given():

@@ -248,6 +248,32 @@ def test_pair_names_are_known_before_loading(tiny_pair_dirs):
     assert pair_name(None, "./v", "float16") == f"None->{os.path.abspath('v')}@float16"
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(installed, monkeypatch, tiny_pair_dirs):
+    from importlib import util
+
+    from relaxtune.backends import load
+    from relaxtune.tune.settings import TuneSettings
+
+    find_spec = util.find_spec
+    monkeypatch.setattr(load.util, "find_spec", lambda name: (find_spec("json") if installed else None)
+                        if name == "llama_cpp" else find_spec(name))
+    embedded = "llamacpp" if installed else "hf"
+    d, v = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
+    assert load.resolve_runtime("auto", d, v) == embedded
+    assert load.resolve_runtime("auto", None, v) == embedded  # AR: the verifier alone
+    assert load.resolve_runtime("auto", "prompt-lookup", v) == "hf"  # no model drafter: transformers' runtime
+    assert load.resolve_runtime("auto", *tiny_pair_dirs) == "hf"  # a folder of another pair
+    assert load.resolve_runtime("auto", d, v, "http://a:1", "http://b:2") == "hf"  # served by SGLang
+    assert load.resolve_runtime("hf", d, v) == "hf" and load.resolve_runtime("llamacpp", *tiny_pair_dirs) == "llamacpp"
+    with pytest.raises(ValueError, match="unknown runtime 'vllm'; use one of auto, hf, llamacpp"):
+        load.resolve_runtime("vllm", d, v)
+    settings = TuneSettings(task="humaneval")  # resolved once, so a saved job names the runtime it ran on
+    assert settings.runtime == embedded and settings.backend["runtime"] == embedded
+    assert load.backend_name(**settings.backend).endswith("@llamacpp") == installed
+    assert TuneSettings(task="humaneval", runtime="hf").runtime == "hf"
+
+
 def test_version_plain_validation_messages_and_c_rel_precision():
     from importlib import metadata
 

@@ -64,6 +64,8 @@ class LlamaCppBackend:
         ValueError: the two vocabularies differ, or batch_size is outside [1, slots].
     """
 
+    runtime = RUNTIME  # what the job's time estimate prices batches with (relaxtune.tune.estimate)
+
     def __init__(self, drafter: LlamaModel | None, verifier: LlamaModel, tokenizer=None, name: str = RUNTIME,
                  batch_size: int | None = None) -> None:
         self.drafter, self.verifier, self.tokenizer, self.name = drafter, verifier, tokenizer, name

@@ -25,14 +25,14 @@ def generate(
     max_new_tokens: int = typer.Option(256),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
-    runtime: str = typer.Option("hf", help=TUNE_FLAGS["runtime"].help),
+    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help),
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer id/folder for --runtime llamacpp \\[default: the "
                                             "verifier GGUF's]"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
     json_output: bool = JSON,
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
-    from ..backends.load import load_backend
+    from ..backends.load import load_backend, resolve_runtime
     from ..decoding.methods import get_method
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
@@ -46,6 +46,7 @@ def generate(
         if alpha is None and grid:
             alpha = grid[len(grid) // 2]  # the middle of the paper's grid
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
+        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
@@ -92,7 +93,7 @@ def eval_(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
     dtype: str = typer.Option("bfloat16"),
-    runtime: str = typer.Option("hf", help=TUNE_FLAGS["runtime"].help),
+    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help),
     drafter_url: Optional[str] = TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
@@ -107,7 +108,7 @@ def eval_(
     import json
     from pathlib import Path
 
-    from ..backends.load import LazyBackend, backend_name, load_backend
+    from ..backends.load import LazyBackend, backend_name, load_backend, resolve_runtime
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
@@ -116,6 +117,7 @@ def eval_(
         spec = load_task(task)
         check_decode(method, alpha, n_draft, spec.sampling.temperature)
         problems = load_problems(spec, limit)
+        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier, drafter_url, verifier_url)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
 

@@ -15,7 +15,9 @@ row. Before any sample exists two figures are priors, said in the plan:
 ``ACCEPT_PRIOR`` (l_accept = 0.6 N) and the response length (the mean of the pair's
 records of this task when there are any, else ``LENGTH_PRIOR`` of the task's token
 budget). ``BATCH_EXPONENT`` on a CPU comes from the README's batch table (strict at
-batch 8: 3.95x batch 1, 8 ** 0.66 = 3.95); on a GPU rows are nearly free (0.9).
+batch 8: 3.95x batch 1, 8 ** 0.66 = 3.95); on a GPU rows are nearly free (0.9);
+llama.cpp on a CPU is bound by arithmetic even at batch 1 (README, the llama.cpp
+backend: its own AR at batch 16 is 1.47x batch 1, relaxtune strict 1.2x), so 0.1.
 
 The machine looks busy when this run's single-step cost ``t_AR`` is more than
 ``BUSY_FACTOR`` times the saved profile's, or when the 1-minute load average exceeds
@@ -40,7 +42,7 @@ __all__ = ["Phase", "JobEstimate", "estimate_job", "announce", "machine_load", "
            "LENGTH_PRIOR", "BATCH_EXPONENT", "BUSY_FACTOR"]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
-BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9}  # aggregate throughput of B rows = B ** exponent x one row's
+BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9, "llamacpp": 0.1}  # throughput of B rows = B ** exponent x one row's
 BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
 
 
@@ -173,7 +175,8 @@ def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostPro
             measurement (the speed now), priced with in preference; ``saved``: the
             profile saved earlier, to compare with.
         length: ``(expected tokens per response, where from)``; default ``LENGTH_PRIOR``.
-        batch_size: rows decoded together; device: ``cpu`` or ``cuda``.
+        batch_size: rows decoded together; device: ``cpu``, ``cuda`` or ``llamacpp``
+            (llama.cpp on a CPU), which sets the batch exponent (``BATCH_EXPONENT``).
         strict_done: strict samples at the middle N already recorded (a resumed job).
         load: ``(load average, cores)``; default ``machine_load()``.
 
@@ -257,6 +260,8 @@ def announce(settings, spec, problems: list, held_out: list, backend, profile, m
             saved = None  # the profile was measured just now: nothing earlier to compare with
     device = getattr(backend, "device", "cpu")
     device = str(getattr(device, "type", device) or "cpu")
+    if getattr(backend, "runtime", None) == "llamacpp":
+        device = "llamacpp"  # its own batch exponent: a CPU bound by arithmetic
     batch = int(settings.batch_size or getattr(backend, "batch_size", None) or
                 getattr(backend, "max_concurrency", None) or 1)
     strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)

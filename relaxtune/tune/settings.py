@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..backends.embedded import DRAFTER, VERIFIER
+from ..backends.load import resolve_runtime
 from ..decoding.methods import get_method
 
 __all__ = ["TuneSettings", "study_name", "job_id", "spec_digest"]
@@ -27,8 +28,9 @@ class TuneSettings(BaseModel):
     drafter: str = DRAFTER.name
     verifier: str = VERIFIER.name
     dtype: str = "bfloat16"
-    runtime: Literal["hf", "llamacpp"] = Field("hf", description="in-process backend: transformers (hf) or llama.cpp "
-                                               "on GGUF files (llamacpp: pip install 'relaxtune[llamacpp]')")
+    runtime: Literal["auto", "hf", "llamacpp"] = Field(
+        "auto", description="in-process backend: transformers (hf) or llama.cpp on GGUF files (llamacpp: pip install "
+        "'relaxtune[llamacpp]'); auto: llamacpp for the embedded pair when installed, else hf (resolved on load)")
     drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
     verifier_url: str | None = Field(None, description="SGLang verifier server")
     tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
@@ -95,6 +97,12 @@ class TuneSettings(BaseModel):
         if not n_drafts or any(n < 1 for n in n_drafts):
             raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
         return sorted(set(n_drafts))
+
+    @model_validator(mode="after")
+    def _resolve_runtime(self):
+        """``auto`` becomes the runtime it means here, so records, studies and a saved job name it."""
+        self.runtime = resolve_runtime(self.runtime, self.drafter, self.verifier, self.drafter_url, self.verifier_url)
+        return self
 
     @model_validator(mode="after")
     def _grace_after_heartbeat(self):
