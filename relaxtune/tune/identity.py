@@ -87,11 +87,7 @@ def grader_identity() -> str:
     """The graders' identity: 16 hex digits of their source digest and their
     dependencies' versions (``GRADER_DEPENDENCIES``)."""
     with _once:  # the tuner's workers are threads that ask at the same moment
-        return _grader_identity()
-
-
-def _grader_identity() -> str:
-    parts = [source_digest(GRADER_SOURCES)] + [f"{p}=={_version(p)}" for p in GRADER_DEPENDENCIES]
+        parts = [source_digest(GRADER_SOURCES)] + [f"{p}=={_version(p)}" for p in GRADER_DEPENDENCIES]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
