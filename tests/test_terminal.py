@@ -268,6 +268,8 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     assert load.resolve_runtime("hf", d, v) == "hf" and load.resolve_runtime("llamacpp", *tiny_pair_dirs) == "llamacpp"
     with pytest.raises(ValueError, match="unknown runtime 'vllm'; use one of auto, hf, llamacpp"):
         load.resolve_runtime("vllm", d, v)
+    with pytest.raises(ValueError, match="--drafter prompt-lookup:2 runs on the transformers runtime"):
+        TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")  # refused before any load
     settings = TuneSettings(task="humaneval")  # resolved once, so a saved job names the runtime it ran on
     assert settings.runtime == embedded and settings.backend["runtime"] == embedded
     assert load.backend_name(**settings.backend).endswith("@llamacpp") == installed

