@@ -49,6 +49,15 @@ def test_samples_tokens_and_seconds_per_phase():
                          device="llamacpp", load=(0.5, 2))
     assert llama.phases[0].seconds == pytest.approx(800 * per_token / 8 ** 0.1)
     assert llama.phases[1].seconds == pytest.approx(1600 * per_token / 4 ** 0.1)
+    cuda = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), device="cuda:1", load=(0.5, 2))
+    assert cuda.phases[0].seconds == pytest.approx(800 * per_token / 8 ** 0.9)  # a device index prices as its kind
+    done = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), strict_done=100, load=(0.5, 2))
+    assert done.phases[0].samples == 0 and done.phases[0].seconds == 0.0  # more recorded than needed: none left
+    for bad in (dict(n_search=-3), dict(strict_done=-5), dict(batch_size=0), dict(length=(-10.0, "x")),
+                dict(length=(float("nan"), "x")), dict(length=(float("inf"), "x"))):
+        args = dict(n_search=8, n_confirm=8, length=(100.0, "given"), load=(0.5, 2)) | bad
+        with pytest.raises(ValueError, match="estimate_job: "):
+            estimate_job(readme_job(), SPEC, args.pop("n_search"), args.pop("n_confirm"), profile, **args)
 
 
 def test_a_busy_machine_is_named_and_the_idle_time_given():

@@ -182,13 +182,23 @@ def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostPro
 
     Returns:
         ``JobEstimate``; its ``seconds`` is None when there is no ``CostProfile``.
+
+    Raises:
+        ValueError: a negative count (problems, strict_done), batch_size below 1, or a
+            response length that is not a finite number >= 0.
     """
+    if min(n_search, n_confirm, strict_done) < 0 or batch_size < 1:
+        raise ValueError(f"estimate_job: counts must be >= 0 and batch_size >= 1 (n_search {n_search}, n_confirm "
+                         f"{n_confirm}, strict_done {strict_done}, batch_size {batch_size})")
+    if length is not None and not (math.isfinite(length[0]) and length[0] >= 0):
+        raise ValueError(f"estimate_job: the response length must be a finite number >= 0, got {length[0]}")
     repeats = spec.repeats
+    strict_done = min(strict_done, n_search * repeats)  # more recorded than the search needs: nothing left to do
     length_tokens, length_from = length or (LENGTH_PRIOR * spec.max_new_tokens,
                                             f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token "
                                             "budget")
     speed = measured or (profile if isinstance(profile, CostProfile) else None)
-    exponent = BATCH_EXPONENT.get(device, BATCH_EXPONENT["cpu"])
+    exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
 
     def seconds(samples: int, n_draft: int, rows: int) -> float | None:
