@@ -127,9 +127,27 @@ def pg_database(pg_server):
         return pg_server.replace("postgresql://", "postgresql+psycopg://").rsplit("/", 1)[0] + f"/{name}"
 
     yield new
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        for name in made:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for name in made:
+        _drop_database(pg_server, name)
+
+
+def _drop_database(admin_url: str, name: str, tries: int = 20) -> None:
+    """Drops ``name``, ending its sessions. An autovacuum worker on a fresh database has no
+    role, so a role without pg_signal_backend may not end it (``InsufficientPrivilege``,
+    PostgreSQL 15's TerminateOtherDBBackends): the worker is short-lived, so try again."""
+    import time
+
+    import psycopg
+
+    for attempt in range(tries):
+        try:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.errors.InsufficientPrivilege:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5)
 
 
 # ------------------------------------------------------------------ SGLang, live
