@@ -224,7 +224,8 @@ def _tracking(settings: TuneSettings, spec, pair: str, problems, new_trials: boo
         from .tune.studies import storage_lock
 
         tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
-                          job_id(settings, spec, pair), storage_lock(settings.storage_url))
+                          job_id(settings, spec, pair), storage_lock(settings.storage_url),
+                          storage_lock(settings.storage_url, "finish"))
         tracker.log_costs(profile)
         return tracker, None
     return None, ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,

@@ -136,6 +136,35 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
         assert len(trials) == (4 if kind == "study" else 8) and ("ar", "ar", None, None) in keys
 
 
+def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path, monkeypatch, uri):
+    # other workers' trial queues must not wait for one worker drawing the job's figures
+    import fcntl
+
+    from sqlalchemy.engine import make_url
+
+    from relaxtune.report.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    s = settings(tmp_path, uri, "locks")
+    db = Path(make_url(s.storage_url).database).resolve()
+    held = {}
+    draw = Tracker._finish
+
+    def probing(self, *args, **kwargs):
+        for purpose, suffix in (("queue", ".lock"), ("finish", ".finish.lock")):
+            with open(db.with_name(db.name + suffix), "a") as f:  # another holder, as another worker's would be
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held[purpose] = False
+                except BlockingIOError:
+                    held[purpose] = True
+        return draw(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tracker, "_finish", probing)
+    run(s)
+    assert held == {"queue": False, "finish": True}
+
+
 def test_an_export_with_nothing_to_read_names_what_is_missing(tmp_path, monkeypatch, uri):
     monkeypatch.chdir(tmp_path)
     s = settings(tmp_path / "empty", uri, "synthetic")

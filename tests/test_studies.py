@@ -157,6 +157,24 @@ def test_storage_lock_excludes_other_holders_and_is_reentrant(tmp_path):
         StorageLock("oracle://u:p@h/db")
 
 
+def test_storage_locks_of_other_purposes_are_independent(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    queue, finish, other_finish = StorageLock(url), StorageLock(url, "finish"), StorageLock(url, "finish")
+    entered = threading.Event()
+
+    def try_finish() -> None:
+        with other_finish():
+            entered.set()
+
+    with queue(), finish():  # both held by one holder: independent locks
+        assert (tmp_path / "x.db.finish.lock").exists() and (tmp_path / "x.db.lock").exists()
+        thread = threading.Thread(target=try_finish)
+        thread.start()
+        assert not entered.wait(0.3)  # the same purpose excludes another holder
+    thread.join(5)
+    assert entered.is_set()
+
+
 def test_ranges_split_merge_and_spread():
     assert split(10, 4) == [range(0, 4), range(4, 8), range(8, 10)] and split(3, None) == [range(0, 3)]
     with pytest.raises(ValueError, match="range size"):

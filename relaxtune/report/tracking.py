@@ -70,10 +70,15 @@ class Tracker(Runs):
         job_id: the tuning job's id (``relaxtune.tune.settings.job_id``).
         lock: a context-manager factory that serialises run creation across the
             job's workers (``relaxtune.tune.studies.storage_lock(storage_url)``); default none.
+        finish_lock: one that serialises ``finish`` across the workers without holding
+            ``lock`` while figures are drawn (``storage_lock(storage_url, "finish")``);
+            default ``lock``.
     """
 
-    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None) -> None:
+    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None,
+                 finish_lock=None) -> None:
         super().__init__(uri, task, pair, lock)
+        self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
@@ -180,14 +185,17 @@ class Tracker(Runs):
         built: each study's figures, table, chosen point and description; the task
         run's decision, figures, points and config. Done once per config: a worker of the
         same job that finds the task run already finished with the same config (tag
-        ``relaxtune.finished_config``, under the job's lock) draws nothing again."""
+        ``relaxtune.finished_config``, under the finish lock) draws nothing again. The
+        queue lock is taken only around the reads and run writes, so other workers'
+        trials and queues never wait for the drawing."""
         import hashlib
         import json
 
         digest = hashlib.sha256(json.dumps({k: v for k, v in config.model_dump(mode="json").items() if k != "created"},
                                            sort_keys=True, default=str).encode()).hexdigest()[:16]
-        with self._lock():
-            self._backfill(outcomes)
+        with self._finish_lock():
+            with self._lock():
+                self._backfill(outcomes)
             if self.client.get_run(self.task_run_id).data.tags.get("relaxtune.finished_config") == digest:
                 for o in outcomes:  # reopened by this worker's start: closed again, nothing redrawn
                     self.client.set_terminated(self.study_runs[o.method])

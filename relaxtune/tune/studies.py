@@ -102,20 +102,25 @@ class StorageLock:
     MariaDB, ``GET_LOCK``; SQLite, ``fcntl.flock`` on ``<database>.lock`` (SQLite
     is one host anyway); an in-memory SQLite or another database, none (with a
     warning for the latter). Re-entrant within a thread. Released when its holder
-    dies (the connection or the file closes).
+    dies (the connection or the file closes). ``purpose`` names one of several
+    independent locks of the storage: ``"queue"`` (the trial queues, stores and
+    runs; ``<database>.lock``) or another (``<database>.<purpose>.lock``, e.g.
+    ``"finish"``: the job's figures, drawn without holding up the queues).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, purpose: str = "queue") -> None:
         import sqlalchemy
         from sqlalchemy.engine import make_url
 
         parsed = make_url(url)
         self.kind = parsed.get_backend_name()
+        self._name = _LOCK_NAME if purpose == "queue" else f"{_LOCK_NAME}-{purpose}"
         self._held = threading.local()
         self._thread_lock = threading.Lock()
         self._engine = self._file = None
         if self.kind == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + ".lock")
+            suffix = ".lock" if purpose == "queue" else f".{purpose}.lock"
+            self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + suffix)
         elif self.kind in ("postgresql", "mysql", "mariadb"):
             self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
         elif self.kind != "sqlite":
@@ -150,17 +155,17 @@ class StorageLock:
                 fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes (or its holder dies)
                 yield
         elif self._engine is not None and self.kind == "postgresql":
-            key = int.from_bytes(hashlib.blake2b(_LOCK_NAME.encode(), digest_size=8).digest(), "big", signed=True)
+            key = int.from_bytes(hashlib.blake2b(self._name.encode(), digest_size=8).digest(), "big", signed=True)
             with self._engine.begin() as conn:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
                 yield
         elif self._engine is not None:
             with self._engine.connect() as conn:
-                conn.execute(text("SELECT GET_LOCK(:name, -1)"), {"name": _LOCK_NAME})
+                conn.execute(text("SELECT GET_LOCK(:name, -1)"), {"name": self._name})
                 try:
                     yield
                 finally:
-                    conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
+                    conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self._name})
         else:
             yield
 
@@ -181,10 +186,10 @@ def _write_ahead_log(engine) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def storage_lock(url: str) -> StorageLock:
-    """The one ``StorageLock`` of this process for ``url`` (so holding it and taking it
-    again in the same thread, e.g. the tracker inside a queue operation, never deadlocks)."""
-    return StorageLock(url)
+def storage_lock(url: str, purpose: str = "queue") -> StorageLock:
+    """The one ``StorageLock`` of this process for ``url`` and ``purpose`` (so holding it and
+    taking it again in the same thread, e.g. the tracker inside a queue operation, never deadlocks)."""
+    return StorageLock(url, purpose)
 
 
 class TrialQueue:
