@@ -59,20 +59,29 @@ def _panels(title: str, xlabel: str):
     return fig, top, bottom
 
 
-def _bars(ax, x: float, y: float, low: float | None, high: float | None, color, alpha: float = 0.6) -> None:
-    """A vertical interval [low, high] around y (nothing when unknown)."""
-    if low is None or high is None:
+def _bars(ax, rows: list[tuple[float, float, float | None, float | None]], color, alpha: float = 0.6) -> None:
+    """Vertical intervals ``[low, high]`` around ``y``, one per ``(x, y, low, high)`` row
+    (none where a bound is unknown), drawn as one collection."""
+    rows = [r for r in rows if r[2] is not None and r[3] is not None]
+    if not rows:
         return
-    ax.errorbar([x], [y], yerr=[[max(y - low, 0.0)], [max(high - y, 0.0)]], fmt="none", ecolor=color,
-                elinewidth=1.2, capsize=3, alpha=alpha, zorder=2)
+    x, y, low, high = zip(*rows)
+    yerr = [[max(v - lo, 0.0) for v, lo in zip(y, low)], [max(hi - v, 0.0) for v, hi in zip(y, high)]]
+    ax.errorbar(x, y, yerr=yerr, fmt="none", ecolor=color, elinewidth=1.2, capsize=3, alpha=alpha, zorder=2)
 
 
-def _trial_marker(ax, x: float, y: float, p: Point, color, alpha: float = 1.0) -> None:
-    if p.state == "PRUNED":
-        ax.scatter([x], [y], marker="x", s=40, color=color, alpha=0.7 * alpha, zorder=3)
-    else:
-        ax.scatter([x], [y], marker="o", s=44, color=color if p.feasible else "white", edgecolors=color,
-                   linewidths=1.5, alpha=alpha, zorder=4)
+def _trial_markers(ax, rows: list[tuple[float, float, Point]], color, alpha: float = 1.0) -> None:
+    """The trials' markers, one collection per kind: pruned (x), feasible (filled) and
+    infeasible (hollow) circles."""
+    pruned = [(x, y) for x, y, p in rows if p.state == "PRUNED"]
+    ended = [(x, y, p.feasible) for x, y, p in rows if p.state != "PRUNED"]
+    if pruned:
+        xs, ys = zip(*pruned)
+        ax.scatter(xs, ys, marker="x", s=40, color=color, alpha=0.7 * alpha, zorder=3)
+    if ended:
+        xs, ys, feasible = zip(*ended)
+        ax.scatter(xs, ys, marker="o", s=44, facecolors=[color if f else "white" for f in feasible],
+                   edgecolors=color, linewidths=1.5, alpha=alpha, zorder=4)
 
 
 def _marks(ax, x: float, y: float, p: Point, star_color=CHOSEN) -> None:
@@ -84,26 +93,32 @@ def _marks(ax, x: float, y: float, p: Point, star_color=CHOSEN) -> None:
 
 
 def _draw_trials(top, bottom, points: list[Point], color, x_of, y_of, alpha: float = 1.0, star_color=CHOSEN) -> None:
-    """Each trial on both panels: ``y_of(p)`` (value, low, high) on the top panel, its drop below."""
+    """Each trial on both panels: ``y_of(p)`` (value, low, high) on the top panel, its drop below.
+    Marks of one kind go in one collection per panel (matplotlib's cost is per call)."""
+    above, below, confirmed = [], [], {}
     for p in points:
         x = x_of(p)
         y, low, high = y_of(p)
-        _bars(top, x, y, low, high, color, 0.5 * alpha)
-        _trial_marker(top, x, y, p, color, alpha)
+        above.append((x, y, low, high, p))
         _marks(top, x, y, p, star_color)
         if p.drop is not None:
-            _bars(bottom, x, p.drop, p.drop_lcb, p.drop_ucb, color, 0.5 * alpha)
-            _trial_marker(bottom, x, p.drop, p, color, alpha)
+            below.append((x, p.drop, p.drop_lcb, p.drop_ucb, p))
             _marks(bottom, x, p.drop, p, star_color)
         if p.confirm_drop_ucb is not None:
-            bottom.scatter([x], [p.confirm_drop_ucb], marker="_", s=420, linewidths=2.5, zorder=5,
-                           color=CONFIRMED if p.confirm_passed is not False else CLOSEST)
+            confirmed.setdefault(CONFIRMED if p.confirm_passed is not False else CLOSEST, []).append(
+                (x, p.confirm_drop_ucb))
+    for ax, rows in ((top, above), (bottom, below)):
+        _bars(ax, [r[:4] for r in rows], color, 0.5 * alpha)
+        _trial_markers(ax, [(x, y, p) for x, y, _, _, p in rows], color, alpha)
+    for mark_color, marks in confirmed.items():
+        xs, ys = zip(*marks)
+        bottom.scatter(xs, ys, marker="_", s=420, linewidths=2.5, zorder=5, color=mark_color)
 
 
 def _baselines(top, bottom, baselines: list[Point]) -> None:
     for p in baselines:
         marker, color = ("s", AR) if p.kind == "ar" else ("D", STRICT)
-        _bars(top, p.speedup, p.accuracy, p.ci_low, p.ci_high, color)
+        _bars(top, [(p.speedup, p.accuracy, p.ci_low, p.ci_high)], color)
         top.scatter([p.speedup], [p.accuracy], marker=marker, s=50, color=color, zorder=5)
         bottom.scatter([p.speedup], [0.0], marker=marker, s=50, color=color, zorder=5)
 
