@@ -239,3 +239,41 @@ def test_the_benchmark_rows_run_llamacpp_ar_beside_strict_and_a_relaxed_rule(fil
     rows = [line for line in out.splitlines() if line.strip()[:1] in "12" and "|" in line]
     assert [int(r.split("|")[0]) for r in rows] == [1, 2] and "S/L" in out and "R/L" in out
     assert sorted(backend.verifier.free) == [0, 1]  # the AR runs gave their slots back
+
+
+@pytest.mark.parametrize("method, knob", [("strict", None), ("ears", 0.3)])
+def test_prompt_lookup_drafts_on_llamacpp(files, method, knob):
+    """Prompt lookup over the llama.cpp verifier (``load_backend``): no drafter model is
+    loaded, drafts cost no forward pass, batched equals one sequence token for token."""
+    from relaxtune.backends.load import load_backend
+    from relaxtune.backends.lookup import PromptLookupBackend
+
+    backend = load_backend("prompt-lookup", str(files["v64"]), runtime="llamacpp", batch_size=4, tokenizer=tiny_tokenizer())
+    assert isinstance(backend, PromptLookupBackend) and backend.inner.drafter is None and backend.batch_size == 4
+    assert backend.name == f"prompt-lookup->{files['v64'].resolve()}@llamacpp"
+    kw = dict(method=method, knob=knob, n_draft=4, sampling=SAMPLING)
+    requests = [Request([(5 * i + 3 * (j % (2 + i))) % 60 + 3 for j in range(6 + 5 * i)], seed=40 + i,
+                        max_new_tokens=20 + 4 * i, key=i) for i in range(6)]
+    alone = {r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, **kw)
+             for r in requests}
+    got = {r.key: g for r, g in generate_batch(backend, requests, batch_size=4, **kw)}
+    assert {k: _view(g) for k, g in got.items()} == {k: _view(g) for k, g in alone.items()}
+    assert sum(g.stats.accepted for g in alone.values()) > 0
+    assert all(g.stats.draft_forwards == 0 and g.stats.draft_seconds > 0 for g in alone.values())
+    assert sorted(backend.inner.verifier.free) == list(range(4))
+
+
+def test_strict_with_prompt_lookup_on_llamacpp_is_lossless(files):
+    """The first two tokens of strict responses with lookup drafts follow the verifier's
+    own joint (chi-square, fixed seeds); the prompt repeats, so drafts are proposed."""
+    from relaxtune.backends.lookup import PromptLookupBackend
+
+    verifier = LlamaModel(files["v6"], 16, 256, threads=1)
+    backend = PromptLookupBackend(LlamaCppBackend(None, verifier, None, name="tiny-6"), max_ngram=2)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    joint = _ar_joint(verifier, prompt, len(SIX))
+    requests = [Request(prompt, seed=s, max_new_tokens=2, key=s) for s in range(1500)]
+    got = list(generate_batch(backend, requests, method="strict", n_draft=3, batch_size=16))
+    codes = torch.tensor([g.token_ids[0] * len(SIX) + g.token_ids[1] for _, g in got])
+    assert chi2_pvalue(codes, joint) > P_FLOOR
+    assert sum(g.stats.accepted for _, g in got) > 100  # the lookup's drafts (3, then 1) were tested and taken

@@ -262,14 +262,14 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     d, v = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
     assert load.resolve_runtime("auto", d, v) == embedded
     assert load.resolve_runtime("auto", None, v) == embedded  # AR: the verifier alone
-    assert load.resolve_runtime("auto", "prompt-lookup", v) == "hf"  # no model drafter: transformers' runtime
+    assert load.resolve_runtime("auto", "prompt-lookup", v) == embedded  # no model drafter: the verifier's runtime
     assert load.resolve_runtime("auto", *tiny_pair_dirs) == "hf"  # a folder of another pair
     assert load.resolve_runtime("auto", d, v, "http://a:1", "http://b:2") == "hf"  # served by SGLang
     assert load.resolve_runtime("hf", d, v) == "hf" and load.resolve_runtime("llamacpp", *tiny_pair_dirs) == "llamacpp"
     with pytest.raises(ValueError, match="unknown runtime 'vllm'; use one of auto, hf, llamacpp"):
         load.resolve_runtime("vllm", d, v)
-    with pytest.raises(ValueError, match="--drafter prompt-lookup:2 runs on the transformers runtime"):
-        TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")  # refused before any load
+    lookup = TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")
+    assert load.backend_name(**lookup.backend) == "prompt-lookup:2->qwen2.5-coder-1.5b-instruct@llamacpp"
     settings = TuneSettings(task="humaneval")  # resolved once, so a saved job names the runtime it ran on
     assert settings.runtime == embedded and settings.backend["runtime"] == embedded
     assert load.backend_name(**settings.backend).endswith("@llamacpp") == installed

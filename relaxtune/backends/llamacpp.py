@@ -347,9 +347,12 @@ def gguf_pair_name(drafter: str | None, verifier: str) -> str:
     """``<drafter>-><verifier>@llamacpp`` (embedded names as given, files by absolute path):
     records and studies of this backend never mix with the transformers backend's."""
     from .embedded import EMBEDDED
+    from .lookup import parse_lookup
 
     def short(model: str | None) -> str:
-        return str(model) if model is None or model in EMBEDDED else str(Path(os.path.expanduser(model)).resolve())
+        if model is None or model in EMBEDDED or parse_lookup(model) is not None:  # prompt lookup: no file
+            return str(model)
+        return str(Path(os.path.expanduser(model)).resolve())
 
     return f"{short(drafter)}->{short(verifier)}@{RUNTIME}"
 

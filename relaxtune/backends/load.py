@@ -17,24 +17,21 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
                     verifier_url: str | None = None) -> str:
     """The in-process runtime a job runs on: ``runtime`` itself, or for ``"auto"``
     llama.cpp (``"llamacpp"``) when the models are the embedded pair's (the drafter may
-    be None: AR), no SGLang server is named and llama-cpp-python is installed, else
-    transformers (``"hf"``). On the embedded pair llama.cpp decodes its GGUF files
-    about 3x faster per AR token than transformers on their bfloat16 copies on a
-    2-core CPU (README, Performance) and needs no conversion.
+    be None, AR, or prompt lookup, no model), no SGLang server is named and
+    llama-cpp-python is installed, else transformers (``"hf"``). On the embedded pair
+    llama.cpp decodes its GGUF files about 3x faster per AR token than transformers
+    on their bfloat16 copies on a 2-core CPU (README, Performance) and needs no conversion.
 
     Raises:
-        ValueError: an unknown runtime, or llama.cpp with the prompt-lookup drafter
-            in-process (it runs on transformers).
+        ValueError: an unknown runtime.
     """
     if runtime != AUTO:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {AUTO}, {', '.join(RUNTIMES)}")
-        if runtime == "llamacpp" and parse_lookup(drafter) is not None and not verifier_url:
-            raise ValueError(f"--drafter {drafter} runs on the transformers runtime (--runtime hf)")
         return runtime
     from .embedded import EMBEDDED
 
-    embedded = verifier in EMBEDDED and (drafter is None or drafter in EMBEDDED)
+    embedded = verifier in EMBEDDED and (drafter is None or drafter in EMBEDDED or parse_lookup(drafter) is not None)
     if embedded and not (drafter_url or verifier_url) and util.find_spec("llama_cpp") is not None:
         return "llamacpp"
     return "hf"
@@ -65,8 +62,9 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
     ``hf.load_pair`` (``runtime="hf"``), or ``llamacpp.load_gguf_pair`` on GGUF files
     (``runtime="llamacpp"``; ``tokenizer`` overrides the GGUF's), ``batch_size``
     sequences together. The prompt-lookup drafter
-    (``--drafter prompt-lookup``, ``relaxtune.backends.lookup``) needs no model: over
-    SGLang it takes the verifier's URL alone.
+    (``--drafter prompt-lookup``, ``relaxtune.backends.lookup``) needs no model: it
+    wraps the verifier alone, in-process on either runtime or over SGLang (the
+    verifier's URL alone).
 
     Raises:
         ValueError: only one of the two URLs is set (a drafter URL with prompt lookup),
@@ -100,6 +98,10 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
     if runtime == "llamacpp":
         from .llamacpp import load_gguf_pair
 
+        if max_ngram is not None:  # a drafter without a model: the verifier's GGUF alone, wrapped
+            verifier_only = load_gguf_pair(None, verifier, batch_size, tokenizer=tokenizer)
+            return PromptLookupBackend(verifier_only, max_ngram=max_ngram, name=backend_name(drafter, verifier,
+                                                                                          runtime=runtime))
         return load_gguf_pair(drafter, verifier, batch_size, tokenizer=tokenizer)
     from .hf import load_pair
 
