@@ -268,6 +268,8 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     assert load.resolve_runtime("hf", d, v) == "hf" and load.resolve_runtime("llamacpp", *tiny_pair_dirs) == "llamacpp"
     with pytest.raises(ValueError, match="unknown runtime 'vllm'; use one of auto, hf, llamacpp"):
         load.resolve_runtime("vllm", d, v)
+    with pytest.raises(ValueError, match="--runtime llamacpp runs the models in-process, and --drafter-url"):
+        TuneSettings(task="humaneval", runtime="llamacpp", drafter_url="http://a:1", verifier_url="http://b:2")
     lookup = TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")
     assert load.backend_name(**lookup.backend) == "prompt-lookup:2->qwen2.5-coder-1.5b-instruct@llamacpp"
     settings = TuneSettings(task="humaneval")  # resolved once, so a saved job names the runtime it ran on

@@ -23,11 +23,15 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
     on their bfloat16 copies on a 2-core CPU (README, Performance) and needs no conversion.
 
     Raises:
-        ValueError: an unknown runtime.
+        ValueError: an unknown runtime, or llama.cpp asked for with SGLang servers
+            named (they run the models; nothing would run on llama.cpp).
     """
     if runtime != AUTO:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {AUTO}, {', '.join(RUNTIMES)}")
+        if runtime == "llamacpp" and (drafter_url or verifier_url):
+            raise ValueError("--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
+                             "them on SGLang servers: give one or the other")
         return runtime
     from .embedded import EMBEDDED
 
