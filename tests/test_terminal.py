@@ -268,6 +268,11 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     assert load.resolve_runtime("hf", d, v) == "hf" and load.resolve_runtime("llamacpp", *tiny_pair_dirs) == "llamacpp"
     with pytest.raises(ValueError, match="unknown runtime 'vllm'; use one of auto, hf, llamacpp"):
         load.resolve_runtime("vllm", d, v)
+    for runtime in ("auto", "hf", "llamacpp"):  # a malformed lookup name, refused whatever the runtime
+        with pytest.raises(ValueError, match="drafter 'prompt-lookup:0': give prompt-lookup or prompt-lookup:<"):
+            load.resolve_runtime(runtime, "prompt-lookup:0", v)
+    with pytest.raises(ValueError, match="drafter 'prompt-lookup:x'"):
+        TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:x")
     with pytest.raises(ValueError, match="--runtime llamacpp runs the models in-process, and --drafter-url"):
         TuneSettings(task="humaneval", runtime="llamacpp", drafter_url="http://a:1", verifier_url="http://b:2")
     lookup = TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")

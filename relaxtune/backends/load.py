@@ -23,9 +23,11 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
     on their bfloat16 copies on a 2-core CPU (README, Performance) and needs no conversion.
 
     Raises:
-        ValueError: an unknown runtime, or llama.cpp asked for with SGLang servers
-            named (they run the models; nothing would run on llama.cpp).
+        ValueError: an unknown runtime, a malformed ``prompt-lookup:<n>`` drafter, or
+            llama.cpp asked for with SGLang servers named (they run the models;
+            nothing would run on llama.cpp).
     """
+    lookup = parse_lookup(drafter) is not None  # first: a malformed lookup name is refused on every runtime
     if runtime != AUTO:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {AUTO}, {', '.join(RUNTIMES)}")
@@ -35,7 +37,7 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
         return runtime
     from .embedded import EMBEDDED
 
-    embedded = verifier in EMBEDDED and (drafter is None or drafter in EMBEDDED or parse_lookup(drafter) is not None)
+    embedded = verifier in EMBEDDED and (drafter is None or drafter in EMBEDDED or lookup)
     if embedded and not (drafter_url or verifier_url) and util.find_spec("llama_cpp") is not None:
         return "llamacpp"
     return "hf"

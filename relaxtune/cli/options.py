@@ -16,7 +16,7 @@ TUNE_FLAGS = dict(
     verifier=typer.Option(None, help="verifier \\[default: embedded 1.5B]"),
     dtype=typer.Option(None, help="bfloat16 (default), float16 or float32"),
     runtime=typer.Option(None, help="in-process backend: hf (transformers) or llamacpp (llama.cpp on the GGUF files; "
-                         "pip install 'relaxtune[llamacpp]') \\[default: auto: llamacpp for the embedded pair when "
+                         "pip install 'relaxtune\\[llamacpp]') \\[default: auto: llamacpp for the embedded pair when "
                          "installed, else hf]"),
     drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
     verifier_url=typer.Option(None, help="SGLang verifier server URL"),

@@ -25,7 +25,7 @@ def generate(
     max_new_tokens: int = typer.Option(256),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
-    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help),
+    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help, show_default=False),
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer id/folder for --runtime llamacpp \\[default: the "
                                             "verifier GGUF's]"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
@@ -49,7 +49,7 @@ def generate(
         runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    with status(f"loading {drafter} -> {verifier} ({dtype})", json_output):
+    with status(f"loading {drafter} -> {verifier} ({'GGUF' if runtime == 'llamacpp' else dtype})", json_output):
         try:
             backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
                                    batch_size=1 if runtime == "llamacpp" else None, tokenizer=tokenizer)
@@ -93,7 +93,7 @@ def eval_(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
     verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
     dtype: str = typer.Option("bfloat16"),
-    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help),
+    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help, show_default=False),
     drafter_url: Optional[str] = TUNE_FLAGS["drafter_url"],
     verifier_url: Optional[str] = TUNE_FLAGS["verifier_url"],
     tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
