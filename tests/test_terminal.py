@@ -283,6 +283,18 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     assert TuneSettings(task="humaneval", runtime="hf").runtime == "hf"
 
 
+def test_a_check_across_fields_is_reported_without_an_empty_flag():
+    from typer.testing import CliRunner
+
+    from relaxtune.cli import app
+
+    out = CliRunner().invoke(app, ["tune", "--task", "humaneval", "--drafter", "prompt-lookup:0", "--runtime",
+                                   "llamacpp"], env={"COLUMNS": "250"})
+    assert out.exit_code == 2
+    text = " ".join(out.output.split())
+    assert "Invalid value: drafter 'prompt-lookup:0': give prompt-lookup" in text and "--:" not in text
+
+
 def test_version_plain_validation_messages_and_c_rel_precision():
     from importlib import metadata
 

@@ -108,7 +108,8 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
             key = str(loc[0]) if loc else ""
             return f"--{key.replace('_', '-')}" if key in given or not config else f"{config}: {key}"
 
-        lines = [f"{where(e['loc'])}: {_plain(e['msg'])}" for e in err.errors()]
+        # a check across fields (a model validator) has no location: its message names what it is about
+        lines = [f"{where(e['loc'])}: {_plain(e['msg'])}" if e["loc"] else _plain(e["msg"]) for e in err.errors()]
         raise typer.BadParameter("; ".join(lines)) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
