@@ -134,8 +134,10 @@ def run_tune_job(
     """
     # checks, problems, the pair and the forward costs
     spec, everything, backend = prepare(settings, backend, new_trials, log)
-    try:  # before any Optuna storage or MLflow client of this worker opens them
-        prepare_stores(settings.storage_url, settings.mlflow_uri, track=track, optuna=new_trials, log=log)
+    try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
+        # store is prepared by its tracker's thread, while the first samples are generated: _tracking)
+        prepare_stores(settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials,
+                       log=log)
     except StoreError as err:
         raise JobError(str(err)) from None
     pair = getattr(backend, "name", "backend")
@@ -153,7 +155,8 @@ def run_tune_job(
     tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
     path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
             else export_path(settings, spec, tuning))
-    tracker, exporter = _tracking(settings, spec, pair, everything, new_trials, tuning, profile) if track else (None, None)
+    tracker, exporter = (_tracking(settings, spec, pair, everything, new_trials, tuning, profile, log) if track
+                         else (None, None))
     tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
                   run_ranges=run_ranges, **({"worker": worker} if worker else {}))
     if new_trials:
@@ -168,6 +171,9 @@ def run_tune_job(
     for method in settings.methods:
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
     outcomes = tuner.tune(settings.methods, submit_trial)
+    if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
+        for outcome in outcomes:
+            outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)
     if new_trials:
         for outcome in outcomes:
             outcome.study.set_user_attr("search_problems", digest)
@@ -214,19 +220,26 @@ def run_tune_job(
 
 
 def _tracking(settings: TuneSettings, spec, pair: str, problems, new_trials: bool, tuning: TuneSettings | None,
-              profile):
-    """``(tracker, None)``: a tuning job's MLflow runs, its cost profile logged; or
-    ``(None, exporter)``: an export's run of its own, nested under the tuning run
-    (job ``tuning``) it reads."""
+              profile, log: Callable[[str], None] = print):
+    """``(tracker, None)``: a tuning job's MLflow runs, its store prepared and its cost
+    profile logged on a thread of its own (``BackgroundTracker``); or ``(None,
+    exporter)``: an export's run of its own, nested under the tuning run (job
+    ``tuning``) it reads."""
     from .report.tracking import ExportRun, Tracker
 
     if new_trials:
+        from .report.background import BackgroundTracker
+        from .report.stores import DEFAULT_URI, prepare_mlflow
         from .tune.studies import storage_lock
 
-        tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
-                          job_id(settings, spec, pair), storage_lock(settings.storage_url),
-                          storage_lock(settings.storage_url, "finish"))
-        tracker.log_costs(profile)
-        return tracker, None
+        def make() -> Tracker:
+            prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)
+            tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
+                              job_id(settings, spec, pair), storage_lock(settings.storage_url),
+                              storage_lock(settings.storage_url, "finish"), end_on_stop=False)
+            tracker.log_costs(profile)
+            return tracker
+
+        return BackgroundTracker(make), None
     return None, ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
                            job_id(tuning, spec, pair) if tuning is not None else None)

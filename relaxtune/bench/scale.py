@@ -3,8 +3,10 @@
     python -m relaxtune.bench.scale [--workers 1,2,4] [--repeats 2] [--problems 32]
                                     [--trials 12] [--delay 0.25] [--storage URL] [--quick]
 
-Each run starts W worker processes at once (``python -m relaxtune.testing.synthetic``)
-on a fresh copy of the same job: the synthetic evaluation, whose cost per sample
+Each run starts W worker processes (``python -m relaxtune.testing.synthetic``) and,
+once every one has imported, sets them going at the same instant (as W hosts
+started together would be: on this machine's cores, 4 processes importing at
+once would otherwise start seconds apart), on a fresh copy of the same job: the synthetic evaluation, whose cost per sample
 is a sleep of ``--delay`` seconds (it occupies no CPU, so this 2-core machine
 hosts 4 workers the way 4 GPU hosts would: what is measured is the coordination
 overhead), methods cactus and mentored with ``--trials`` trials each, stages and
@@ -13,7 +15,7 @@ MLflow tracking on fresh stores that the workers create themselves (as a user's
 workers would: ``relaxtune.report.stores``), the tuned config exported by every
 worker (its figures drawn once). Reported per W, as the
 median of ``--repeats`` runs with their range: the job's wall time (from the
-first worker's start, after its imports, to the last worker's end) and the
+instant the workers start, after their imports, to the last worker's end) and the
 processes' wall time (launch to exit, imports included), each as a ratio to one
 worker, which trials each worker ran, and whether every worker exported the
 same config. Target (issue 24): 4 workers within 0.30 of one worker's job time.
@@ -54,9 +56,10 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
     procs = []
     for i in range(workers):
         out = open(folder / f"worker{i}.log", "w")
-        procs.append((subprocess.Popen(cmd + ["--worker", f"w{i}"], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True), out))
+        procs.append((subprocess.Popen(cmd + ["--worker", f"w{i}", "--barrier", str(folder)], stdout=out,
+                                       stderr=subprocess.STDOUT, env=env, start_new_session=True), out))
     try:
+        _start_together(procs, folder, workers, time.time() + args.timeout)
         for proc, out in procs:
             proc.wait(timeout=args.timeout)
             out.close()
@@ -82,6 +85,17 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
             "process": exited - launched, "agree": all(c == configs[0] for c in configs),
             "ran": dict(sorted(ran.items())),
             "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()}}
+
+
+def _start_together(procs: list, folder: Path, workers: int, deadline: float) -> None:
+    """Wait until every worker has imported (``ready-w<i>``), then start them at one instant (``go``)."""
+    while not all((folder / f"ready-w{i}").exists() for i in range(workers)):
+        ended = [i for i, (proc, _) in enumerate(procs) if proc.poll() is not None]
+        if ended or time.time() > deadline:
+            log = (folder / f"worker{ended[0]}.log").read_text()[-3000:] if ended else ""
+            raise RuntimeError(f"worker {ended[0]} ended before the start:\n{log}" if ended else "workers not ready in time")
+        time.sleep(0.02)
+    (folder / "go").touch()
 
 
 def _stage(args) -> int:

@@ -1,5 +1,6 @@
 """What a job leaves for people and for serving: MLflow runs of a job and of its exports
-(``tracking``, ``mlflow_runs``), the decision as params, metrics, tags and description
+(``tracking``, ``mlflow_runs``; logged off the job's critical path by ``background``;
+their stores made once by ``stores``), the decision as params, metrics, tags and description
 (``decision``), figures (``figures``), the tuned config (``export``) and what an export
 reads and writes (``reexport``).
 

@@ -73,10 +73,12 @@ class Tracker(Runs):
         finish_lock: one that serialises ``finish`` across the workers without holding
             ``lock`` while figures are drawn (``storage_lock(storage_url, "finish")``);
             default ``lock``.
+        end_on_stop: end the runs when the job stops or fails (``on_stop``); False
+            when the caller does (``relaxtune.report.background``).
     """
 
     def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None,
-                 finish_lock=None) -> None:
+                 finish_lock=None, end_on_stop: bool = True) -> None:
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
@@ -88,7 +90,8 @@ class Tracker(Runs):
             if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
                 self._log_dataset(self.task_run_id, problems)
         self.client.log_dict(self.task_run_id, settings, "settings.json")
-        on_stop(self.end)  # a stopped or failed job ends its runs (relaxtune.tune.stopping)
+        if end_on_stop:
+            on_stop(self.end)  # a stopped or failed job ends its runs (relaxtune.tune.stopping)
 
     def end(self, status: str) -> None:
         """End this job's study runs and task run as ``status`` (``KILLED``: the job was
