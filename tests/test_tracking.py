@@ -130,3 +130,52 @@ def test_tracker_works_inside_an_active_mlflow_run(uri):
         assert mlflow.get_run(outer.info.run_id).data.params == {}
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_every_write_of_params_or_tags_to_a_run_holds_the_jobs_lock(uri, monkeypatch):
+    """Workers of one job log the same study run's params, and the same trial (its owner, and
+    another worker's backfill), at the same moment: MLflow checks a run's params, then inserts
+    them, so two writers can clash (UNIQUE params.key, params.run_uuid: it ended a 4-worker
+    job once). Every write of params or tags holds the job's lock (two threads here)."""
+    import threading
+    from contextlib import contextmanager
+
+    guard, held = threading.RLock(), threading.local()
+
+    @contextmanager
+    def lock():
+        with guard:
+            held.depth = getattr(held, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                held.depth -= 1
+
+    writes, real = [], MlflowClient.log_batch
+
+    def spy(self, run_id, metrics=(), params=(), tags=(), **kwargs):
+        if params or tags:
+            writes.append((sorted(p.key for p in params), getattr(held, "depth", 0) > 0))
+        return real(self, run_id, metrics=metrics, params=params, tags=tags, **kwargs)
+
+    workers = [Tracker(uri, SPEC.model_copy(update={"name": "clash"}), "pair", {"x": 1}, PROBLEMS[:3], "job-c", lock)
+               for _ in range(2)]
+    monkeypatch.setattr(MlflowClient, "log_batch", spy)
+    errors = []
+
+    def work(t: Tracker) -> None:
+        try:
+            t.start_study("cactus", Study("c__cactus__pair"))
+            t.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
+        except Exception as err:  # noqa: BLE001 - what the test looks for
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and writes and all(locked for _, locked in writes), writes
+    (study,), (trial,) = runs_of(workers[0], "study"), runs_of(workers[0], "trial")
+    assert study.data.params["method"] == "cactus" and trial.data.params["n_draft"] == "4"
+    assert trial.data.tags["relaxtune.state"] == "COMPLETE" and trial.data.metrics["l_accept"] == 3.0

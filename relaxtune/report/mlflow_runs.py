@@ -129,10 +129,11 @@ class Runs:
         (``key -> (held, wanted)``): params are write-once."""
         from mlflow.entities import Param
 
-        held = self.client.get_run(run_id).data.params
-        new = [Param(k, v) for k, v in params.items() if k not in held]
-        if new:
-            self.client.log_batch(run_id, params=new)
+        with self._lock():  # workers logging the same run's params at once: the second insert clashes
+            held = self.client.get_run(run_id).data.params
+            new = [Param(k, v) for k, v in params.items() if k not in held]
+            if new:
+                self.client.log_batch(run_id, params=new)
         return {k: (held[k], v) for k, v in params.items() if k in held and held[k] != v}
 
     def _figures(self, method: str, points: list[Point], baselines: list[Point], epsilon: float) -> dict:

@@ -148,15 +148,16 @@ class Tracker(Runs):
         key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
         name = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"])
         run_id = self._run(name, parent, key)
-        logged = self.client.get_run(run_id).data.params
         wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"], "trial": number,
                   "task_version": self.task.version}
         tags = {"relaxtune.state": state} | ({"relaxtune.note": note[:5000]} if note else {})
         now = int(time.time() * 1000)
         values = [Metric(k, float(v), now, number) for k, v in metrics.items() if isinstance(v, (int, float))]
-        # one request per run (a shared tracking server sees one call, not one per metric)
-        params = [Param(k, str(v)) for k, v in wanted.items() if k not in logged]
-        self.client.log_batch(run_id, metrics=values, params=params, tags=[RunTag(k, v) for k, v in tags.items()])
+        with self._lock():  # another worker's backfill may log this trial at the same moment (params, tags: a clash)
+            logged = self.client.get_run(run_id).data.params
+            params = [Param(k, str(v)) for k, v in wanted.items() if k not in logged]
+            # one request per run (a shared tracking server sees one call, not one per metric)
+            self.client.log_batch(run_id, metrics=values, params=params, tags=[RunTag(k, v) for k, v in tags.items()])
         self.client.log_batch(parent, metrics=values)
         if result is not None and result.records:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]
