@@ -229,17 +229,20 @@ def _tracking(settings: TuneSettings, spec, pair: str, problems, new_trials: boo
 
     if new_trials:
         from .report.background import BackgroundTracker
-        from .report.stores import DEFAULT_URI, prepare_mlflow
+        from .report.stores import DEFAULT_URI, is_database, prepare_mlflow
         from .tune.studies import storage_lock
 
         def make() -> Tracker:
             prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)
             tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
-                              job_id(settings, spec, pair), storage_lock(settings.storage_url),
+                              job_id(settings, spec, pair), storage_lock(settings.storage_url, "mlflow"),
                               storage_lock(settings.storage_url, "finish"), end_on_stop=False)
             tracker.log_costs(profile)
             return tracker
 
-        return BackgroundTracker(make), None
+        tracker = BackgroundTracker(make)
+        if not is_database(settings.mlflow_uri or DEFAULT_URI):
+            tracker.wait()  # a tracking server: nothing to migrate, and a wrong address fails before any sample
+        return tracker, None
     return None, ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
                            job_id(tuning, spec, pair) if tuning is not None else None)

@@ -157,3 +157,25 @@ def test_a_half_migrated_store_with_runs_stops_the_job_saying_what_to_do(tmp_pat
     assert (tmp_path / "mlflow.db").read_bytes() == before
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (2,)
+
+
+def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
+    """A tracking server has nothing to migrate: the job waits for its tracker, so a wrong
+    address ends the job before the first sample (not after a trial's worth of generation).
+    The "server" here takes connections and never answers: MLflow's request times out."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshakes; nobody reads or answers
+    port = silent.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # longer than the job takes to its first sample
+    evaluate = Synthetic(cliff=20.0, delay=1e-4)
+    try:
+        with pytest.raises(Exception, match=f"127.0.0.1.*{port}"):
+            run_tune_job(_settings(tmp_path, f"http://127.0.0.1:{port}"), SyntheticPair(), progress=False,
+                         log=lambda m: None, evaluate_fn=evaluate)
+    finally:
+        silent.close()
+    assert evaluate.calls == []

@@ -137,7 +137,7 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
 
 
 def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path, monkeypatch, uri):
-    # other workers' trial queues must not wait for one worker drawing the job's figures
+    # other workers' trial queues and log calls must not wait for one worker drawing the job's figures
     import fcntl
 
     from sqlalchemy.engine import make_url
@@ -151,7 +151,7 @@ def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path
     draw = Tracker._finish
 
     def probing(self, *args, **kwargs):
-        for purpose, suffix in (("queue", ".lock"), ("finish", ".finish.lock")):
+        for purpose, suffix in (("queue", ".lock"), ("mlflow", ".mlflow.lock"), ("finish", ".finish.lock")):
             with open(db.with_name(db.name + suffix), "a") as f:  # another holder, as another worker's would be
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,7 +162,7 @@ def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path
 
     monkeypatch.setattr(Tracker, "_finish", probing)
     run(s)
-    assert held == {"queue": False, "finish": True}
+    assert held == {"queue": False, "mlflow": False, "finish": True}
 
 
 def test_an_export_with_nothing_to_read_names_what_is_missing(tmp_path, monkeypatch, uri):

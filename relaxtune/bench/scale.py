@@ -6,19 +6,20 @@
 Each run starts W worker processes (``python -m relaxtune.testing.synthetic``) and,
 once every one has imported, sets them going at the same instant (as W hosts
 started together would be: on this machine's cores, 4 processes importing at
-once would otherwise start seconds apart), on a fresh copy of the same job: the synthetic evaluation, whose cost per sample
-is a sleep of ``--delay`` seconds (it occupies no CPU, so this 2-core machine
-hosts 4 workers the way 4 GPU hosts would: what is measured is the coordination
-overhead), methods cactus and mentored with ``--trials`` trials each, stages and
-pruning, strict shared by problem ranges (claimed: each range generated once),
-MLflow tracking on fresh stores that the workers create themselves (as a user's
-workers would: ``relaxtune.report.stores``), the tuned config exported by every
-worker (its figures drawn once). Reported per W, as the
-median of ``--repeats`` runs with their range: the job's wall time (from the
-instant the workers start, after their imports, to the last worker's end) and the
-processes' wall time (launch to exit, imports included), each as a ratio to one
-worker, which trials each worker ran, and whether every worker exported the
-same config. Target (issue 24): 4 workers within 0.30 of one worker's job time.
+once would otherwise start seconds apart), on a fresh copy of the same job: the
+synthetic evaluation, whose cost per sample is a sleep of ``--delay`` seconds
+(it occupies no CPU, so this 2-core machine hosts 4 workers the way 4 GPU hosts
+would: what is measured is the coordination overhead), methods cactus and
+mentored with ``--trials`` trials each, stages and pruning, strict shared by
+problem ranges (claimed: each range generated once), MLflow tracking on fresh
+stores that the workers create themselves (as a user's workers would:
+``relaxtune.report.stores``), the tuned config exported by every worker (its
+figures drawn once). Reported per W, as the median of ``--repeats`` runs with
+their range: the job's wall time (from the instant the workers start, after
+their imports, to the last worker's end) and the processes' wall time (launch
+to exit, imports included), each as a ratio to one worker, which trials each
+worker ran, and whether every worker exported the same config. Target (issue
+24): 4 workers within 0.30 of one worker's job time.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def _start_together(procs: list, folder: Path, workers: int, deadline: float) ->
         ended = [i for i, (proc, _) in enumerate(procs) if proc.poll() is not None]
         if ended or time.time() > deadline:
             log = (folder / f"worker{ended[0]}.log").read_text()[-3000:] if ended else ""
-            raise RuntimeError(f"worker {ended[0]} ended before the start:\n{log}" if ended else "workers not ready in time")
+            raise RuntimeError(f"worker {ended[0]} ended before the start:\n{log}" if ended
+                               else "workers not ready in time")
         time.sleep(0.02)
     (folder / "go").touch()
 

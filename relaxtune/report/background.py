@@ -10,11 +10,12 @@ generated while the store is migrated. Calls that only write (``start_study``,
 ``log_trial``) return at once; everything else (``log_confirmation``,
 ``finish``, the run ids) waits for every queued call first. A queued call that
 failed is raised by the next call made to the tracker; a store that could not be
-made is raised as ``JobError``, with what to do. A stopped or failed job waits for
-the thread (up to a minute: never exits in the middle of a migration), then
-ends its runs. A worker killed with queued
-calls loses only their runs: ``Tracker.finish`` logs every ended trial that has
-none (whichever worker finishes).
+made is raised as ``JobError``, with what to do (a job tracking to a server, with
+nothing to migrate, waits for the making: a wrong address fails before any
+sample). A stopped or failed job waits for the thread (up to a minute: it never
+exits in the middle of a migration), then ends its runs. A worker killed with
+queued calls loses only their runs: ``Tracker.finish`` logs every ended trial
+that has none (whichever worker finishes).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state"]
+__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
@@ -109,7 +109,7 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
 
     from ..tune.studies import storage_lock
 
-    if "://" not in uri or uri.split("://")[0].split("+")[0] not in ("sqlite", "postgresql", "mysql", "mssql"):
+    if not is_database(uri):
         return  # a tracking server migrates its own store; other schemes are not databases
     url = make_url(uri)
     sqlite = url.get_backend_name() == "sqlite"
@@ -133,6 +133,12 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
                 raise StoreError(_refusal(uri, state, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")) from err
             _move_aside(uri, url.database, state, log)
             _open(uri)
+
+
+def is_database(uri: str) -> bool:
+    """Whether MLflow's ``uri`` names a database it opens itself (SQLite, PostgreSQL,
+    MySQL, SQL Server), not a tracking server (``http(s)://``, ``databricks``)."""
+    return "://" in uri and uri.split("://")[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql")
 
 
 def _open(uri: str) -> None:

@@ -23,8 +23,10 @@ MLflow UI charts a study's progress. Every run of a tuning job carries the job's
 id (``relaxtune.tune.settings.job_id``) and is found again by tags (kind, job, study,
 trial number), never by name: a restart or another worker of the same job finds
 the same runs, a job with other settings never writes into them. Runs are
-created under the storage's lock (``relaxtune.tune.studies.storage_lock``), so
-workers starting together create each run once. Re-logging a table or a figure
+created, and their params and tags written, under the job's MLflow lock
+(``relaxtune.tune.studies.storage_lock(storage, "mlflow")``, not the trial
+queues' lock: no queue waits for a tracking server), so workers starting
+together create each run once. Re-logging a table or a figure
 replaces it. An export reads the tuning job's runs and never writes to them: its
 own run is nested under the tuning run it read (tag ``relaxtune.tuning_run``).
 The tracker never starts an MLflow run, so it works inside one the caller has
@@ -69,7 +71,7 @@ class Tracker(Runs):
         problems: the problems (logged as the dataset input).
         job_id: the tuning job's id (``relaxtune.tune.settings.job_id``).
         lock: a context-manager factory that serialises run creation across the
-            job's workers (``relaxtune.tune.studies.storage_lock(storage_url)``); default none.
+            job's workers (``relaxtune.tune.studies.storage_lock(storage_url, "mlflow")``); default none.
         finish_lock: one that serialises ``finish`` across the workers without holding
             ``lock`` while figures are drawn (``storage_lock(storage_url, "finish")``);
             default ``lock``.
@@ -190,8 +192,8 @@ class Tracker(Runs):
         run's decision, figures, points and config. Done once per config: a worker of the
         same job that finds the task run already finished with the same config (tag
         ``relaxtune.finished_config``, under the finish lock) draws nothing again. The
-        queue lock is taken only around the reads and run writes, so other workers'
-        trials and queues never wait for the drawing."""
+        tracker's lock is taken only around the reads and run writes, so other workers'
+        log calls never wait for the drawing."""
         import hashlib
         import json
 

@@ -103,9 +103,10 @@ class StorageLock:
     is one host anyway); an in-memory SQLite or another database, none (with a
     warning for the latter). Re-entrant within a thread. Released when its holder
     dies (the connection or the file closes). ``purpose`` names one of several
-    independent locks of the storage: ``"queue"`` (the trial queues, stores and
-    runs; ``<database>.lock``) or another (``<database>.<purpose>.lock``, e.g.
-    ``"finish"``: the job's figures, drawn without holding up the queues).
+    independent locks of the storage: ``"queue"`` (the trial queues and stores;
+    ``<database>.lock``) or another (``<database>.<purpose>.lock``, e.g.
+    ``"mlflow"``: the job's MLflow runs, written without holding up the queues;
+    ``"finish"``: the job's figures, drawn without holding up the log calls).
     """
 
     def __init__(self, url: str, purpose: str = "queue") -> None:
