@@ -210,6 +210,7 @@ def run_tune_job(
         path = save_config(config, path)
         if tracker is not None:  # figures once strict is known at every N the trials used
             tracker.finish(outcomes, tuner, config, path)
+            tracker.close()
         if exporter is not None:
             exporter.finish(outcomes, tuner, config, path)
     except Exception as err:

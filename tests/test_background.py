@@ -58,6 +58,10 @@ def test_calls_are_queued_in_order_on_one_thread_and_a_read_waits_for_them():
     assert [c[:2] for c in calls] == [("start_study", "cactus")] + [("log_trial", n) for n in range(5)]
     threads = {c[2] for c in calls}
     assert len(threads) == 1 and threads != {threading.current_thread().name}
+    (name,) = threads
+    assert name in {t.name for t in threading.enumerate()}
+    tracker.close()  # the job's end: its thread ends too
+    assert name not in {t.name for t in threading.enumerate()}
 
 
 def test_a_failed_call_is_raised_by_the_next_call():
@@ -136,8 +140,10 @@ def test_the_first_samples_are_generated_while_the_mlflow_store_is_made(tmp_path
 
     monkeypatch.setattr(stores, "prepare_mlflow", slow_store)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    before = {t for t in threading.enumerate() if t.name.startswith("mlflow")}
     config, _ = run_tune_job(_settings(tmp_path, uri), SyntheticPair(), progress=False, log=lambda m: None,
                              evaluate_fn=FirstSample(cliff=20.0, delay=1e-4))
+    assert {t for t in threading.enumerate() if t.name.startswith("mlflow")} - before == set()  # its thread ended
     assert order[:2] == ["sample", "store"]  # (the Tracker checks the store again: made, it returns)
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("relaxtune-bg").experiment_id])

@@ -84,6 +84,18 @@ class BackgroundTracker:
         self._raise_failed(wait=True)
         return self._made.result()
 
+    def close(self) -> None:
+        """Wait for the queued calls (raising a failure, as ``wait``), then end the tracker's
+        thread: a process that runs many jobs (a Prefect worker) keeps no idle thread per job.
+
+        Raises:
+            JobError, Exception: as the class says.
+        """
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
     def _raise_failed(self, wait: bool) -> None:
         """Raise the failure of the tracker's making, else of the first failed queued call
         (waiting for all of them with ``wait``); calls that ran are forgotten."""
