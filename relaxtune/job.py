@@ -145,7 +145,7 @@ def run_tune_job(
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
     measured: list = []  # this run's own cost measurement, for the estimate
     try:
-        digest = check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
+        check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
         profile = job_costs(backend, lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]), settings.n_drafts,
                             saved, c_rel=settings.c_rel, remeasure=settings.remeasure_costs, new_trials=new_trials,
@@ -174,10 +174,7 @@ def run_tune_job(
     if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
         for outcome in outcomes:
             outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)
-    if new_trials:
-        for outcome in outcomes:
-            outcome.study.set_user_attr("search_problems", digest)
-    else:
+    if not new_trials:  # (a new study got its search_problems before its first trial: Tuner.open_study)
         pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
         check_outcomes(outcomes, problems, profile, settings.n_drafts, pinned)
 

@@ -188,3 +188,19 @@ def test_ranges_split_merge_and_spread():
     parts = [Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[r.start:r.stop],
                                   progress=False) for r in split(30, 7)]
     assert merge(parts).summary() == whole.summary() and merge(parts).records == whole.records
+
+
+def test_a_worker_joining_a_running_holdout_job_is_not_refused(tmp_path):
+    """``--confirm holdout`` refuses a study that searched other problems. A study records
+    its search problems before its first trial, so a worker that starts (or restarts) while
+    the others run the job's first trials joins it; another ``--limit`` is still refused."""
+    from relaxtune.tune.checks import SearchProblemsError, check_search_problems
+
+    first = make(tmp_path, "w0")
+    study = first.open_study("cactus")  # the first worker's queue: grid trials waiting, none finished
+    assert study.get_trials(deepcopy=False) and not any(t.state.is_finished() for t in study.trials)
+    url, problems = first.settings.storage_url, first.problems
+    check_search_problems(url, ["cactus"], SPEC, SyntheticPair.name, problems, "holdout")  # a second worker joins
+    with pytest.raises(SearchProblemsError, match="holds trials searched on other problems.*--confirm seeds"):
+        check_search_problems(url, ["cactus"], SPEC, SyntheticPair.name, problems[:-1], "holdout")
+    check_search_problems(url, ["cactus"], SPEC, SyntheticPair.name, problems[:-1], "seeds")  # fresh seeds: any study

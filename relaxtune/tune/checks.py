@@ -4,13 +4,12 @@ confidence they are judged at, and studies that searched the same problems."""
 
 from __future__ import annotations
 
-import hashlib
-
 from ..certify.planning import fewest_problems
 from ..certify.stats import smallest_certifiable_drop
 from ..decoding.methods import get_method
 from .confirm import split_confidence
 from .settings import study_name
+from .studies import search_digest
 
 __all__ = ["SearchProblemsError", "ConfirmationError", "check_methods", "check_confirmable", "check_search_problems"]
 
@@ -83,7 +82,7 @@ def check_search_problems(storage_url: str, methods: list[str], spec, pair: str,
     """
     import optuna
 
-    digest = hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
+    digest = search_digest(problems)
     if confirm != "holdout":
         return digest
     names = set(optuna.study.get_all_study_names(storage=storage_url))

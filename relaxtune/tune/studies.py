@@ -186,6 +186,13 @@ def _write_ahead_log(engine) -> None:
     engine.dispose()  # connections opened before the listener reopen with it
 
 
+def search_digest(problems) -> str:
+    """The digest of the problems a study searches (their ids, in order): a study's
+    user attr ``search_problems``, set before its first trial, so that ``--confirm
+    holdout`` never resumes a study that searched other problems."""
+    return hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=None)
 def storage_lock(url: str, purpose: str = "queue") -> StorageLock:
     """The one ``StorageLock`` of this process for ``url`` and ``purpose`` (so holding it and
@@ -228,13 +235,19 @@ class TrialQueue:
         # works through a cache that has seen it), as create_study/load_study would wrap it
         self.storage = optuna.storages.get_storage(rdb)
 
-    def open(self, name: str, sampler: optuna.samplers.BaseSampler, plan: Plan | None) -> optuna.Study:
+    def open(self, name: str, sampler: optuna.samplers.BaseSampler, plan: Plan | None,
+             attrs: dict | None = None) -> optuna.Study:
         """Create or load the study ``name`` (two objectives, maximised); with a
-        ``plan``, top its queue up to the plan (without: read only)."""
+        ``plan``, set its user ``attrs`` and then top its queue up to the plan (without:
+        read only). Under the lock, attrs first: whoever sees the study's trials sees
+        its attrs (e.g. ``search_problems``, which a worker starting later checks)."""
         with self.lock():
             study = optuna.create_study(storage=self.storage, sampler=sampler, study_name=name,
                                         directions=["maximize", "maximize"], load_if_exists=True)
             if plan is not None:
+                for key, value in (attrs or {}).items():
+                    if study.user_attrs.get(key) != value:
+                        study.set_user_attr(key, value)
                 self.plans[name] = plan
                 self._top_up(study, plan)
         return study

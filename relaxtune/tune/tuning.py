@@ -58,7 +58,7 @@ from .ranges import merge, split, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
 from .stopping import check_stop, environmental
-from .studies import Plan, TrialQueue, default_worker, finished
+from .studies import Plan, TrialQueue, default_worker, finished, search_digest
 
 __all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
            "candidates",
@@ -248,7 +248,7 @@ class Tuner:
             grid = [pin] if pin is not None else self.grid_points(method)
             wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
             plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
-        return self.queue.open(name, self.sampler(method, 0), plan)
+        return self.queue.open(name, self.sampler(method, 0), plan, {"search_problems": search_digest(self.problems)})
 
     def grid_points(self, method: str) -> list[dict]:
         """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
