@@ -185,3 +185,43 @@ def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
     finally:
         silent.close()
     assert evaluate.calls == []
+
+
+def test_a_failure_is_raised_once_when_trial_lanes_call_at_the_same_moment():
+    """Trial lanes (threads) call the tracker at once after a queued call failed: exactly one
+    of them gets the failure, the others go on (none gets an error of the bookkeeping)."""
+    import sys
+
+    class Failing:
+        def log_trial(self, method, number, *rest):
+            if number == 0:
+                raise RuntimeError("tracking server went away")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: the race shows within a few hundred tries
+    try:
+        for _ in range(300):
+            tracker = BackgroundTracker(Failing)
+            tracker.log_trial("cactus", 0)
+            deadline = time.time() + 10
+            while not tracker._queued[0].done() and time.time() < deadline:  # failed, not yet raised
+                time.sleep(0.001)
+            said, start = [], threading.Barrier(8)
+
+            def lane():
+                start.wait()
+                try:
+                    tracker.log_trial("cactus", 1)
+                    said.append("ok")
+                except Exception as err:  # noqa: BLE001 - what the test looks for
+                    said.append(f"{type(err).__name__}: {err}")
+
+            lanes = [threading.Thread(target=lane) for _ in range(8)]
+            for t in lanes:
+                t.start()
+            for t in lanes:
+                t.join()
+            assert sorted(said) == ["RuntimeError: tracking server went away"] + ["ok"] * 7, said
+            tracker.close()
+    finally:
+        sys.setswitchinterval(interval)

@@ -21,7 +21,8 @@ that has none (whichever worker finishes).
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from typing import Callable
 
 from ..tune.stopping import on_stop
@@ -61,7 +62,7 @@ class BackgroundTracker:
         tracker's runs as ``status`` (``Tracker.end``)."""
         with self._guard:
             calls = [self._made, *self._queued]
-        done, _ = wait(calls, timeout=SETTLE)
+        done, _ = wait_for(calls, timeout=SETTLE)
         if self._made in done and self._made.exception() is None:
             self._made.result().end(status)
 
@@ -106,15 +107,13 @@ class BackgroundTracker:
             if err is not None:
                 raise err
         while True:
-            with self._guard:
-                self._queued = [c for c in self._queued if not c.done() or c.exception() is not None]
-                calls = list(self._queued) if wait else [c for c in self._queued if c.done()]
-            if not calls:
+            with self._guard:  # one thread takes a failure (lanes call the tracker at once), calls that ran go
+                failed = next((c for c in self._queued if c.done() and c.exception() is not None), None)
+                self._queued = [c for c in self._queued
+                                if c is not failed and (not c.done() or c.exception() is not None)]
+                pending = [c for c in self._queued if not c.done()]
+            if failed is not None:
+                raise failed.exception()
+            if not (wait and pending):
                 return
-            for call in calls:
-                if call.exception() is not None:  # waits for the call when it is still queued
-                    with self._guard:
-                        self._queued.remove(call)
-                    raise call.exception()
-            if not wait:
-                return
+            wait_for(pending, return_when=FIRST_EXCEPTION)  # the calls run in order: those before a failure ran
