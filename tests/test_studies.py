@@ -204,3 +204,50 @@ def test_a_worker_joining_a_running_holdout_job_is_not_refused(tmp_path):
     with pytest.raises(SearchProblemsError, match="holds trials searched on other problems.*--confirm seeds"):
         check_search_problems(url, ["cactus"], SPEC, SyntheticPair.name, problems[:-1], "holdout")
     check_search_problems(url, ["cactus"], SPEC, SyntheticPair.name, problems[:-1], "seeds")  # fresh seeds: any study
+
+
+def test_an_idle_worker_generates_free_ranges_of_a_running_trials_stage_and_nothing_twice(tmp_path):
+    """With no trial waiting, a worker helps a running trial (``help_running``): it takes
+    ranges of the trial's current stage that nobody holds or has recorded, under the claim
+    the trial's worker takes for that range, one per call; never the next stage before the
+    trial reports the current one done. The trial's worker then generates only the rest."""
+    from relaxtune.tune.claims import claim, claim_path
+    from relaxtune.tune.evaluation import DecodeConfig, records_path
+    from relaxtune.tune.helping import help_running, stage_attr
+
+    mine, theirs = Synthetic(cliff=20.0, delay=0.001), Synthetic(cliff=20.0, delay=0.001)
+    owner = make(tmp_path, "owner", theirs, trials=1, stage_size=10, range_size=4)
+    helper = make(tmp_path, "helper", mine, trials=1, stage_size=10, range_size=4)
+    studies = {"cactus": owner.open_study("cactus")}
+    _, trial = owner.queue.claim(studies, owner.sampler)  # the only trial: RUNNING, the owner's
+    config = DecodeConfig("cactus", trial.params["knob"], trial.params["n_draft"], 0)
+    records = records_path(tmp_path, SPEC, config, "synthetic-pair")
+    ids = lambda r: [p.id for p in PROBLEMS[r.start:r.stop]]  # noqa: E731
+    held, release = threading.Event(), threading.Event()
+
+    def owner_generating(r: range) -> None:  # the owner holds [4, 8) as while it generates it
+        with claim(claim_path(records, ids(r))):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=owner_generating, args=(range(4, 8),))
+    holder.start()
+    held.wait(30)
+    tried: set = set()
+    helper_studies = {"cactus": helper.open_study("cactus")}
+    assert help_running(helper, helper_studies, tried) and help_running(helper, helper_studies, tried)
+    assert not help_running(helper, helper_studies, tried)  # stage 1's free ranges are done; [4, 8) is held
+    generated = lambda s: [g[2] for g in s.generated]  # noqa: E731
+    assert generated(mine) == ids(range(0, 4)) + ids(range(8, 10))
+    trial.set_user_attr(stage_attr(10), {})  # the owner reports stage 1 (after its [4, 8)): stage 2 may be helped
+    release.set()
+    holder.join()
+    assert help_running(helper, helper_studies, tried)
+    assert generated(mine)[6:] == ids(range(4, 8))  # free now, and still not recorded: stage 2's first range
+    assert help_running(helper, helper_studies, tried)  # [8, 12): 10 and 11 are new
+    assert generated(mine)[10:] == ids(range(10, 12))
+    owner._evaluate(config, PROBLEMS[:20])  # the owner's stage 2 generates only what nobody helped with
+    assert generated(theirs) == ids(range(12, 20))
+    assert sorted(generated(mine) + generated(theirs), key=int) == ids(range(0, 20))  # each sample once
+    unranged = make(tmp_path, "whole", Synthetic(delay=0.001), trials=1, stage_size=10)  # no range_size: one piece
+    assert not help_running(unranged, helper_studies, set())

@@ -16,7 +16,7 @@ import random
 
 from .evaluation import EvalResult, summarize
 
-__all__ = ["split", "merge", "worker_order"]
+__all__ = ["split", "merge", "worker_order", "stage_ends", "current_stage"]
 
 
 def split(n: int, size: int | None) -> list[range]:
@@ -32,6 +32,24 @@ def split(n: int, size: int | None) -> list[range]:
         raise ValueError(f"range size must be >= 1, got {size}")
     size = size or n
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def stage_ends(n: int, size: int) -> list[int]:
+    """The problem counts after which a trial's stages end (``relaxtune.tune.tuning``: stage
+    ``k`` evaluates the first ``ends[k]`` problems): every ``size`` problems, and ``n``.
+
+    Raises:
+        ValueError: ``n < 1`` or ``size < 1``.
+    """
+    if n < 1 or size < 1:
+        raise ValueError(f"stages need n >= 1 and size >= 1, got n={n}, size={size}")
+    return list(range(size, n, size)) + [n]
+
+
+def current_stage(done: set[int], n: int, size: int) -> int:
+    """The end of the stage a running trial evaluates now: the first of ``stage_ends(n, size)``
+    not in ``done`` (the stage ends it has reported), ``n`` when all are."""
+    return next((end for end in stage_ends(n, size) if end not in done), n)
 
 
 def worker_order(ranges: list[range], worker: str) -> list[range]:

@@ -54,7 +54,8 @@ from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, record
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
-from .ranges import merge, split, worker_order
+from .helping import help_running, stage_attr
+from .ranges import merge, split, stage_ends, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
 from .stopping import check_stop, environmental
@@ -111,6 +112,7 @@ class Tuner:
         self._baseline_lock = threading.Lock()
         self._queue: TrialQueue | None = None
         self._studies: dict[str, object] = {}
+        self._helped: set = set()  # ranges of other trials this worker took (relaxtune.tune.helping)
 
     # ------------------------------------------------------------- evaluation
 
@@ -174,9 +176,7 @@ class Tuner:
         runs after every stage but the last and may raise to stop (pruning)."""
         strict = self.baseline(n_draft)
         config = DecodeConfig(method, knob, n_draft, self.settings.seed)
-        size = self.settings.stage_size
-        ends = list(range(size, len(self.problems), size)) + [len(self.problems)]
-        for end in ends:
+        for end in stage_ends(len(self.problems), self.settings.stage_size):
             check_stop()
             result = self._evaluate(config, self.problems[:end])
             metrics = point_metrics(strict, result, n_draft, self.profile, self.settings.confidence)
@@ -312,14 +312,16 @@ class Tuner:
 
     def next_trial(self) -> TrialReport | None:
         """Take the next waiting trial of the studies ``tune`` opened and run it;
-        while none is waiting but some still run (here or on other workers), wait
+        while none is waiting but some still run (here or on other workers), help
+        them (``relaxtune.tune.helping``: a range of a running trial's stage) or wait
         for one to finish or go stale. None when every study is finished."""
         while True:
             claim = self.queue.claim(self._studies, self.sampler)
             if claim is None:
                 return None
             if claim == "wait":
-                self.queue.wait()
+                if not help_running(self, self._studies, self._helped):
+                    self.queue.wait()
                 continue
             method, trial = claim
             return self._run_trial(method, trial)
@@ -333,7 +335,7 @@ class Tuner:
 
         def on_stage(done: int, m: dict) -> None:
             last.update(m)
-            trial.set_user_attr(f"stage_{done}", {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"],
+            trial.set_user_attr(stage_attr(done), {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"],
                                                   "speedup_ucb": m["speedup_ucb"]})
             if m["drop_lcb"] > self.settings.epsilon:
                 trial.set_user_attr(PRUNED_BY, "drop")
