@@ -136,7 +136,7 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
         assert len(trials) == (4 if kind == "study" else 8) and ("ar", "ar", None, None) in keys
 
 
-def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path, monkeypatch, uri):
+def test_the_figures_are_drawn_holding_neither_the_queue_nor_the_mlflow_lock(tmp_path, monkeypatch, uri):
     # other workers' trial queues and log calls must not wait for one worker drawing the job's figures
     import fcntl
 
@@ -147,22 +147,24 @@ def test_the_figures_are_drawn_under_the_finish_lock_not_the_queue_lock(tmp_path
     monkeypatch.chdir(tmp_path)
     s = settings(tmp_path, uri, "locks")
     db = Path(make_url(s.storage_url).database).resolve()
-    held = {}
-    draw = Tracker._finish
+    held = []
+    draw = Tracker._log_figure
 
     def probing(self, *args, **kwargs):
-        for purpose, suffix in (("queue", ".lock"), ("mlflow", ".mlflow.lock"), ("finish", ".finish.lock")):
+        held.append({})
+        for purpose, suffix in (("queue", ".lock"), ("mlflow", ".mlflow.lock")):
             with open(db.with_name(db.name + suffix), "a") as f:  # another holder, as another worker's would be
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held[purpose] = False
+                    held[-1][purpose] = False
                 except BlockingIOError:
-                    held[purpose] = True
+                    held[-1][purpose] = True
         return draw(self, *args, **kwargs)
 
-    monkeypatch.setattr(Tracker, "_finish", probing)
+    monkeypatch.setattr(Tracker, "_log_figure", probing)
     run(s)
-    assert held == {"queue": False, "mlflow": False, "finish": True}
+    figures = 1 + 2 * len(s.methods)  # the combined one, and a Pareto front and a knob figure per method
+    assert held == [{"queue": False, "mlflow": False}] * figures
 
 
 def test_an_export_with_nothing_to_read_names_what_is_missing(tmp_path, monkeypatch, uri):

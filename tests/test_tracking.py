@@ -179,3 +179,73 @@ def test_every_write_of_params_or_tags_to_a_run_holds_the_jobs_lock(uri, monkeyp
     (study,), (trial,) = runs_of(workers[0], "study"), runs_of(workers[0], "trial")
     assert study.data.params["method"] == "cactus" and trial.data.params["n_draft"] == "4"
     assert trial.data.tags["relaxtune.state"] == "COMPLETE" and trial.data.metrics["l_accept"] == 3.0
+
+
+def test_workers_finishing_together_split_the_figures_and_draw_each_once(uri, tmp_path):
+    """Each figure is drawn by one worker: they claim figures one by one (the second
+    takes what the first has not), the task run's tag records each drawn figure, a later
+    finish of the same config draws none, another config draws all again, and a figure
+    whose claim a dead worker held is drawn by the worker that waits for it."""
+    import hashlib
+    import threading
+
+    from matplotlib.figure import Figure
+
+    from relaxtune.tune.claims import claim
+
+    keys = ["pareto_fronts_by_method.png"] + [f"{m}_{f}" for m in ("cactus", "mentored")
+                                              for f in ("pareto_front.png", "speed_vs_knob.png")]
+    workers = [Tracker(uri, SPEC.model_copy(update={"name": "split"}), "pair", {"output_dir": str(tmp_path)},
+                       PROBLEMS[:3], "job-s") for _ in range(2)]
+    drawn, first, meet = [], threading.local(), threading.Barrier(2, timeout=30)
+
+    def draw(key: str):
+        def f():
+            drawn.append((threading.current_thread().name, key))
+            if not getattr(first, "done", False):  # each worker's first figure: both are drawing at once
+                first.done = True
+                meet.wait()
+            return Figure()
+        return f
+
+    def jobs(t: Tracker):
+        return [(k, draw(k), [(t.task_run_id, f"figures/{k}")]) for k in keys]
+
+    threads = [threading.Thread(target=t._share_figures, args=(jobs(t), "d1", False), name=f"w{i}")
+               for i, t in enumerate(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(k for _, k in drawn) == sorted(keys)  # each once
+    assert {w for w, _ in drawn} == {"w0", "w1"}  # split between the two
+    client, run = workers[0].client, workers[0].task_run_id
+    assert sorted(a.path for a in client.list_artifacts(run, "figures")) == sorted(f"figures/{k}" for k in keys)
+    assert json.loads(client.get_run(run).data.tags["relaxtune.figures"]) == dict.fromkeys(keys, "d1")
+
+    drawn.clear()
+    first.done = True
+    workers[1]._share_figures(jobs(workers[1]), "d1", wait=True)
+    assert drawn == []  # the same config: drawn already
+    workers[1]._share_figures(jobs(workers[1]), "d2", wait=True)
+    assert [k for _, k in drawn] == keys  # another config: all again
+
+    drawn.clear()
+    path = workers[0]._claims / (hashlib.sha256(f"job-s\n{keys[0]}".encode()).hexdigest()[:24] + ".lock")
+    holding, release = threading.Event(), threading.Event()
+
+    def dead_worker():
+        with claim(path):  # claimed, then gone without drawing
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=dead_worker)
+    holder.start()
+    holding.wait(30)
+    workers[0]._share_figures(jobs(workers[0]), "d3", wait=False)  # leaves the claimed figure to its holder
+    assert sorted(k for _, k in drawn) == sorted(keys[1:])
+    threading.Timer(0.3, release.set).start()
+    workers[0]._share_figures(jobs(workers[0]), "d3", wait=True)  # waits for the claim, then draws what is missing
+    holder.join()
+    assert sorted(k for _, k in drawn) == sorted(keys)
+    assert json.loads(client.get_run(run).data.tags["relaxtune.figures"]) == dict.fromkeys(keys, "d3")

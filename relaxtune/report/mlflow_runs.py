@@ -104,25 +104,25 @@ class Runs:
         """``log_table`` under the job's lock (workers finishing the same study at once)."""
         log_table(self.client, run_id, rows, artifact_file, self._lock)
 
-    def _log_figures(self, figures: dict[str, object], places: list[tuple[str, str]]) -> None:
-        """Draw each figure (``name -> figure``, None: nothing to draw) once, then log it
-        to every ``(run_id, prefix)`` of ``places`` as ``<prefix><name>``, replacing an
-        earlier one; the figures are closed."""
+    def _log_figure(self, draw, places: list[tuple[str, str]]) -> None:
+        """Draw one figure (``draw()``: a matplotlib figure, or None: nothing to draw) and
+        log it to every ``(run_id, artifact path)`` of ``places``, replacing an earlier
+        one; the figure is closed."""
         import matplotlib.pyplot as plt
 
+        fig = draw()
+        if fig is None:
+            return
         with tempfile.TemporaryDirectory() as tmp:
-            for name, fig in figures.items():
-                if fig is None:
-                    continue
-                drawn = Path(tmp, "drawn.png")
-                fig.savefig(drawn)  # what MlflowClient.log_figure does
-                for i, (run_id, prefix) in enumerate(places):
-                    path = Path(tmp, str(i), prefix + name)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(drawn, path)
-                    folder = str(Path(prefix + name).parent)
-                    self.client.log_artifact(run_id, str(path), None if folder == "." else folder)
-                plt.close(fig)
+            drawn = Path(tmp, "drawn.png")
+            fig.savefig(drawn)  # what MlflowClient.log_figure does
+            plt.close(fig)
+            for i, (run_id, artifact) in enumerate(places):
+                path = Path(tmp, str(i), artifact)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(drawn, path)
+                folder = str(Path(artifact).parent)
+                self.client.log_artifact(run_id, str(path), None if folder == "." else folder)
 
     def _log_params(self, run_id: str, params: dict[str, str]) -> dict[str, tuple[str, str]]:
         """Log the params the run lacks; returns those it holds with another value
@@ -137,21 +137,39 @@ class Runs:
         return {k: (held[k], v) for k, v in params.items() if k in held and held[k] != v}
 
     def _figures(self, method: str, points: list[Point], baselines: list[Point], epsilon: float) -> dict:
-        """A method's figures by file name: ``pareto_front.png`` and, for a method with
-        a knob, ``speed_vs_<knob>.png``."""
+        """A method's figures by file name, each as a function that draws it:
+        ``pareto_front.png`` and, for a method with a knob, ``speed_vs_<knob>.png``."""
         spec, task = get_method(method), self.task.name
-        out = {"pareto_front.png": method_figure(points, baselines, epsilon, f"{task}: {method} (epsilon {epsilon:g})")}
+        out = {"pareto_front.png": lambda: method_figure(points, baselines, epsilon,
+                                                         f"{task}: {method} (epsilon {epsilon:g})")}
         if spec.knob:
             title = f"{task}: {method}, modeled speed-up and drop vs {spec.knob}"
-            out[f"speed_vs_{spec.knob}.png"] = knob_figure(points, baselines, epsilon, spec.knob,
-                                                           bool(spec.search and spec.search[2]), title)
+            out[f"speed_vs_{spec.knob}.png"] = lambda: knob_figure(points, baselines, epsilon, spec.knob,
+                                                                   bool(spec.search and spec.search[2]), title)
         return out
 
+    def _figure_jobs(self, run_id: str, per_method: dict[str, list[Point]], baselines: list[Point], config,
+                     study_runs: dict[str, str] | None = None) -> list[tuple[str, object, list[tuple[str, str]]]]:
+        """Every figure of a config's decision as ``(key, draw, places)``: ``key`` names it
+        within the decision, ``draw()`` draws it, ``places`` are the ``(run_id, artifact
+        path)`` it goes to: the combined figure and each method's figures
+        (``figures/<method>_<name>``) on ``run_id``, a method's also on its run of ``study_runs``."""
+        d = decide(config)
+        title = (f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})\n"
+                 f"recommended: {d.label}, modeled {config.recommendation.modeled_speedup:.2f}x")
+        jobs = [("pareto_fronts_by_method.png", lambda: combined_figure(per_method, baselines, config.epsilon, title),
+                 [(run_id, "pareto_fronts_by_method.png")])]
+        for method, points in per_method.items():
+            for name, draw in self._figures(method, points, baselines, config.epsilon).items():
+                places = [(run_id, f"figures/{method}_{name}")] + ([(study_runs[method], name)] if study_runs else [])
+                jobs.append((f"{method}_{name}", draw, places))
+        return jobs
+
     def _log_decision(self, run_id: str, name: str, per_method: dict[str, list[Point]], baselines: list[Point],
-                      config, config_path: Path, study_runs: dict[str, str] | None = None) -> None:
-        """The config's decision (params, metrics, tags, name, description), the
-        combined figure and each method's figures (``figures/<method>_...``; also on
-        the method's run of ``study_runs``), every point as a table, and the config file."""
+                      config, config_path: Path, study_runs: dict[str, str] | None = None, figures=None) -> None:
+        """The config's decision (params, metrics, tags, name, description), its figures
+        (``_figure_jobs``: drawn one after the other, or by ``figures(jobs)``), every
+        point as a table, and the config file."""
         from mlflow.entities import Metric, RunTag
 
         d = decide(config)
@@ -164,13 +182,12 @@ class Runs:
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in d.metrics.items()],
                               tags=[RunTag(k, v) for k, v in tags.items()])
-        title = (f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})\n"
-                 f"recommended: {d.label}, modeled {config.recommendation.modeled_speedup:.2f}x")
-        self._log_figures({"pareto_fronts_by_method.png": combined_figure(per_method, baselines, config.epsilon, title)},
-                          [(run_id, "")])
-        for method, points in per_method.items():
-            places = [(run_id, f"figures/{method}_")] + ([(study_runs[method], "")] if study_runs else [])
-            self._log_figures(self._figures(method, points, baselines, config.epsilon), places)
+        jobs = self._figure_jobs(run_id, per_method, baselines, config, study_runs)
+        if figures is not None:
+            figures(jobs)
+        else:
+            for _, draw, places in jobs:
+                self._log_figure(draw, places)
         self._log_table(run_id, points_table([p for ps in per_method.values() for p in ps] + baselines), "points.json")
         self.client.log_artifact(run_id, str(config_path))
 

@@ -84,6 +84,7 @@ class Tracker(Runs):
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
+        self._claims = Path(settings.get("output_dir") or ".") / "mlflow-figures.claims"  # _share_figures
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         with self._lock():
@@ -191,14 +192,18 @@ class Tracker(Runs):
         built: each study's figures, table, chosen point and description; the task
         run's decision, figures, points and config. Done once per config: a worker of the
         same job that finds the task run already finished with the same config (tag
-        ``relaxtune.finished_config``, under the finish lock) draws nothing again. The
-        tracker's lock is taken only around the reads and run writes, so other workers'
-        log calls never wait for the drawing."""
+        ``relaxtune.finished_config``, under the finish lock) draws nothing again.
+        Workers finishing together split the figures first (``_share_figures``); the
+        tracker's lock is taken only around the reads and run writes, so other
+        workers' log calls never wait for the drawing."""
         import hashlib
         import json
 
         digest = hashlib.sha256(json.dumps({k: v for k, v in config.model_dump(mode="json").items() if k != "created"},
                                            sort_keys=True, default=str).encode()).hexdigest()[:16]
+        per_method, baselines = self._points(outcomes, tuner, config), baseline_points(tuner)
+        jobs = self._figure_jobs(self.task_run_id, per_method, baselines, config, self.study_runs)
+        self._share_figures(jobs, digest, wait=False)  # the figures nobody draws yet, before queuing for the lock
         with self._finish_lock():
             with self._lock():
                 self._backfill(outcomes)
@@ -207,8 +212,40 @@ class Tracker(Runs):
                     self.client.set_terminated(self.study_runs[o.method])
                 self.client.set_terminated(self.task_run_id)
                 return
-            self._finish(outcomes, tuner, config, config_path)
+            for o in outcomes:
+                self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)
+            self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path,
+                               self.study_runs, lambda jobs: self._share_figures(jobs, digest, wait=True))
+            for o in outcomes:
+                self.client.set_terminated(self.study_runs[o.method])
+            self.client.set_terminated(self.task_run_id)
             self.client.set_tag(self.task_run_id, "relaxtune.finished_config", digest)
+
+    def _share_figures(self, jobs, digest: str, wait: bool) -> None:
+        """Draw and log each figure of ``jobs`` (``_figure_jobs``) not yet drawn for the
+        config ``digest`` (tag ``relaxtune.figures`` on the task run: figure -> digest),
+        each under a claim of its own (``relaxtune.tune.claims``, in the job's output
+        folder), so workers finishing together split the figures. Without ``wait`` a
+        figure another worker is drawing is left to it; with ``wait``, its claim is
+        waited for and a figure still missing is drawn (its worker died drawing it)."""
+        import hashlib
+        import json
+
+        from ..tune.claims import claim
+
+        for key, draw, places in jobs:
+            path = self._claims / (hashlib.sha256(f"{self.job_id}\n{key}".encode()).hexdigest()[:24] + ".lock")
+            with claim(path, wait=wait) as mine:
+                if not mine or json.loads(self._tag("relaxtune.figures", "{}")).get(key) == digest:
+                    continue
+                self._log_figure(draw, places)
+                with self._lock():  # read-modify-write of one tag that every worker writes
+                    drawn = json.loads(self._tag("relaxtune.figures", "{}")) | {key: digest}
+                    self.client.set_tag(self.task_run_id, "relaxtune.figures", json.dumps(drawn, sort_keys=True))
+
+    def _tag(self, name: str, default: str) -> str:
+        """A tag of the task run as it is now in the store."""
+        return self.client.get_run(self.task_run_id).data.tags.get(name, default)
 
     def _backfill(self, outcomes) -> None:
         """Log the ended trials that have no run: their worker died between telling the
@@ -221,16 +258,6 @@ class Tracker(Runs):
                     note = t.user_attrs.get("pruned") or t.user_attrs.get("error")
                     self.log_trial(o.method, t.number, t.params, t.user_attrs.get("metrics") or {}, t.state.name,
                                    None, note=note)
-
-    def _finish(self, outcomes, tuner, config, config_path: Path) -> None:
-        baselines, per_method = baseline_points(tuner), self._points(outcomes, tuner, config)
-        for o in outcomes:
-            self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)
-        self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path,
-                           self.study_runs)
-        for o in outcomes:
-            self.client.set_terminated(self.study_runs[o.method])
-        self.client.set_terminated(self.task_run_id)
 
     def _finish_study(self, outcome, points: list[Point], baselines: list[Point], result, epsilon: float) -> None:
         """A study's table, chosen point, name and description (its figures come with
