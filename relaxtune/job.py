@@ -22,7 +22,7 @@ from typing import Callable
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
 from .report.export import TunedConfig, build_config, cautions, save_config
-from .report.stores import StoreError, prepare_stores
+from .report.stores import StoreError, prepare_stores, reach_stores
 from .report.reexport import (
     JobError,
     check_exportable,
@@ -45,8 +45,11 @@ __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file"
            "check_exportable", "JobError", "cautions"]
 
 
-def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: Callable[[str], None] = print):
-    """Validate and load everything before any generation: the task, for an
+def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: Callable[[str], None] = print,
+            track: bool = True):
+    """Validate and load everything before any generation: the task, the stores
+    (``reach_stores``: the Optuna storage of a tuning job, the MLflow store when
+    ``track``; answered in seconds, before any model loads), for an
     export its Optuna storage (``export_storage``, before the problems load), its
     problems, method/temperature compatibility, the task's records (same spec
     under the same version), for an export (``new_trials=False``) what it reads
@@ -60,11 +63,16 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
             missing data, a method that collapses at the task's temperature, a
             task edited under the same version, a job whose search could pass
             points no confirmation can (``ConfirmationError``).
-        JobError: an export with nothing to export, before any model (or, for a
-            missing storage, any problem) loads.
+        JobError: a store that cannot be reached (naming its flag), or an export with
+            nothing to export, before any model (or, for a missing storage, any problem) loads.
     """
     spec = load_task(settings.task)
     check_methods(settings.methods, spec.sampling.temperature)
+    try:
+        reach_stores(settings.storage_url, settings.mlflow_uri, optuna=new_trials, track=track,
+                     output_dir=settings.output_dir)
+    except StoreError as err:
+        raise JobError(str(err)) from None
     if not new_trials:
         export_storage(settings, spec)  # before the problems load (the hub, for a task not cached yet)
     problems = load_problems(spec, settings.limit)
@@ -133,7 +141,7 @@ def run_tune_job(
             study searched other problems.
     """
     # checks, problems, the pair and the forward costs
-    spec, everything, backend = prepare(settings, backend, new_trials, log)
+    spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: _tracking)
         prepare_stores(settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials,

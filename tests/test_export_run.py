@@ -194,7 +194,7 @@ def test_an_export_with_nothing_to_read_names_what_is_missing(tmp_path, monkeypa
 
 
 def test_export_files_are_named_by_their_budget(tmp_path):
-    s = settings(tmp_path, "unused", "synthetic")
+    s = settings(tmp_path, "sqlite:///unused.db", "synthetic")
     spec = load_task(s.task)
     out = Path(s.output_dir)
     name = lambda **kw: export_path(s.model_copy(update=kw), spec, s).name  # noqa: E731

@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database"]
+__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database",
+           "reach_stores"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
+REACH_TIMEOUT = 10  # seconds to connect to a database server or a tracking server (reach_stores)
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
 
 
@@ -48,6 +50,100 @@ def prepare_stores(storage_url: str, mlflow_uri: str | None, *, track: bool = Tr
         prepare_optuna(storage_url, log)
     if track:
         prepare_mlflow(mlflow_uri or DEFAULT_URI, log)
+
+
+def reach_stores(storage_url: str, mlflow_uri: str | None, *, optuna: bool = True, track: bool = True,
+                 output_dir: str | Path | None = None) -> None:
+    """Reach the job's stores before any model loads, so that a wrong address fails in
+    seconds and names its flag: (``optuna``) the Optuna storage ``storage_url`` and
+    (``track``) the MLflow store ``mlflow_uri`` (default ``sqlite:///mlflow.db``). An
+    SQLite file's folder must exist (or lie in ``output_dir``, which the job creates):
+    a typo never creates folders. A database server must accept a connection, a
+    tracking server must answer MLflow's API, each within ``REACH_TIMEOUT`` seconds.
+    Nothing is created or migrated here (``prepare_stores`` does it).
+
+    Raises:
+        StoreError: a store that cannot be reached, saying which flag, why, and what to do.
+    """
+    if optuna:
+        _reach_database(storage_url, "--storage", output_dir)
+    if track:
+        uri = mlflow_uri or DEFAULT_URI
+        if is_database(uri):
+            _reach_database(uri, "--mlflow-uri", output_dir)
+        elif uri.lower().startswith(("http://", "https://")):
+            _reach_server(uri)
+
+
+def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        folder = Path(parsed.database).resolve().parent
+        inside = output_dir is not None and folder.is_relative_to(Path(output_dir).resolve())
+        if not folder.is_dir() and not inside:
+            raise StoreError(f"{flag} {url}: the folder {folder} does not exist (a typo?); create it, or give a file "
+                             "in a folder that exists")
+        return
+    connect = {"connect_timeout": REACH_TIMEOUT} if parsed.get_backend_name() in ("postgresql", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(parsed, connect_args=connect)
+    except ImportError as err:
+        raise StoreError(f"{flag} {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from None
+    except Exception as err:  # noqa: BLE001 - e.g. a dialect SQLAlchemy does not know
+        raise StoreError(f"{flag} {_shown(url)}: {type(err).__name__}: {_line(err)}") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as err:  # noqa: BLE001 - said with the flag and what to do
+        raise StoreError(f"{flag} {_shown(url)}: the database does not accept a connection within {REACH_TIMEOUT} s "
+                         f"({type(err).__name__}: {_line(err)}); start its server, create the database, or fix the "
+                         "address") from None
+    finally:
+        engine.dispose()
+
+
+def _reach_server(uri: str) -> None:
+    """A tracking server answering MLflow's REST API, with the credentials MLflow itself would send."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    endpoint = "/api/2.0/mlflow/experiments/search"
+    try:
+        response = http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=REACH_TIMEOUT,
+                                raise_on_status=False, params={"max_results": 1})
+    except Exception as err:  # noqa: BLE001 - refused, timed out, no such host
+        raise StoreError(f"--mlflow-uri {uri}: no MLflow tracking server answers there within {REACH_TIMEOUT} s "
+                         f"({_why(err)}); start it (`mlflow server --host ... --port ...`), "
+                         f"fix the address, or leave --mlflow-uri out for the default {DEFAULT_URI}") from None
+    if response.status_code in (401, 403):
+        raise StoreError(f"--mlflow-uri {uri}: the tracking server refused this client (HTTP {response.status_code}); "
+                         "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN")
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if response.status_code != 200 or not isinstance(answer, dict):
+        raise StoreError(f"--mlflow-uri {uri}: a server answers there, but not as an MLflow tracking server (GET "
+                         f"{endpoint}: HTTP {response.status_code}); give the tracking server's address")
+
+
+def _why(err: BaseException) -> str:
+    """Why a request failed, in a few words (MLflow folds the cause into its message)."""
+    text = str(err).lower()
+    for needle, said in (("connection refused", "connection refused"), ("timed out", "timed out"),
+                         ("name or service not known", "no such host"), ("nodename nor servname", "no such host"),
+                         ("temporary failure in name resolution", "no such host"), ("certificate", "TLS certificate")):
+        if needle in text:
+            return said
+    return f"{type(err).__name__}: {_line(err)}"
+
+
+def _line(err: BaseException, width: int = 200) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:

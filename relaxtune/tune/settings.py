@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..backends.embedded import DRAFTER, VERIFIER
 from ..backends.load import resolve_runtime
 from ..decoding.methods import get_method
+from .store_uris import check_storage_uri, check_tracking_uri
 
 __all__ = ["TuneSettings", "study_name", "job_id", "spec_digest"]
 
@@ -78,6 +79,16 @@ class TuneSettings(BaseModel):
         if not methods:
             raise ValueError("give at least one method")
         return methods
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_form(cls, storage: str | None) -> str | None:
+        return None if storage is None else check_storage_uri(storage)
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _tracking_form(cls, uri: str | None) -> str | None:
+        return None if uri is None else check_tracking_uri(uri)
 
     @property
     def mid_n_draft(self) -> int:

@@ -113,7 +113,8 @@ def diagnose(err: BaseException) -> tuple[str, str] | None:
         if name in ("ConnectError", "ConnectTimeout", "RemoteProtocolError", "SGLangError",
                     "ConnectionRefusedError", "ConnectionResetError") or isinstance(e, ConnectionError):
             return (f"a server is gone ({name}: {_first_line(text)})",
-                    "restart the server (e.g. `relaxtune serve`), then run the same command again")
+                    "restart the server it names (a generation server: `relaxtune serve`; an MLflow tracking server: "
+                    "`mlflow server`), then run the same command again")
     return None
 
 
