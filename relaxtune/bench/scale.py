@@ -17,8 +17,9 @@ stores that the workers create themselves (as a user's workers would:
 figures drawn once). Reported per W, as the median of ``--repeats`` runs with
 their range: the job's wall time (from the instant the workers start, after
 their imports, to the last worker's end) and the processes' wall time (launch
-to exit, imports included), each as a ratio to one worker, which trials each
-worker ran, and whether every worker exported the same config. Target (issue
+to exit, imports included), each as a ratio to one worker, the seconds of samples
+and the CPU seconds of each worker's job (the part the cores share), which trials
+each worker ran, and whether every worker exported the same config. Target (issue
 24): 4 workers within 0.30 of one worker's job time.
 """
 
@@ -84,6 +85,8 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
         ran.update(t.user_attrs.get("worker", "?") for t in study.trials if t.state.name in ("COMPLETE", "PRUNED"))
     return {"job": max(r["ended"] for r in reports) - min(r["started"] for r in reports),
             "process": exited - launched, "agree": all(c == configs[0] for c in configs),
+            "cpu": statistics.mean(r["cpu"] for r in reports),
+            "samples": statistics.mean(r["generated"] for r in reports) * args.delay,
             "ran": dict(sorted(ran.items())),
             "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()}}
 
@@ -143,12 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     base_job = statistics.median(x["job"] for x in runs[counts[0]])
     base_proc = statistics.median(x["process"] for x in runs[counts[0]])
     print(f"\n{'workers':>7} {'job wall s (range)':>20} {'ratio':>6} {'process wall s (range)':>24} {'ratio':>6}  "
-          f"{'configs agree':>13}  trials finished per worker")
+          f"{'samples s':>9} {'CPU s':>6}  {'configs agree':>13}  trials finished per worker")
     for w in counts:
         job, proc = [x["job"] for x in runs[w]], [x["process"] for x in runs[w]]
         agree = all(x["agree"] for x in runs[w])
+        samples, cpu = (statistics.median(x[k] for x in runs[w]) for k in ("samples", "cpu"))
         print(f"{w:>7} {_spread(job):>20} {statistics.median(job) / base_job:>6.2f} {_spread(proc):>24} "
-              f"{statistics.median(proc) / base_proc:>6.2f}  {'yes' if agree else 'NO':>13}  {runs[w][-1]['ran']}")
+              f"{statistics.median(proc) / base_proc:>6.2f}  {samples:>9.1f} {cpu:>6.1f}  {'yes' if agree else 'NO':>13}  "
+              f"{runs[w][-1]['ran']}")
+    print("samples s: seconds of samples (sleeps) per worker; CPU s: the CPU seconds each worker's job took (every "
+          f"thread), which {os.cpu_count()} cores share")
     jobs = {w: [x["job"] for x in runs[w]] for w in counts}
     noisy = [w for w in counts if (max(jobs[w]) - min(jobs[w])) / statistics.median(jobs[w]) > 0.1]
     if noisy:

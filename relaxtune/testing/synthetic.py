@@ -117,8 +117,9 @@ def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> 
 
 def main(argv: list[str] | None = None) -> int:
     """One worker: the main job (``run_tune_job``) on the synthetic evaluation. Prints
-    its log, then one JSON line: ``{"worker", "started", "ended", "config"}`` (times
-    in seconds since the epoch, taken after the imports)."""
+    its log, then one JSON line: ``{"worker", "started", "ended", "cpu", "generated",
+    "config"}`` (times in seconds since the epoch, taken after the imports; ``cpu``:
+    the CPU seconds the job took, every thread; ``generated``: samples it generated)."""
     ap = argparse.ArgumentParser(description="one synthetic tuning worker")
     ap.add_argument("settings", help="JSON file of TuneSettings fields")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds per new sample")
@@ -154,16 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.barrier, f"ready-{args.worker}").touch()
         while not Path(args.barrier, "go").exists():
             time.sleep(0.002)
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     log = lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True)  # noqa: E731
     spec = load_task(settings.task)
     studies = lambda: [study_name(spec.name, m, SyntheticPair.name, spec.version) for m in settings.methods]  # noqa: E731
     resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
+    evaluate = Synthetic(args.cliff, args.drop, delay=args.delay, strict_accept=args.strict_accept)
     with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
-        config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker,
-                                 evaluate_fn=Synthetic(args.cliff, args.drop, delay=args.delay,
-                                                       strict_accept=args.strict_accept), log=log)
+        config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker, evaluate_fn=evaluate,
+                                 log=log)
     print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
+                      "cpu": time.process_time() - cpu, "generated": len(evaluate.generated),
                       "config": config.model_dump(mode="json")}), flush=True)
     return 0
 
