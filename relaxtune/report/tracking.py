@@ -46,6 +46,7 @@ decision) is ``relaxtune.report.mlflow_runs``.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,7 +85,7 @@ class Tracker(Runs):
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
-        self._claims = Path(settings.get("output_dir") or ".") / "mlflow-figures.claims"  # _share_figures
+        self._claims = Path(settings.get("output_dir") or tempfile.gettempdir()) / "mlflow-figures.claims"
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         with self._lock():
