@@ -195,8 +195,9 @@ def test_workers_finishing_together_split_the_figures_and_draw_each_once(uri, tm
 
     keys = ["pareto_fronts_by_method.png"] + [f"{m}_{f}" for m in ("cactus", "mentored")
                                               for f in ("pareto_front.png", "speed_vs_knob.png")]
+    shared = threading.RLock()  # the job's MLflow lock (storage_lock(storage, "mlflow")), shared by the workers
     workers = [Tracker(uri, SPEC.model_copy(update={"name": "split"}), "pair", {"output_dir": str(tmp_path)},
-                       PROBLEMS[:3], "job-s") for _ in range(2)]
+                       PROBLEMS[:3], "job-s", lambda: shared) for _ in range(2)]
     drawn, first, meet = [], threading.local(), threading.Barrier(2, timeout=30)
 
     def draw(key: str):
