@@ -22,7 +22,7 @@ from typing import Callable
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
 from .report.export import TunedConfig, build_config, cautions, save_config
-from .report.stores import StoreError, prepare_stores, reach_stores
+from .report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
 from .report.reexport import (
     JobError,
     check_exportable,
@@ -48,8 +48,8 @@ __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file"
 def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: Callable[[str], None] = print,
             track: bool = True):
     """Validate and load everything before any generation: the task, the stores
-    (``reach_stores``: the Optuna storage of a tuning job, the MLflow store when
-    ``track``; answered in seconds, before any model loads), for an
+    (``reach_tracking`` when ``track``, ``reach_storage`` for a tuning job: answered
+    in seconds, before any model loads), for an
     export its Optuna storage (``export_storage``, before the problems load), its
     problems, method/temperature compatibility, the task's records (same spec
     under the same version), for an export (``new_trials=False``) what it reads
@@ -68,9 +68,11 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
     """
     spec = load_task(settings.task)
     check_methods(settings.methods, spec.sampling.temperature)
-    try:
-        reach_stores(settings.storage_url, settings.mlflow_uri, optuna=new_trials, track=track,
-                     output_dir=settings.output_dir)
+    try:  # MLflow's first: nothing (not even the default storage's output folder) is made for a wrong address
+        if track:
+            reach_tracking(settings.mlflow_uri)
+        if new_trials:
+            reach_storage(settings.storage_url, settings.output_dir)
     except StoreError as err:
         raise JobError(str(err)) from None
     if not new_trials:

@@ -169,13 +169,13 @@ def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
     """A tracking server has nothing to migrate: the job waits for its tracker, so a wrong
     address ends the job before the first sample (not after a trial's worth of generation).
     The "server" here takes connections and never answers: MLflow's request times out. The
-    job's first check of its stores (``reach_stores``, tested in test_store_uris) is passed
+    job's first check of its stores (``reach_tracking``, tested in test_store_uris) is passed
     over, as for a server that stops answering just after it."""
     import socket
 
     import relaxtune.job
 
-    monkeypatch.setattr(relaxtune.job, "reach_stores", lambda *a, **k: None)
+    monkeypatch.setattr(relaxtune.job, "reach_tracking", lambda *a, **k: None)
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

@@ -4,6 +4,7 @@ flag), and whether the store answers before the backend loads (a closed port, a
 silent server, a server that is not MLflow, an unreachable PostgreSQL, a folder that
 does not exist), each refused in seconds with the flag it came from."""
 
+import importlib.util
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -26,22 +27,32 @@ MEMORY = ["sqlite://", "sqlite:///", "sqlite:///:memory:", "sqlite:///file::memo
 
 @pytest.mark.parametrize("field", ["storage", "mlflow_uri"])
 @pytest.mark.parametrize("value, match", [(m, "in-memory SQLite database") for m in MEMORY]
-                         + [("notascheme", "is not a URL"), ("mlflow.db", "is not a URL"),
-                            ("nodialect://x/y", None)])
+                         + [("notascheme", "is not a URL"), ("mlflow.db", "is not a URL"), ("", "is not a URL"),
+                            ("sqlite:///a.db ", "spaces around it"), ("SQLITE:///x.db", "in lower case"),
+                            ("Postgresql://rt@h/x", "in lower case"), ("postgres://rt@h/x", "names this database "
+                                                                                        "postgresql://")])
 def test_store_addresses_of_the_wrong_form_are_refused_with_the_settings(field, value, match):
-    if match is None:  # a well-formed URL of a database SQLAlchemy does not know: refused when reached
-        assert getattr(TuneSettings(task="t", **{field: value}), field) == value
-        return
+    with pytest.raises(ValidationError, match=match):
+        TuneSettings(task="t", **{field: value})
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("mlflow_uri", "http://", "names no host"), ("mlflow_uri", "http://127.0.0.1:notaport", "port is not a number"),
+    ("mlflow_uri", "foo://bar", "MLflow keeps runs in sqlite, postgresql, mysql, mssql"),
+    ("mlflow_uri", "file:///tmp/mlruns", "file stores read-only"), ("storage", "http://127.0.0.1:5000", "not a database"),
+])
+def test_a_store_of_the_wrong_kind_is_refused_with_the_settings(field, value, match):
     with pytest.raises(ValidationError, match=match):
         TuneSettings(task="t", **{field: value})
 
 
 @pytest.mark.parametrize("uri", ["sqlite:///mlflow.db", "postgresql://rt@db.example/mlflow", "http://127.0.0.1:5000",
-                                 "https://mlflow.example.com/", "databricks", "file:///tmp/mlruns"])
+                                 "postgresql+psycopg://rt:pw@db.example:5433/mlflow", "HTTPS://mlflow.example.com/",
+                                 "databricks"])
 def test_store_addresses_of_the_right_form_are_kept(uri):
     assert TuneSettings(task="t", mlflow_uri=uri).mlflow_uri == uri
-    with pytest.raises(ValidationError, match="names no host"):
-        TuneSettings(task="t", mlflow_uri="http://")
+    # a well-formed URL of a database SQLAlchemy does not know: refused when reached (below)
+    assert TuneSettings(task="t", storage="nodialect://x/y").storage == "nodialect://x/y"
 
 
 def test_the_cli_names_the_flag_of_a_store_address_of_the_wrong_form(tmp_path):
@@ -92,7 +103,10 @@ def test_a_store_nobody_answers_fails_before_the_backend_loads_naming_its_flag(t
     other = HTTPServer(("127.0.0.1", 0), NotMlflow)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     missing = tmp_path / "no-such-folder"
+    (tmp_path / "a-folder.db").mkdir()
     cases = [
+        ({"mlflow_uri": f"http://me:s3cret@127.0.0.1:{port}"}, f"--mlflow-uri http://me:\\*\\*\\*@127.0.0.1:{port}: "),
+        ({"storage": f"sqlite:///{tmp_path}/a-folder.db"}, "a-folder.db is a folder"),
         ({"mlflow_uri": f"http://127.0.0.1:{port}"}, f"--mlflow-uri http://127.0.0.1:{port}: no MLflow tracking "
                                                      "server answers there within 2 s \\(connection refused\\)"),
         ({"mlflow_uri": f"http://127.0.0.1:{silent.getsockname()[1]}"}, "no MLflow tracking server answers there "
@@ -108,11 +122,18 @@ def test_a_store_nobody_answers_fails_before_the_backend_loads_naming_its_flag(t
         ({"mlflow_uri": f"sqlite:///{missing}/mlflow.db"}, f"--mlflow-uri .*: the folder {missing} does not exist"),
         ({"storage": "nodialect://x/y"}, "--storage nodialect://x/y: NoSuchModuleError"),
     ]
+    if importlib.util.find_spec("MySQLdb") is None:
+        cases.append(({"mlflow_uri": "mysql://u@127.0.0.1/x"}, "driver is missing .*install a MySQL driver"))
     try:
         for over, match in cases:
-            with pytest.raises(JobError, match=match):
+            with pytest.raises(JobError, match=match) as refused:
                 prepare(_settings(tmp_path, **over), log=lambda m: None)
+            assert "s3cret" not in str(refused.value)
             assert not missing.exists()  # a typo never creates folders
+        with pytest.raises(JobError, match="--mlflow-uri"):  # nothing is made for a wrong address, not even the
+            prepare(_settings(tmp_path, output_dir=str(missing / "runs"), mlflow_uri=f"http://127.0.0.1:{port}"),
+                    log=lambda m: None)  # default storage's output folder
+        assert not missing.exists()
     finally:
         silent.close()
         other.shutdown()

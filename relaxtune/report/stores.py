@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database",
-           "reach_stores"]
+           "reach_tracking", "reach_storage"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
-REACH_TIMEOUT = 10  # seconds to connect to a database server or a tracking server (reach_stores)
+REACH_TIMEOUT = 10  # seconds to connect to a database server or a tracking server (reach_tracking, reach_storage)
+_DRIVERS = {"postgresql": "install relaxtune[postgres] (psycopg 3) and write postgresql+psycopg://...",
+            "mysql": "install a MySQL driver (e.g. pip install pymysql) and write mysql+pymysql://...",
+            "mssql": "install a SQL Server driver (e.g. pip install pyodbc) and write mssql+pyodbc://..."}
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
 
 
@@ -52,27 +55,32 @@ def prepare_stores(storage_url: str, mlflow_uri: str | None, *, track: bool = Tr
         prepare_mlflow(mlflow_uri or DEFAULT_URI, log)
 
 
-def reach_stores(storage_url: str, mlflow_uri: str | None, *, optuna: bool = True, track: bool = True,
-                 output_dir: str | Path | None = None) -> None:
-    """Reach the job's stores before any model loads, so that a wrong address fails in
-    seconds and names its flag: (``optuna``) the Optuna storage ``storage_url`` and
-    (``track``) the MLflow store ``mlflow_uri`` (default ``sqlite:///mlflow.db``). An
-    SQLite file's folder must exist (or lie in ``output_dir``, which the job creates):
-    a typo never creates folders. A database server must accept a connection, a
-    tracking server must answer MLflow's API, each within ``REACH_TIMEOUT`` seconds.
-    Nothing is created or migrated here (``prepare_stores`` does it).
+def reach_tracking(uri: str | None) -> None:
+    """Reach the MLflow store ``uri`` (default ``sqlite:///mlflow.db``) before any model
+    loads, so that a wrong address fails in seconds and names ``--mlflow-uri``: an
+    SQLite file's folder must exist and be writable, a database server must accept a
+    connection and a tracking server answer MLflow's API, each within
+    ``REACH_TIMEOUT`` seconds. Nothing is created or migrated (``prepare_stores`` does it).
 
     Raises:
-        StoreError: a store that cannot be reached, saying which flag, why, and what to do.
+        StoreError: a store that cannot be reached, saying why and what to do.
     """
-    if optuna:
-        _reach_database(storage_url, "--storage", output_dir)
-    if track:
-        uri = mlflow_uri or DEFAULT_URI
-        if is_database(uri):
-            _reach_database(uri, "--mlflow-uri", output_dir)
-        elif uri.lower().startswith(("http://", "https://")):
-            _reach_server(uri)
+    uri = uri or DEFAULT_URI
+    if is_database(uri):
+        _reach_database(uri, "--mlflow-uri", None)
+    elif uri.lower().startswith(("http://", "https://")):
+        _reach_server(uri)
+
+
+def reach_storage(url: str, output_dir: str | Path | None = None) -> None:
+    """Reach the Optuna storage ``url`` as ``reach_tracking`` reaches MLflow's, naming
+    ``--storage``; an SQLite file may lie in a folder to be made inside ``output_dir``
+    (the job creates it), never elsewhere: a typo never creates folders.
+
+    Raises:
+        StoreError: a storage that cannot be reached, saying why and what to do.
+    """
+    _reach_database(url, "--storage", output_dir)
 
 
 def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
@@ -81,17 +89,23 @@ def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
 
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        folder = Path(parsed.database).resolve().parent
-        inside = output_dir is not None and folder.is_relative_to(Path(output_dir).resolve())
-        if not folder.is_dir() and not inside:
-            raise StoreError(f"{flag} {url}: the folder {folder} does not exist (a typo?); create it, or give a file "
-                             "in a folder that exists")
+        path = Path(parsed.database).resolve()
+        inside = output_dir is not None and path.parent.is_relative_to(Path(output_dir).resolve())
+        if path.is_dir():
+            raise StoreError(f"{flag} {url}: {path} is a folder; give a file in it, e.g. {path / 'store.db'}")
+        if not path.parent.is_dir() and not inside:
+            raise StoreError(f"{flag} {url}: the folder {path.parent} does not exist (a typo?); create it, or give a "
+                             "file in a folder that exists")
+        if path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
+            raise StoreError(f"{flag} {url}: the folder {path.parent} is not writable (SQLite writes its journal "
+                             "there); give a file in a folder you may write to")
         return
     connect = {"connect_timeout": REACH_TIMEOUT} if parsed.get_backend_name() in ("postgresql", "mysql") else {}
     try:
         engine = sqlalchemy.create_engine(parsed, connect_args=connect)
     except ImportError as err:
-        raise StoreError(f"{flag} {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from None
+        raise StoreError(f"{flag} {_shown(url)}: its database driver is missing ({err}); "
+                         f"{_DRIVERS.get(parsed.get_backend_name(), 'install the driver SQLAlchemy names')}") from None
     except Exception as err:  # noqa: BLE001 - e.g. a dialect SQLAlchemy does not know
         raise StoreError(f"{flag} {_shown(url)}: {type(err).__name__}: {_line(err)}") from None
     try:
@@ -115,18 +129,18 @@ def _reach_server(uri: str) -> None:
         response = http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=REACH_TIMEOUT,
                                 raise_on_status=False, params={"max_results": 1})
     except Exception as err:  # noqa: BLE001 - refused, timed out, no such host
-        raise StoreError(f"--mlflow-uri {uri}: no MLflow tracking server answers there within {REACH_TIMEOUT} s "
+        raise StoreError(f"--mlflow-uri {_shown(uri)}: no MLflow tracking server answers there within {REACH_TIMEOUT} s "
                          f"({_why(err)}); start it (`mlflow server --host ... --port ...`), "
                          f"fix the address, or leave --mlflow-uri out for the default {DEFAULT_URI}") from None
     if response.status_code in (401, 403):
-        raise StoreError(f"--mlflow-uri {uri}: the tracking server refused this client (HTTP {response.status_code}); "
+        raise StoreError(f"--mlflow-uri {_shown(uri)}: the tracking server refused this client (HTTP {response.status_code}); "
                          "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN")
     try:
         answer = response.json()
     except ValueError:
         answer = None
     if response.status_code != 200 or not isinstance(answer, dict):
-        raise StoreError(f"--mlflow-uri {uri}: a server answers there, but not as an MLflow tracking server (GET "
+        raise StoreError(f"--mlflow-uri {_shown(uri)}: a server answers there, but not as an MLflow tracking server (GET "
                          f"{endpoint}: HTTP {response.status_code}); give the tracking server's address")
 
 
@@ -234,7 +248,9 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
 def is_database(uri: str) -> bool:
     """Whether MLflow's ``uri`` names a database it opens itself (SQLite, PostgreSQL,
     MySQL, SQL Server), not a tracking server (``http(s)://``, ``databricks``)."""
-    return "://" in uri and uri.split("://")[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql")
+    from ..tune.store_uris import MLFLOW_DATABASES, scheme_of
+
+    return scheme_of(uri).lower() in MLFLOW_DATABASES
 
 
 def _open(uri: str) -> None:
@@ -276,9 +292,16 @@ def _refusal(uri: str, state: dict, why: str) -> str:
 
 
 def _shown(url: str) -> str:
-    """``url`` with its password hidden."""
+    """``url`` with its password hidden (a database URL's, or a server URL's ``user:password@``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
     from sqlalchemy.engine import make_url
 
+    if url.lower().startswith(("http://", "https://")):
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a database URL
