@@ -251,3 +251,36 @@ def test_an_idle_worker_generates_free_ranges_of_a_running_trials_stage_and_noth
     assert sorted(generated(mine) + generated(theirs), key=int) == ids(range(0, 20))  # each sample once
     unranged = make(tmp_path, "whole", Synthetic(delay=0.001), trials=1, stage_size=10)  # no range_size: one piece
     assert not help_running(unranged, helper_studies, set())
+
+
+def test_a_trial_whose_worker_died_before_drawing_its_point_goes_stale_without_a_run(tmp_path):
+    """A worker killed between taking a trial (RUNNING, its heartbeat and worker mark
+    recorded) and drawing its point leaves a trial with no parameters. The worker that
+    finds it stale retries it and logs no MLflow run for it (nothing ran): logging it
+    once raised KeyError 'n_draft' on the tracking thread and failed a soak worker's job
+    at its end. The study still ends with exactly its trials."""
+    from relaxtune.tune.studies import WORKER_ATTR
+
+    logged = []
+
+    class Tracker:
+        def start_study(self, method, study):
+            return "run"
+
+        def log_trial(self, method, number, params, metrics, state, result, note=None):
+            logged.append((number, state, params["n_draft"]))
+
+    tuner = make(tmp_path, "live", trials=2, grace_period=2)
+    tuner.tracker = Tracker()
+    study = tuner.open_study("cactus")
+    with tuner.queue.lock():  # what claim does before drawing the point; then the worker is killed
+        trial_id = study._pop_waiting_trial_id()
+        tuner.queue.storage.record_heartbeat(trial_id)
+        tuner.queue.storage.set_trial_user_attr(trial_id, WORKER_ATTR, "ghost")
+    time.sleep(3.5)  # older than the grace period
+    outcome = tuner.tune_method("cactus")
+    trials = outcome.study.trials
+    dead = next(t for t in trials if t._trial_id == trial_id)
+    assert dead.state.name == "FAIL" and dead.params == {}
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2
+    assert sorted(n for n, _, _ in logged) == sorted(t.number for t in trials if t.state.name in ("COMPLETE", "PRUNED"))

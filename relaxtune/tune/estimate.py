@@ -232,7 +232,8 @@ def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostPro
     attempts = settings.confirmations * len(settings.methods)
     phases.append(phase("confirmations", attempts * 2 * confirm, 0, mid, confirm, 0,
                         f"up to {settings.confirmations} per method, each {confirm} relaxed and {confirm} strict "
-                        "samples on fresh seeds; only when a point is chosen"))
+                        + ("samples on the held-out problems" if settings.confirm == "holdout" else
+                           "samples on fresh seeds") + "; only when a point is chosen"))
 
     slowdown = measured.t_ar / saved.t_ar if measured is not None and saved is not None else None
     avg, cores = load if load is not None else machine_load()

@@ -427,10 +427,12 @@ class Tuner:
         return state
 
     def _on_stale(self, study, trial, retried: bool) -> None:
-        """A trial of one of our studies went stale (found by this worker): log it as failed."""
+        """A trial of one of our studies went stale (found by this worker): log it as failed;
+        one whose worker died after taking it but before drawing its point has no
+        parameters and never ran: it gets no MLflow run (as ``Tracker.finish``'s backfill)."""
         method = next((m for m, s in self._studies.items() if s.study_name == study.study_name), None)
         what = "retried with the same parameters" if retried else "already retried once: replaced by a new trial"
         self.log(f"{study.study_name} trial {trial.number} went stale (no heartbeat from "
                  f"{trial.user_attrs.get('worker', 'its worker')} for {self.settings.stale_after} s): {what}")
-        if self.tracker and method is not None:
+        if self.tracker and method is not None and "n_draft" in trial.params:
             self.tracker.log_trial(method, trial.number, trial.params, {}, "FAIL", None, note=f"stale: {what}")
