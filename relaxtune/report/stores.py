@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..tune.stopping import first_line
+
 __all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database",
            "reach_tracking", "reach_storage"]
 
@@ -107,14 +109,14 @@ def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
         raise StoreError(f"{flag} {_shown(url)}: its database driver is missing ({err}); "
                          f"{_DRIVERS.get(parsed.get_backend_name(), 'install the driver SQLAlchemy names')}") from None
     except Exception as err:  # noqa: BLE001 - e.g. a dialect SQLAlchemy does not know
-        raise StoreError(f"{flag} {_shown(url)}: {type(err).__name__}: {_line(err)}") from None
+        raise StoreError(f"{flag} {_shown(url)}: {type(err).__name__}: {first_line(str(err), 200)}") from None
     try:
         with engine.connect():
             pass
     except Exception as err:  # noqa: BLE001 - said with the flag and what to do
         raise StoreError(f"{flag} {_shown(url)}: the database does not accept a connection within {REACH_TIMEOUT} s "
-                         f"({type(err).__name__}: {_line(err)}); start its server, create the database, or fix the "
-                         "address") from None
+                         f"({type(err).__name__}: {first_line(str(err), 200)}); start its server, create the "
+                         "database, or fix the address") from None
     finally:
         engine.dispose()
 
@@ -152,12 +154,7 @@ def _why(err: BaseException) -> str:
                          ("temporary failure in name resolution", "no such host"), ("certificate", "TLS certificate")):
         if needle in text:
             return said
-    return f"{type(err).__name__}: {_line(err)}"
-
-
-def _line(err: BaseException, width: int = 200) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return f"{type(err).__name__}: {first_line(str(err), 200)}"
 
 
 def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:

@@ -8,8 +8,8 @@ under the claim the trial's own worker takes for that range
 range_size)``, as ``Tuner._evaluate`` splits them), so each sample is still
 generated once; the trial's worker then reads it from the records. Only the
 stage the trial must finish anyway is helped (its end is the first stage end the
-trial has not reported as ``stage_<end>``): nothing is generated that pruning
-after the stage could make useless.
+trial has not reported as ``stage_<end>``; a trial being pruned reports why
+first): nothing is generated that pruning after the stage could make useless.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from .claims import claim, claim_path
 from .evaluation import DecodeConfig, evaluate, records_complete, records_name, records_path
 from .ranges import current_stage, split
+from .search import PRUNED_BY
 from .stopping import environmental
 
 __all__ = ["help_running", "stage_attr", "stages_done"]
@@ -61,7 +62,7 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
     fn, n = tuner.evaluate_fn or evaluate, len(tuner.problems)
     for method, study in studies.items():
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if "n_draft" not in t.params:  # taken, its parameters not drawn yet
+            if "n_draft" not in t.params or PRUNED_BY in t.user_attrs:  # not drawn yet; being pruned
                 continue
             problems = tuner.problems[:current_stage(stages_done(t.user_attrs), n, s.stage_size)]
             config = DecodeConfig(method, t.params.get("knob"), t.params["n_draft"], s.seed)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 __all__ = ["Stopped", "STOP", "check_stop", "on_stop", "guarded", "diagnose", "environmental", "kept_line",
-           "write_log"]
+           "first_line", "write_log"]
 
 STOP = threading.Event()  # set once a stop was asked for: threads other than the main one end their work
 _callbacks: list[Callable[[str], None]] = []  # on_stop: called with "KILLED" or "FAILED"
@@ -102,17 +102,17 @@ def diagnose(err: BaseException) -> tuple[str, str] | None:
             return (f"cannot write {e.filename} ({e.strerror})",
                     "give --output-dir a folder you may write to, then run the same command again")
         if "database is locked" in low or "database table is locked" in low:
-            return (f"a database is locked by another process ({_first_line(text)})",
+            return (f"a database is locked by another process ({first_line(text)})",
                     "let the other process finish (or stop it), then run the same command again")
         if any(s in low for s in ("file is not a database", "database disk image is malformed",
                                   "malformed database")):
-            return (f"a database file is corrupt ({_first_line(text)})",
+            return (f"a database file is corrupt ({first_line(text)})",
                     "move the damaged file aside (the JSONL records stay: samples are not generated again) and run "
                     "the same command again")
         name = type(e).__name__
         if name in ("ConnectError", "ConnectTimeout", "RemoteProtocolError", "SGLangError",
                     "ConnectionRefusedError", "ConnectionResetError") or isinstance(e, ConnectionError):
-            return (f"a server is gone ({name}: {_first_line(text)})",
+            return (f"a server is gone ({name}: {first_line(text)})",
                     "restart the server it names (a generation server: `relaxtune serve`; an MLflow tracking server: "
                     "`mlflow server`), then run the same command again")
     return None
@@ -123,7 +123,8 @@ def environmental(err: BaseException) -> bool:
     return diagnose(err) is not None
 
 
-def _first_line(text: str, width: int = 160) -> str:
+def first_line(text: str, width: int = 160) -> str:
+    """The first line of ``text``, cut to ``width`` characters."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= width else line[: width - 3] + "..."
 
@@ -228,7 +229,7 @@ def guarded(settings, task_folder: str, studies: Callable[[], list[str]], resume
     except Exception as err:  # noqa: BLE001 - any failure ends in the paragraph and the log
         STOP.set()
         _end_runs("FAILED")
-        cause, todo = diagnose(err) or (f"{type(err).__name__}: {_first_line(str(err))}",
+        cause, todo = diagnose(err) or (f"{type(err).__name__}: {first_line(str(err))}",
                                         "read the log, fix the cause, then run the same command again")
         log = write_log(settings.output_dir, name, "".join(traceback.format_exception(err)))
         where = f"full traceback is in {log}" if log is not None else "traceback could not be written anywhere"

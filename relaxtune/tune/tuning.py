@@ -335,17 +335,21 @@ class Tuner:
 
         def on_stage(done: int, m: dict) -> None:
             last.update(m)
+            pruned = None
+            if m["drop_lcb"] > self.settings.epsilon:
+                pruned = "drop", f"drop >= {m['drop_lcb']:.3f} after {done} problems"
+            else:
+                if time.monotonic() - bar[1] >= self.settings.heartbeat:  # other workers may have finished trials
+                    bar[:] = self.speed_bar(trial.study), time.monotonic()
+                if bar[0] is not None and m["speedup_ucb"] < bar[0]:
+                    pruned = "speed", (f"speed-up <= {m['speedup_ucb']:.3f} after {done} problems, below {bar[0]:.3f}: "
+                                       f"slower than {self.settings.confirmations} feasible point(s)")
+            if pruned:  # before the stage's attr: a helping worker never takes the next stage of a pruned trial
+                trial.set_user_attr(PRUNED_BY, pruned[0])
             trial.set_user_attr(stage_attr(done), {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"],
                                                   "speedup_ucb": m["speedup_ucb"]})
-            if m["drop_lcb"] > self.settings.epsilon:
-                trial.set_user_attr(PRUNED_BY, "drop")
-                raise optuna.TrialPruned(f"drop >= {m['drop_lcb']:.3f} after {done} problems")
-            if time.monotonic() - bar[1] >= self.settings.heartbeat:  # other workers may have finished trials
-                bar[:] = self.speed_bar(trial.study), time.monotonic()
-            if bar[0] is not None and m["speedup_ucb"] < bar[0]:
-                trial.set_user_attr(PRUNED_BY, "speed")
-                raise optuna.TrialPruned(f"speed-up <= {m['speedup_ucb']:.3f} after {done} problems, below "
-                                         f"{bar[0]:.3f}: slower than {self.settings.confirmations} feasible point(s)")
+            if pruned:
+                raise optuna.TrialPruned(pruned[1])
 
         result, note = None, None
         with self.queue.heartbeat(trial):
