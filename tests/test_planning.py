@@ -129,3 +129,12 @@ def test_plan_command_reads_strict_records(tmp_path):
     bad = CliRunner().invoke(app, ["plan", "--task", task, "--epsilon", "0.05", "--discordance", "0.01", "--drop",
                                    "0.02"], env={"COLUMNS": "250"})
     assert bad.exit_code != 0 and "discordance must lie in" in " ".join(bad.output.split())
+
+
+@pytest.mark.parametrize("epsilon, confidence", [(0.05, 0.9), (0.05, 0.975), (0.1, 0.95), (0.2, 0.99), (0.03, 0.9)])
+def test_the_fewest_problems_is_where_the_search_finds_a_perfect_sample_first_certifies_epsilon(epsilon, confidence):
+    """The answer certifies epsilon and one problem fewer does not, by the bound itself
+    (``smallest_certifiable_drop``: the root of the bound, not the test the search asks)."""
+    k = fewest_problems(epsilon, confidence)
+    assert smallest_certifiable_drop(k, 1, confidence) <= epsilon < smallest_certifiable_drop(k - 1, 1, confidence)
+    assert k >= math.log(1 - confidence) / math.log(1 - epsilon)  # no valid bound does better

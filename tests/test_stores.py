@@ -122,3 +122,36 @@ def test_mlflow_and_optuna_in_one_database_is_refused_with_the_fix(pg_database):
     prepare_stores(url, None, track=False, log=lambda m: None)  # Optuna's tables (and its alembic_version) first
     with pytest.raises(StoreError, match="database of its own"):
         prepare_mlflow(url, lambda m: None)
+
+
+def test_an_optuna_storage_is_made_once_in_write_ahead_log_mode_and_its_schema_checked_once(tmp_path, monkeypatch):
+    from optuna.storages._rdb.storage import _VersionManager
+
+    from relaxtune.tune import studies
+
+    checks = []
+    check = _VersionManager.check_table_schema_compatibility
+    monkeypatch.setattr(_VersionManager, "check_table_schema_compatibility",
+                        lambda self: checks.append(1) or check(self))
+    monkeypatch.setattr(studies, "_CHECKED", set())
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    prepare_stores(url, None, track=False, log=lambda m: None)
+    with sqlite3.connect(tmp_path / "optuna.db") as db:  # kept in the file: every later connection reads beside a writer
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert checks == [1]
+    studies.open_rdb(url).engine.dispose()  # the job's later openings (its checks, its trial queue) skip it
+    studies.TrialQueue(url, heartbeat=2, stale_after=10, worker="w").storage.get_all_studies()
+    assert checks == [1]
+
+
+def test_an_optuna_storage_of_another_schema_is_refused_at_its_first_opening_naming_the_upgrade(tmp_path, monkeypatch):
+    from relaxtune.tune import studies
+
+    monkeypatch.setattr(studies, "_CHECKED", set())
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    studies.open_rdb(url).engine.dispose()
+    with sqlite3.connect(tmp_path / "optuna.db") as db:  # as an older Optuna would have left it
+        db.execute("UPDATE alembic_version SET version_num = 'v1.2.0.a'")
+    monkeypatch.setattr(studies, "_CHECKED", set())  # a new process
+    with pytest.raises(StoreError, match="optuna storage upgrade"):
+        prepare_stores(url, None, track=False, log=lambda m: None)

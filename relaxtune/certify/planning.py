@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .inputs import check_confidence, check_count, check_finite, check_probability
+from .paired_bound import exact_pvalue
 from .stats import smallest_certifiable_drop
 
 __all__ = ["SamplePlan", "plan", "problems_needed", "fewest_problems", "certified_power", "sample_power",
@@ -130,7 +131,11 @@ def fewest_problems(epsilon: float, confidence: float, repeats: int = 1) -> int:
     """The fewest problems (x ``repeats``) whose smallest certifiable drop is at
     most ``epsilon`` at ``confidence``: never fewer than ``ln(1 - c) / ln(1 - epsilon)``,
     then found by doubling and bisection (the exact bound of a perfect sample is
-    not strictly monotone in n, so a smaller n may occasionally fit too).
+    not strictly monotone in n, so a smaller n may occasionally fit too). A size
+    fits when the exact test the bound inverts rejects a drop of ``epsilon`` for a
+    perfect sample (``exact_pvalue(K, 0, 0, epsilon, c) <= 1 - c``, which holds exactly
+    when ``exact_upper(K, 0, 0, c) <= epsilon``: one tail supremum instead of the
+    bound's root search).
 
     Raises:
         ValueError: epsilon outside (0, 1], confidence outside (0, 1), repeats not an integer >= 1.
@@ -140,7 +145,7 @@ def fewest_problems(epsilon: float, confidence: float, repeats: int = 1) -> int:
         raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
     check_confidence(confidence)
     repeats = check_count("repeats", repeats, 1)
-    fits = lambda k: smallest_certifiable_drop(k, repeats, confidence) <= epsilon  # noqa: E731
+    fits = lambda k: exact_pvalue(k, 0, 0, epsilon, confidence) <= 1.0 - confidence  # noqa: E731
     lo = math.ceil(math.log(1.0 - confidence) / math.log1p(-epsilon) - 1e-9) - 1 if epsilon < 1 else 0
     step = 1
     while not fits(lo + step):  # lo never fits: below it even a perfect sample falls short

@@ -158,27 +158,25 @@ def _why(err: BaseException) -> str:
 
 
 def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
-    """Create the Optuna storage's tables once (Optuna's ``create_all`` only adds missing
-    tables, so one left half-created by a killed process is completed).
+    """Create the Optuna storage's tables once, under its lock (Optuna's ``create_all`` only
+    adds missing tables, so one left half-created by a killed process is completed);
+    a storage already made is opened without the lock (``open_rdb``).
 
     Raises:
         StoreError: the storage cannot be opened (e.g. an older Optuna schema: the
             message names ``optuna storage upgrade``).
     """
-    import optuna
+    from ..tune.studies import open_rdb, storage_lock
 
-    from ..tune.studies import storage_lock
-
-    with storage_lock(url)():
-        try:
-            storage = optuna.storages.RDBStorage(url)
-        except ImportError as err:
-            raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
-        except Exception as err:  # noqa: BLE001 - said with what to do
-            raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: {err}. If it "
-                             f"was made by an older Optuna, run `optuna storage upgrade --storage URL`; else point "
-                             "--storage at a new database") from err
-        storage.engine.dispose()
+    try:
+        storage = open_rdb(url, storage_lock(url))
+    except ImportError as err:
+        raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
+    except Exception as err:  # noqa: BLE001 - said with what to do
+        raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: {err}. If it "
+                         f"was made by an older Optuna, run `optuna storage upgrade --storage URL`; else point "
+                         "--storage at a new database") from err
+    storage.engine.dispose()
 
 
 def mlflow_state(uri: str) -> dict:
@@ -222,6 +220,8 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
     sqlite = url.get_backend_name() == "sqlite"
     if sqlite and url.database:
         Path(url.database).resolve().parent.mkdir(parents=True, exist_ok=True)
+    import mlflow.store.db.utils  # noqa: F401 - MLflow's store and schema modules (seconds of CPU), imported
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401   before the lock that other workers wait for
     with storage_lock(uri)():
         state = mlflow_state(uri)
         if state["complete"]:
