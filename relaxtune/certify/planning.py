@@ -144,7 +144,13 @@ def fewest_problems(epsilon: float, confidence: float, repeats: int = 1) -> int:
     if not 0.0 < epsilon <= 1.0:
         raise ValueError(f"epsilon must be in (0, 1], got {epsilon!r}")
     check_confidence(confidence)
-    repeats = check_count("repeats", repeats, 1)
+    check_count("repeats", repeats, 1)
+    return _fewest(float(epsilon), float(confidence))
+
+
+@functools.lru_cache(maxsize=256)
+def _fewest(epsilon: float, confidence: float) -> int:
+    """``fewest_problems`` of valid inputs (a job asks it in its checks, then in its plan)."""
     fits = lambda k: exact_pvalue(k, 0, 0, epsilon, confidence) <= 1.0 - confidence  # noqa: E731
     lo = math.ceil(math.log(1.0 - confidence) / math.log1p(-epsilon) - 1e-9) - 1 if epsilon < 1 else 0
     step = 1
