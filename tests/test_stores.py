@@ -155,3 +155,21 @@ def test_an_optuna_storage_of_another_schema_is_refused_at_its_first_opening_nam
     monkeypatch.setattr(studies, "_CHECKED", set())  # a new process
     with pytest.raises(StoreError, match="optuna storage upgrade"):
         prepare_stores(url, None, track=False, log=lambda m: None)
+
+
+def test_a_storage_deleted_after_its_first_opening_is_made_again_by_the_same_process(tmp_path, monkeypatch):
+    """A long-lived process (a Prefect worker running flows in-process) opens a storage
+    that someone deleted since: its tables are made again, not assumed."""
+    import optuna
+
+    from relaxtune.tune import studies
+
+    monkeypatch.setattr(studies, "_CHECKED", set())
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    prepare_stores(url, None, track=False, log=lambda m: None)
+    (tmp_path / "optuna.db").unlink()
+    for leftover in tmp_path.glob("optuna.db-*"):  # the write-ahead log's files
+        leftover.unlink()
+    queue = studies.TrialQueue(url, heartbeat=2, stale_after=10, worker="w")
+    optuna.create_study(storage=queue.storage, study_name="s").enqueue_trial({})
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1

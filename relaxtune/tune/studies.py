@@ -91,14 +91,14 @@ def open_rdb(url: str, lock: StorageLock | None = None, **kwargs) -> RDBStorage:
     while its tables are not all made (checked again once the lock is held): the first
     worker creates them (an SQLite file in write-ahead-log mode), and the workers that
     waited for it open the storage together, not one after another. Its schema is
-    checked against this Optuna once per process: opening it again skips the check
-    and the tables' creation (each reads Optuna's migration scripts: about 0.1 s of CPU).
+    checked against this Optuna once per process: opening it again, while its tables
+    are there, skips the check (each reads Optuna's migration scripts: about 0.1 s of CPU).
 
     Raises:
         as ``RDBStorage``: ImportError for a missing driver, RuntimeError for a schema
         of another Optuna version, SQLAlchemy's errors for a store it cannot open.
     """
-    if url in _CHECKED:
+    if url in _CHECKED and _rdb_made(url):  # (not a store deleted since: made again below, under the lock)
         return RDBStorage(url, skip_compatibility_check=True, skip_table_creation=True, **kwargs)
     lock = lock or storage_lock(url)
     load_rdb_modules()
