@@ -166,10 +166,10 @@ def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
         StoreError: the storage cannot be opened (e.g. an older Optuna schema: the
             message names ``optuna storage upgrade``).
     """
-    from ..tune.studies import open_rdb, storage_lock
+    from ..tune.studies import open_rdb
 
     try:
-        storage = open_rdb(url, storage_lock(url))
+        storage = open_rdb(url)
     except ImportError as err:
         raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
     except Exception as err:  # noqa: BLE001 - said with what to do
