@@ -173,9 +173,9 @@ def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
     except ImportError as err:
         raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
     except Exception as err:  # noqa: BLE001 - said with what to do
-        raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: {err}. If it "
-                         f"was made by an older Optuna, run `optuna storage upgrade --storage URL`; else point "
-                         "--storage at a new database") from err
+        raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: "
+                         f"{str(err).rstrip('.')}. If it was made by an older Optuna, run `optuna storage upgrade "
+                         "--storage URL`; else point --storage at a new database") from err
     storage.engine.dispose()
 
 
