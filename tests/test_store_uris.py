@@ -104,7 +104,10 @@ def test_a_store_nobody_answers_fails_before_the_backend_loads_naming_its_flag(t
     threading.Thread(target=other.serve_forever, daemon=True).start()
     missing = tmp_path / "no-such-folder"
     (tmp_path / "a-folder.db").mkdir()
+    (tmp_path / "notes.txt").write_text("not a database\n")
     cases = [
+        ({"storage": f"sqlite:///{tmp_path}/notes.txt"}, "notes.txt is not an SQLite database"),
+        ({"mlflow_uri": f"sqlite:///{tmp_path}/notes.txt"}, "--mlflow-uri .*notes.txt is not an SQLite database"),
         ({"mlflow_uri": f"http://me:s3cret@127.0.0.1:{port}"}, f"--mlflow-uri http://me:\\*\\*\\*@127.0.0.1:{port}: "),
         ({"storage": f"sqlite:///{tmp_path}/a-folder.db"}, "a-folder.db is a folder"),
         ({"mlflow_uri": f"http://127.0.0.1:{port}"}, f"--mlflow-uri http://127.0.0.1:{port}: no MLflow tracking "

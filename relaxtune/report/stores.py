@@ -95,6 +95,9 @@ def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
         inside = output_dir is not None and path.parent.is_relative_to(Path(output_dir).resolve())
         if path.is_dir():
             raise StoreError(f"{flag} {url}: {path} is a folder; give a file in it, e.g. {path / 'store.db'}")
+        if path.is_file() and path.stat().st_size and not _sqlite_file(path):  # (an empty file is a new database)
+            raise StoreError(f"{flag} {url}: {path} is not an SQLite database (its first bytes are not SQLite's); "
+                             "give a new file, or the database file itself")
         if not path.parent.is_dir() and not inside:
             raise StoreError(f"{flag} {url}: the folder {path.parent} does not exist (a typo?); create it, or give a "
                              "file in a folder that exists")
@@ -119,6 +122,15 @@ def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
                          "database, or fix the address") from None
     finally:
         engine.dispose()
+
+
+def _sqlite_file(path: Path) -> bool:
+    """Whether ``path`` starts with SQLite's header (read, never opened as a database)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 def _reach_server(uri: str) -> None:
