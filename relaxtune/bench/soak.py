@@ -110,7 +110,10 @@ def run_round(k: int, root: Path, args, rng: random.Random, postgres: bool) -> d
         go = time.time()
         time.sleep(kill_after)
         killed_while = "running" if procs[victim][0].poll() is None else "already finished"
-        os.killpg(procs[victim][0].pid, signal.SIGKILL)
+        try:
+            os.killpg(procs[victim][0].pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended before the kill, and its whole group with it
+            pass
         procs["restarted"] = _start(folder, "restarted", args, False)
         reports = {}
         for label, (proc, _) in procs.items():
