@@ -284,3 +284,63 @@ def test_a_trial_whose_worker_died_before_drawing_its_point_goes_stale_without_a
     assert dead.state.name == "FAIL" and dead.params == {}
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2
     assert sorted(n for n, _, _ in logged) == sorted(t.number for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
+
+
+def test_claims_spread_over_the_studies_by_their_running_trials(tmp_path):
+    # 4 workers on 2 studies: 2 trials of each run at once (each study's sampler and speed bar see
+    # more finished trials), not 4 of the first; ties keep the methods' order
+    tuner = make(tmp_path, "w", methods=["cactus", "mentored"], trials=4)
+    studies = {m: tuner.open_study(m) for m in ("cactus", "mentored")}
+    taken = [tuner.queue.claim(studies, tuner.sampler) for _ in range(4)]
+    assert [key for key, _ in taken] == ["cactus", "mentored", "cactus", "mentored"]
+    _, first = taken[0]
+    first.study.tell(first, [1.0, 1.0])  # cactus: 1 running, mentored: 2
+    assert tuner.queue.claim(studies, tuner.sampler)[0] == "cactus"
+
+
+def test_a_waiting_worker_wakes_when_a_running_trial_ends_not_after_its_interval(tmp_path):
+    tuner = make(tmp_path, "w", heartbeat=10, grace_period=40)  # a wait of min(5, heartbeat / 2) = 5 s
+    studies = {"cactus": tuner.open_study("cactus")}
+    _, trial = tuner.queue.claim(studies, tuner.sampler)
+    timer = threading.Timer(0.3, lambda: trial.study.tell(trial, [1.0, 1.0]))  # another worker's trial ends
+    timer.start()
+    began = time.monotonic()
+    tuner.queue.wait(studies)
+    waited = time.monotonic() - began
+    timer.join()
+    assert 0.3 <= waited < 3.0
+    quick = TrialQueue(tuner.settings.storage_url, 1, 4, "other")  # nothing running: the whole 0.5 s
+    began = time.monotonic()
+    quick.wait(studies)
+    assert time.monotonic() - began >= 0.5
+
+
+def test_a_study_already_set_up_opens_without_the_lock(tmp_path):
+    first = make(tmp_path, "first", methods=["cactus", "mentored"])
+    first.open_study("cactus")  # created, attrs set, queue topped up
+    held, release, opened = threading.Event(), threading.Event(), {}
+
+    def hold() -> None:
+        with first.queue.lock():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()  # another thread of this process holds the storage lock (the same StorageLock)
+    assert held.wait(20)
+    second = make(tmp_path, "second", methods=["cactus", "mentored"])
+
+    def open_(method: str) -> None:
+        opened[method] = second.open_study(method)
+
+    ready, fresh = threading.Thread(target=open_, args=("cactus",)), threading.Thread(target=open_, args=("mentored",))
+    ready.start(), fresh.start()
+    ready.join(timeout=20)
+    assert "cactus" in opened  # read only: no wait for the lock
+    fresh.join(timeout=1)
+    assert fresh.is_alive() and "mentored" not in opened  # not created yet: under the lock
+    release.set()
+    fresh.join(timeout=20)
+    holder.join(timeout=20)
+    assert "mentored" in opened
+    assert len(opened["cactus"].get_trials(deepcopy=False)) == 6  # the plan's queue, enqueued once

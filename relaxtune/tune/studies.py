@@ -50,6 +50,7 @@ MAX_RETRY = 1  # a stale trial runs again once with the same parameters
 WORKER_ATTR = "worker"  # user attribute: which worker (host:pid) runs the trial
 LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 _LOCK_NAME = "relaxtune-trial-queue"
+_WATCH = 0.1  # seconds between two reads of the running trials while a worker waits (TrialQueue.wait)
 _CHECKED: set[str] = set()  # storage URLs whose tables this process has made or checked (open_rdb)
 _log = logging.getLogger(__name__)
 
@@ -303,7 +304,19 @@ class TrialQueue:
         """Create or load the study ``name`` (two objectives, maximised); with a
         ``plan``, set its user ``attrs`` and then top its queue up to the plan (without:
         read only). Under the lock, attrs first: whoever sees the study's trials sees
-        its attrs (e.g. ``search_problems``, which a worker starting later checks)."""
+        its attrs (e.g. ``search_problems``, which a worker starting later checks).
+        A study that already holds those attrs and its plan's queue is loaded without
+        the lock (reads only), so workers starting together do not queue behind each
+        other once the first has set the study up."""
+        if plan is not None:
+            try:
+                study = optuna.load_study(study_name=name, storage=self.storage, sampler=sampler)
+            except KeyError:  # not created yet
+                study = None
+            if (study is not None and all(study.user_attrs.get(k) == v for k, v in (attrs or {}).items())
+                    and not self._lacking(study, plan)):
+                self.plans[name] = plan
+                return study
         with self.lock():
             study = optuna.create_study(storage=self.storage, sampler=sampler, study_name=name,
                                         directions=["maximize", "maximize"], load_if_exists=True)
@@ -318,17 +331,24 @@ class TrialQueue:
     def _top_up(self, study: optuna.Study, plan: Plan) -> bool:
         """Enqueue what the study lacks to reach ``plan.wanted`` live trials; False (and
         nothing enqueued) once its failures reach ``plan.budget``: it takes no more trials."""
+        lacking = self._lacking(study, plan)
+        if lacking is None:
+            return False
+        for point in lacking:
+            study.enqueue_trial(point)
+        return True
+
+    @staticmethod
+    def _lacking(study: optuna.Study, plan: Plan) -> list[dict] | None:
+        """The points ``_top_up`` would enqueue (the grid's untried points first, then
+        empty ones) to bring the study to ``plan.wanted`` live trials; None once its
+        failures reach ``plan.budget``."""
         trials = study.get_trials(deepcopy=False)
         if failures(trials) >= plan.budget:
-            return False
+            return None
         missing = plan.wanted - sum(t.state in LIVE for t in trials)
         tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
-        for point in [p for p in plan.grid if p not in tried] + [{}] * max(missing, 0):
-            if missing <= 0:
-                break
-            study.enqueue_trial(point)
-            missing -= 1
-        return True
+        return ([p for p in plan.grid if p not in tried] + [{}] * max(missing, 0))[:max(missing, 0)]
 
     def _stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's stale-trial callback (runs under the lock, in ``fail_stale``)."""
@@ -352,7 +372,11 @@ class TrialQueue:
 
     def claim(self, studies: dict[str, optuna.Study],
               sampler_for: Callable[[str, int], optuna.samplers.BaseSampler]) -> tuple[str, optuna.Trial] | str | None:
-        """Take the next trial of the first study (in order) with one waiting.
+        """Take the next trial of the study with the fewest running trials (ties: in
+        order) among those with one waiting, so the workers spread over the studies:
+        each study's sampler and speed bar then see more finished trials before they
+        draw or prune the next (with 4 workers on 2 studies, 2 trials of each run at
+        once, not 4 of the first).
 
         Under the lock: fail stale trials (they come back as retries), top every
         queue up to its plan, pop a WAITING trial (none from a study whose failures
@@ -364,14 +388,16 @@ class TrialQueue:
             (a stale one may come back); None when every study is finished.
         """
         with self.lock():
-            running = False
-            for key, study in studies.items():
+            for study in studies.values():
                 self._fail_stale(study)
+            running = {key: len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                       for key, study in studies.items()}
+            for key in sorted(studies, key=running.__getitem__):  # stable: ties keep the studies' order
+                study = studies[key]
                 plan = self.plans.get(study.study_name)
                 open_ = plan is None or self._top_up(study, plan)
                 trial_id = study._pop_waiting_trial_id() if open_ else None  # atomic: Optuna's own queue pop
                 if trial_id is None:  # (the others' running trials still end before the studies are done)
-                    running |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
                     continue
                 self.storage.record_heartbeat(trial_id)
                 number = self.storage.get_trial_number_from_id(trial_id)
@@ -381,7 +407,7 @@ class TrialQueue:
                 if plan is not None:
                     plan.suggest(trial)
                 return key, trial
-        return "wait" if running else None
+        return "wait" if any(running.values()) else None
 
     @contextmanager
     def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
@@ -403,6 +429,24 @@ class TrialQueue:
             stop.set()
             thread.join()
 
-    def wait(self) -> None:
-        """Sleep between two looks at a queue with nothing waiting (a fraction of a heartbeat)."""
-        time.sleep(min(5.0, max(0.2, self.heartbeat_interval / 2)))
+    def wait(self, studies: dict[str, optuna.Study] | None = None) -> None:
+        """Sleep between two looks at a queue with nothing waiting: a fraction of a
+        heartbeat, cut short as soon as a running trial of ``studies`` ends (its worker
+        told it, or it was failed as stale), so that waiting workers take a retry, or
+        see the studies finished, within ``_WATCH`` seconds (one small read each)."""
+        interval = min(5.0, max(0.2, self.heartbeat_interval / 2))
+        if not studies:
+            time.sleep(interval)
+            return
+        seen, deadline = self._running(studies), time.monotonic() + interval
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_WATCH, left))
+            now = self._running(studies)
+            if not seen <= now:  # one ended
+                return
+            seen = now
+
+    def _running(self, studies: dict[str, optuna.Study]) -> set[int]:
+        """Ids of the RUNNING trials of ``studies`` (read without the lock)."""
+        return {t._trial_id for study in studies.values()
+                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}

@@ -321,7 +321,7 @@ class Tuner:
                 return None
             if claim == "wait":
                 if not help_running(self, self._studies, self._helped):
-                    self.queue.wait()
+                    self.queue.wait(self._studies)
                 continue
             method, trial = claim
             return self._run_trial(method, trial)
