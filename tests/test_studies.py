@@ -308,7 +308,7 @@ def test_a_waiting_worker_wakes_when_a_running_trial_ends_not_after_its_interval
     tuner.queue.wait(studies)
     waited = time.monotonic() - began
     timer.join()
-    assert 0.3 <= waited < 3.0
+    assert 0.25 <= waited < 3.0  # (the timer starts a moment before the wait)
     quick = TrialQueue(tuner.settings.storage_url, 1, 4, "other")  # nothing running: the whole 0.5 s
     began = time.monotonic()
     quick.wait(studies)
