@@ -77,7 +77,7 @@ class LivePair:
         """Start server ``i`` again on its port (after it was stopped or killed) and wait for it."""
         old = self.processes[i]
         old.stop(grace=5)
-        new = start_server(old.spec, self.python, "cpu", old.log, server_env("cpu"))
+        new = start_server(old.spec, self.python, "cpu", old.log, server_env("cpu", python=self.python))
         self.processes[i] = new
         wait_healthy(new.url, START_TIMEOUT, server=new)
         return new

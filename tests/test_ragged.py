@@ -122,7 +122,12 @@ def test_a_prompt_prefilled_once_joins_again_without_a_forward():
     again.join([[4, 5], [1, 2, 3], [7]])
     b = again.forward([[9], [9], [9]], 1)
     assert len(calls) == 5 and (store.hits, store.misses) == (2, 3)  # only [7] was prefilled
-    assert torch.equal(b[0], a[1]) and torch.equal(b[1], a[0])
+    fresh = RaggedCache(model, "cpu")  # the same batch, every prompt prefilled anew: the stored ones change nothing
+    fresh.join([[4, 5], [1, 2, 3], [7]])
+    assert torch.equal(b, fresh.forward([[9], [9], [9]], 1))
+    # against the first batch (2 rows, not 3) only to rounding: the BLAS may block other shapes otherwise
+    # (an AMX Xeon differed by 6e-8)
+    assert torch.allclose(b[0], a[1], atol=1e-6) and torch.allclose(b[1], a[0], atol=1e-6)
     # a budget of about two prompts: the least recently used goes first
     one_token = store.get([7])
     per_token = sum(k.numel() * k.element_size() * 2 for k, _ in one_token)

@@ -138,8 +138,26 @@ def test_cpu_servers_get_the_cpu_engine_the_flags_and_the_kernel_stand_in_withou
     env = server_env("cpu", {"PYTHONPATH": "/a"}, amx=False)
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["PYTHONPATH"] == f"{KERNEL_DIR}:/a"
     assert (KERNEL_DIR / "sgl_kernel" / "__init__.py").is_file()
-    assert server_env("cpu", {}, amx=True) == {"SGLANG_USE_CPU_ENGINE": "1"}  # a real CPU build runs there
+    assert server_env("cpu", {}, amx=True, kernel=True) == {"SGLANG_USE_CPU_ENGINE": "1"}  # a real CPU build runs
+    # AMX but no compiled CPU build (PyPI has none): SGLang still imports sgl_kernel, so the stand-in goes first
+    assert server_env("cpu", {}, amx=True, kernel=False)["PYTHONPATH"] == str(KERNEL_DIR)
     assert server_env("cuda", {"PYTHONPATH": "/a"}) == {"PYTHONPATH": "/a"}
+
+
+@pytest.mark.parametrize("package, real", [
+    (None, False),  # no sgl_kernel at all (scripts/sglang_env.sh's environment)
+    ("raise ImportError('libcuda.so.1: cannot open shared object file')", False),  # the CUDA build on a CPU host
+    ("import torch", False),  # imports, but without SGLang's AMX op (as the stand-in)
+    ("import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
+     "lib.define('convert_weight_packed(Tensor weight) -> Tensor')", True),  # a compiled CPU build registers it
+])
+def test_a_compiled_cpu_kernel_is_told_from_none_a_cuda_build_and_a_stand_in(tmp_path, package, real):
+    from relaxtune.backends.sglang_cpu import has_cpu_kernel
+
+    if package is not None:
+        (tmp_path / "sgl_kernel").mkdir()
+        (tmp_path / "sgl_kernel" / "__init__.py").write_text(package + "\n")
+    assert has_cpu_kernel(sys.executable, str(tmp_path)) is real
 
 
 def test_launch_on_cpu_puts_the_stand_in_first_and_stops_every_process_of_the_group(fake_sglang):

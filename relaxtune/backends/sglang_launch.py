@@ -6,9 +6,11 @@ own: ``python`` names that environment's interpreter (``relaxtune serve --python
 nothing there. Servers listen on loopback only.
 
 On a CPU host (``shared/docs/sglang-cpu.md``) a server runs with
-``SGLANG_USE_CPU_ENGINE=1`` and the flags ``CPU_FLAGS``; where the CPU has no Intel
-AMX, the pure-torch ``sgl_kernel`` stand-in (``relaxtune.backends.sglang_cpu``) goes
-first on its ``PYTHONPATH``. Each server starts in a process group of its own, and
+``SGLANG_USE_CPU_ENGINE=1`` and the flags ``CPU_FLAGS``; the pure-torch ``sgl_kernel``
+stand-in (``relaxtune.backends.sglang_cpu``) goes first on its ``PYTHONPATH`` unless
+the CPU has Intel AMX and SGLang's environment has a compiled CPU build of the
+kernels (which PyPI does not have): with the stand-in, SGLang runs each layer's
+torch code, AMX or not. Each server starts in a process group of its own, and
 stopping it signals the whole group (SIGTERM, then SIGKILL after a grace period), so
 its scheduler and detokenizer processes go with it.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from .sglang_cpu import KERNEL_DIR, cpu_has_amx
+from .sglang_cpu import KERNEL_DIR, cpu_has_amx, has_cpu_kernel
 
 __all__ = ["ServerSpec", "ServerProcess", "launch", "wait_healthy", "check_sglang", "server_env", "host_device",
            "SGLANG_VERSION", "CPU_FLAGS", "port_in_use"]
@@ -65,14 +67,20 @@ def host_device() -> str:
     return "cuda" if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") else "cpu"
 
 
-def server_env(device: str, base: dict | None = None, amx: bool | None = None) -> dict[str, str]:
+def server_env(device: str, base: dict | None = None, amx: bool | None = None, python: str = sys.executable,
+               kernel: bool | None = None) -> dict[str, str]:
     """The environment of a server process: ``base`` (default ``os.environ``), plus on a
-    CPU host ``SGLANG_USE_CPU_ENGINE=1`` and, without AMX (``amx`` default: this CPU's
-    ``cpu_has_amx()``), ``KERNEL_DIR`` first on ``PYTHONPATH``."""
+    CPU host ``SGLANG_USE_CPU_ENGINE=1`` and ``KERNEL_DIR`` first on ``PYTHONPATH``, unless
+    the CPU has AMX (``amx`` default: this CPU's ``cpu_has_amx()``) and SGLang's
+    interpreter ``python`` has a compiled CPU build of ``sgl_kernel`` (``kernel``
+    default: ``has_cpu_kernel``, asked only on an AMX CPU). Without that build an AMX CPU
+    needs the stand-in as much as any: SGLang imports ``sgl_kernel`` on CPU unconditionally."""
     env = dict(os.environ if base is None else base)
     if device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        if not (cpu_has_amx() if amx is None else amx):
+        real = (cpu_has_amx() if amx is None else amx) and (
+            has_cpu_kernel(python, env.get("PYTHONPATH")) if kernel is None else kernel)
+        if not real:
             env["PYTHONPATH"] = os.pathsep.join([str(KERNEL_DIR), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -226,7 +234,7 @@ def launch(servers: list[ServerSpec], python: str = sys.executable, timeout: flo
             within ``timeout`` (with its last log lines).
     """
     device = host_device() if device == "auto" else device
-    env = server_env(device)
+    env = server_env(device, python=python)
     check_sglang(python, allow_other_version, env)
     tmp = None if log_dir else tempfile.mkdtemp(prefix="relaxtune-sglang-")
     folder = Path(log_dir or tmp)

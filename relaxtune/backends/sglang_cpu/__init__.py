@@ -1,12 +1,15 @@
 """What an SGLang server needs on a CPU host: the folder holding the pure-torch ``sgl_kernel``
-stand-in (``KERNEL_DIR``, to put on the server's ``PYTHONPATH`` where the CPU has no Intel
-AMX) and the check for AMX (``shared/docs/sglang-cpu.md``)."""
+stand-in (``KERNEL_DIR``, to put on the server's ``PYTHONPATH`` unless the CPU has Intel AMX
+and SGLang's environment has a compiled CPU build of the kernels), the check for AMX and the
+check for such a build (``shared/docs/sglang-cpu.md``)."""
 
 from __future__ import annotations
 
+import functools
+import subprocess
 from pathlib import Path
 
-__all__ = ["KERNEL_DIR", "cpu_has_amx"]
+__all__ = ["KERNEL_DIR", "cpu_has_amx", "has_cpu_kernel"]
 
 KERNEL_DIR = Path(__file__).resolve().parent  # holds the package ``sgl_kernel``
 
@@ -19,4 +22,31 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
         with open(cpuinfo) as f:
             return any(line.startswith("flags") and " amx_tile" in line for line in f)
     except OSError:
+        return False
+
+
+# what SGLang's cpu_has_amx_support() asks of the kernels, besides the CPU's AMX tiles
+_PROBE = "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed"
+
+
+def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 300.0) -> bool:
+    """Whether ``python`` (SGLang's environment, with ``pythonpath`` as its ``PYTHONPATH``)
+    imports a compiled CPU build of ``sgl_kernel``: one that registers the op
+    ``torch.ops.sgl_kernel.convert_weight_packed``, which SGLang's ``cpu_has_amx_support()``
+    requires. False when it has none (PyPI has no CPU build; ``scripts/sglang_env.sh``
+    installs none), when its ``sgl_kernel`` fails to import (the CUDA build without
+    ``libcuda.so.1``) or lacks the op, or when the probe takes over ``timeout`` seconds.
+    Asked once per interpreter and path in a process (it imports SGLang's torch: seconds)."""
+    return _probe(python, pythonpath or "", timeout)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(python: str, pythonpath: str, timeout: float) -> bool:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    try:
+        return subprocess.run([python, "-c", _PROBE], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
         return False
