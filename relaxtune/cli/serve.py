@@ -40,9 +40,9 @@ def serve(
 
     Checks first that SGLang's environment has the pinned version. On a CPU host the
     servers run SGLang's CPU engine (with relaxtune's pure-torch ``sgl_kernel`` stand-in,
-    unless the CPU has AMX and SGLang's environment a compiled CPU build of the kernels). The speculative server (``--native-threshold``, GPU only)
-    runs with ``--enable-deterministic-inference``: without it SGLang ignores the
-    requests' seeds."""
+    unless the CPU has AMX and SGLang's environment a compiled CPU build of the kernels).
+    The speculative server (``--native-threshold``, GPU only) runs with
+    ``--enable-deterministic-inference``: without it SGLang ignores the requests' seeds."""
     import signal
     import time
 

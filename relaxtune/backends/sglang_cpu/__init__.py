@@ -6,6 +6,7 @@ check for such a build (``shared/docs/sglang-cpu.md``)."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,10 +26,14 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
         return False
 
 
-# what SGLang's cpu_has_amx_support() asks of the kernels, besides the CPU's AMX tiles
-_PROBE = "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed"
+# what SGLang's cpu_has_amx_support() asks of the kernels, besides the CPU's AMX tiles; torch is
+# imported (seconds) only when there is an sgl_kernel to look into
+_PROBE = ("import importlib.util, sys\n"
+          "if importlib.util.find_spec('sgl_kernel') is None: sys.exit(1)\n"
+          "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed")
 
 
+@functools.lru_cache(maxsize=None)
 def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 300.0) -> bool:
     """Whether ``python`` (SGLang's environment, with ``pythonpath`` as its ``PYTHONPATH``)
     imports a compiled CPU build of ``sgl_kernel``: one that registers the op
@@ -36,14 +41,7 @@ def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 
     requires. False when it has none (PyPI has no CPU build; ``scripts/sglang_env.sh``
     installs none), when its ``sgl_kernel`` fails to import (the CUDA build without
     ``libcuda.so.1``) or lacks the op, or when the probe takes over ``timeout`` seconds.
-    Asked once per interpreter and path in a process (it imports SGLang's torch: seconds)."""
-    return _probe(python, pythonpath or "", timeout)
-
-
-@functools.lru_cache(maxsize=None)
-def _probe(python: str, pythonpath: str, timeout: float) -> bool:
-    import os
-
+    Asked once per interpreter and path in a process."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
     try:
         return subprocess.run([python, "-c", _PROBE], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

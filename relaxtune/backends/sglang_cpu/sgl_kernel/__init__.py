@@ -17,7 +17,8 @@ that check says (``shared/docs/sglang-cpu.md``, read from SGLang 0.5.23's source
 
 This folder's parent goes on the SGLang server's ``PYTHONPATH`` (``relaxtune serve`` does it
 on a CPU host, unless the CPU has AMX and SGLang's environment has a compiled CPU build of the
-kernels: without ``convert_weight_packed`` SGLang takes the same torch paths on an AMX CPU). It imports torch only: it runs inside SGLang's own environment.
+kernels: without ``convert_weight_packed`` SGLang takes the same torch paths on an AMX CPU).
+It imports torch only: it runs inside SGLang's own environment.
 """
 
 from __future__ import annotations
