@@ -2,6 +2,7 @@
 for real against a fake ``sglang`` package (a health endpoint, no model)."""
 
 import json
+import os
 import sys
 import textwrap
 
@@ -150,6 +151,8 @@ def test_cpu_servers_get_the_cpu_engine_the_flags_and_the_kernel_stand_in_withou
     ("import torch", False),  # imports, but without SGLang's AMX op (as the stand-in)
     ("import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
      "lib.define('convert_weight_packed(Tensor weight) -> Tensor')", True),  # a compiled CPU build registers it
+    ("import sys\nsys.exit(0)", False),  # exits 0 before the op is looked up: no yes without the probe's mark
+    ("import os\nos._exit(0)", False),
 ])
 def test_a_compiled_cpu_kernel_is_told_from_none_a_cuda_build_and_a_stand_in(tmp_path, package, real):
     from relaxtune.backends.sglang_cpu import has_cpu_kernel
@@ -158,6 +161,43 @@ def test_a_compiled_cpu_kernel_is_told_from_none_a_cuda_build_and_a_stand_in(tmp
         (tmp_path / "sgl_kernel").mkdir()
         (tmp_path / "sgl_kernel" / "__init__.py").write_text(package + "\n")
     assert has_cpu_kernel(sys.executable, str(tmp_path)) is real
+
+
+def test_the_kernel_probe_needs_its_mark_and_never_reads_the_terminal(tmp_path, monkeypatch):
+    from relaxtune.backends.sglang_cpu import has_cpu_kernel
+
+    assert has_cpu_kernel("/bin/true") is False  # not a Python, exits 0
+    (tmp_path / "sgl_kernel").mkdir()
+    (tmp_path / "sgl_kernel" / "__init__.py").write_text(
+        "import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
+        "lib.define('convert_weight_packed(Tensor weight) -> Tensor')\n")
+    monkeypatch.setenv("PYTHONINSPECT", "1")  # after -c, a >>> prompt on whatever stdin the probe has
+    read, write = os.pipe()  # this process's stdin: open, never written (as a terminal nobody types into)
+    saved = os.dup(0)
+    os.dup2(read, 0)
+    try:
+        assert has_cpu_kernel(sys.executable, str(tmp_path), timeout=60.0) is True  # not a False after 60 s
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("flags, amx", [
+    ("flags\t\t: fpu vme amx_bf16 amx_tile amx_int8\n", True),
+    ("flags\t\t: amx_tile fpu\n", True),  # first in the list
+    ("flags\t\t:fpu\tamx_tile\n", True),  # no space after the colon, a tab between flags
+    ("flags\t\t: fpu amx_tile_ext amx_bf16\n", False),  # another flag that starts with it
+    ("model name\t: Intel(R) Xeon(R) amx_tile\n", False),  # not the flags line
+    ("", False),
+])
+def test_amx_is_read_from_the_flags_line_alone(tmp_path, flags, amx):
+    from relaxtune.backends.sglang_cpu import cpu_has_amx
+
+    (tmp_path / "cpuinfo").write_text(flags)
+    assert cpu_has_amx(str(tmp_path / "cpuinfo")) is amx
+    (tmp_path / "binary").write_bytes(b"flags\t: amx_tile \xff\xfe\n")
+    assert cpu_has_amx(str(tmp_path / "binary")) is False  # not text: no crash
 
 
 def test_launch_on_cpu_puts_the_stand_in_first_and_stops_every_process_of_the_group(fake_sglang):

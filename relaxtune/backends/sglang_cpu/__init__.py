@@ -21,16 +21,19 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     when the file cannot be read."""
     try:
         with open(cpuinfo) as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
+            return any(line.startswith("flags") and "amx_tile" in line.partition(":")[2].split() for line in f)
+    except (OSError, ValueError):  # unreadable, or not text
         return False
 
 
 # what SGLang's cpu_has_amx_support() asks of the kernels, besides the CPU's AMX tiles; torch is
-# imported (seconds) only when there is an sgl_kernel to look into
+# imported (seconds) only when there is an sgl_kernel to look into. Only the printed mark says yes:
+# an interpreter, or an sgl_kernel, that exits 0 before the op is looked up does not.
+_MARK = "relaxtune: sgl_kernel has convert_weight_packed"
 _PROBE = ("import importlib.util, sys\n"
           "if importlib.util.find_spec('sgl_kernel') is None: sys.exit(1)\n"
-          "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed")
+          "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed\n"
+          f"print({_MARK!r})")
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,8 +46,9 @@ def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 
     ``libcuda.so.1``) or lacks the op, or when the probe takes over ``timeout`` seconds.
     Asked once per interpreter and path in a process."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
-    try:
-        return subprocess.run([python, "-c", _PROBE], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=timeout).returncode == 0
+    try:  # no stdin: with PYTHONINSPECT set, a terminal would keep the probe at a >>> prompt
+        found = subprocess.run([python, "-c", _PROBE], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return False
+    return found.returncode == 0 and _MARK.encode() in found.stdout.splitlines()
