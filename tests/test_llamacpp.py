@@ -277,3 +277,29 @@ def test_strict_with_prompt_lookup_on_llamacpp_is_lossless(files):
     codes = torch.tensor([g.token_ids[0] * len(SIX) + g.token_ids[1] for _, g in got])
     assert chi2_pvalue(codes, joint) > P_FLOOR
     assert sum(g.stats.accepted for _, g in got) > 100  # the lookup's drafts (3, then 1) were tested and taken
+
+
+def test_extra_buffer_types_are_probed_once_and_a_crash_loads_without_them(files, tmp_path, monkeypatch):
+    from relaxtune.backends import llamacpp_check, llamacpp_model
+
+    monkeypatch.setenv("RELAXTUNE_CACHE", str(tmp_path / "cache"))
+    assert llamacpp_check.extra_buffers_run(files["v64"]) == (True, "decoded")  # a real decode in a child process
+    crash = tmp_path / "crash"  # an interpreter whose decode dies as the AMX one did (SIGSEGV)
+    crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crash.chmod(0o755)
+    assert llamacpp_check.extra_buffers_run(files["d64"], python=str(crash)) == (
+        False, "its probe decode died by signal 11")
+    # kept per model content, build and CPU: asked again, the verdict is read, not probed
+    assert llamacpp_check.extra_buffers_run(files["d64"]) == (False, "its probe decode died by signal 11")
+    assert llamacpp_check.extra_buffers_run(files["v64"], python=str(crash)) == (True, "decoded")
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 30\n")
+    hang.chmod(0o755)
+    assert llamacpp_check.extra_buffers_run(files["v6"], python=str(hang), timeout=1) == (
+        False, "its probe decode took over 1 s")
+    assert llamacpp_check.extra_buffers_run(files["v6"]) == (True, "decoded")  # a timeout is not kept
+    # a model whose probe crashed loads without the extra buffer types, says so once, and decodes
+    with pytest.warns(RuntimeWarning, match=r"extra buffer types .* crashed on this CPU .*d64\.gguf"):
+        model = llamacpp_model.LlamaModel(files["d64"], 1, 64, threads=1)
+    slot = model.acquire()
+    assert model.decode([(slot, 0, [5, 9, 14], 1)]).shape == (1, model.n_vocab)

@@ -19,13 +19,25 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from .llamacpp_check import extra_buffers_run
+
 __all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp"]
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """``message`` as a warning, once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 class LlamaCppMissing(RuntimeError):
@@ -77,6 +89,14 @@ class LlamaModel:
             raise FileNotFoundError(f"no GGUF file {self.path}")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if "use_extra_bufts" in dict(type(mp)._fields_):  # repacked / AMX weights, where this CPU runs them
+            runs, why = extra_buffers_run(self.path)
+            if not runs:
+                mp.use_extra_bufts = False
+                _warn_once(f"llama.cpp's extra buffer types (repacked weights, Intel AMX tiles) crashed on this CPU "
+                           f"({self.path}: {why}), so it loads without them, slower: the CPU advertises kernels its "
+                           "machine does not run (AMX in a VM), or the wheel was built for another CPU. --runtime hf "
+                           "avoids llama.cpp")
         self.model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
             raise ValueError(f"llama.cpp cannot load {self.path} (not a GGUF model, or an architecture this "
