@@ -180,7 +180,10 @@ def run_tune_job(
     verb = "tuning" if new_trials else "reading the study of"
     for method in settings.methods:
         log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
-    outcomes = tuner.tune(settings.methods, submit_trial)
+    try:
+        outcomes = tuner.tune(settings.methods, submit_trial)
+    except SearchProblemsError as err:  # a worker on other problems that started with the first (open_study)
+        raise JobError(str(err)) from None
     if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
         for outcome in outcomes:
             outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)

@@ -344,3 +344,31 @@ def test_a_study_already_set_up_opens_without_the_lock(tmp_path):
     holder.join(timeout=20)
     assert "mentored" in opened
     assert len(opened["cactus"].get_trials(deepcopy=False)) == 6  # the plan's queue, enqueued once
+
+
+def test_a_worker_on_other_problems_starting_with_the_first_is_refused_as_it_opens_the_study(tmp_path):
+    # both passed the start's check (no study yet); the second must not relabel the first's study
+    from relaxtune.tune.studies import SearchProblemsError, search_digest
+
+    first, second = make(tmp_path, "w0"), make(tmp_path, "w1")
+    second.problems = second.problems[:-1]  # another --limit
+    study = first.open_study("cactus")
+    with pytest.raises(SearchProblemsError, match="holds trials searched on other problems.*--confirm seeds"):
+        second.open_study("cactus")
+    assert study.user_attrs["search_problems"] == search_digest(first.problems)  # not overwritten
+    seeds = make(tmp_path, "w2", confirm="seeds")  # fresh seeds: any study, as the start's check allows
+    seeds.problems = seeds.problems[:-1]
+    assert seeds.open_study("cactus").user_attrs["search_problems"] == search_digest(seeds.problems)
+
+
+def test_a_trial_that_ended_between_the_claim_and_the_wait_ends_the_wait_at_once(tmp_path):
+    tuner = make(tmp_path, "w", heartbeat=10, grace_period=40, trials=1)  # a wait of 5 s
+    studies = {"cactus": tuner.open_study("cactus")}
+    other = TrialQueue(tuner.settings.storage_url, 10, 40, "other")
+    other.plans = tuner.queue.plans
+    _, trial = other.claim({"cactus": optuna.load_study(study_name=NAME, storage=other.storage)}, tuner.sampler)
+    assert tuner.queue.claim(studies, tuner.sampler) == "wait"  # the only trial runs on the other worker
+    trial.study.tell(trial, [1.0, 1.0])  # and ends before this worker's wait begins
+    began = time.monotonic()
+    tuner.queue.wait(studies)
+    assert time.monotonic() - began < 2.0

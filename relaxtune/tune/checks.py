@@ -9,13 +9,9 @@ from ..certify.stats import smallest_certifiable_drop
 from ..decoding.methods import get_method
 from .confirm import split_confidence
 from .settings import study_name
-from .studies import open_rdb, search_digest
+from .studies import SearchProblemsError, check_problems, open_rdb, search_digest
 
 __all__ = ["SearchProblemsError", "ConfirmationError", "check_methods", "check_confirmable", "check_search_problems"]
-
-
-class SearchProblemsError(ValueError):
-    """A study holds trials searched on other problems than this job's (the message says what to do)."""
 
 
 def check_methods(methods: list[str], temperature: float) -> None:
@@ -90,13 +86,8 @@ def check_search_problems(storage_url: str, methods: list[str], spec, pair: str,
         names = set(optuna.study.get_all_study_names(storage=storage))
         for method in methods:
             name = study_name(spec.name, method, pair, spec.version)
-            study = optuna.load_study(study_name=name, storage=storage) if name in names else None
-            if (study is not None and study.get_trials(deepcopy=False)
-                    and study.user_attrs.get("search_problems") != digest):
-                raise SearchProblemsError(
-                    f"study {name} holds trials searched on other problems (another --limit, --seed or --confirm), "
-                    "which may include the held-out half: --confirm holdout needs a fresh study (another "
-                    "--output-dir / --storage), or use --confirm seeds")
+            if name in names:
+                check_problems(optuna.load_study(study_name=name, storage=storage), digest)
     finally:
         storage.engine.dispose()
     return digest

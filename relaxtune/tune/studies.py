@@ -44,7 +44,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = ["Plan", "StorageLock", "storage_lock", "TrialQueue", "default_worker", "failures", "finished", "MAX_RETRY",
-           "load_rdb_modules", "open_rdb"]
+           "load_rdb_modules", "open_rdb", "SearchProblemsError", "check_problems"]
 
 MAX_RETRY = 1  # a stale trial runs again once with the same parameters
 WORKER_ATTR = "worker"  # user attribute: which worker (host:pid) runs the trial
@@ -251,6 +251,25 @@ def _write_ahead_log(engine) -> None:
     engine.dispose()  # connections opened before the listener reopen with it
 
 
+class SearchProblemsError(ValueError):
+    """A study holds trials searched on other problems than this job's (the message says what to do)."""
+
+
+def check_problems(study: optuna.Study, digest: str) -> None:
+    """Refuse a study that holds trials (any state, queued ones too) searched on other
+    problems than those of ``digest`` (``search_digest``): with ``--confirm holdout``
+    they may have seen the held-out half.
+
+    Raises:
+        SearchProblemsError: naming the study and the fix.
+    """
+    if study.get_trials(deepcopy=False) and study.user_attrs.get("search_problems") != digest:
+        raise SearchProblemsError(
+            f"study {study.study_name} holds trials searched on other problems (another --limit, --seed or --confirm), "
+            "which may include the held-out half: --confirm holdout needs a fresh study (another --output-dir / "
+            "--storage), or use --confirm seeds")
+
+
 def search_digest(problems) -> str:
     """The digest of the problems a study searches (their ids, in order): a study's
     user attr ``search_problems``, set before its first trial, so that ``--confirm
@@ -285,6 +304,7 @@ class TrialQueue:
         self.lock = storage_lock(url)
         self.heartbeat_interval, self.worker, self.on_stale = heartbeat, worker, on_stale
         self.plans: dict[str, Plan] = {}
+        self._seen: set[int] = set()  # the running trials the last claim saw (wait)
         engine_kwargs: dict = {"pool_pre_ping": True}
         if self.lock.kind == "sqlite":
             engine_kwargs["connect_args"] = {"timeout": 120}  # workers wait for each other's writes
@@ -300,14 +320,21 @@ class TrialQueue:
         self.storage = optuna.storages.get_storage(rdb)
 
     def open(self, name: str, sampler: optuna.samplers.BaseSampler, plan: Plan | None,
-             attrs: dict | None = None) -> optuna.Study:
+             attrs: dict | None = None, problems: str | None = None) -> optuna.Study:
         """Create or load the study ``name`` (two objectives, maximised); with a
         ``plan``, set its user ``attrs`` and then top its queue up to the plan (without:
         read only). Under the lock, attrs first: whoever sees the study's trials sees
         its attrs (e.g. ``search_problems``, which a worker starting later checks).
+        With ``problems`` (a ``search_digest``), a study holding trials searched on other
+        problems is refused under the same lock (``check_problems``), so of two workers
+        starting together on other problems the second is refused, not mixed in.
         A study that already holds those attrs and its plan's queue is loaded without
         the lock (reads only), so workers starting together do not queue behind each
-        other once the first has set the study up."""
+        other once the first has set the study up.
+
+        Raises:
+            SearchProblemsError: as ``check_problems``.
+        """
         if plan is not None:
             try:
                 study = optuna.load_study(study_name=name, storage=self.storage, sampler=sampler)
@@ -320,6 +347,8 @@ class TrialQueue:
         with self.lock():
             study = optuna.create_study(storage=self.storage, sampler=sampler, study_name=name,
                                         directions=["maximize", "maximize"], load_if_exists=True)
+            if problems is not None:
+                check_problems(study, problems)
             if plan is not None:
                 for key, value in (attrs or {}).items():
                     if study.user_attrs.get(key) != value:
@@ -390,9 +419,10 @@ class TrialQueue:
         with self.lock():
             for study in studies.values():
                 self._fail_stale(study)
-            running = {key: len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            running = {key: {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
                        for key, study in studies.items()}
-            for key in sorted(studies, key=running.__getitem__):  # stable: ties keep the studies' order
+            self._seen = set().union(*running.values())
+            for key in sorted(studies, key=lambda k: len(running[k])):  # stable: ties keep the studies' order
                 study = studies[key]
                 plan = self.plans.get(study.study_name)
                 open_ = plan is None or self._top_up(study, plan)
@@ -407,19 +437,23 @@ class TrialQueue:
                 if plan is not None:
                     plan.suggest(trial)
                 return key, trial
-        return "wait" if any(running.values()) else None
+        return "wait" if self._seen else None
 
     @contextmanager
     def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
-        """Record ``trial``'s heartbeat every ``heartbeat`` seconds while the block runs."""
+        """Record ``trial``'s heartbeat when the block starts and every ``heartbeat`` seconds
+        while it runs (the first at once: the time since the claim's beat, a cold sampler's
+        first draw included, never adds to a full interval)."""
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(self.heartbeat_interval):
+            while True:
                 try:
                     self.storage.record_heartbeat(trial._trial_id)
                 except Exception as err:  # noqa: BLE001 - a missed beat is retried; staleness is the judge
                     _log.warning("heartbeat of trial %d failed: %s", trial.number, err)
+                if stop.wait(self.heartbeat_interval):
+                    return
 
         thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
         thread.start()
@@ -433,12 +467,14 @@ class TrialQueue:
         """Sleep between two looks at a queue with nothing waiting: a fraction of a
         heartbeat, cut short as soon as a running trial of ``studies`` ends (its worker
         told it, or it was failed as stale), so that waiting workers take a retry, or
-        see the studies finished, within ``_WATCH`` seconds (one small read each)."""
+        see the studies finished, within ``_WATCH`` seconds (one small read each). The
+        trials the last ``claim`` saw running count too: one that ended between that
+        claim and this wait ends it at the first read."""
         interval = min(5.0, max(0.2, self.heartbeat_interval / 2))
         if not studies:
             time.sleep(interval)
             return
-        seen, deadline = self._running(studies), time.monotonic() + interval
+        seen, deadline = self._seen | self._running(studies), time.monotonic() + interval
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(_WATCH, left))
             now = self._running(studies)

@@ -238,7 +238,12 @@ class Tuner:
 
     def open_study(self, method: str):
         """Create or load the method's study; when running trials, top its queue up to
-        ``settings.trials`` (one for a pinned point), the paper's grid first."""
+        ``settings.trials`` (one for a pinned point), the paper's grid first.
+
+        Raises:
+            SearchProblemsError: with ``--confirm holdout``, a study holding trials searched
+                on other problems (checked under the storage's lock, as the study is set up).
+        """
         pin = self.pinned(method)
         pair = getattr(self.backend, "name", "backend")
         name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
@@ -248,7 +253,9 @@ class Tuner:
             grid = [pin] if pin is not None else self.grid_points(method)
             wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
             plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
-        return self.queue.open(name, self.sampler(method, 0), plan, {"search_problems": search_digest(self.problems)})
+        digest = search_digest(self.problems)
+        return self.queue.open(name, self.sampler(method, 0), plan, {"search_problems": digest},
+                               problems=digest if self.new_trials and self.settings.confirm == "holdout" else None)
 
     def grid_points(self, method: str) -> list[dict]:
         """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
@@ -331,7 +338,7 @@ class Tuner:
 
         knob, n = trial.params.get("knob"), trial.params["n_draft"]
         last: dict = {}
-        bar = [self.speed_bar(trial.study), time.monotonic()]  # looked up again after a heartbeat interval
+        bar: list = []  # [speed bar, when looked up]: again after a heartbeat interval
 
         def on_stage(done: int, m: dict) -> None:
             last.update(m)
@@ -352,7 +359,8 @@ class Tuner:
                 raise optuna.TrialPruned(pruned[1])
 
         result, note = None, None
-        with self.queue.heartbeat(trial):
+        with self.queue.heartbeat(trial):  # first: the bar's lookup reads every trial of the study
+            bar[:] = self.speed_bar(trial.study), time.monotonic()
             try:
                 metrics, result = self.evaluate_point(method, knob, n, on_stage)
                 if not all(math.isfinite(v) for v in (metrics["speedup"], metrics["accuracy"])):
