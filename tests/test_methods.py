@@ -181,3 +181,28 @@ def test_spec_cont_dec_contrasts_on_the_verifier_support():
     half = METHODS["spec_cont_dec"].targets(Rows(p, p, None, z_p, z_q, 0.5), 0.5).pi_res
     # (1.5 z_p - 0.5 z_q) / T on G: [2, 1]
     assert torch.allclose(half, torch.tensor([[2.0, 1.0, -math.inf]]).softmax(-1))
+
+
+def test_every_method_declares_named_knobs_and_its_engine():
+    """The single-knob view (alpha) maps onto the named knobs; one-knob methods keep alpha's name."""
+    from relaxtune.decoding.methods import ENGINE_METHODS
+
+    for spec in {**METHODS, **ENGINE_METHODS}.values():
+        assert spec.engine, spec.id
+        assert spec.has_knob == bool(spec.knobs), spec.id
+        if spec.has_knob and len(spec.knobs) == 1:
+            (k,) = spec.knobs
+            assert (k.name, k.low, k.high, k.strict) == (spec.knob, spec.low, spec.high, spec.strict_point)
+            assert (k.search, k.log) == (spec.search[:2], spec.search[2])
+        for value in spec.grid:
+            named = spec.named(value)
+            assert set(named) == set(spec.knob_names)
+    assert METHODS["cactus"].named(0.5) == {"delta": 0.5}
+    assert METHODS["r_fuzzy"].is_strict({"tau": -1.0}) and not METHODS["r_fuzzy"].is_strict({"tau": 0.1})
+    assert METHODS["typical"].engine.startswith("no engine ships this")
+    assert METHODS["ears"].engine.startswith("no engine ships this formula")
+    assert "assistant_ensemble_weight" in METHODS["ens"].engine
+    with pytest.raises(ValueError, match="has no knob"):
+        METHODS["strict"].check_knob({"alpha": 0.1})
+    with pytest.raises(ValueError, match="unknown: beta"):
+        METHODS["ens"].check_knob({"alpha": 0.1, "beta": 1})

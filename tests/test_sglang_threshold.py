@@ -14,18 +14,21 @@ from .conftest import P_FLOOR, chi2_pvalue
 B = 60000
 
 
-def kernel_chain(p, x, u, u_final, t):
+def kernel_chain(p, x, u, u_final, t, acc=None):
     """SGLang 0.5.23's ``TreeSpeculativeSamplingTargetOnly``
     (``sgl_kernel/speculative/sampling.cuh``) for one chain (topk 1), transcribed
     loop by loop: accept while ``p(x) > 0 and (coin < p(x) / acc or p(x) >= single)``
     (float division: ``p(x) / 0 = inf``); then sample ``relu(p - rejected)`` at the
-    stop row: the first id whose running sum exceeds ``u_final * sum``."""
+    stop row: the first id whose running sum exceeds ``u_final * sum``. ``t`` is
+    ``threshold_single``; ``acc`` (default ``t``) is ``threshold_acc``, clamped to
+    1e-9 by the host code."""
+    single, acc = t, (t if acc is None else acc)
     n = x.shape[0]
     accepted, row = 0, 0
     rejected = torch.zeros_like(p[0])
     for j in range(n):
         px = float(p[j, x[j]])
-        if px > 0 and (float(u[j]) < (px / t if t > 0 else math.inf) or px >= t):
+        if px > 0 and (float(u[j]) < (px / acc if acc > 0 else math.inf) or px >= single):
             accepted += 1
             row = j + 1
         else:
@@ -115,3 +118,39 @@ def test_refuses_sampled_drafts_and_greedy_sampling():
         verify_rounds(p, q, x, "sglang_threshold", 0.5, g, temperature=0.0)
     with pytest.raises(ValueError, match="outside the valid range"):
         METHODS["sglang_threshold"].check_knob(1.5)
+
+
+@pytest.mark.parametrize("single, acc", [(0.9, 0.5), (0.3, 0.8), (1.0, 0.4), (0.5, 1.0), (0.2, 0.0)])
+def test_two_named_knobs_match_the_kernel_round_for_round(single, acc):
+    """SGLang's two thresholds as two named knobs (its own names), each its own dimension."""
+    g, p, q, x = _greedy_batch(7, 3000)
+    u = torch.rand(p.shape[0], p.shape[1], generator=g)
+    knobs = {"speculative_accept_threshold_single": single, "speculative_accept_threshold_acc": acc}
+    out = verify_rounds(p, q, x, "sglang_threshold", knobs, uniforms=u, temperature=0.7)
+    same = 0
+    for i in range(p.shape[0]):
+        tokens, accepted = kernel_chain(p[i], x[i], u[i], u[i, -1], single, max(acc, 1e-9))
+        assert int(out.accepted[i]) == accepted
+        same += out.tokens[i, : accepted + 1].tolist() == tokens
+    assert same >= 0.999 * p.shape[0]
+
+
+def test_named_knobs_and_the_single_knob_view():
+    spec = METHODS["sglang_threshold"]
+    assert spec.knob_names == ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
+    assert spec.named(0.4) == {"speculative_accept_threshold_single": 0.4, "speculative_accept_threshold_acc": 0.4}
+    assert spec.check_knob(0.4) == 0.4  # the tuner's alpha stays a number
+    assert spec.is_strict(1.0) and not spec.is_strict(0.9)
+    assert spec.is_strict({"speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0})
+    # both must be at 1: a lower single threshold alone relaxes
+    assert not spec.is_strict({"speculative_accept_threshold_single": 0.5, "speculative_accept_threshold_acc": 1.0})
+    with pytest.raises(ValueError, match="missing: speculative_accept_threshold_acc"):
+        spec.check_knob({"speculative_accept_threshold_single": 0.5})
+    with pytest.raises(ValueError, match="speculative_accept_threshold_acc = 1.5 is outside"):
+        spec.check_knob({"speculative_accept_threshold_single": 0.5, "speculative_accept_threshold_acc": 1.5})
+    # the tied mapping is the one-number rule, bit for bit
+    g, p, q, x = _greedy_batch(3, 500)
+    u = torch.rand(p.shape[0], p.shape[1], generator=g)
+    a = verify_rounds(p, q, x, "sglang_threshold", 0.35, uniforms=u, temperature=0.7)
+    b = verify_rounds(p, q, x, "sglang_threshold", spec.named(0.35), uniforms=u, temperature=0.7)
+    assert torch.equal(a.tokens, b.tokens)

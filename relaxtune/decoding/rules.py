@@ -276,22 +276,42 @@ def spec_cont_dec(rows: Rows, beta: float) -> Targets:
     return Targets(pi, pi)
 
 
-def sglang_threshold(rows: Rows, t: float) -> Targets:
-    """SGLang's native relaxation (``--speculative-accept-threshold-single t
-    --speculative-accept-threshold-acc t`` on a STANDALONE speculative server):
+SGLANG_SINGLE = "speculative_accept_threshold_single"
+SGLANG_ACC = "speculative_accept_threshold_acc"
+SGLANG_ACC_FLOOR = 1e-9  # the kernel clamps threshold_acc to at least this
+
+
+def sglang_thresholds(t) -> tuple[float, float]:
+    """``(threshold_single, threshold_acc)`` from one number (both tied to it: the
+    tuner's alpha view) or a mapping under SGLang's own names."""
+    if hasattr(t, "keys"):
+        return float(t[SGLANG_SINGLE]), float(t[SGLANG_ACC])
+    return float(t), float(t)
+
+
+def sglang_threshold(rows: Rows, t) -> Targets:
+    """SGLang's native relaxation (``--speculative-accept-threshold-single s
+    --speculative-accept-threshold-acc a`` on a STANDALONE speculative server):
     the target-only kernel (SGLang 0.5.23 wheel,
     ``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``,
     ``TreeSpeculativeSamplingTargetOnly``, chain case ``--speculative-eagle-topk 1``)
-    accepts the draft iff ``p(x) > 0`` and (``u < p(x) / t`` or ``p(x) >= t``), and on
+    accepts the draft iff ``p(x) > 0`` and (``u < p(x) / a`` or ``p(x) >= s``), and on
     rejection samples from ``relu(p - p(x) e_x)`` (p without x); drafts are the
-    drafter's argmax.
+    drafter's argmax. ``a`` is clamped to at least 1e-9 (the kernel's host code);
+    both knobs lie in [0, 1] (its ``CHECK_HOST``). Server-wide, CUDA only, non-greedy
+    rows only; changeable at run time by ``POST /set_internal_state``.
+
+    ``t``: a mapping ``{speculative_accept_threshold_single: s,
+    speculative_accept_threshold_acc: a}`` (SGLang's names), or one number t for
+    ``s = a = t`` (the tuner's single-knob view; then ``s`` is redundant:
+    ``p >= t`` already passes ``u < p / t``).
 
     With greedy drafts (``q = e_x``, one-hot) this is the generalised round with
-    ``pi_rej = p / t`` (1 where ``p >= t``, 0 where ``p = 0``) and ``pi_res = p``:
-    the residual ``norm((p - e_x)+)`` is p without x. Closed form (one position,
-    draft x): acceptance ``min(1, p(x) / t)``, emitted
+    ``pi_rej = 1`` where ``p >= s`` and ``p > 0``, else ``min(1, p / a)``, and
+    ``pi_res = p``: the residual ``norm((p - e_x)+)`` is p without x. Closed form (one
+    position, draft x, tied ``s = a = t``): acceptance ``min(1, p(x) / t)``, emitted
     ``P(y) = min(1, p(x)/t) [y = x] + (1 - min(1, p(x)/t)) p(y) [y != x] / (1 - p(x))``.
-    ``t = 1`` (SGLang's default) is strict; ``t = 0`` accepts every draft the
+    ``s = a = 1`` (SGLang's defaults) is strict; ``s = 0`` accepts every draft the
     verifier gives positive probability, never one with ``p(x) = 0``.
     Not a method of the paper: here to compare the built-in relaxation with its rules.
     Top-K rows: reads the exact ``p(x)``; the residual spans the returned ids.
@@ -301,12 +321,17 @@ def sglang_threshold(rows: Rows, t: float) -> Targets:
     return Targets(_threshold_rej(rows.p, t), rows.p)
 
 
-def _threshold_rej(p: torch.Tensor, t: float) -> torch.Tensor:
-    """1 where ``p >= t`` and ``p > 0`` (accept outright), else ``p / t`` (shape of
-    ``p``): 0 where ``p = 0``, even at ``t = 0`` (the kernel's ``has_target_mass``)."""
-    if t <= 0:  # p >= 0 always holds: only the mass test is left
-        return (p > 0).to(p.dtype)
-    return torch.where(p >= t, torch.ones_like(p), p / t)  # p = 0 < t gives 0 / t = 0
+def _threshold_rej(p: torch.Tensor, t) -> torch.Tensor:
+    """1 where ``p >= s`` and ``p > 0`` (accept outright), else ``min(1, p / a)`` (shape
+    of ``p``): 0 where ``p = 0``, even at ``s = 0`` (the kernel's ``has_target_mass``).
+    For tied thresholds this is the one-number form, bit for bit."""
+    single, acc = sglang_thresholds(t)
+    if single == acc:
+        if single <= 0:  # p >= 0 always holds: only the mass test is left
+            return (p > 0).to(p.dtype)
+        return torch.where(p >= single, torch.ones_like(p), p / single)  # p = 0 < t gives 0 / t = 0
+    ratio = (p / max(acc, SGLANG_ACC_FLOOR)).clamp_max(1.0)
+    return torch.where((p >= single) & (p > 0), torch.ones_like(p), ratio)
 
 
 # ------------------------------------------------------------ pi_rej at the draft
@@ -361,5 +386,5 @@ def _cont_dec_at(rows: Rows, beta: float) -> torch.Tensor:
     return (_at(s, rows.x) - s.logsumexp(-1)).exp()
 
 
-def _threshold_at(rows: Rows, t: float) -> torch.Tensor:
+def _threshold_at(rows: Rows, t) -> torch.Tensor:
     return _threshold_rej(_at(rows.p, rows.x), t)
