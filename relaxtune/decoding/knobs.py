@@ -40,6 +40,8 @@ class Knob:
         default: the engine's default (None when the engine derives it, e.g.
             vLLM's ``fly_window_size = min(6, N - 1)``).
         doc: one line: meaning and unit.
+        derived: when set, None is a valid value meaning "the engine derives it"
+            (this line says how, e.g. ``min(6, N - 1)``); the rule resolves it.
     """
 
     name: str
@@ -52,20 +54,28 @@ class Knob:
     search: tuple[float, float] | None = None
     default: float | None = None
     doc: str = ""
+    derived: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("float", "int"):
             raise ValueError(f"knob {self.name!r}: kind must be 'float' or 'int', got {self.kind!r}")
 
-    def check(self, value: float, method: str) -> float | int:
-        """Validate ``value`` and return it as this knob's type.
+    def check(self, value: float | None, method: str) -> float | int | None:
+        """Validate ``value`` and return it as this knob's type. The strict value is
+        always valid (FLy's infinite threshold); None only for a derived knob.
 
         Raises:
             ValueError: NaN, outside ``[low, high]`` (``[low, high)`` when open or
                 infinite), or a non-integer value for an int knob; the message names
                 the method, the knob and its range.
         """
+        if value is None and self.derived:
+            return None
+        if value is None:
+            raise ValueError(f"{self.name} of {method!r} needs a value")
         v = float(value)
+        if self.strict is not None and v == self.strict:
+            return int(v) if self.kind == "int" else v
         open_top = self.high_open or math.isinf(self.high)
         upper_ok = v < self.high if open_top else v <= self.high
         if math.isnan(v) or v < self.low or not upper_ok:

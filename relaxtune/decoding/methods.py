@@ -45,7 +45,9 @@ from .rules import (
     strict,
 )
 from .engine_rules import _ears_at, _typical_at, ears, typical
+from .fly import FLY_DEFAULT_TOP_K, FLY_RULE, FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly
 from .knobs import Knob, KnobValues, check_knob_values
+from .trtllm import TRT_DELTA, TRT_PRESET_TOPK, TRT_TOPK, TRTLLM_RULE, trtllm_relaxed
 
 __all__ = [
     "Rows",
@@ -201,6 +203,8 @@ class MethodSpec:
         if knob is None:
             raise ValueError(f"method {self.id!r} needs its knob {self.knob!r} (alpha)")
         value = float(knob)
+        if self.strict_point is not None and value == self.strict_point:
+            return value
         upper_ok = value < self.high if self.high_open or math.isinf(self.high) else value <= self.high
         if math.isnan(value) or value < self.low or not upper_ok:
             close = ")" if self.high_open or math.isinf(self.high) else "]"
@@ -350,7 +354,47 @@ METHODS: dict[str, MethodSpec] = {
 # The serving engines' own round-level rules (several named knobs, a round-level hook),
 # kept out of ``METHODS`` until the search, records and export take named knobs
 # (schema v3): ``get_method`` resolves them, listings and ``--methods`` do not.
-ENGINE_METHODS: dict[str, MethodSpec] = {}
+ENGINE_METHODS: dict[str, MethodSpec] = {
+    spec.id: spec
+    for spec in (
+        MethodSpec(
+            "fly", fly, _strict_at, FLY_THRESHOLD, 0.0, _INF, strict_point=_INF, grid=(0.9, 0.6, 0.3),
+            search=(0.0, 1.1, False), needs=Needs.VERIFIER_ROWS, weaker_up=True,
+            knobs=(
+                Knob(FLY_WINDOW, "int", 1, _INF, derived="min(6, N - 1)",
+                     doc="look-ahead window W: the next W drafts must be natively accepted (< N)"),
+                Knob(FLY_THRESHOLD, "float", 0.0, _INF, strict=_INF, search=(0.0, 1.1), default=0.3,
+                     doc="defer a rejection when the top-k entropy (nats) is at least this"),
+                Knob(FLY_TOP_K, "int", 1, _INF, search=(1, 20), default=FLY_DEFAULT_TOP_K,
+                     doc="entropy over the verifier's k most probable tokens (not renormalised)"),
+            ),
+            from_alpha=lambda a: {FLY_WINDOW: None, FLY_THRESHOLD: a, FLY_TOP_K: FLY_DEFAULT_TOP_K},
+            strict_when_any=True, round_rule=FLY_RULE,
+            engine="vLLM 0.33.0+: --speculative-config rejection_sample_method \"fly\" (vllm/v1/spec_decode/fly.py); "
+                   "N >= 2, fly_window_size < N; greedy and sampled requests",
+            description="vLLM FLy: flip a native rejection whose top-k entropy >= threshold when the next W drafts "
+                        "are natively accepted (alpha = fly_entropy_threshold; W = min(6, N-1), k = 3)",
+        ),
+        MethodSpec(
+            "trtllm_relaxed", trtllm_relaxed, _strict_at, TRT_DELTA, 0.0, _INF, strict_point=0.0,
+            grid=(0.01, 0.1, 0.6), search=(0.0, 1.0, False),
+            needs=Needs.VERIFIER_LOGITS | Needs.ROUND_STATE, refuses_sampling=True,
+            knobs=(
+                Knob(TRT_TOPK, "int", 1, _INF, strict=1, search=(1, 20), default=1,
+                     doc="candidates: the verifier's k most probable tokens"),
+                Knob(TRT_DELTA, "float", 0.0, _INF, strict=0.0, search=(0.0, 1.0), default=0.0,
+                     doc="keep candidates with probability >= top-1 probability - delta (inside thinking)"),
+            ),
+            from_alpha=lambda d: {TRT_TOPK: TRT_PRESET_TOPK, TRT_DELTA: d},
+            strict_when_any=True, round_rule=TRTLLM_RULE,
+            engine="TensorRT-LLM 0.20.0+ (by date): MTPDecodingConfig use_relaxed_acceptance_for_thinking, "
+                   "relaxed_topk, relaxed_delta (mtpKernels.cu mtpRelaxedAcceptanceKernel); MTP heads, greedy-only, "
+                   "between the thinking tokens",
+            description="TensorRT-LLM relaxed MTP acceptance: inside thinking accept a draft among the top-k raw "
+                        "probabilities >= top-1 - delta, else strict greedy (alpha = relaxed_delta, relaxed_topk 10)",
+        ),
+    )
+}
 
 
 def get_method(method: str | MethodSpec) -> MethodSpec:

@@ -18,14 +18,22 @@ the method and the outcome (``u_1..u_N`` for the accept tests, ``u_{N+1}`` for t
 residual or bonus token, sampled by inverse CDF). So methods at their strict
 point reproduce ``strict`` bit for bit under the same seed, and callers can pass
 per-sequence uniforms (common random numbers across methods).
+
+Round-level rules (``MethodSpec.round_rule``, ``relaxtune.decoding.hooks``: vLLM's
+FLy, TensorRT-LLM's relaxed MTP acceptance) replace the per-position verdicts by
+their own, computed from the whole round (and a ``state`` carried across rounds,
+returned in the result); everything else (leading accepts, residual, bonus, the
+``N + 1`` uniforms) is the same path. Per-position rules never enter the hook.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from .hooks import RoundContext
 from .methods import MethodSpec, Needs, Rows, get_method
 from .sampling import draw_uniforms, sample_from_rows
 
@@ -43,10 +51,12 @@ class RoundResult:
             residual or bonus token.
         accepted: number of accepted drafted tokens (the residual/bonus token is
             not counted).
+        state: a round-level rule's state after the round (None otherwise).
     """
 
     tokens: list[int]
     accepted: int
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -57,11 +67,14 @@ class BatchRoundResult:
         tokens: ``[B, N+1]`` int64 emitted ids, left-aligned, padded with -1.
         num_emitted: ``[B]`` tokens emitted per sequence (``accepted + 1``).
         accepted: ``[B]`` accepted drafts per sequence.
+        state: a round-level rule's per-sequence state after the round, for the
+            next round (None for rules without state).
     """
 
     tokens: torch.Tensor
     num_emitted: torch.Tensor
     accepted: torch.Tensor
+    state: Any = None
 
     def row(self, b: int) -> RoundResult:
         """The result of sequence ``b`` as a ``RoundResult``."""
@@ -165,6 +178,7 @@ def verify_rounds(
     z_q: torch.Tensor | None = None,
     temperature: float | None = None,
     validate: bool = True,
+    state: Any = None,
 ) -> BatchRoundResult:
     """Run one verification round for each of B sequences.
 
@@ -174,7 +188,8 @@ def verify_rounds(
             the last draft (needed by ``spec_cont_dec``'s bonus).
         draft_ids: drafted tokens ``[B, N]`` (int64), ``x_i ~ q_i``.
         method: a method id of ``METHODS`` or its spec.
-        knob: the method's knob (None for ``strict`` / ``always_accept``).
+        knob: the method's knob (None for ``strict`` / ``always_accept``): alpha, or
+            a mapping of its named knobs (``MethodSpec.knobs``).
         generator: source of the uniforms when ``uniforms`` is None.
         uniforms: ``[B, N+1]`` uniforms in ``[0, 1)`` to use instead (per-sequence
             common random numbers).
@@ -184,21 +199,34 @@ def verify_rounds(
             collapse to strict under greedy decoding; needed by ``spec_cont_dec``.
         validate: check that p and q rows are distributions (one pass over them;
             backends that build rows with ``relaxtune.decoding.sampling`` may skip it).
+        state: a round-level rule's per-sequence state at round start (e.g.
+            ``relaxtune.decoding.trtllm.ThinkingState``); pass the previous result's
+            ``state`` to the next round.
 
     Returns:
-        ``BatchRoundResult`` (tokens ``[B, N+1]`` padded with -1).
+        ``BatchRoundResult`` (tokens ``[B, N+1]`` padded with -1; ``state`` after the round).
 
     Raises:
         ValueError: unknown method, knob out of range, T = 0 for a method that
             refuses it, N = 0, shape mismatch, rows that are not distributions,
             missing logits, bad uniforms; a residual or bonus row that is NaN or
-            inf where a token would be sampled from it.
+            inf where a token would be sampled from it; a draft length or a
+            missing state that a round-level rule refuses.
     """
     spec = get_method(method)
+    hook = spec.round_rule
     knob = spec.check_knob(knob)
     spec.check_temperature(temperature)
     b, n, v = _check_shapes(p, q, draft_ids, z_p, z_q)
     _check_needs(spec, knob, q, z_p, z_q, temperature, n, draft_ids)
+    named = None
+    if hook is not None:
+        named = spec.named(knob)
+        if hook.check is not None:
+            hook.check(n, named)
+        if hook.needs_state and state is None:
+            raise ValueError(f"{spec.id} carries state across rounds: pass state= (from {hook.initial_state}, "
+                             "then each round's result.state)")
     if validate:
         check_distribution("p", p)
         check_distribution("q", q)
@@ -213,7 +241,10 @@ def verify_rounds(
     rej_x = spec.rej_at(Rows(p[:, :n], q[:, :n], x, zp_d, zq_d, temperature), knob)
     q_x = q[:, :n].gather(-1, x.unsqueeze(-1)).squeeze(-1)
     ratio = torch.where(q_x > 0, rej_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(rej_x))
-    accepted = (uniforms[:, :n] < ratio).long().cumprod(-1).sum(-1)  # leading accepts, [B]
+    verdict = uniforms[:, :n] < ratio  # per-position native test, [B, N]
+    if hook is not None:
+        verdict = hook.accept(RoundContext(p, q, x, uniforms, verdict, named, z_p, z_q, temperature, state))
+    accepted = verdict.long().cumprod(-1).sum(-1)  # leading accepts, [B]
 
     last = torch.empty(b, dtype=torch.long)
     rej = (accepted < n).nonzero().squeeze(-1)
@@ -248,7 +279,9 @@ def verify_rounds(
     tokens = torch.full((b, n + 1), -1, dtype=torch.long)
     tokens[:, :n] = torch.where(steps[:n] < accepted.unsqueeze(-1), x, tokens[:, :n])
     tokens[torch.arange(b), accepted] = last
-    return BatchRoundResult(tokens, accepted + 1, accepted)
+    if hook is not None and hook.advance is not None:
+        state = hook.advance(state, tokens, accepted + 1, named)
+    return BatchRoundResult(tokens, accepted + 1, accepted, state)
 
 
 def verify_round(
@@ -264,6 +297,7 @@ def verify_round(
     z_q: torch.Tensor | None = None,
     temperature: float | None = None,
     validate: bool = True,
+    state: Any = None,
 ) -> RoundResult:
     """One verification round for one sequence.
 
@@ -290,5 +324,7 @@ def verify_round(
     out = verify_rounds(
         p.unsqueeze(0), q.unsqueeze(0), draft_ids.unsqueeze(0), method, knob, generator,
         uniforms=one(uniforms), z_p=one(z_p), z_q=one(z_q), temperature=temperature, validate=validate,
+        state=state,
     )
-    return out.row(0)
+    row = out.row(0)
+    return row if out.state is None else RoundResult(row.tokens, row.accepted, out.state)
