@@ -1,6 +1,22 @@
-"""Relaxed rules the serving engines ship beside the paper's: typical acceptance
-(Medusa; vLLM's ``TypicalAcceptanceSampler``) and EARS (vLLM-Ascend). Same contract
-as ``relaxtune.decoding.rules``: per drafted position, targets ``pi_rej`` (the
+"""Relaxed rules from the literature that serving engines have been said to ship,
+re-audited against the engines' released code (late 2026), and the mapping of
+relaxtune's ``ens`` onto transformers' static ensemble.
+
+- ``typical``: typical acceptance (Medusa). vLLM shipped it only in its V0 engine
+  (``TypicalAcceptanceSampler``, PR vllm-project/vllm#5131, 2024), removed with V0;
+  vLLM 0.33.0's ``rejection_sample_method`` is ``standard|synthetic|block|fly``.
+  No engine ships this today.
+- ``ears``: EARS (Sun et al. 2025). The authors' vllm-ascend pull requests #5587 and
+  #7845 were closed unmerged; the released vllm-ascend 0.23.0.post1 ships
+  ``enable_entropy_verify``, a different formula (accept iff ``p/q >= min(exp(-alpha
+  H), threshold) u``). No engine ships this formula.
+- ``ens`` = transformers 5.14.0+ ``assistant_ensemble_weight`` at ``w = 1 - alpha``
+  (``ensemble_weight``), sampling path only.
+
+The engines' own rules live beside: SGLang's thresholds (``rules.sglang_threshold``),
+vLLM's FLy (``fly``), TensorRT-LLM's relaxed MTP acceptance (``trtllm``).
+
+Same contract as ``relaxtune.decoding.rules``: per drafted position, targets ``pi_rej`` (the
 accept test ``u < pi_rej(x) / q(x)``) and ``pi_res`` (the residual
 ``norm((pi_res - q)+)``), plus a ``*_at`` form giving ``pi_rej(x)`` alone; the
 bonus token comes from ``p``. Both read the verifier's whole row at every drafted
@@ -19,7 +35,7 @@ import torch
 
 from .rules import Rows, Targets, _at
 
-__all__ = ["typical", "typical_threshold", "ears", "ears_slack", "TYPICAL_LOG_FLOOR"]
+__all__ = ["typical", "typical_threshold", "ears", "ears_slack", "TYPICAL_LOG_FLOOR", "ensemble_weight", "ens_alpha"]
 
 TYPICAL_LOG_FLOOR = 1e-5  # inside the entropy's log, as Medusa and vLLM compute it
 
@@ -38,8 +54,9 @@ def typical_threshold(p: torch.Tensor, epsilon: float, delta: float | None = Non
 
 
 def typical(rows: Rows, epsilon: float, delta: float | None = None) -> Targets:
-    """Typical acceptance (Cai et al. 2024, "Medusa", section 3.3.1; vLLM's
-    ``TypicalAcceptanceSampler``): the draft ``x`` is accepted iff
+    """Typical acceptance (Cai et al. 2024, "Medusa", section 3.3.1; vLLM V0's
+    ``TypicalAcceptanceSampler``, gone from vLLM's current engine: no engine ships
+    it): the draft ``x`` is accepted iff
     ``p(x) > min(epsilon, delta exp(-H(p)))`` (``typical_threshold``), a deterministic
     test; the first rejected position emits the verifier's argmax (vLLM's
     "recovered" token); after N accepts the bonus token comes from ``p``, as in
@@ -86,7 +103,9 @@ def ears(rows: Rows, tolerance: float) -> Targets:
     ``min(1, p(x) / q(x) + t (1 - max p))``; the residual is strict's,
     ``norm((p - q)+)``. As in the authors' vLLM-Ascend change (pull requests 5587 and
     7845: ``u' = max(u - t (1 - max p), eps)``, accept iff ``p(x) / q(x) >= u'``), a
-    draft with ``p(x) = 0`` is never accepted.
+    draft with ``p(x) = 0`` is never accepted. Both pull requests were closed
+    unmerged: no engine ships this formula (vllm-ascend's released entropy verify
+    is another rule).
 
     In the generalised round: ``pi_rej = 1[p > 0] (p + s q)`` with
     ``s = t (1 - max p)`` (``ears_slack``), and ``pi_res = p``. Closed form (one
@@ -120,3 +139,46 @@ def _ears_at(rows: Rows, tolerance: float) -> torch.Tensor:
     if tolerance == 0.0:
         return p_x
     return torch.where(p_x > 0, p_x + ears_slack(rows.p, tolerance) * _at(rows.q, rows.x), torch.zeros_like(p_x))
+
+
+# ------------------------------------------------- transformers' static ensemble
+
+
+def ensemble_weight(alpha: float) -> float | None:
+    """transformers' ``assistant_ensemble_weight`` for relaxtune's ``ens`` at ``alpha``:
+    ``w = 1 - alpha``; None (no ensemble: lossless assisted generation) at ``alpha = 0``.
+
+    On the sampling path (``do_sample=True``) transformers 5.14.0+ runs
+    ``generation/utils.py`` ``_speculative_sampling`` (5.24.0 :4444-4507): accept iff
+    ``r <= 1 - w + w p(x)/q(x)`` (``r = torch.rand_like``), residual
+    ``norm((p - q)+)``, bonus from ``p``: relaxtune's ``ens`` (whose test is ``u <``,
+    equal but at the tie). One difference: when the residual is empty
+    (``sum (p - q)+ <= finfo.tiny``) transformers samples ``p``, relaxtune (below 8
+    float eps) samples ``pi = w p + (1 - w) q``; both happen only where ``p = q`` up
+    to float error. transformers' greedy path (``do_sample=False``: the argmax of
+    the mixture) is another rule.
+
+    Raises:
+        ValueError: ``alpha`` outside ``[0, 1)`` (transformers validates ``w`` in the
+            open interval (0, 1); ``alpha = 1`` is ``always_accept``).
+    """
+    a = float(alpha)
+    if not 0.0 <= a < 1.0:
+        raise ValueError(f"ens alpha = {alpha!r} has no transformers equivalent: assistant_ensemble_weight = "
+                         "1 - alpha must lie in (0, 1)")
+    return None if a == 0.0 else 1.0 - a
+
+
+def ens_alpha(weight: float | None) -> float:
+    """relaxtune's ``ens`` alpha for transformers' ``assistant_ensemble_weight``
+    (None: 0, lossless).
+
+    Raises:
+        ValueError: ``weight`` outside (0, 1).
+    """
+    if weight is None:
+        return 0.0
+    w = float(weight)
+    if not 0.0 < w < 1.0:
+        raise ValueError(f"assistant_ensemble_weight must lie in (0, 1) (transformers), got {weight!r}")
+    return 1.0 - w

@@ -342,7 +342,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec(
             "ears", ears, _ears_at, "tolerance", 0.0, 1.0, strict_point=0.0, grid=(0.1, 0.3, 0.5),
             search=(0.0, 1.0, False), needs=Needs.VERIFIER_ROWS, refuses_greedy=True,
-            engine="no engine ships this formula: vllm-ascend 0.23.0.post1 ships entropy verify (enable_entropy_verify), "
+            engine="no engine ships this formula (vllm-ascend PRs #5587/#7845 closed unmerged); vllm-ascend "
+                   "0.23.0.post1 ships entropy verify (enable_entropy_verify), "
                    "a different rule (accept iff p/q >= min(exp(-alpha H), threshold) u)",
             description="EARS: accept w.p. min(1, p(x)/q(x) + t (1 - max p)), never p(x) = 0; residual from p "
                         "(not in the paper)",

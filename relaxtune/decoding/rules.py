@@ -98,6 +98,9 @@ def ens(rows: Rows, alpha: float) -> Targets:
     ``pi_rej = pi_res = pi``, so emitted tokens follow ``pi`` exactly; the residual
     ``norm((pi - q)+) = norm((p - q)+)``. ``alpha = 0`` is strict, ``alpha = 1`` is
     ``always_accept``. Paper grid: w in {0.95, 0.9, 0.8}.
+    Deployable: transformers 5.14.0+ ``assistant_ensemble_weight = 1 - alpha``
+    (sampling path; ``engine_rules.ensemble_weight``, which names the empty-residual
+    fall-back difference).
     Top-K rows: ``pi`` mixes the two rows, 0 where neither returned the token.
     """
     w = 1.0 - alpha

@@ -1,0 +1,82 @@
+"""The one place relaxtune calls transformers' private functions (contract test:
+``tests/test_transformers_compat.py``).
+
+``speculative_sampling`` wraps ``transformers.generation.utils._speculative_sampling``
+(transformers 5.14.0+ with ``assistant_ensemble_weight``; checked on 5.24.0, where
+it is ``generation/utils.py`` :4444-4507): the verification step of transformers'
+assisted generation on the sampling path (``do_sample=True``), for one sequence.
+With ``assistant_ensemble_weight = w`` it is the static ensemble that relaxtune's
+``ens`` runs at ``alpha = 1 - w`` (``relaxtune.decoding.engine_rules.ensemble_weight``);
+the statistical agreement is ``tests/test_transformers_compat.py``, so a transformers
+upgrade that changes the rule fails there.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import transformers
+from transformers.generation import utils as _generation_utils
+
+__all__ = ["TRANSFORMERS_VERSION", "SPECULATIVE_SAMPLING_PARAMS", "speculative_sampling"]
+
+TRANSFORMERS_VERSION = transformers.__version__
+SPECULATIVE_SAMPLING_PARAMS = (
+    "candidate_input_ids", "candidate_logits", "candidate_length", "new_logits", "assistant_ensemble_weight",
+)
+
+
+def _private():
+    """transformers' ``_speculative_sampling``, checked against the signature relaxtune calls.
+
+    Raises:
+        RuntimeError: the function is missing or its parameters changed (naming the
+            installed transformers version).
+    """
+    fn = getattr(_generation_utils, "_speculative_sampling", None)
+    if fn is None:
+        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION} has no generation.utils._speculative_sampling")
+    params = tuple(inspect.signature(fn).parameters)
+    if params != SPECULATIVE_SAMPLING_PARAMS:
+        raise RuntimeError(
+            f"transformers {TRANSFORMERS_VERSION}: _speculative_sampling takes {params}, "
+            f"relaxtune was written for {SPECULATIVE_SAMPLING_PARAMS}"
+        )
+    return fn
+
+
+def speculative_sampling(
+    draft_ids: torch.Tensor,
+    drafter_logits: torch.Tensor,
+    verifier_logits: torch.Tensor,
+    ensemble_weight: float | None = None,
+) -> tuple[list[int], int]:
+    """One verification round of transformers' assisted generation (sampling path).
+
+    Args:
+        draft_ids: ``[K]`` drafted token ids.
+        drafter_logits: ``[K, V]`` the assistant's processed scores at the drafted
+            positions (transformers takes their softmax as q).
+        verifier_logits: ``[K+1, V]`` the model's processed scores (softmax: p).
+        ensemble_weight: transformers' ``assistant_ensemble_weight`` w in (0, 1);
+            None for lossless speculative sampling.
+
+    Returns:
+        ``(tokens, accepted)``: the emitted ids (accepted drafts, then the
+        residual or bonus token) and the number of accepted drafts. Random numbers
+        come from torch's global generator (``torch.rand_like``, ``torch.multinomial``).
+
+    Raises:
+        ValueError: shapes that do not fit; RuntimeError as ``_private``.
+    """
+    k = int(draft_ids.shape[0])
+    if draft_ids.dim() != 1 or tuple(drafter_logits.shape[:1]) != (k,) or verifier_logits.shape[0] != k + 1:
+        raise ValueError(
+            f"need draft_ids [K], drafter_logits [K, V], verifier_logits [K+1, V]; got {tuple(draft_ids.shape)}, "
+            f"{tuple(drafter_logits.shape)}, {tuple(verifier_logits.shape)}"
+        )
+    tokens, n = _private()(
+        draft_ids.long().unsqueeze(0), drafter_logits.unsqueeze(0), k, verifier_logits.unsqueeze(0), ensemble_weight
+    )
+    return tokens[0].tolist(), int(n)
