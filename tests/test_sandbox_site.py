@@ -21,7 +21,7 @@ import pytest
 
 from relaxtune.graders.code import grade_code
 from relaxtune.graders.sandbox import launcher, sandbox_info
-from relaxtune.graders.sandbox import site as packages
+from relaxtune.graders.sandbox import packages
 
 HAVE_BWRAP = shutil.which("bwrap", path="/usr/bin:/bin:/usr/sbin:/sbin") is not None
 HAVE_NUMPY = packages._package_dirs() != []

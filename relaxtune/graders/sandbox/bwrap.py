@@ -9,7 +9,7 @@ no further user namespace, a new session (no terminal to inject into) and
 read-only, a private ``/proc`` and ``/dev``, size-capped private tmpfs mounts on
 ``/tmp``, ``/var/tmp``, ``/dev/shm`` (the solution's) and ``/run/relaxtune`` (the
 harness's own files: a solution that fills ``/tmp`` cannot stop its report), the
-harness's files at ``/opt/relaxtune`` and the packages of ``site.py`` (numpy: LiveCodeBench's
+harness's files at ``/opt/relaxtune`` and the packages of ``packages.py`` (numpy: LiveCodeBench's
 runner imports it) at ``/opt/site``, each bound by its resolved path. Nothing else of
 the host exists inside: no ``/run``, ``/home``, ``/root``, ``/etc`` or host
 ``/tmp``, so no pathname socket or file of the host can be reached.
@@ -73,7 +73,7 @@ def command(bwrap: str, python: str, *, tmp_mb: int, private_mb: int, site: list
         python: the interpreter (a path under ``/usr`` or bound read-only at its own path).
         tmp_mb: size of each of the solution's tmpfs mounts (MiB).
         private_mb: size of the harness's tmpfs (MiB).
-        site: host directories (resolved: ``site.SiteDir.sources``) bound under
+        site: host directories (resolved: ``packages.SiteDir.sources``) bound under
             ``/opt/site`` by their names (numpy, numpy.libs).
         info_fd: a descriptor bwrap writes the sandbox's PID 1 (host pid) to, or None.
         as_root: the caller is root: the sandbox's user is uid 1000 (no capability),

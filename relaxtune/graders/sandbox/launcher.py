@@ -19,7 +19,7 @@ Containment (``sandbox_info()`` says which this host gives):
   directory and host sockets can be reached. Verdicts carry a note saying so, a
   warning is logged once, and ``relaxtune tasks validate`` says so.
 
-Both run the same interpreter with the same packages (``site.py``: numpy, by its
+Both run the same interpreter with the same packages (``packages.py``: numpy, by its
 resolved path, copied where the sandbox's user could not read it), so a verdict
 does not depend on the containment nor on where the venv lives. A bubblewrap that
 cannot start (or cannot bind the packages) is found once, by a probe run with the
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from . import bwrap as bw
 from . import cgroup
-from . import site as packages
+from . import packages
 
 __all__ = ["SandboxInfo", "Outcome", "sandbox_info", "run_job", "read_capped", "budget"]
 
