@@ -176,3 +176,18 @@ def test_a_sandbox_that_cannot_start_says_why_once_and_the_fallback_grades(monke
     assert verdicts == ["pass"] * 3
     warnings = [r for r in caplog.records if "bubblewrap cannot start" in r.getMessage()]
     assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+
+
+def test_a_package_directory_left_by_a_killed_grader_is_swept():
+    import tempfile
+
+    dead = 2**22 + 1  # above the kernel's largest pid_max: no such process
+    left = Path(tempfile.gettempdir()) / f"relaxtune-site-{dead}-abc123"
+    (left / "numpy").mkdir(parents=True)
+    mine = Path(tempfile.mkdtemp(prefix=f"relaxtune-site-{os.getpid()}-"))
+    try:
+        packages._sweep()
+        assert not left.exists() and mine.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)

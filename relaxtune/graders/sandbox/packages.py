@@ -5,7 +5,8 @@ with one interpreter (``interpreter``) and, beyond its own standard library and
 site-packages, exactly one more package: numpy (LiveCodeBench's runner imports it), from
 one directory that holds nothing else (``SiteDir``): numpy and its bundled libraries
 (``numpy.libs``), found by their resolved paths (a venv reached through a symlink is
-followed to where it lies). When solutions run as another user (root's sandbox gives
+followed to where it lies). The directory is ``relaxtune-site-<pid>-*`` in the
+temporary directory; one left by a process that is gone is removed by the next. When solutions run as another user (root's sandbox gives
 each run a fresh uid) and that user cannot read them where they lie (a home directory
 others cannot enter), they are copied, once per process, to a world-readable directory
 (removed at exit). The fallback puts that directory on ``sys.path``; bubblewrap binds
@@ -22,6 +23,7 @@ Standard library only (the package is also run on its own, by another user).
 from __future__ import annotations
 
 import atexit
+import glob
 import importlib.util
 import os
 import shutil
@@ -128,6 +130,18 @@ def site_dir(python: str, other_user: bool) -> SiteDir:
         return _made[key]
 
 
+def _sweep() -> None:
+    """Remove the package directories of processes that are gone (killed before their exit
+    handler ran: a copy of numpy is some 70 MB)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "relaxtune-site-*-*")):
+        try:
+            owner = int(os.path.basename(path).split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if owner != os.getpid() and not os.path.exists(f"/proc/{owner}"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _make(python: str, other_user: bool) -> SiteDir:
     dirs = _package_dirs()
     if not dirs:
@@ -137,7 +151,8 @@ def _make(python: str, other_user: bool) -> SiteDir:
         return SiteDir(None, note=f"numpy is not offered: the interpreter {python} is Python "
                                   f"{'.'.join(map(str, version)) if version else '(did not run)'}, numpy here is "
                                   f"built for {sys.version_info[0]}.{sys.version_info[1]}")
-    target = tempfile.mkdtemp(prefix="relaxtune-site-")
+    _sweep()
+    target = tempfile.mkdtemp(prefix=f"relaxtune-site-{os.getpid()}-")
     atexit.register(shutil.rmtree, target, True)
     os.chmod(target, 0o755)
     copy = other_user and not all(readable_by_all(d, tree=True) for d in dirs)
