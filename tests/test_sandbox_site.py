@@ -27,8 +27,8 @@ HAVE_BWRAP = shutil.which("bwrap", path="/usr/bin:/bin:/usr/sbin:/sbin") is not 
 HAVE_NUMPY = packages._package_dirs() != []
 SUM_CALL = {"tests": [{"input": "[1, 2, 3]", "output": "6"}, {"input": "[]", "output": "0"}], "fn_name": "total"}
 SUM_STDIN = {"tests": [{"input": "1 2 3\n", "output": "6\n"}]}
-HE = {"prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
-      "entry_point": "add"}
+HE = {"prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "entry_point": "add",
+      "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
 
 
 def _fence(code: str) -> str:
@@ -37,8 +37,9 @@ def _fence(code: str) -> str:
 
 # (name, response, gold, verdict with numpy available)
 CASES = [
-    ("numpy call-based", _fence("import numpy as np\ndef total(xs):\n    return int(np.sum(np.array(xs, dtype=np.int64)))\n"),
-     SUM_CALL, "pass"),
+    ("numpy call-based",
+     _fence("import numpy as np\ndef total(xs):\n    return int(np.sum(np.array(xs, dtype=np.int64)))\n"), SUM_CALL,
+     "pass"),
     ("numpy scalar returned", _fence("import numpy as np\ndef total(xs):\n    return np.int64(sum(xs))\n"), SUM_CALL,
      "pass"),
     ("numpy array returned", _fence("import numpy as np\ndef total(xs):\n    return np.array([sum(xs), 1])\n"),

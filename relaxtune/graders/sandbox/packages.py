@@ -6,7 +6,8 @@ site-packages, exactly one more package: numpy (LiveCodeBench's runner imports i
 one directory that holds nothing else (``SiteDir``): numpy and its bundled libraries
 (``numpy.libs``), found by their resolved paths (a venv reached through a symlink is
 followed to where it lies). The directory is ``relaxtune-site-<pid>-*`` in the
-temporary directory; one left by a process that is gone is removed by the next. When solutions run as another user (root's sandbox gives
+temporary directory; one left by a process that is gone is removed by the next.
+When solutions run as another user (root's sandbox gives
 each run a fresh uid) and that user cannot read them where they lie (a home directory
 others cannot enter), they are copied, once per process, to a world-readable directory
 (removed at exit). The fallback puts that directory on ``sys.path``; bubblewrap binds
