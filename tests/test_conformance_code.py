@@ -103,7 +103,8 @@ CONTAINED = sandbox_info().kind != "process-group"  # the fallback cannot contai
 
 
 def test_bubblewrap_is_used_where_the_host_has_it():
-    if shutil.which("bwrap", path="/usr/bin:/bin:/usr/sbin:/sbin") and os.geteuid() == 0:
+    forced = os.environ.get("RELAXTUNE_SANDBOX")  # the whole table is also run under the fallback, told to
+    if shutil.which("bwrap", path="/usr/bin:/bin:/usr/sbin:/sbin") and os.geteuid() == 0 and not forced:
         assert sandbox_info().kind == "bubblewrap", sandbox_info().note
     assert sandbox_info().kind in ("bubblewrap", "process-group")
 

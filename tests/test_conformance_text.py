@@ -2,8 +2,8 @@
 
 Each case's expected verdict is the official grader's (math-verify itself for math; the
 simple-evals GPQA rule for choice), checked here against that grader too, unless the case
-names a deliberate deviation (``policy``), which must be a row of the README's
-"Grading policy" table."""
+names a deliberate deviation (``policy``), which must be a row of the grading policy
+(``relaxtune/graders/policy.yaml``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import yaml
 
 from relaxtune.graders.choice import grade_choice
 from relaxtune.graders.math import grade_math
+from relaxtune.graders.policy import policies
 
 HERE = Path(__file__).parent
 MATH = yaml.safe_load((HERE / "conformance" / "math.yaml").read_text())["cases"]
@@ -24,10 +25,8 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
 def _policies() -> set[str]:
-    """The policy ids of the README's "Grading policy" table (first column, in backticks)."""
-    text = (HERE.parent / "README.md").read_text()
-    section = text.split("## Grading policy", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `([a-z-]+)` \|", section, re.M))
+    """The policy ids of the grading policy (``relaxtune/graders/policy.yaml``, the table the docs render)."""
+    return {row["id"] for row in policies()}
 
 
 def _math_verify_says(response: str, gold: str) -> bool:
@@ -85,7 +84,7 @@ def test_tables_are_large_and_policies_documented():
     used = {c["policy"] for c in MATH + CHOICE if "policy" in c}
     code = yaml.safe_load((HERE / "conformance" / "code.yaml").read_text())["cases"]
     used |= {c["policy"] for c in code if "policy" in c}
-    assert used <= documented, f"policies missing from the README table: {used - documented}"
+    assert used <= documented, f"policies missing from relaxtune/graders/policy.yaml: {used - documented}"
     assert documented - used <= {"special-judge"}, f"policies without a case: {documented - used - {'special-judge'}}"
     assert len(MATH) + len(CHOICE) + len(code) >= 300
     assert {c["verdict"] for c in MATH} == {"correct", "wrong", "no_answer"}

@@ -30,8 +30,10 @@ gold alike (``numbers.normalise_numbers``): mixed numbers (``1 1/4`` = 5/4,
 (``9{,}500``, ``9\\,500`` = 9500; math-verify reads 9 and 509) and escaped
 currency dollars (``\\$9,500``, after which math-verify reads nothing). The
 verdict itself (``mathcheck.check``) keeps every equivalence math-verify
-accepts and adds only strictness: exact numbers compared exactly, and integer
-answers for integer tasks (AIME).
+accepts and adds only strictness: exact numbers compared exactly, two numbers
+farther apart than the grading policy's numeric tolerance different whatever
+their notation (``policy.yaml``: ``numeric-tolerance``), and integer answers for
+integer tasks (AIME).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 from .base import Verdict, answer_section
 from .mathnorm import normalise_latex, normalise_plain
 from .numbers import normalise_numbers
+from .policy import numeric_tolerance
 from .workers import WorkerPool
 
 DEFAULT_TIMEOUT = 20.0  # wall seconds of math-verify work per response
@@ -154,7 +157,8 @@ def grade_math(
     else:
         boxed, text = None, normalise_latex(section)
     request = {"text": normalise_numbers(text), "gold": _gold_text(gold),
-               "integer_range": list(integer_range) if integer_range is not None else None}
+               "integer_range": list(integer_range) if integer_range is not None else None,
+               "tolerance": numeric_tolerance().to_dict()}
     try:
         reply = _POOL.ask(request, timeout)
     except (TimeoutError, RuntimeError) as err:

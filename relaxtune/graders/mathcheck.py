@@ -24,6 +24,9 @@ documented and tested (README, "Grading policy"):
 - two exact finite numbers (no float, no percent) that sympy proves different
   are different, although math-verify's numeric check chops ``1/2^98 - 1/2^99``
   to 0;
+- two single numbers farther apart than the policy's numeric tolerance are
+  different, although math-verify rounds floats to 6 decimal places
+  (``0.00000001`` = ``0.00000002``) (``numbers_differ``);
 - integer tasks (AIME, ``integer_range``): besides math-verify's verdict, the
   answer's value must be an integer in the range: the right side of ``n = 204``,
   a percent's number, ``\\text{204}`` and ``{204}`` (which math-verify reads as a
@@ -40,7 +43,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
 
-__all__ = ["check", "parse_gold", "serve"]
+__all__ = ["check", "numbers_differ", "parse_gold", "serve"]
 
 SHOWN_CHARS = 2000  # of the answer read, in a verdict
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
@@ -258,9 +261,60 @@ def truly_equal(gold, pred) -> str:
     return ""
 
 
-def check(text: str, gold: str, integer_range=None) -> dict:
+def _readings(x) -> tuple[list, bool] | None:
+    """The complex values (40 digits) a single finite number stands for, and whether it is a
+    percentage: ``p\\%`` (math-verify's ``p * UnevaluatedExpr(1/100)``) reads as ``p/100``
+    and ``p``; the right side of ``x = v``; None when ``x`` is no single number (a symbol
+    left, a set, an infinity)."""
+    import sympy
+
+    if isinstance(x, sympy.Eq) and isinstance(x.lhs, sympy.Symbol):
+        x = x.rhs
+    if not isinstance(x, sympy.Expr) or x.free_symbols:
+        return None
+    pct = x.args[0] if (isinstance(x, sympy.Mul) and len(x.args) == 2
+                        and x.args[1] == sympy.UnevaluatedExpr(sympy.Rational(1, 100))) else None
+    try:
+        value = complex(sympy.N(pct if pct is not None else x, 40))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not all(map(_finite, (value.real, value.imag))):
+        return None
+    return ([value / 100, value], True) if pct is not None else ([value], False)
+
+
+def _finite(v: float) -> bool:
+    return v == v and abs(v) != float("inf")
+
+
+def numbers_differ(gold, pred, relative: float, absolute: float) -> str:
+    """Why the first parses of ``gold`` and ``pred``, two single numbers, are different
+    (grading policy ``numeric-tolerance``), or "" (not both numbers, or close enough):
+    different when every pair of their readings (``_readings``; two percentages compare
+    ``p`` with ``q``) is farther apart than ``relative * max(|a|, |b|)`` and, when one of
+    them is zero, than ``absolute`` (no relative bound compares with zero; elsewhere none
+    is absolute: ``1.2e-20`` and ``1.2e-21`` differ).
+    Applied after math-verify says equal: its float rounding to 6 decimal places equates
+    ``0.00000001`` and ``0.00000002``, its 15-digit chop ``1.2e-20`` and ``1.2e-21``."""
+    g, p = _readings(gold[0]), _readings(pred[0])
+    if g is None or p is None:
+        return ""
+    (gv, g_pct), (pv, p_pct) = g, p
+    if g_pct and p_pct:
+        gv, pv = gv[1:], pv[1:]
+    for a in gv:
+        for b in pv:
+            if abs(a - b) <= relative * max(abs(a), abs(b)) or (a == 0 or b == 0) and abs(a - b) <= absolute:
+                return ""
+    return (f"numbers differ by more than the tolerance (relative {relative:g}, absolute {absolute:g}): "
+            f"{pv[-1].real if not pv[-1].imag else pv[-1]:.6g} vs {gv[-1].real if not gv[-1].imag else gv[-1]:.6g}")
+
+
+def check(text: str, gold: str, integer_range=None, tolerance=None) -> dict:
     """Grade ``text`` (``\\boxed{answer}``, or the answer section when it has no box)
-    against ``gold`` (both already normalised, the gold boxed unless it holds ``$``).
+    against ``gold`` (both already normalised, the gold boxed unless it holds ``$``);
+    ``tolerance`` (``{"relative", "absolute"}``, the grading policy's ``numeric``) vetoes
+    math-verify's equality of two numbers farther apart (``numbers_differ``); None: no veto.
 
     Returns:
         ``{"verdict": "correct" | "wrong" | "no_answer", "shown": answer read or None,
@@ -283,6 +337,8 @@ def check(text: str, gold: str, integer_range=None) -> dict:
         ok, detail = verify(gold_parsed, pred, timeout_seconds=None), ""
         if ok and _exactly_different(gold_parsed, pred):
             ok, detail = False, "exactly different (math-verify compares these only to 15 digits)"
+        elif ok and tolerance is not None and (why := numbers_differ(gold_parsed, pred, **tolerance)):
+            ok, detail = False, why
         elif not ok and (why := truly_equal(gold_parsed, pred)):
             ok, detail = True, why
     if integer_range is not None:
@@ -297,7 +353,7 @@ def check(text: str, gold: str, integer_range=None) -> dict:
 
 def serve(memory_mb: int) -> None:
     """The worker's loop: a line ``ready`` once imported, then for each request line
-    ``{"text", "gold", "integer_range"}`` one reply line, ``check``'s dict or
+    ``{"text", "gold", "integer_range", "tolerance"}`` one reply line, ``check``'s dict or
     ``{"error": "..."}``; ends at the end of stdin. The address space is capped at
     ``memory_mb`` MiB (a runaway evaluation raises MemoryError, reported as an error)."""
     import resource
@@ -314,7 +370,7 @@ def serve(memory_mb: int) -> None:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = check(request["text"], request["gold"], request.get("integer_range"))
+            reply = check(request["text"], request["gold"], request.get("integer_range"), request.get("tolerance"))
         except Exception as err:  # noqa: BLE001 - every failure is the caller's grader error
             reply = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
         out.write(json.dumps(reply) + "\n")

@@ -9,8 +9,8 @@ no further user namespace, a new session (no terminal to inject into) and
 read-only, a private ``/proc`` and ``/dev``, size-capped private tmpfs mounts on
 ``/tmp``, ``/var/tmp``, ``/dev/shm`` (the solution's) and ``/run/relaxtune`` (the
 harness's own files: a solution that fills ``/tmp`` cannot stop its report), the
-harness's files at ``/opt/relaxtune`` and, when the interpreter can load it,
-numpy at ``/opt/site`` (LiveCodeBench's runner imports numpy). Nothing else of
+harness's files at ``/opt/relaxtune`` and the packages of ``packages.py`` (numpy: LiveCodeBench's
+runner imports it) at ``/opt/site``, each bound by its resolved path. Nothing else of
 the host exists inside: no ``/run``, ``/home``, ``/root``, ``/etc`` or host
 ``/tmp``, so no pathname socket or file of the host can be reached.
 """
@@ -18,14 +18,13 @@ the host exists inside: no ``/run``, ``/home``, ``/root``, ``/etc`` or host
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
 import shutil
 import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["command", "harness_dir", "numpy_dirs", "HARNESS_FILES", "PRIVATE", "SITE", "CODE_DIR"]
+__all__ = ["command", "harness_dir", "HARNESS_FILES", "PRIVATE", "SITE", "CODE_DIR"]
 
 HARNESS_FILES = ("harness.py", "child.py", "checks.py", "confine.py")
 PRIVATE, SITE, CODE_DIR = "/run/relaxtune", "/opt/site", "/opt/relaxtune"
@@ -51,16 +50,6 @@ def harness_dir() -> str:
         return _copied[0]
 
 
-def numpy_dirs() -> list[str]:
-    """numpy's package directory and its bundled libraries (``numpy.libs``) as this
-    interpreter finds them; [] when numpy is not installed."""
-    spec = importlib.util.find_spec("numpy")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    package = Path(list(spec.submodule_search_locations)[0])
-    return [str(p) for p in (package, package.with_name("numpy.libs")) if p.is_dir()]
-
-
 def _top_level() -> list[str]:
     """``/bin``, ``/lib``... as on the host: a link into ``/usr`` (merged /usr) or a
     read-only directory."""
@@ -84,7 +73,8 @@ def command(bwrap: str, python: str, *, tmp_mb: int, private_mb: int, site: list
         python: the interpreter (a path under ``/usr`` or bound read-only at its own path).
         tmp_mb: size of each of the solution's tmpfs mounts (MiB).
         private_mb: size of the harness's tmpfs (MiB).
-        site: host directories bound under ``/opt/site`` (numpy).
+        site: host directories (resolved: ``packages.SiteDir.sources``) bound under
+            ``/opt/site`` by their names (numpy, numpy.libs).
         info_fd: a descriptor bwrap writes the sandbox's PID 1 (host pid) to, or None.
         as_root: the caller is root: the sandbox's user is uid 1000 (no capability),
             never root inside.

@@ -19,6 +19,13 @@ Containment (``sandbox_info()`` says which this host gives):
   directory and host sockets can be reached. Verdicts carry a note saying so, a
   warning is logged once, and ``relaxtune tasks validate`` says so.
 
+Both run the same interpreter with the same packages (``packages.py``: numpy, by its
+resolved path, copied where the sandbox's user could not read it), so a verdict
+does not depend on the containment nor on where the venv lives. A bubblewrap that
+cannot start (or cannot bind the packages) is found once, by a probe run with the
+same binds: the fallback is used and the warning says why in one line, instead of
+every solution being graded as an error.
+
 Every pipe from the sandbox is read through a capped reader (kept bytes and
 total bytes bounded) and the whole run is killed at the ``backstop`` (wall
 seconds), so the grader's own memory and time stay bounded whatever runs inside.
@@ -36,7 +43,6 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -44,6 +50,7 @@ from pathlib import Path
 
 from . import bwrap as bw
 from . import cgroup
+from . import packages
 
 __all__ = ["SandboxInfo", "Outcome", "sandbox_info", "run_job", "read_capped", "budget"]
 
@@ -61,10 +68,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SandboxInfo:
     """How this host contains solutions: ``kind`` ("bubblewrap", "process-group"), the
-    interpreter, ``bwrap``'s path, whether each run gets a fresh host uid
-    (``fresh_uid``, as root), whether the tree's memory is a control group's
-    (``cgroup``), the numpy directories bound in (``site``), and a ``note`` for
-    verdicts ("" when containment is complete)."""
+    interpreter (the same for both kinds), ``bwrap``'s path, whether each run gets a
+    fresh host uid (``fresh_uid``, as root, both kinds), whether the tree's memory is a
+    control group's (``cgroup``), the package directories solutions see (``site``:
+    numpy and its libraries, resolved, bound under ``/opt/site`` by bubblewrap) and the
+    host directory holding only them (``site_dir``, on the fallback's ``sys.path``), and
+    a ``note`` for verdicts ("" when containment is complete)."""
 
     kind: str
     python: str
@@ -72,12 +81,13 @@ class SandboxInfo:
     fresh_uid: bool = False
     cgroup: bool = False
     site: tuple[str, ...] = ()
+    site_dir: str | None = None
     note: str = ""
 
     def describe(self) -> str:
         """One line: what contains a solution here, and its bounds."""
         if self.kind != "bubblewrap":
-            return self.note
+            return self.note + ("" if self.site else "; no numpy for solutions")
         tree = "a memory and pids control group per run" if self.cgroup else \
             "a process count x address space budget (no control group here)"
         numpy = "numpy available" if self.site else "no numpy in the sandbox"
@@ -101,22 +111,6 @@ class Outcome:
     memory_bound: int | None = None
 
 
-def _world_executable(path: str) -> bool:
-    real = os.path.realpath(path)
-    parts = real.split(os.sep)
-    dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(real).st_mode & 0o001)
-
-
-def _python_for_other_users() -> str | None:
-    """An interpreter (and standard library) an unprivileged user can run: this one
-    (its real path) if world-executable, else the system ``/usr/bin/python3``."""
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
-        if os.path.exists(candidate) and _world_executable(candidate):
-            return candidate
-    return None
-
-
 def budget(memory: int) -> int:
     """Processes per test without a control group: half of this machine's memory
     divided by the address space per process, between 4 and 32."""
@@ -127,47 +121,68 @@ def budget(memory: int) -> int:
     return max(4, min(32, total // 2 // max(memory, 1)))
 
 
-def _probe(bwrap: str, python: str, fresh_uid: bool) -> tuple[int, int] | None:
-    """The sandbox interpreter's (major, minor) when a trivial bubblewrap run works."""
-    argv = bw.command(bwrap, python, tmp_mb=1, private_mb=1, site=[], info_fd=None, as_root=os.geteuid() == 0)
+_PROBE = ("import sys\nsys.path.insert(0, {site!r})\ntry:\n    import numpy\n    got = 'numpy'\n"
+          "except Exception as err:\n    got = type(err).__name__ + ': ' + str(err)\n"
+          "print(*sys.version_info[:2])\nprint(got)\n")
+
+
+def _probe(bwrap: str, python: str, fresh_uid: bool, site: tuple[str, ...]) -> tuple[bool, str]:
+    """A trivial bubblewrap run with the packages bound as every run binds them: (started,
+    "" or why not in one line: bwrap's own message) when it did not start; when it did,
+    (True, "" or why numpy did not load inside)."""
+    argv = bw.command(bwrap, python, tmp_mb=1, private_mb=1, site=list(site), info_fd=None,
+                      as_root=os.geteuid() == 0)
     uid = random.randrange(1 << 20, 1 << 30) if fresh_uid else None
     try:
-        run = subprocess.run([*argv, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+        run = subprocess.run([*argv, "-c", _PROBE.format(site=bw.SITE)], capture_output=True, text=True,
                              timeout=30, env={"PATH": _SYSTEM_PATH}, cwd="/", user=uid, group=uid,
                              extra_groups=[] if uid else None)
-        major, minor = map(int, run.stdout.split())
-        return (major, minor) if run.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
+    except (OSError, subprocess.SubprocessError) as err:
+        return False, f"{type(err).__name__}: {err}"
+    lines = run.stdout.splitlines()
+    if run.returncode != 0 or len(lines) != 2:
+        said = [line.strip() for line in run.stderr.splitlines() if line.strip()]
+        return False, (said[-1] if said else f"exit status {run.returncode}")[:300]
+    return True, "" if not site or lines[1] == "numpy" else f"numpy did not load in the sandbox: {lines[1][:200]}"
 
 
 @functools.lru_cache(maxsize=1)
 def sandbox_info() -> SandboxInfo:
-    """The strongest containment this host offers (probed once per process; see module doc)."""
+    """The strongest containment this host offers (probed once per process; see module doc).
+
+    Raises:
+        ValueError: ``RELAXTUNE_SANDBOX`` set to anything but "process-group".
+    """
     forced = os.environ.get("RELAXTUNE_SANDBOX", "")
     if forced not in ("", "process-group"):
         raise ValueError(f"RELAXTUNE_SANDBOX={forced!r}: the only accepted value is 'process-group'")
     root = os.geteuid() == 0
-    shared = _python_for_other_users()
+    shared = packages.interpreter(other_user=True) if root else None
+    fresh = bool(root and shared)
+    python = shared if fresh else packages.interpreter(other_user=False)
+    site = packages.site_dir(python, other_user=fresh)
+    binds = tuple(source for _, source in site.sources)
     bwrap = shutil.which("bwrap", path=_SYSTEM_PATH)
     why = "RELAXTUNE_SANDBOX=process-group" if forced else "no bubblewrap (Debian package bubblewrap)"
     if not forced and bwrap:
-        fresh = bool(root and shared)
-        python = shared if root and shared else os.path.realpath(sys.executable)
-        version = _probe(bwrap, python, fresh)
-        if version is not None:
-            site = tuple(bw.numpy_dirs()) if version == sys.version_info[:2] else ()
+        started, said = _probe(bwrap, python, fresh, binds)
+        if started:
             note = "" if fresh or not root or cgroup.available() else \
                 "the process count is unbounded (root's sandbox without a control group)"
-            return SandboxInfo("bubblewrap", python, bwrap, fresh_uid=fresh, cgroup=cgroup.available(), site=site,
-                               note=note)
-        why = "bubblewrap cannot start here (user namespaces refused)"
+            note = "; ".join(x for x in (note, said or site.note) if x)
+            if said or site.note:
+                log.warning("code grader: %s", said or site.note)
+            return SandboxInfo("bubblewrap", python, bwrap, fresh_uid=fresh, cgroup=cgroup.available(),
+                               site=() if said else binds, site_dir=None if said else site.path, note=note)
+        why = f"bubblewrap cannot start here: {said}"
     note = (f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run, files "
             "can be left outside its directory and host sockets can be reached")
     if root and not shared:
         note += "; solutions run as root"
+    if site.note:
+        note += f"; {site.note}"
     log.warning("code grader: %s; install bubblewrap where user namespaces are allowed for full containment", note)
-    return SandboxInfo("process-group", shared or sys.executable, note=note)
+    return SandboxInfo("process-group", python, fresh_uid=fresh, site=binds, site_dir=site.path, note=note)
 
 
 def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_cap: int = RESULT_CAP,
@@ -314,8 +329,8 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
     base = None if boxed else tempfile.mkdtemp(prefix="relaxtune-run-")
     job = {**job, "nonce": nonce, "sandbox": {
         "bwrap": boxed, "base": base, "private": bw.PRIVATE if boxed else None,
-        "site": bw.SITE if boxed and info.site else None, "nproc": nproc,
-        "uid": random.randrange(1 << 20, 1 << 30) if not boxed and os.geteuid() == 0 and info.python else None}}
+        "site": (bw.SITE if boxed else info.site_dir) if info.site else None, "nproc": nproc,
+        "uid": random.randrange(1 << 20, 1 << 30) if not boxed and info.fresh_uid else None}}
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": base or "/"}
     uid = random.randrange(1 << 20, 1 << 30) if boxed and info.fresh_uid else None
@@ -332,7 +347,7 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
                 argv = [*group.join_script(), *argv]
         else:
             os.chmod(base, 0o755)
-            argv = [info.python, "-s", str(HARNESS)]
+            argv = [info.python, "-I", str(HARNESS)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=base or "/", start_new_session=True, user=uid, group=uid,
                                 extra_groups=[] if uid is not None else None,
