@@ -190,6 +190,7 @@ def grading_policy(path: Path = POLICY) -> str:
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns and not isinstance(row[k], (dict, list))]
+    columns.sort(key=lambda k: k not in ("policy", "id", "name"))  # the policy's name first (stable otherwise)
     return table([c.replace("_", " ") for c in columns],
                  [[code(r.get(c)) if i == 0 else r.get(c, "") for i, c in enumerate(columns)] for r in rows])
 
