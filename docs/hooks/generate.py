@@ -104,11 +104,12 @@ def _comments(model) -> dict[str, str]:
     return out
 
 
-def fields(model, flags: bool = False) -> str:
-    """A table of a pydantic model's fields: name, type, default, description (or source comment)."""
+def fields(model, flags: bool = False, helps: dict[str, str] | None = None) -> str:
+    """A table of a pydantic model's fields: name, type, default, description (else the source comment,
+    else ``helps[name]``, e.g. the CLI flag's help)."""
     from pydantic_core import PydanticUndefined
 
-    notes = _comments(model)
+    notes = _comments(model) | {k: v for k, v in (helps or {}).items() if k not in _comments(model)}
     rows = []
     for name, info in model.model_fields.items():
         default = info.default
@@ -129,9 +130,19 @@ def fields(model, flags: bool = False) -> str:
 
 def settings() -> str:
     """``TuneSettings``: every ``relaxtune tune`` flag and ``--config`` key."""
+    import typer
+
+    from relaxtune.cli import app
     from relaxtune.tune.settings import TuneSettings
 
-    return fields(TuneSettings, flags=True)
+    tune = typer.main.get_command(app).get_command(None, "tune")
+    ctx = tune.make_context("relaxtune tune", [], resilient_parsing=True)
+    helps = {}
+    for param in tune.params:  # the flag's help where the model has no description
+        record = param.get_help_record(ctx)
+        if record and param.name:
+            helps[param.name] = re.sub(r"\s*\\?\[(default|required)[^\]]*\]", "", record[1]).strip()
+    return fields(TuneSettings, flags=True, helps=helps)
 
 
 def tuned_config() -> str:
