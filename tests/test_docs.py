@@ -229,15 +229,17 @@ def test_the_grading_policy_renders_its_data_file_or_says_it_is_missing(tmp_path
     note = gen.grading_policy(gen.ROOT / "relaxtune" / "graders" / "no-such-policy.yaml")
     assert "not found" in note and "no-such-policy.yaml" in note
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump({"policies": [
-        {"policy": "last-box", "we_do": "the last non-empty box", "official": "all boxes as a set", "why": "a|b"},
-        {"policy": "truncated", "we_do": "no_answer", "official": "last number", "why": "rambling"}]}, sort_keys=False))
-    table = gen.grading_policy(policy)
-    assert table.splitlines()[0] == "| policy | we do | official | why |"
-    assert "| `last-box` | the last non-empty box | all boxes as a set | a\\|b |" in table
+    policy.write_text(yaml.safe_dump({"numeric": {"relative": 1e-4}, "policies": [
+        {"id": "last-box", "we_do": "the last non-empty box", "official": "all boxes as a set", "why": "a|b"},
+        {"id": "truncated", "we_do": "no_answer", "official": "last number", "why": "rambling"}]}, sort_keys=False))
+    rows, numeric = gen.grading_policy(policy).split("\n\n", 1)
+    assert rows.splitlines()[0] == "| policy | we do | the official grader does | why |"
+    assert rows.splitlines()[2:] == ["| `last-box` | the last non-empty box | all boxes as a set | a\\|b |",
+                                     "| `truncated` | no_answer | last number | rambling |"]
+    assert "| `relative` | 0.0001 |" in numeric
     if gen.POLICY.exists():  # the real file, once it is there: one row per policy the conformance cases name
-        rendered = gen.grading_policy()
-        assert rendered.count("\n| `") == len(gen.policy_rows(yaml.safe_load(gen.POLICY.read_text())))
+        first = gen.grading_policy().split("\n\n", 1)[0]
+        assert first.count("\n| `") == len(gen.policy_rows(yaml.safe_load(gen.POLICY.read_text())))
 
 
 # --------------------------------------------------------------------------- benchmarks

@@ -174,11 +174,15 @@ def methods() -> str:
 # --------------------------------------------------------------------------- grading policy
 
 
+ROWS_KEYS = ("policies", "policy", "rows", "deviations")
+HEADINGS = {"id": "policy", "policy": "policy", "we_do": "we do", "official": "the official grader does", "why": "why"}
+
+
 def policy_rows(data) -> list[dict]:
-    """The rows of the policy file: a list of mappings, or a mapping holding one (``policies``/``rows``),
+    """The rows of the policy file: a list of mappings, or a mapping holding one (``policies``),
     or a mapping of policy name to mapping."""
     if isinstance(data, dict):
-        for key in ("policies", "policy", "rows", "deviations"):
+        for key in ROWS_KEYS:
             if isinstance(data.get(key), list):
                 return data[key]
         if all(isinstance(v, dict) for v in data.values()):
@@ -189,7 +193,9 @@ def policy_rows(data) -> list[dict]:
 
 
 def grading_policy(path: Path = POLICY) -> str:
-    """The grading policy table from its data file, or a clear note when the file is missing."""
+    """The grading policy table from its data file (one row per policy, its name first), then any
+    other section of the file (e.g. ``numeric``'s tolerances) as key/value tables; a clear note when
+    the file is missing."""
     import yaml
 
     if not path.exists():
@@ -197,13 +203,18 @@ def grading_policy(path: Path = POLICY) -> str:
                 f"    This page renders `{path.relative_to(ROOT)}`, which this checkout does not have. "
                 "The table of deliberate deviations from the official graders appears here once the file exists; "
                 "until then the cases in `tests/conformance/` (their `policy` field) are the reference.\n")
-    rows = policy_rows(yaml.safe_load(path.read_text()))
+    data = yaml.safe_load(path.read_text())
+    rows = policy_rows(data)
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns and not isinstance(row[k], (dict, list))]
     columns.sort(key=lambda k: k not in ("policy", "id", "name"))  # the policy's name first (stable otherwise)
-    return table([c.replace("_", " ") for c in columns],
-                 [[code(r.get(c)) if i == 0 else r.get(c, "") for i, c in enumerate(columns)] for r in rows])
+    out = [table([HEADINGS.get(c, c.replace("_", " ")) for c in columns],
+                 [[code(r.get(c)) if i == 0 else r.get(c, "") for i, c in enumerate(columns)] for r in rows])]
+    for key, value in (data.items() if isinstance(data, dict) else []):
+        if key not in ROWS_KEYS and isinstance(value, dict):
+            out.append(f"`{key}` (`{path.name}`):\n\n" + table(["key", "value"], [[code(k), v] for k, v in value.items()]))
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- benchmarks
