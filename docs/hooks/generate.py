@@ -39,6 +39,15 @@ def table(columns: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prose(doc: str | None) -> str:
+    """A docstring as Markdown prose: its text before any Google-style section (``Raises:``...), reST
+    literals as Markdown code."""
+    text = inspect.cleandoc(doc or "")
+    text = re.split(r"^(?:Args|Arguments|Attributes|Raises|Returns|Yields|Example|Examples):\s*$", text,
+                    maxsplit=1, flags=re.M)[0]
+    return text.replace("``", "`").strip()
+
+
 def code(text) -> str:
     """Inline code, or empty."""
     return "" if text in (None, "") else f"`{text}`"
@@ -104,7 +113,7 @@ def _comments(model) -> dict[str, str]:
     return out
 
 
-def fields(model, flags: bool = False, helps: dict[str, str] | None = None) -> str:
+def fields(model, flags: bool = False, helps: dict[str, str] | None = None, skip: set[str] = frozenset()) -> str:
     """A table of a pydantic model's fields: name, type, default, description (else the source comment,
     else ``helps[name]``, e.g. the CLI flag's help)."""
     from pydantic_core import PydanticUndefined
@@ -112,6 +121,8 @@ def fields(model, flags: bool = False, helps: dict[str, str] | None = None) -> s
     notes = _comments(model) | {k: v for k, v in (helps or {}).items() if k not in _comments(model)}
     rows = []
     for name, info in model.model_fields.items():
+        if name in skip:
+            continue
         default = info.default
         if default is PydanticUndefined:
             default = "required" if info.default_factory is None else "(computed)"
@@ -124,16 +135,16 @@ def fields(model, flags: bool = False, helps: dict[str, str] | None = None) -> s
     columns = ["key", "type", "default", "meaning"]
     if flags:
         columns.insert(1, "flag")
-    doc = inspect.cleandoc(model.__doc__ or "")
-    return f"{doc}\n\n{table(columns, rows)}"
+    return f"{prose(model.__doc__)}\n\n{table(columns, rows)}"
 
 
 def settings() -> str:
-    """``TuneSettings``: every ``relaxtune tune`` flag and ``--config`` key."""
+    """``TuneSettings``: every ``relaxtune tune`` flag and ``--config`` key; one table per group when the
+    settings are grouped (``relaxtune.tune.settings.GROUPS``), else one table."""
     import typer
 
     from relaxtune.cli import app
-    from relaxtune.tune.settings import TuneSettings
+    from relaxtune.tune import settings as module
 
     tune = typer.main.get_command(app).get_command(None, "tune")
     ctx = tune.make_context("relaxtune tune", [], resilient_parsing=True)
@@ -142,7 +153,22 @@ def settings() -> str:
         record = param.get_help_record(ctx)
         if record and param.name:
             helps[param.name] = re.sub(r"\s*\\?\[(default|required)[^\]]*\]", "", record[1]).strip()
-    return fields(TuneSettings, flags=True, helps=helps)
+    groups = getattr(module, "GROUPS", None)
+    if not groups:
+        return fields(module.TuneSettings, flags=True, helps=helps)
+    out = [fields(module.TuneSettings, flags=True, helps=helps, skip=set(groups))]
+    for name, model in groups.items():
+        out.append(f"### `{name}`\n\n{fields(model, flags=True, helps=helps)}")
+    return "\n".join(out)
+
+
+def setting_names() -> list[str]:
+    """Every flat setting name (a flag and a ``--config`` key)."""
+    from relaxtune.tune import settings as module
+
+    if hasattr(module, "flat_fields"):
+        return list(module.flat_fields())
+    return list(module.TuneSettings.model_fields)
 
 
 def tuned_config() -> str:
