@@ -83,7 +83,8 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
 def test_generated_pages_hold_markers_not_copies():
     for page, name in [("reference/cli.md", "cli"), ("reference/settings.md", "settings"),
                        ("reference/tuned-config.md", "tuned-config"), ("reference/methods.md", "methods"),
-                       ("reference/grading-policy.md", "grading-policy"), ("benchmarks/index.md", "benchmarks")]:
+                       ("reference/grading-policy.md", "grading-policy"), ("benchmarks/index.md", "benchmarks"),
+                       ("development/testing.md", "markers")]:
         text = (DOCS / page).read_text()
         assert f"<!-- relaxtune:generate {name} -->" in text
         assert "--epsilon <float>" not in text and "| `cactus` |" not in text  # nothing generated kept by hand
@@ -219,11 +220,11 @@ def test_the_tuned_config_example_uses_the_schemas_keys():
 def test_the_methods_reference_is_the_registry():
     from relaxtune.decoding.methods import METHODS
 
-    text = gen.methods()
+    text = gen.methods().split("### ")[0]  # the tuned registry's table (the engines' rules follow, when any)
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == list(METHODS)
     cactus = next(r for r in rows if r.startswith("| `cactus`"))
-    assert "| `delta` |" in cactus and "| 0 |" in cactus and "0.1, 0.25, 1, 10" in cactus
+    assert "| `delta` |" in cactus and "| 0 |" in cactus and "0.1, 0.25, 1, 10" in cactus and "[0, inf)" in cactus
 
 
 def test_the_grading_policy_renders_its_data_file_or_says_it_is_missing(tmp_path):
@@ -241,6 +242,13 @@ def test_the_grading_policy_renders_its_data_file_or_says_it_is_missing(tmp_path
     if gen.POLICY.exists():  # the real file, once it is there: one row per policy the conformance cases name
         first = gen.grading_policy().split("\n\n", 1)[0]
         assert first.count("\n| `") == len(gen.policy_rows(yaml.safe_load(gen.POLICY.read_text())))
+
+
+def test_the_testing_page_lists_every_marker():
+    text = gen.markers()
+    for marker in re.findall(r'^\s+"(\w+):', (ROOT / "pyproject.toml").read_text(), re.M):
+        assert f"| `{marker}` |" in text
+    assert "| `live_sglang` |" in text
 
 
 # --------------------------------------------------------------------------- benchmarks

@@ -184,17 +184,47 @@ def tuned_config() -> str:
 # --------------------------------------------------------------------------- methods
 
 
-def methods() -> str:
-    """The registry: knob, valid range, strict point, grid and needs of every method."""
-    from relaxtune.decoding.methods import METHODS
+def _range(low, high, high_open) -> str:
+    return f"[{low:g}, {high:g}{')' if high_open or high == float('inf') else ']'}"
 
+
+def _method_rows(registry: dict) -> tuple[list[str], list[list]]:
+    """One row per method; an ``engine`` column and named knobs when the registry has them."""
+    specs = list(registry.values())
+    named = any(getattr(m, "knobs", ()) for m in specs)
+    engine = any(getattr(m, "engine", "") for m in specs)
     rows = []
-    for m in METHODS.values():
-        rng = "-" if m.knob is None else f"[{m.low:g}, {m.high:g}{')' if m.high_open else ']'}"
+    for m in specs:
         needs = ", ".join(f.name.lower().replace("_", " ") for f in type(m.needs) if f and f in m.needs) or "p(x), q(x)"
-        rows.append([code(m.id), code(m.knob) or "-", rng, "-" if m.strict_point is None else f"{m.strict_point:g}",
-                     ", ".join(f"{g:g}" for g in m.grid) or "-", needs, m.description])
-    return table(["method", "knob", "range", "strict point", "grid", "needs", "what it does"], rows)
+        row = [code(m.id), code(m.knob) or "-", "-" if m.knob is None else _range(m.low, m.high, m.high_open),
+               "-" if m.strict_point is None else f"{m.strict_point:g}", ", ".join(f"{g:g}" for g in m.grid) or "-",
+               needs, m.description]
+        if named:
+            row.insert(2, "; ".join(f"`{k.name}` {_range(k.low, k.high, k.high_open)}" + (f": {k.doc}" if k.doc else "")
+                                    for k in getattr(m, "knobs", ())) or "-")
+        if engine:
+            row.append(getattr(m, "engine", "") or "-")
+        rows.append(row)
+    columns = ["method", "knob (alpha)", "range", "strict point", "grid", "needs", "what it does"]
+    if named:
+        columns.insert(2, "named knobs (the engine's own)")
+    if engine:
+        columns.append("engine that ships it")
+    return columns, rows
+
+
+def methods() -> str:
+    """The registry: knob, valid range, strict point, grid and needs of every method (``METHODS``), then the
+    serving engines' round-level rules (``ENGINE_METHODS``) when the registry has them."""
+    from relaxtune.decoding import methods as registry
+
+    out = [table(*_method_rows(registry.METHODS))]
+    extra = getattr(registry, "ENGINE_METHODS", None)
+    if extra:
+        out.append("### The serving engines' round-level rules\n\n`relaxtune.decoding.methods.ENGINE_METHODS`: "
+                   "resolved by `get_method`, not listed by `relaxtune methods` nor taken by `--methods`.\n\n"
+                   + table(*_method_rows(extra)))
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- grading policy
@@ -268,8 +298,25 @@ def benchmark_results(folder: Path = RESULTS) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- test markers
+
+
+def markers() -> str:
+    """The pytest markers and default options declared in ``pyproject.toml``."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    rows = [[code(m.split(":", 1)[0].strip()), m.split(":", 1)[1].strip() if ":" in m else ""]
+            for m in options.get("markers", [])]
+    return (table(["marker", "what it marks, and when it runs"], rows)
+            + f"\nDefault options (`addopts`): {code(options.get('addopts', ''))}.\n")
+
+
 PARTS = {"cli": cli, "settings": settings, "tuned-config": tuned_config, "methods": methods,
-         "grading-policy": grading_policy, "benchmarks": benchmark_results}
+         "grading-policy": grading_policy, "benchmarks": benchmark_results, "markers": markers}
 
 
 def render(markdown: str) -> str:
