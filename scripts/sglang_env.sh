@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build SGLang 0.5.23's own environment for a CPU host, from PyPI only (shared/docs/sglang-cpu.md):
+# Build SGLang 0.5.23's own environment for a CPU host, from PyPI only (docs/reference/sglang-cpu.md):
 # torch 2.14.1 + torchvision 0.29.1 (SGLang's pin; CUDA builds that run on a CPU), sglang without
 # its dependencies, then its runtime Requires-Dist minus the CUDA-only ones, plus what its start
 # imports without declaring. relaxtune itself is NOT installed there: it talks HTTP to the server,

@@ -2,7 +2,7 @@
 
 SGLang's own speculative decoding cannot express the relaxed rules, so relaxtune
 talks to two servers without speculative flags through the native ``/generate``
-API and runs the round in ``relaxtune.decoding`` (``shared/docs/sglang-protocol.md``).
+API and runs the round in ``relaxtune.decoding`` (``docs/reference/sglang-protocol.md``).
 
 - Scoring (one verifier request per round): ``input_ids = prefix + drafts``,
   ``max_new_tokens = 1``, temperature 0 (raw logprobs), ``logprob_start_len =

@@ -5,7 +5,7 @@ own: ``python`` names that environment's interpreter (``relaxtune serve --python
 ``scripts/sglang_env.sh`` builds one for a CPU host from PyPI). relaxtune installs
 nothing there. Servers listen on loopback only.
 
-On a CPU host (``shared/docs/sglang-cpu.md``) a server runs with
+On a CPU host (``docs/reference/sglang-cpu.md``) a server runs with
 ``SGLANG_USE_CPU_ENGINE=1`` and the flags ``CPU_FLAGS``; the pure-torch ``sgl_kernel``
 stand-in (``relaxtune.backends.sglang_cpu``) goes first on its ``PYTHONPATH`` unless
 the CPU has Intel AMX and SGLang's environment has a compiled CPU build of the

@@ -7,7 +7,7 @@ A STANDALONE speculative server (``--speculative-algorithm STANDALONE
 --enable-deterministic-inference``) runs the whole generation: one
 ``/generate`` request per response, with every sampling parameter sent
 explicitly. Acceptance comes from the response's telemetry
-(``shared/docs/sglang-protocol.md``, "Telemetry"), whose key names changed
+(``docs/reference/sglang-protocol.md``, "Telemetry"), whose key names changed
 across SGLang versions: every known generation is parsed, and a response with
 none of them is an error, never a zero. What SGLang 0.5.23 does
 (``sglang/srt/managers/tokenizer_manager.py``,

@@ -1,6 +1,6 @@
 """One-sided coverage of the drop bound: the product's bound beside the old Student-t bound.
 
-    python -m relaxtune.bench.coverage [--datasets 2000] [--confidence 0.9,0.95,0.975] [--quick]
+    python -m relaxtune.bench.coverage [--datasets 2000] [--confidence 0.9,0.95,0.975] [--quick] [--json PATH]
 
 Simulated paired data with shared problem difficulty and common random
 numbers: problem j has its own discordance ``delta_j ~ Beta(nu delta, nu (1 - delta))``
@@ -27,6 +27,8 @@ higher floor).
 "old t" is the bound this replaced (Student t over samples taken as
 independent); "cluster t" (repeats only) is a t bound over per-problem means,
 shown as the rejected alternative.
+``--json PATH`` also writes the tables, the command and the machine as JSON
+(``relaxtune.bench.results``), which the documentation's benchmarks page renders.
 """
 
 from __future__ import annotations
@@ -121,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=int, default=3, help="datasets per cell bounded directly (one sample per problem)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="problems 8 and 30 only, 500 datasets")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
+    from .results import machine, started, write_results
+
+    host, when, begin, tables = machine(), started(), time.perf_counter(), []
     datasets = 500 if args.quick else args.datasets
     grid = [(k, r) for r in REPEATS for k in (PROBLEMS[:2] if args.quick else PROBLEMS)]
     rng = np.random.default_rng(args.seed)
@@ -134,18 +140,29 @@ def main(argv: list[str] | None = None) -> int:
         print("| problems | repeats | discordance | true drop = epsilon | product bound | old t bound | cluster t "
               "| betting |")
         print("|---|---|---|---|---|---|---|---|")
+        rows = []
         for problems, repeats in grid:
             for delta in DISCORDANCE:
                 res = cell(rng, datasets, problems, repeats, delta, confidence, args.concentration, args.check)
                 mismatches += res["mismatch"]
                 for key in low:
                     low[key] += res[key] is not None and res[key] < confidence - 3 * se
-                print(f"| {problems} | {repeats} | {delta:.2f} | {true_drop(delta):.3f} | "
-                      + " | ".join(mark(res[k], confidence, se) for k in ("product", "old_t", "cluster_t", "betting"))
-                      + " |")
-        print(f"\ncells below nominal - 3 SE: product {low['product']}, old t {low['old_t']}, cluster t "
-              f"{low['cluster_t']}, betting {low['betting']}; direct checks disagreeing with the table: {mismatches} "
-              f"({time.perf_counter() - start:.0f} s)")
+                rows.append([problems, repeats, f"{delta:.2f}", f"{true_drop(delta):.3f}",
+                             *(mark(res[k], confidence, se) for k in ("product", "old_t", "cluster_t", "betting"))])
+                print("| " + " | ".join(str(v) for v in rows[-1]) + " |")
+        summary = (f"cells below nominal - 3 SE: product {low['product']}, old t {low['old_t']}, cluster t "
+                   f"{low['cluster_t']}, betting {low['betting']}; direct checks disagreeing with the table: "
+                   f"{mismatches} ({time.perf_counter() - start:.0f} s)")
+        print(f"\n{summary}")
+        tables.append({"caption": f"one-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, "
+                                  f"Monte Carlo SE {se:.4f}; ! = below nominal - 3 SE)",
+                       "columns": ["problems", "repeats", "discordance", "true drop = epsilon", "product bound",
+                                   "old t bound", "cluster t", "betting"],
+                       "rows": rows, "notes": [summary]})
+    if args.json:
+        path = write_results(args.json, "coverage", "Coverage of the drop bound", argv, when,
+                             time.perf_counter() - begin, host, tables)
+        print(f"results: {path}")
     return 0
 
 

@@ -32,7 +32,7 @@ modeled speed-up) is its expectation over problems drawn like the task's
 (``POPULATION`` of them), which is what the product's drop bound speaks about.
 
 Calibration, and what it is not: the shapes follow the paper's findings as the
-repository's spec states them (``shared/docs/relaxed-methods.md``: N in
+repository's spec states them (``docs/concepts/relaxed-rules.md``: N in
 {3, 5, 10, 20}, c_rel in {0.05, 0.2, 0.5}, AIME 30 x 48, GPQA 198 x 6,
 LiveCodeBench 175 x 6 samples, thinking budget 32,768 and 36,864 tokens in total,
 relaxations that ramble with weak drafters, CACTUS and mentored alike, a good

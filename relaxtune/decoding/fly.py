@@ -4,7 +4,7 @@ is high enough and the next W drafts of the same round are natively accepted (a
 look-ahead inside the round: a round-level rule, ``relaxtune.decoding.hooks``).
 
 Source, vLLM 0.33.0 (wheel ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64``, notes in
-``shared/docs/engine-rules.md`` section 1):
+``docs/reference/engine-rules.md`` section 1):
 - ``vllm/config/speculative.py:652-660`` knobs ``fly_window_size`` (int >= 1, None ->
   ``min(6, num_speculative_tokens - 1)``), ``fly_entropy_threshold`` (float >= 0,
   default 0.3), ``fly_entropy_top_k`` (int >= 1, default 3); validation at

@@ -5,7 +5,7 @@ The rules themselves (pure functions on probability rows) live in
 ``relaxtune.decoding.rules``; source of every rule and value: Xia, Ribar and Balanca,
 "A Practical Investigation of Training-free Relaxed Speculative Decoding"
 (arXiv 2607.08690, 2026), the unified table reproduced in
-``shared/docs/relaxed-methods.md``. Beside them, the rules serving engines ship
+``docs/concepts/relaxed-rules.md``. Beside them, the rules serving engines ship
 (``relaxtune.decoding.engine_rules``: ``typical``, ``ears``, re-audited: no engine
 ships either) and SGLang's own (``sglang_threshold``, two named knobs), each with
 its source in its docstring and its ``engine`` label. The contract is

@@ -1,7 +1,7 @@
 """Rambling guards: signs that a relaxation made the model loop or run on.
 
 Weak drafters make most relaxations ramble (repetition loops, longer
-responses; ``shared/docs/relaxed-methods.md``, findings), which costs speed
+responses; ``docs/concepts/relaxed-rules.md``, findings), which costs speed
 through ``L_AR / L_relax`` and capability through truncation.
 """
 

@@ -1,7 +1,7 @@
 """One speculative verification round, for one sequence or a batch.
 
 The generalised round of Xia, Ribar and Balanca (arXiv 2607.08690, 2026), as in
-``shared/docs/relaxed-methods.md``, "One speculative round":
+``docs/concepts/relaxed-rules.md``, "One speculative round":
 
     for i in 1..N: accept x_i iff q_i(x_i) > 0 and u_i < pi_rej_i(x_i) / q_i(x_i)
                    else emit y ~ norm((pi_res_i - q_i)+) and end the round

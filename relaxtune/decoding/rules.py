@@ -8,7 +8,7 @@ is Leviathan et al. (2023) / Chen et al. (2023) speculative sampling.
 
 Source of every rule: Xia, Ribar and Balanca, "A Practical Investigation of
 Training-free Relaxed Speculative Decoding" (arXiv 2607.08690, 2026), the unified
-table reproduced in ``shared/docs/relaxed-methods.md``. Rules never see a
+table reproduced in ``docs/concepts/relaxed-rules.md``. Rules never see a
 model: only probability rows (and raw logits for the two methods that need them).
 Each rule also has a ``*_at`` form giving ``pi_rej(x)`` alone, which is all
 the accept test reads; full target rows are built only at the rejected position.

@@ -3,7 +3,7 @@
 The transform is applied in the order temperature -> top-k -> top-p, each on the
 renormalised output of the previous step, as vLLM and SGLang do and as the paper
 uses it (T = 0.6, top-k = 20, top-p = 0.95 for both models; see
-``shared/docs/relaxed-methods.md``, "Notation"). Ties at the top-k boundary are
+``docs/concepts/relaxed-rules.md``, "Notation"). Ties at the top-k boundary are
 kept (as transformers' ``TopKLogitsWarper``). With a top-k cut, top-p runs on the
 k kept values only (sorting a 152k-token row costs about 20 ms on a CPU). Temperature 0 is greedy: a one-hot
 row at the arg-max (the first index among exact ties).

@@ -1,7 +1,7 @@
 """The speed model of relaxed speculative decoding, and cost profiles.
 
 ``S_relax = (L_AR / L_relax) * (l_accept + 1) / (1 + N * c_rel)``
-(Xia, Ribar and Balanca, arXiv 2607.08690, 2026; ``shared/docs/relaxed-methods.md``,
+(Xia, Ribar and Balanca, arXiv 2607.08690, 2026; ``docs/concepts/speed-model.md``,
 "Speed model"). ``l_accept`` is the mean number of accepted drafts per round (the
 "+1" is the residual or bonus token every round emits), ``L`` the mean response
 length in tokens (strict has AR's expected length, so ``L_strict`` stands for

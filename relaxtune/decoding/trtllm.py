@@ -14,7 +14,7 @@ index commit b35ac1b6, identical in the releases since 0.20.0), called through
 (index commit 23ee85ee), which passes ``torch.topk(torch.softmax(raw logits), relaxed_topk)``
 (no temperature, top-k or top-p); knobs in ``tensorrt_llm.llmapi.MTPDecodingConfig``
 (``relaxed_topk: int = 1`` (> 0), ``relaxed_delta: float = 0.0`` (>= 0)); notes in
-``shared/docs/engine-rules.md`` section 2. Transcribed, not copied.
+``docs/reference/engine-rules.md`` section 2. Transcribed, not copied.
 
 Greedy-only as the engine runs it: request temperature/top-p are ignored on this
 path, the correction ("golden") and bonus tokens are the verifier's argmax, and no

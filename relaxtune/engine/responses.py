@@ -2,7 +2,7 @@
 
 A response is generated under the task's limits: ``max_new_tokens`` in total,
 its stop strings, and for thinking tasks (``TaskSpec.thinks``) the paper's
-thinking protocol (``shared/docs/relaxed-methods.md``): the first
+thinking protocol (``docs/concepts/relaxed-rules.md``): the first
 ``thinking_budget`` tokens are generated; when they run out with the thinking
 still open, the fixed ``answer_now`` text and ``</think>`` are forced, and
 generation continues (seed + 1) up to ``max_new_tokens`` in total. Stop strings

@@ -7,7 +7,7 @@ integer ``version`` bumped whenever prompt or grading changes. Any task can be
 pointed at local files (``data_files``) for air-gapped runs. Adding a task is
 writing one YAML file: ``relaxtune tasks validate FILE`` checks it.
 
-Thinking mode follows the paper (``shared/docs/relaxed-methods.md``, protocol):
+Thinking mode follows the paper (``docs/concepts/relaxed-rules.md``, protocol):
 when ``thinking_budget`` tokens are spent without ``</think>``, the fixed
 ``answer_now`` text and ``</think>`` are appended and generation continues up
 to ``max_new_tokens`` in total. A thinking task's stop strings apply only to the

@@ -1,7 +1,7 @@
 """A stand-in for an SGLang 0.5.23 server, for tests on CPU.
 
 Serves ``POST /generate`` with SGLang 0.5.23's native response layout
-(``shared/docs/sglang-protocol.md``), backed by a real (small) transformers
+(``docs/reference/sglang-protocol.md``), backed by a real (small) transformers
 model, plus ``GET /health``, ``GET /server_info`` and ``POST /set_internal_state``.
 Where the real server's behaviour matters to a client, the stand-in does what
 SGLang 0.5.23's source does (file and function named at each place):

@@ -1,7 +1,7 @@
 """What an SGLang server needs on a CPU host: the folder holding the pure-torch ``sgl_kernel``
 stand-in (``KERNEL_DIR``, to put on the server's ``PYTHONPATH`` unless the CPU has Intel AMX
 and SGLang's environment has a compiled CPU build of the kernels), the check for AMX and the
-check for such a build (``shared/docs/sglang-cpu.md``)."""
+check for such a build (``docs/reference/sglang-cpu.md``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ it (the CUDA ``sglang-kernel`` fails to import without ``libcuda.so.1``). On a C
 AMX, SGLang gates every CPU kernel call on ``cpu_has_amx_support()`` (the op
 ``convert_weight_packed``, which this module does NOT define, must exist for that) and runs
 each layer's ``forward_native`` torch code instead; only the names below are used whatever
-that check says (``shared/docs/sglang-cpu.md``, read from SGLang 0.5.23's source):
+that check says (``docs/reference/sglang-cpu.md``, read from SGLang 0.5.23's source):
 
 - ``assign_req_to_token_pool_cpu`` (``srt/mem_cache/allocation.py``, every extend);
 - ``copy_all_layer_kv_cache_cpu`` (``kernels/ops/kvcache/cache_move.py``, KV moves);
