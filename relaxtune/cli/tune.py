@@ -145,6 +145,10 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     from ..tune.settings import study_name
     from ..tune.stopping import guarded
 
+    from ..tune.settings import start
+    from .checks import check_settings
+
+    check_settings(settings, export=not new_trials)  # before anything loads or is written
     log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
@@ -152,6 +156,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
             # an export only reads records: the pair loads if something needs it, which nothing should
             lazy = None if new_trials else lazy_backend(**settings.backend)
             spec, problems, backend = prepare(settings, lazy, new_trials=new_trials, log=lambda m: None)  # the job warns
+        settings = start(settings)  # the output folder made, the auto runtime resolved (and recorded by the job)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")

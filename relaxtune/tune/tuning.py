@@ -57,7 +57,7 @@ from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_toke
 from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
-from .settings import TuneSettings, study_name
+from .settings import TuneSettings, make_output_dir, storage_url, study_name
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
 
@@ -233,7 +233,9 @@ class Tuner:
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             s = self.settings
-            self._queue = TrialQueue(s.storage_url, s.heartbeat, s.stale_after, self.worker, self._on_stale)
+            if s.stores.storage is None:  # the default SQLite file lies in the output folder
+                make_output_dir(s.stores)
+            self._queue = TrialQueue(storage_url(s.stores), s.heartbeat, s.stale_after, self.worker, self._on_stale)
         return self._queue
 
     def open_study(self, method: str):
