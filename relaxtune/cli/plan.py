@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from .app import app, console
+from .options import cli_type, finite, setting_option
 from .tables import JSON, Col, print_json, show
 
 def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
@@ -32,21 +33,20 @@ def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
 
 @app.command("plan")
 def plan_(
-    task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or YAML path"),
-    epsilon: float = typer.Option(..., help="the accuracy drop vs strict to certify"),
-    confidence: float = typer.Option(0.9, help="the job's one-sided confidence (--confidence of `relaxtune tune`)"),
-    drop: float = typer.Option(0.0, help="true accuracy drop of the relaxed point planned for"),
-    discordance: float = typer.Option(0.1, help="share of paired samples where relaxed and strict differ (common "
-                                      "random numbers give about 0.1)"),
-    power: float = typer.Option(0.8, help="chance that the exported bound certifies epsilon"),
+    task: str = setting_option("task", default=...),
+    epsilon: float = setting_option("epsilon", default=..., callback=finite),
+    confidence: float = setting_option("confidence", callback=finite),
+    drop: float = typer.Option(0.0, callback=finite, help="true accuracy drop of the relaxed point planned for"),
+    discordance: float = typer.Option(0.1, callback=finite, help="share of paired samples where relaxed and strict "
+                                      "differ (common random numbers give about 0.1)"),
+    power: float = typer.Option(0.8, callback=finite, help="chance that the exported bound certifies epsilon"),
     methods: int = typer.Option(2, min=1, help="methods the job tunes (the confidence is split over their "
                                 "confirmations)"),
-    confirmations: int = typer.Option(2, min=1, help="--confirmations of the job"),
-    confirm: str = typer.Option("holdout", help="--confirm of the job: holdout (confirm on the held-out half) or "
-                                "seeds (fresh seeds on every problem)"),
+    confirmations: int = setting_option("confirmations", min=1),
+    confirm: cli_type("confirm") = setting_option("confirm"),
     problems: Optional[int] = typer.Option(None, min=1, help="the sample to assess \\[default: strict's records in "
                                            "--output-dir, else the task's problems]"),
-    output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs' records are"),
+    output_dir: str = setting_option("output_dir"),
     json_output: bool = JSON,
 ) -> None:
     """Print what the exported bound of a job on the current sample can certify, and the problems x repeats
@@ -56,8 +56,6 @@ def plan_(
     neither it nor the floor (the bound reads each problem's first repeat)."""
     from ..certify.planning import plan
 
-    if confirm not in ("holdout", "seeds"):
-        raise typer.BadParameter(f"--confirm must be holdout or seeds, got {confirm!r}")
     try:
         from ..tasks.spec import load_problems, load_task
 

@@ -33,8 +33,10 @@ def generate(
     json_output: bool = JSON,
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
-    from ..backends.load import load_backend, resolve_runtime
+    from ..backends.load import load_backend
     from ..decoding.methods import get_method
+    from ..tune.settings import PairSettings
+    from .checks import check_pair
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
     from ..engine.sequence import generate as run
@@ -47,9 +49,10 @@ def generate(
         if alpha is None and grid:
             alpha = grid[len(grid) // 2]  # the middle of the paper's grid
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
-        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    runtime = check_pair(PairSettings(drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
+                                      tokenizer=tokenizer), drafter=method != AR)
     with status(f"loading {drafter} -> {verifier} ({'GGUF' if runtime == 'llamacpp' else dtype})", json_output):
         try:
             backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
@@ -108,16 +111,28 @@ def eval_(
     import json
     from pathlib import Path
 
-    from ..backends.load import LazyBackend, backend_name, load_backend, resolve_runtime
+    import pydantic
+
+    from ..backends.load import LazyBackend, backend_name, load_backend
+    from ..tune.settings import PairSettings
+    from .checks import check_folder, check_pair
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
 
     try:
+        pair = PairSettings(drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime, drafter_url=drafter_url,
+                            verifier_url=verifier_url, tokenizer=tokenizer, native_url=native_url,
+                            concurrency=concurrency, batch_size=batch_size)
+    except pydantic.ValidationError as err:
+        raise typer.BadParameter("; ".join(f"--{e['loc'][-1].replace('_', '-')} {e['input']!r}: {e['msg']}"
+                                           for e in err.errors())) from None
+    runtime = check_pair(pair, drafter=method != AR)
+    check_folder("--output-dir", output_dir)
+    try:
         spec = load_task(task)
         check_decode(method, alpha, n_draft, spec.sampling.temperature)
         problems = load_problems(spec, limit)
-        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier, drafter_url, verifier_url)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
 
