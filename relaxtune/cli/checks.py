@@ -71,6 +71,12 @@ def check_pair(pair, *, drafter: bool = True) -> str:
     Raises:
         typer.BadParameter: as ``check_model``, or a runtime that cannot run this pair.
     """
+    from ..backends.lookup import parse_lookup
+
+    try:
+        parse_lookup(pair.drafter)
+    except ValueError as err:
+        raise typer.BadParameter(f"--drafter {pair.drafter}: {err}") from None
     try:
         runtime = pair.resolved_runtime()
     except ValueError as err:

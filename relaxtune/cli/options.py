@@ -66,7 +66,8 @@ def setting_option(name: str, *, with_default: bool = True, **overrides):
     if isinstance(default, list):
         default = _shown(name, default)
     default = overrides.pop("default", default)
-    kwargs = dict(help=option_help(name), show_default=False) | overrides
+    text = (info.description or "").replace("[", "\\[") if default is ... else option_help(name)  # required
+    kwargs = dict(help=text, show_default=False) | overrides
     return typer.Option(default, *(["/".join(decls)] if decls else []), **kwargs)
 
 
@@ -105,7 +106,7 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
     import pydantic
     import yaml
 
-    from ..tune.settings import TuneSettings
+    from ..tune.settings import GROUPS, TuneSettings, flat_fields
 
     merged: dict = dict(base or {})
     if config:
@@ -132,20 +133,30 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
     except pydantic.ValidationError as err:
         given = {k for k, v in flags.items() if v is not None}
 
-        def where(loc) -> str:  # the flag, or the key of the --config file it came from
-            key = str(loc[-1]) if loc else ""
+        def where(key: str) -> str:  # the flag, or the key of the --config file it came from
             return f"--{key.replace('_', '-')}" if key in given or not config else f"{config}: {key}"
 
-        def line(e) -> str:
-            loc = [p for p in e["loc"] if isinstance(p, str)]
-            if len(loc) <= 1 and e["loc"] and e["loc"][0] in ("pair", "stats", "search", "stores", "workers"):
-                return _plain(e["msg"])  # a check across a group's fields: its message names them
-            value = "" if e["type"] == "missing" or not loc else f" {e.get('input')!r}"
-            return f"{where(loc)}{value}: {_plain(e['msg'])}" if loc else _plain(e["msg"])
-
-        raise typer.BadParameter("; ".join(line(e) for e in err.errors())) from None
+        names = set(flat_fields())
+        lines: dict[str, str] = {}  # one line per setting (a union's first refusal: c_rel's number)
+        for e in err.errors():
+            name = next((str(p) for p in e["loc"] if p in names), None)
+            if name is None and e["loc"] and e["loc"][0] in GROUPS:  # a check across a group's fields
+                lines.setdefault(str(e["loc"]), _plain(e["msg"]))
+            elif name is None:  # an unknown key
+                key = str(e["loc"][0]) if e["loc"] else ""
+                lines.setdefault(key, f"{where(key)}: {_plain(e['msg'])}" if key else _plain(e["msg"]))
+            else:
+                said = e["type"] == "missing" or repr(e.get("input")) in e["msg"]  # the check's message names it
+                value = "" if said else f" {_value(e.get('input'))}"
+                lines.setdefault(name, f"{where(name)}{value}: {_plain(e['msg'])}")
+        raise typer.BadParameter("; ".join(lines.values())) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
+
+
+def _value(value) -> str:
+    """A refused value as the user typed it (a flag's text as is, a config's value as Python shows it)."""
+    return value if isinstance(value, str) and value.strip() == value and value else repr(value)
 
 
 def _plain(message: str) -> str:
@@ -165,7 +176,10 @@ def tune_options(fn):
     kw = inspect.Parameter.KEYWORD_ONLY
     config = typer.Option(None, "--config", help="YAML with any of the options below")
     params = [inspect.Parameter("config", kw, default=config, annotation=Optional[str])]
-    params += [inspect.Parameter(name, kw, default=setting_option(name, with_default=False),
-                                 annotation=Optional[cli_type(name)]) for name in flat_fields()]
+    for name in flat_fields():
+        kind = cli_type(name)
+        number = kind in (int, float)  # parsed by the model, whose refusal names the value as typed
+        option = setting_option(name, with_default=False, **({"metavar": kind.__name__.upper()} if number else {}))
+        params.append(inspect.Parameter(name, kw, default=option, annotation=Optional[str if number else kind]))
     fn.__signature__ = inspect.Signature(params)
     return fn

@@ -23,7 +23,7 @@ CPU_NATIVE_REFUSED = (
 def serve(
     drafter: str = setting_option("drafter", default=...),
     verifier: str = setting_option("verifier", default=...),
-    port: int = typer.Option(30000, min=1, max=65533, help="drafter port; the verifier gets port + 1 (and the "
+    port: int = typer.Option(30000, help="drafter port; the verifier gets port + 1 (and the "
                              "speculative server port + 2)"),
     python: str = typer.Option(sys.executable, help="the python of SGLang's own environment (it pins its own "
                                "torch; scripts/sglang_env.sh builds one for a CPU host)"),
@@ -56,6 +56,8 @@ def serve(
     from ..backends.sglang_launch import ServerSpec, host_device, launch
     from ..backends.sglang_native import native_flags
 
+    if not 1 <= port <= 65533:
+        raise typer.BadParameter(f"--port {port}: give a port in 1-65533 (the servers take port, port + 1, port + 2)")
     if not 0 < mem_fraction <= 1:
         raise typer.BadParameter(f"--mem-fraction {mem_fraction}: give a share in (0, 1]")
     if timeout <= 0:

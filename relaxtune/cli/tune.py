@@ -145,6 +145,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     from ..tune.settings import study_name
     from ..tune.stopping import guarded
 
+    from ..tune.checks import ConfirmationError
     from ..tune.settings import start
     from .checks import check_settings
 
@@ -157,6 +158,9 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
             lazy = None if new_trials else lazy_backend(**settings.backend)
             spec, problems, backend = prepare(settings, lazy, new_trials=new_trials, log=lambda m: None)  # the job warns
         settings = start(settings)  # the output folder made, the auto runtime resolved (and recorded by the job)
+    except ConfirmationError as err:  # too few problems for epsilon: the flags that decide it, named
+        raise typer.BadParameter(f"--limit {settings.limit}, --epsilon {settings.epsilon:g}, --confidence "
+                                 f"{settings.confidence:g}: {err}") from None
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")
