@@ -86,7 +86,7 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
 
         pinned = ({m for m in settings.methods if native_server(backend, m) is not None} if backend is not None else
                   {m for m in settings.methods if settings.native_url and get_method(m).server_native})
-        warning = check_confirmable(len(problems), settings, spec.repeats, planned_confirmations(settings, pinned))
+        warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned_confirmations(settings, pinned))
         if warning:
             log(f"warning: {warning}")
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
@@ -200,7 +200,7 @@ def run_tune_job(
     for n in used or ([settings.mid_n_draft] if new_trials else []):
         tuner.baseline(n)
     for outcome in outcomes:  # strict at every N known now: no chosen point is one strict dominates
-        outcome.chosen = choose(outcome.study, settings, tuner.strict_points())
+        outcome.chosen = choose(outcome.study, settings.stats, tuner.strict_points())
 
     # confirmation on samples the search never saw
     confirmations = confirm(tuner, outcomes, held_out, new_trials=new_trials, log=log)

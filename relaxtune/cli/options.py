@@ -179,7 +179,7 @@ def tune_options(fn):
     for name in flat_fields():
         kind = cli_type(name)
         number = kind in (int, float)  # parsed by the model, whose refusal names the value as typed
-        option = setting_option(name, with_default=False, **({"metavar": kind.__name__.upper()} if number else {}))
+        option = setting_option(name, with_default=False, **({"metavar": f"<{kind.__name__}>"} if number else {}))
         params.append(inspect.Parameter(name, kw, default=option, annotation=Optional[str if number else kind]))
     fn.__signature__ = inspect.Signature(params)
     return fn

@@ -167,7 +167,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
+        with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
                      exit_now=True):
             config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:

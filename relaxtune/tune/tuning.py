@@ -292,7 +292,7 @@ class Tuner:
             self._studies = studies
             self._drive(submit)
         strict = self.strict_points()
-        return [MethodOutcome(m, study, choose(study, self.settings, strict), run_ids.get(m), tokens=study_tokens(study))
+        return [MethodOutcome(m, study, choose(study, self.settings.stats, strict), run_ids.get(m), tokens=study_tokens(study))
                 for m, study in studies.items()]
 
     def tune_method(self, method: str) -> MethodOutcome:
@@ -413,7 +413,7 @@ class Tuner:
         """The modeled speed-up a trial must be able to exceed to matter: that of the study's
         ``settings.confirmations``-th fastest candidate (``candidates``: every point the job
         could confirm is at least as fast), None while it has fewer candidates."""
-        ranked = candidates(study, self.settings, self.strict_points())
+        ranked = candidates(study, self.settings.stats, self.strict_points())
         k = self.settings.confirmations
         return ranked[k - 1].values[0] if len(ranked) >= k else None
 
@@ -425,7 +425,7 @@ class Tuner:
         try:
             if state == "COMPLETE":
                 trial.set_user_attr("metrics", metrics)
-                _set_constraints(trial, constraint_values(metrics, self.settings))
+                _set_constraints(trial, constraint_values(metrics, self.settings.stats))
                 trial.study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
             else:
                 attrs = {"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}
