@@ -86,8 +86,8 @@ def test_every_flat_name_belongs_to_exactly_one_group_and_reads_back():
     for group, model in GROUPS.items():
         for name in model.model_fields:
             assert getattr(settings, name) == getattr(getattr(settings, group), name)
-    with pytest.raises(AttributeError):
-        settings.epsilon = 0.2  # a read-only view: the groups hold the values
+    settings.parallel_trials = 3  # a view: the group holds the value
+    assert settings.workers.parallel_trials == 3 and settings.model_dump()["parallel_trials"] == 3
 
 
 def test_groups_given_whole_and_flat_keys_on_top():
@@ -223,6 +223,8 @@ def sandbox(tmp_path, monkeypatch):
         "fields: {question: question, answer: answer}\nprompt: {template: '{question} = ?'}\n"
         "grader: {kind: math}\nsampling: {temperature: 0.8, top_p: 1.0, top_k: null}\nmax_new_tokens: 10\n")
     (tmp_path / "list.yaml").write_text("- epsilon: 0.1\n")
+    (tmp_path / "typo.yaml").write_text(f"task: many.yaml\ndrafter: {tmp_path / 'm'}\nverifier: m\nepsilonn: 0.1\n")
+    (tmp_path / "nan.yaml").write_text(f"task: many.yaml\ndrafter: {tmp_path / 'm'}\nverifier: m\nepsilon: .nan\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -274,6 +276,17 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--export", "m"], "--export m: a folder"),
     ([*TUNE, "--output-dir", "afile/runs"], "--output-dir afile/runs"),
     ([*TUNE, "--config", "missing.yaml"], "--config missing.yaml"),
+    ([*TUNE, "--drafter-url", "http://127.0.0.1:1"], "--drafter-url http://127.0.0.1:1: the SGLang backend needs both"),
+    ([*TUNE, "--native-url", "http://127.0.0.1:1"], "--native-url http://127.0.0.1:1: needs --drafter-url"),
+    ([*TUNE, "--drafter", "prompt-lookup", "--drafter-url", "http://h:1", "--verifier-url", "http://h:2"],
+     "--drafter-url http://h:1: --drafter prompt-lookup drafts without a model"),
+    ([*TUNE, "--output-dir", "/proc/relaxtune"], "--output-dir /proc/relaxtune: nothing can be written in /proc"),
+    ([*TUNE, "--export", "/proc/x/y.yaml"], "--export /proc/x/y.yaml: nothing can be written in /proc"),
+    ([*TUNE, "--job-id", " "], "--job-id: ' ': give an id without spaces"),
+    ([*TUNE, "--limit", "2.5"], "--limit 2.5: input should be a valid integer"),
+    ([*TUNE, "--epsilon", "1e309"], "--epsilon 1e309: input should be a finite number"),
+    (["tune", "--config", "typo.yaml"], "typo.yaml: epsilonn: extra inputs are not permitted"),
+    (["tune", "--config", "nan.yaml"], "nan.yaml: epsilon nan: input should be a finite number"),
     ([*TUNE, "--config", "list.yaml"], "--config list.yaml"),
     (["export", "--task", "many.yaml", "--epsilon", "nan"], "--epsilon nan"),
     ([*EVAL, "--output-dir", "afile"], "--output-dir afile"),
@@ -281,12 +294,19 @@ BAD = [  # (arguments, what the message must name)
     ([*EVAL, "--dtype", "fp16"], ("'--dtype'", "'fp16'")),
     ([*EVAL, "--alpha", "nan"], ("'--alpha'", "nan is not a finite number")),
     ([*EVAL, "--verifier-url", "127.0.0.1:30001", "--drafter-url", "http://127.0.0.1:30000"],
-     "--verifier-url '127.0.0.1:30001'"),
+     "--verifier-url: '127.0.0.1:30001' is not a server URL"),
     (["generate", "hi", "--verifier", "./typo"], "--verifier ./typo"),
     (["generate", "hi", "--temperature", "nan"], ("'--temperature'", "nan is not a finite number")),
     (["generate", "hi", "--dtype", "half"], ("'--dtype'", "'half'")),
     (["plan", "--task", "many.yaml", "--epsilon", "nan"], ("'--epsilon'", "nan is not a finite number")),
     (["plan", "--task", "many.yaml", "--epsilon", "0.1", "--confirm", "both"], ("'--confirm'", "'both'")),
+    (["plan", "--task", "many.yaml", "--epsilon", "2"], "--epsilon 2.0: input should be less than or equal to 1"),
+    (["plan", "--task", "many.yaml", "--epsilon", "0.1", "--confidence", "0.3"], "--confidence 0.3: input should be"),
+    (["plan", "--task", "many.yaml", "--epsilon", "0.1", "--power", "1.5"], "--power must be in (0, 1), got 1.5"),
+    (["generate", "hi", "--top-p", "1.5"], "--top-p 1.5: top_p must be in (0, 1]"),
+    (["transfer", "--tasks", "a,b", "--confidence", "nan"], ("'--confidence'", "nan is not a finite number")),
+    (["ui", "--port", "-1"], "'--port'"),
+    ([*EVAL, "--drafter-url", "http://h:1"], "--drafter-url http://h:1: the SGLang backend needs both"),
     ([*SERVE, "--drafter", "./typo"], "--drafter ./typo"),
     ([*SERVE, "--port", "70000"], "--port 70000"),
     ([*SERVE, "--mem-fraction", "0"], "--mem-fraction 0.0"),

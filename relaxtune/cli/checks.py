@@ -81,6 +81,20 @@ def check_pair(pair, *, drafter: bool = True) -> str:
         runtime = pair.resolved_runtime()
     except ValueError as err:
         raise typer.BadParameter(f"--runtime {pair.runtime}: {err}") from None
+    lookup = parse_lookup(pair.drafter) is not None
+    # the same pairing rules load_backend applies (it applies them only once the task's files are written)
+    if lookup and pair.drafter_url:
+        raise typer.BadParameter(f"--drafter-url {pair.drafter_url}: --drafter {pair.drafter} drafts without a model; "
+                                 "give --verifier-url alone")
+    if not lookup and bool(pair.drafter_url) != bool(pair.verifier_url):
+        given = "--drafter-url " + pair.drafter_url if pair.drafter_url else "--verifier-url " + pair.verifier_url
+        raise typer.BadParameter(f"{given}: the SGLang backend needs both --drafter-url and --verifier-url")
+    if pair.native_url and not pair.verifier_url:
+        raise typer.BadParameter(f"--native-url {pair.native_url}: needs --drafter-url and --verifier-url too "
+                                 "(strict, the baseline, runs on them)")
+    if pair.native_url and lookup:
+        raise typer.BadParameter(f"--native-url {pair.native_url}: SGLang's speculative server drafts with its own "
+                                 f"drafter model, not --drafter {pair.drafter}")
     if pair.verifier_url or pair.drafter_url:
         return runtime
     check_model("--verifier", pair.verifier, runtime)
@@ -91,17 +105,29 @@ def check_pair(pair, *, drafter: bool = True) -> str:
     return runtime
 
 
-def check_folder(flag: str, folder: str) -> None:
-    """``folder`` is a folder or can be made one: neither it nor a folder above it is a file.
+def check_folder(flag: str, folder: str, shown: str | None = None) -> None:
+    """``folder`` is a folder or can be made one: neither it nor a folder above it is a file,
+    and the nearest existing folder on its way takes a new entry (probed with a temporary
+    folder, removed at once: nothing is left).
 
     Raises:
-        typer.BadParameter: naming the flag, the value and the file in the way.
+        typer.BadParameter: naming the flag, the value and the file in the way, or why
+            nothing can be written there.
     """
-    path = Path(os.path.expanduser(folder))
+    import tempfile
+
+    shown = folder if shown is None else shown  # the value as given (a file's, for a file's folder)
+    path = Path(os.path.expanduser(folder)).absolute()
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
             what = "is a file" if part == path else f"lies under the file {part}"
-            raise typer.BadParameter(f"{flag} {folder}: {what}, not a folder; give a folder")
+            raise typer.BadParameter(f"{flag} {shown}: {what}, not a folder; give a folder")
+    nearest = next(part for part in (path, *path.parents) if part.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".relaxtune-probe-", dir=nearest))
+    except OSError as err:
+        raise typer.BadParameter(f"{flag} {shown}: nothing can be written in {nearest} ({err.strerror}); give a "
+                                 "folder you can write to") from None
 
 
 def check_file_target(flag: str, file: str) -> None:
@@ -113,7 +139,7 @@ def check_file_target(flag: str, file: str) -> None:
     path = Path(os.path.expanduser(file))
     if path.is_dir():
         raise typer.BadParameter(f"{flag} {file}: a folder; give a file path, e.g. {path / 'tuned.yaml'}")
-    check_folder(flag, str(path.parent))
+    check_folder(flag, str(path.parent), shown=file)
 
 
 def check_python(flag: str, python: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional
 import typer
 
 __all__ = ["setting_option", "option_help", "cli_type", "settings_from", "tune_options", "BOOL_FLAGS",
-           "bad_parameter", "finite"]
+           "group_of", "finite"]
 
 # a boolean setting's two flags (the second is the default's)
 BOOL_FLAGS = {"remeasure_costs": ("--remeasure-costs", "--saved-costs")}
@@ -80,9 +80,24 @@ def finite(ctx: typer.Context, param, value):
     return value
 
 
-def bad_parameter(message: str) -> typer.BadParameter:
-    """A refusal typer prints as a usage error (exit code 2)."""
-    return typer.BadParameter(message)
+def group_of(model, **values):
+    """``model(**values)`` (a settings group, e.g. ``PairSettings``) from a command's options.
+
+    Raises:
+        typer.BadParameter: each refused value with its flag (exit code 2).
+    """
+    import pydantic
+
+    try:
+        return model(**values)
+    except pydantic.ValidationError as err:
+        lines = []
+        for e in err.errors():
+            name = next((str(p) for p in e["loc"] if p in values), None)
+            flag = "" if name is None else "--" + name.replace("_", "-") + " "
+            said = repr(e.get("input")) in e["msg"] or name is None
+            lines.append(f"{flag}{'' if said else _value(e.get('input'))}: {_plain(e['msg'])}".replace(" :", ":"))
+        raise typer.BadParameter("; ".join(lines)) from None
 
 
 def _split(key: str, value: str) -> list:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -10,7 +11,7 @@ from typing import Optional
 import typer
 
 from .app import app, console
-from .options import cli_type, finite, setting_option
+from .options import cli_type, finite, group_of, setting_option
 from .tables import JSON, Col, print_json, show
 
 def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
@@ -55,7 +56,9 @@ def plan_(
     drop and discordance. Power is exact (the bound's own test summed over every outcome); repeats change
     neither it nor the floor (the bound reads each problem's first repeat)."""
     from ..certify.planning import plan
+    from ..tune.settings import StatsSettings
 
+    group_of(StatsSettings, epsilon=epsilon, confidence=confidence, confirmations=confirmations, confirm=confirm)
     try:
         from ..tasks.spec import load_problems, load_task
 
@@ -72,8 +75,8 @@ def plan_(
         with console.status("computing the exact power"):
             result = plan(problems, repeats, epsilon, confidence, discordance, drop, power,
                           planned=methods * confirmations, holdout=confirm == "holdout")
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        raise typer.BadParameter(str(err)) from None
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # plan's own checks name the option
+        raise typer.BadParameter(re.sub(r"^(drop|discordance|power|epsilon|confidence) ", r"--\1 ", str(err))) from None
     if json_output:
         print_json({"source": source, "plan": asdict(result) | {"line": result.line(),
                                                                  "assumptions": result.assumptions()}})

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app, console, status
-from .options import cli_type, finite, setting_option
+from .options import cli_type, finite, group_of, setting_option
 from .tables import JSON, Col, print_json, show
 
 
@@ -42,7 +42,10 @@ def generate(
     from ..engine.sequence import generate as run
 
     try:
-        sampling = SamplingParams(temperature, top_k, top_p)
+        try:
+            sampling = SamplingParams(temperature, top_k, top_p)
+        except ValueError as err:
+            raise ValueError(f"--temperature {temperature:g} / --top-k {top_k} / --top-p {top_p:g}: {err}") from None
         if not prompt.strip():
             raise ValueError("the prompt is empty")
         grid = get_method(method).grid if method != AR else ()
@@ -51,8 +54,8 @@ def generate(
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    runtime = check_pair(PairSettings(drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
-                                      tokenizer=tokenizer), drafter=method != AR)
+    runtime = check_pair(group_of(PairSettings, drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
+                                  tokenizer=tokenizer), drafter=method != AR)
     with status(f"loading {drafter} -> {verifier} ({'GGUF' if runtime == 'llamacpp' else dtype})", json_output):
         try:
             backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
@@ -111,8 +114,6 @@ def eval_(
     import json
     from pathlib import Path
 
-    import pydantic
-
     from ..backends.load import LazyBackend, backend_name, load_backend
     from ..tune.settings import PairSettings
     from .checks import check_folder, check_pair
@@ -120,13 +121,9 @@ def eval_(
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
 
-    try:
-        pair = PairSettings(drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime, drafter_url=drafter_url,
-                            verifier_url=verifier_url, tokenizer=tokenizer, native_url=native_url,
-                            concurrency=concurrency, batch_size=batch_size)
-    except pydantic.ValidationError as err:
-        raise typer.BadParameter("; ".join(f"--{e['loc'][-1].replace('_', '-')} {e['input']!r}: {e['msg']}"
-                                           for e in err.errors())) from None
+    pair = group_of(PairSettings, drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
+                    drafter_url=drafter_url, verifier_url=verifier_url, tokenizer=tokenizer, native_url=native_url,
+                    concurrency=concurrency, batch_size=batch_size)
     runtime = check_pair(pair, drafter=method != AR)
     check_folder("--output-dir", output_dir)
     try:

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from .app import app, console, say
+from .options import finite
 from .tables import JSON, print_json
 
 
@@ -55,7 +56,7 @@ def transfer_(
     tasks: str = typer.Option(..., help="comma-separated tasks (names or YAML paths), each tuned in --output-dir"),
     methods: Optional[str] = typer.Option(None, help="comma-separated methods \\[default: every method some task's "
                                           "config confirmed a point for]"),
-    confidence: Optional[float] = typer.Option(None, help="one-sided confidence that every cell marked within "
+    confidence: Optional[float] = typer.Option(None, callback=finite, help="one-sided confidence that every cell marked within "
                                                "epsilon holds at once (split over the cells) \\[default: the highest "
                                                "of the tuned configs']"),
     output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs wrote their records and configs"),

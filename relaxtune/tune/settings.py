@@ -188,6 +188,13 @@ class StoreSettings(BaseModel):
             raise ValueError(f"{path!r} is not a path")
         return path
 
+    @field_validator("job_id")
+    @classmethod
+    def _job_id_text(cls, job_id: str | None) -> str | None:
+        if job_id is not None and (not job_id.strip() or job_id != job_id.strip()):
+            raise ValueError(f"{job_id!r}: give an id without spaces around it, or none (the default digest)")
+        return job_id
+
 
 class WorkerSettings(BaseModel):
     """How this worker runs its share of the job."""
@@ -232,7 +239,7 @@ class TuneSettings(BaseModel):
     ``workers``). Built from flat keys (``TuneSettings(task=..., epsilon=0.1)``, a ``--config``
     YAML, a saved job) or from the groups; dumped flat (``model_dump``), so a YAML written
     before the groups still loads and MLflow params keep their names. Each field is also
-    readable flat (``settings.epsilon``), a read-only view generated from the groups.
+    reachable flat (``settings.epsilon`` is ``settings.stats.epsilon``), a view generated from the groups.
 
     Raises:
         pydantic.ValidationError: an unknown key, or a field's value refused (located
@@ -303,11 +310,13 @@ _OWNER = {name: group for group, model in GROUPS.items() for name in model.model
 
 
 def _view(group: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, group), name),
-                    doc=f"``{group}.{name}`` (read-only view)")
+    def write(self, value) -> None:
+        setattr(getattr(self, group), name, value)
+
+    return property(lambda self: getattr(getattr(self, group), name), write, doc=f"``{group}.{name}``")
 
 
-for _name, _group in _OWNER.items():  # flat read-only views, generated from the groups
+for _name, _group in _OWNER.items():  # flat views of the groups' fields, generated from the groups
     setattr(TuneSettings, _name, _view(_group, _name))
 
 
