@@ -86,7 +86,8 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
 
         pinned = ({m for m in settings.methods if native_server(backend, m) is not None} if backend is not None else
                   {m for m in settings.methods if settings.native_url and get_method(m).server_native})
-        warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned_confirmations(settings, pinned))
+        planned = planned_confirmations(settings, pinned)
+        warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned)
         if warning:
             log(f"warning: {warning}")
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)

@@ -151,6 +151,7 @@ SHARED = {  # the settings each command takes (tune and export: all of them)
     "generate": ["drafter", "verifier", "seed", "dtype", "runtime", "tokenizer"],
     "plan": ["task", "epsilon", "confidence", "confirmations", "confirm", "output_dir"],
     "serve": ["drafter", "verifier"],
+    "transfer": ["output_dir", "mlflow_uri"],
 }
 
 
@@ -180,9 +181,13 @@ def test_flow_parameters_carry_the_settings_defaults_and_descriptions():
 
     import flows.tune as tune
 
-    for flow in (tune.tune_task, tune.tune_all, tune.tune_new, tune.evaluate_point):
+    from flows.transfer import transfer_matrix
+
+    flows = {tune.tune_task: "*", tune.tune_all: "*", tune.tune_new: "*", tune.evaluate_point: "*",
+             transfer_matrix: ["output_dir", "mlflow_uri"]}  # transfer's methods: the ones judged, not tuned
+    for flow, names in flows.items():
         props = parameter_schema(flow.fn).model_dump()["properties"]
-        shared = [n for n in props if n in flat_fields()]
+        shared = [n for n in props if n in flat_fields() and (names == "*" or n in names)]
         assert shared, flow.name
         for name in shared:
             info = flat_fields()[name]
@@ -262,8 +267,10 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--storage", "sqlite://"], "--storage: 'sqlite://' is an in-memory"),
     ([*TUNE, "--mlflow-uri", "file:///tmp/mlruns"], "--mlflow-uri: 'file:///tmp/mlruns': MLflow 3"),
     ([*TUNE, "--mlflow-uri", "http://:5000"], "--mlflow-uri: 'http://:5000' names no host"),
-    ([*TUNE, "--drafter-url", "localhost:30000", "--verifier-url", "localhost:30001"], "--drafter-url: 'localhost:30000' is not a server URL"),
-    ([*TUNE, "--drafter-url", "http://h:1", "--verifier-url", "http://h:port"], "--verifier-url: 'http://h:port': the port"),
+    ([*TUNE, "--drafter-url", "localhost:30000", "--verifier-url", "localhost:30001"],
+     "--drafter-url: 'localhost:30000' is not a server URL"),
+    ([*TUNE, "--drafter-url", "http://h:1", "--verifier-url", "http://h:port"],
+     "--verifier-url: 'http://h:port': the port"),
     ([*TUNE, "--runtime", "llamacpp"], "--verifier m: no such GGUF file"),
     ([*TUNE, "--runtime", "llamacpp", "--verifier", "missing.gguf"], "--verifier missing.gguf"),
     ([*TUNE, "--runtime", "gpu"], ("'--runtime'", "'gpu'")),

@@ -35,7 +35,8 @@ def serve(
                                   help="seconds each server may take to become ready"),
     log_dir: Optional[str] = typer.Option(None, help="write the servers' logs here"),
     native_threshold: Optional[float] = typer.Option(
-        None, min=0.0, max=1.0, callback=finite, help="also start a STANDALONE speculative server (port + 2) running SGLang's "
+        None, min=0.0, max=1.0, callback=finite,
+        help="also start a STANDALONE speculative server (port + 2) running SGLang's "
         "own relaxation at this threshold, for the sglang_threshold method (GPU hosts only)"),
     n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N of the speculative server"),
     allow_other_sglang: bool = typer.Option(False, help="run an SGLang other than the pinned version (its responses "
