@@ -161,12 +161,18 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
                 key = str(e["loc"][0]) if e["loc"] else ""
                 lines.setdefault(key, f"{where(key)}: {_plain(e['msg'])}" if key else _plain(e["msg"]))
             else:
-                said = e["type"] == "missing" or repr(e.get("input")) in e["msg"]  # the check's message names it
+                said = e["type"] == "missing" or _named(e.get("input"), e["msg"])
                 value = "" if said else f" {_value(e.get('input'))}"
                 lines.setdefault(name, f"{where(name)}{value}: {_plain(e['msg'])}")
         raise typer.BadParameter("; ".join(lines.values())) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
+
+
+def _named(value, message: str) -> bool:
+    """Whether a check's ``message`` already names the refused ``value`` (or each of a list's items)."""
+    items = value if isinstance(value, list) and value else [value]
+    return repr(value) in message or all(repr(i) in message or str(i) in message for i in items)
 
 
 def _value(value) -> str:

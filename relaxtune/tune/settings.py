@@ -65,6 +65,21 @@ class PairSettings(BaseModel):
     batch_size: int | None = Field(None, ge=1, description="sequences the in-process engine decodes together "
                                    "(default: 8 on a CPU, 32 on a GPU; 1: one at a time)")
 
+    @field_validator("drafter")
+    @classmethod
+    def _lookup_form(cls, drafter: str) -> str:
+        from ..backends.lookup import parse_lookup
+
+        parse_lookup(drafter)  # a malformed prompt-lookup:<n> is refused whatever the runtime
+        return drafter
+
+    @model_validator(mode="after")
+    def _runtime_or_servers(self):
+        if self.runtime == "llamacpp" and (self.drafter_url or self.verifier_url):
+            raise ValueError("--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
+                             "them on SGLang servers: give one or the other")
+        return self
+
     @field_validator("drafter_url", "verifier_url", "native_url")
     @classmethod
     def _server_url(cls, url: str | None) -> str | None:
