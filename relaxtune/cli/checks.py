@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["check_model", "check_pair", "check_folder", "check_file_target", "check_python", "check_settings"]
+__all__ = ["check_model", "check_pair", "check_folder", "check_file_target", "check_python", "check_job"]
 
 
 def _looks_local(model: str) -> bool:
@@ -156,20 +156,21 @@ def check_python(flag: str, python: str) -> str:
     return found
 
 
-def check_settings(settings, *, export: bool = False) -> str:
-    """Every check of a tuning job's settings that needs no model and writes nothing: the
-    pair (``check_pair``; an export loads no model, so its models are not checked), the
-    output folder and the tuned config's path. Returns the resolved runtime.
+def check_job(pair, stores, *, export: bool = False) -> str:
+    """Every check of a tuning job's pair (``PairSettings``) and stores (``StoreSettings``)
+    that needs no model and writes nothing: the pair (``check_pair``; an export loads no
+    model, so its models are not checked), the output folder and the tuned config's path.
+    Returns the resolved runtime.
 
     Raises:
         typer.BadParameter: naming the flag and the value.
     """
-    check_folder("--output-dir", settings.output_dir)
-    if settings.export:
-        check_file_target("--export", settings.export)
+    check_folder("--output-dir", stores.output_dir)
+    if stores.export:
+        check_file_target("--export", stores.export)
     if export:
         try:
-            return settings.pair.resolved_runtime()
+            return pair.resolved_runtime()
         except ValueError as err:
-            raise typer.BadParameter(f"--runtime {settings.runtime}: {err}") from None
-    return check_pair(settings.pair)
+            raise typer.BadParameter(f"--runtime {pair.runtime}: {err}") from None
+    return check_pair(pair)

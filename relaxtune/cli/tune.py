@@ -147,9 +147,9 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
 
     from ..tune.checks import ConfirmationError
     from ..tune.settings import start
-    from .checks import check_settings
+    from .checks import check_job
 
-    check_settings(settings, export=not new_trials)  # before anything loads or is written
+    check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
     log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:

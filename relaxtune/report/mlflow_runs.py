@@ -195,7 +195,7 @@ class Runs:
         """Each method's trial points, judged under the job's settings, its exported
         point marked."""
         return {o.method: study_points(o.method, get_method(o.method).knob, o.study, config.methods.get(o.method),
-                                       tuner.settings.stats) for o in outcomes}
+                                       tuner.settings) for o in outcomes}
 
 
 def _frame(rows: list[dict]):
