@@ -142,11 +142,9 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
 
     from ..backends.load import lazy_backend
     from ..job import JobError, prepare, run_tune_job
-    from ..tune.settings import study_name
-    from ..tune.stopping import guarded
-
     from ..tune.checks import ConfirmationError
-    from ..tune.settings import start
+    from ..tune.settings import start, study_name
+    from ..tune.stopping import guarded
     from .checks import check_job
 
     check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written

@@ -292,8 +292,8 @@ class Tuner:
             self._studies = studies
             self._drive(submit)
         strict = self.strict_points()
-        return [MethodOutcome(m, study, choose(study, self.settings.stats, strict), run_ids.get(m), tokens=study_tokens(study))
-                for m, study in studies.items()]
+        return [MethodOutcome(m, study, choose(study, self.settings.stats, strict), run_ids.get(m),
+                              tokens=study_tokens(study)) for m, study in studies.items()]
 
     def tune_method(self, method: str) -> MethodOutcome:
         """``tune([method])``: one method's study."""
