@@ -9,15 +9,24 @@ import functools
 
 from prefect import flow, get_run_logger
 
+from flows.params import SETTING, from_settings
 from flows.steps import backend_tag, generate_and_grade, load_backend
 
 
 @flow(name="transfer_matrix", log_prints=True)
+@from_settings
 def transfer_matrix(tasks: list[str], methods: list[str] | None = None, confidence: float | None = None,
-                    output_dir: str = "relaxtune-runs", mlflow_uri: str | None = None) -> dict:
+                    output_dir: str = SETTING, mlflow_uri: str | None = SETTING) -> dict:
     """Judge each task's tuned point on every other task (``relaxtune transfer``);
     returns ``{"confidence_each", "cells": the transfer table's rows, "written": the
-    tuned configs that gained a transfer section}``."""
+    tuned configs that gained a transfer section}``.
+
+    Args:
+        tasks: task names or YAML paths, each tuned in output_dir
+        methods: the methods judged (default: every method some task's config confirmed a point for)
+        confidence: one-sided confidence that every cell marked within epsilon holds at once (default: the
+            highest of the tuned configs')
+    """
     from relaxtune.transfer.run import load_tuned, run_transfer
 
     @functools.cache

@@ -22,6 +22,7 @@ import uuid
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flows.params import FROM_SETTINGS, SETTING, from_settings
 from flows.steps import (
     as_future,
     backend_tag,
@@ -36,7 +37,7 @@ from flows.steps import (
 from relaxtune.tasks.spec import list_tasks
 from relaxtune.tune.evaluation import DecodeConfig
 from relaxtune.tune.ranges import merge, split
-from relaxtune.tune.settings import TuneSettings
+from relaxtune.tune.settings import TuneSettings, field_info
 from relaxtune.tune.studies import default_worker
 
 
@@ -54,11 +55,18 @@ def _ranges_runner(settings: TuneSettings):
 
 
 @flow(name="evaluate_point", log_prints=True)
-def evaluate_point(task: str, method: str = "strict", alpha: float | None = None, n_draft: int = 4, seed: int = 0,
-                   limit: int | None = None, drafter: str | None = None, verifier: str | None = None,
-                   dtype: str = "bfloat16", output_dir: str = "relaxtune-runs", range_size: int | None = None) -> dict:
+@from_settings
+def evaluate_point(task: str = SETTING, method: str = "strict", alpha: float | None = None, n_draft: int = 4,
+                   seed: int = SETTING, limit: int | None = SETTING, drafter: str = SETTING, verifier: str = SETTING,
+                   dtype: str = SETTING, output_dir: str = SETTING, range_size: int | None = SETTING) -> dict:
     """Evaluate one (method, alpha, N) point on a task, in ranges of ``range_size``
-    problems run as concurrent task runs; returns the merged result's summary."""
+    problems run as concurrent task runs; returns the merged result's summary.
+
+    Args:
+        method: method id, or 'ar'
+        alpha: the method's knob
+        n_draft: draft length N
+    """
     s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir, range_size=range_size,
                      **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v})
     problems = list(problems_of(task, limit))
@@ -70,11 +78,16 @@ def evaluate_point(task: str, method: str = "strict", alpha: float | None = None
 
 
 @flow(name="tune_task", log_prints=True)
-def tune_task(task: str, methods: list[str] | None = None, limit: int | None = None, epsilon: float = 0.05,
-              trials: int = 8, n_drafts: list[int] | None = None, settings: dict | None = None) -> dict:
+@from_settings
+def tune_task(task: str = SETTING, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
+              epsilon: float = SETTING, trials: int = SETTING, n_drafts: list[int] | None = FROM_SETTINGS,
+              settings: dict | None = None) -> dict:
     """Tune every method on one task (the same job as ``relaxtune tune``), as one
-    worker of it; returns the exported config as a dict. ``settings`` holds any
-    other ``TuneSettings`` field (``storage``, ``parallel_trials``, ``range_size``, ...)."""
+    worker of it; returns the exported config as a dict.
+
+    Args:
+        settings: any other setting by its flat name (``storage``, ``parallel_trials``, ``range_size``, ...)
+    """
     from prefect.runtime import flow_run
 
     from relaxtune.job import run_tune_job
@@ -120,30 +133,43 @@ def _tune_many(tasks: dict[str, str], parallel_tasks: int, **kwargs) -> dict[str
 
 
 @flow(name="tune_all", log_prints=True)
-def tune_all(tasks: list[str] | None = None, methods: list[str] | None = None, limit: int | None = None,
-             epsilon: float = 0.05, trials: int = 8, settings: dict | None = None,
+@from_settings
+def tune_all(tasks: list[str] | None = None, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
+             epsilon: float = SETTING, trials: int = SETTING, settings: dict | None = None,
              parallel_tasks: int = 1) -> dict[str, str]:
     """Tune every task of ``evals/`` (or the given ones), ``parallel_tasks`` at a
-    time; returns task -> recommended method."""
+    time; returns task -> recommended method.
+
+    Args:
+        tasks: task names or YAML paths (default: every task of evals/)
+        settings: any other setting by its flat name
+        parallel_tasks: tasks tuned at once
+    """
     return _tune_many({t: t for t in tasks or list_tasks()}, parallel_tasks, methods=methods, limit=limit,
                       epsilon=epsilon, trials=trials, settings=settings)
 
 
 @flow(name="tune_new", log_prints=True)
-def tune_new(folders: list[str] | None = None, methods: list[str] | None = None, limit: int | None = None,
-             epsilon: float = 0.05, trials: int = 8, n_drafts: list[int] | None = None, settings: dict | None = None,
-             parallel_tasks: int = 1) -> dict[str, str]:
+@from_settings
+def tune_new(folders: list[str] | None = None, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
+             epsilon: float = SETTING, trials: int = SETTING, n_drafts: list[int] | None = FROM_SETTINGS,
+             settings: dict | None = None, parallel_tasks: int = 1) -> dict[str, str]:
     """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
     for its version and the settings' model pair in the output folder yet, or whose
     spec changed after its config was made (``relaxtune.tune.schedule.untuned``), and
     whose data loads: a spec whose data cannot load is skipped with a one-line reason
-    before any model loads; returns task -> recommended method."""
+    before any model loads; returns task -> recommended method.
+
+    Args:
+        folders: folders of task specs besides evals/
+        settings: any other setting by its flat name
+        parallel_tasks: tasks tuned at once
+    """
     from relaxtune.tune.schedule import unavailable, untuned
 
-    defaults = TuneSettings.model_fields
     given = settings or {}
-    output_dir = given.get("output_dir", defaults["output_dir"].default)
-    pair = (given.get("drafter", defaults["drafter"].default), given.get("verifier", defaults["verifier"].default))
+    output_dir = given.get("output_dir", field_info("output_dir").default)
+    pair = (given.get("drafter", field_info("drafter").default), given.get("verifier", field_info("verifier").default))
     logger = get_run_logger()
     pending = []
     for p in untuned(folders, output_dir, pair):

@@ -38,7 +38,7 @@ from .tune.checks import SearchProblemsError, check_confirmable, check_methods, 
 from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.estimate import announce
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
-from .tune.settings import TuneSettings, job_id
+from .tune.settings import TuneSettings, job_id, start
 from .tune.tuning import Tuner, choose
 
 __all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
@@ -80,19 +80,22 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
     problems = load_problems(spec, settings.limit)
     if not problems:
         raise ValueError(f"task {spec.name} has no problems")
+    if new_trials:  # before anything is written or loaded: too few problems is refused at once
+        from .decoding.methods import get_method
+        from .engine.sequence import native_server
+
+        pinned = ({m for m in settings.methods if native_server(backend, m) is not None} if backend is not None else
+                  {m for m in settings.methods if settings.native_url and get_method(m).server_native})
+        planned = planned_confirmations(settings, pinned)
+        warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned)
+        if warning:
+            log(f"warning: {warning}")
     check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
     if not new_trials:  # the trials searched the first half with --confirm holdout
         search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
         check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(**settings.backend))
     if backend is None:
         backend = load_backend(**settings.backend)
-    if new_trials:
-        from .engine.sequence import native_server
-
-        pinned = {m for m in settings.methods if native_server(backend, m) is not None}
-        warning = check_confirmable(len(problems), settings, spec.repeats, planned_confirmations(settings, pinned))
-        if warning:
-            log(f"warning: {warning}")
     return spec, problems, backend
 
 
@@ -144,6 +147,7 @@ def run_tune_job(
     """
     # checks, problems, the pair and the forward costs
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
+    settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: _tracking)
         prepare_stores(settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials,
@@ -197,7 +201,7 @@ def run_tune_job(
     for n in used or ([settings.mid_n_draft] if new_trials else []):
         tuner.baseline(n)
     for outcome in outcomes:  # strict at every N known now: no chosen point is one strict dominates
-        outcome.chosen = choose(outcome.study, settings, tuner.strict_points())
+        outcome.chosen = choose(outcome.study, settings.stats, tuner.strict_points())
 
     # confirmation on samples the search never saw
     confirmations = confirm(tuner, outcomes, held_out, new_trials=new_trials, log=log)

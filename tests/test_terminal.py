@@ -277,8 +277,9 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
         TuneSettings(task="humaneval", runtime="llamacpp", drafter_url="http://a:1", verifier_url="http://b:2")
     lookup = TuneSettings(task="humaneval", runtime="llamacpp", drafter="prompt-lookup:2")
     assert load.backend_name(**lookup.backend) == "prompt-lookup:2->qwen2.5-coder-1.5b-instruct@llamacpp"
-    settings = TuneSettings(task="humaneval")  # resolved once, so a saved job names the runtime it ran on
-    assert settings.runtime == embedded and settings.backend["runtime"] == embedded
+    settings = TuneSettings(task="humaneval")  # resolved where the job starts (start), which then records it
+    assert settings.runtime == "auto" and settings.backend["runtime"] == embedded
+    assert settings.pair.resolved_runtime() == embedded
     assert load.backend_name(**settings.backend).endswith("@llamacpp") == installed
     assert TuneSettings(task="humaneval", runtime="hf").runtime == "hf"
 
@@ -292,7 +293,11 @@ def test_a_check_across_fields_is_reported_without_an_empty_flag():
                                    "llamacpp"], env={"COLUMNS": "250"})
     assert out.exit_code == 2
     text = " ".join(out.output.split())
-    assert "Invalid value: drafter 'prompt-lookup:0': give prompt-lookup" in text and "--:" not in text
+    assert "Invalid value: --drafter: drafter 'prompt-lookup:0': give prompt-lookup" in text and "--:" not in text
+    out = CliRunner().invoke(app, ["tune", "--task", "humaneval", "--heartbeat", "30", "--grace-period", "10"],
+                             env={"COLUMNS": "250"})  # a check across fields: its message names them
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2 and "Invalid value: grace_period (10 s) must exceed heartbeat (30 s)" in text
 
 
 def test_version_plain_validation_messages_and_c_rel_precision():

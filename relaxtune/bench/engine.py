@@ -44,11 +44,11 @@ import time
 
 import torch
 
-from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import HFBackend
 from relaxtune.bench.batching import batch_table
 from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate
 from relaxtune.engine.sequence import generate
+from relaxtune.tune.settings import DTYPES, field_info
 
 
 def _hf_single(backend: HFBackend, prompts: list[list[int]], max_new: int, n_draft: int | None) -> float:
@@ -110,15 +110,16 @@ def single_table(backend: HFBackend, prompts: list[list[int]], drafts: list[int]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", default=DRAFTER.name)
-    ap.add_argument("--verifier", default=VERIFIER.name)
-    ap.add_argument("--dtype", default="bfloat16")
+    for name in ("drafter", "verifier", "dtype"):  # the job's own options: default and help from the settings
+        info = field_info(name)
+        ap.add_argument(f"--{name}", default=info.default, help=info.description,
+                        **({"choices": DTYPES} if name == "dtype" else {}))
     ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
     ap.add_argument("--random-weights", action="store_true", help="models from the configs, random weights")
     ap.add_argument("--tables", default=None, help="which tables: single, batch [default: both; batch on llamacpp]")
     ap.add_argument("--runtime", default="hf", choices=["hf", "llamacpp"],
                     help="hf: transformers on the bf16 models; llamacpp: llama.cpp on the GGUF files")
-    ap.add_argument("--tokenizer", default=None, help="llamacpp: tokenizer id/folder [default: the verifier GGUF's]")
+    ap.add_argument("--tokenizer", default=None, help=field_info("tokenizer").description)
     ap.add_argument("--drafts", default="2,4,8", help="draft lengths N of the single table, comma separated")
     ap.add_argument("--batch-sizes", default="1,4,8", help="batch sizes B of the batch table, comma separated")
     ap.add_argument("--batch-n-draft", type=int, default=4, help="relaxtune strict's N in the batch table")

@@ -114,7 +114,7 @@ def tasks_validate(
 def ui(
     mlflow_uri: str = typer.Option("sqlite:///mlflow.db", help="the tuning runs' MLflow tracking URI"),
     storage: str = typer.Option("sqlite:///relaxtune-runs/optuna.db", help="the Optuna storage of the studies"),
-    port: int = typer.Option(5000, help="the MLflow UI's port"),
+    port: int = typer.Option(5000, min=1, max=65535 - 80, help="the MLflow UI's port (optuna-dashboard: port + 80)"),
 ) -> None:
     """Print how to open the results: the MLflow UI (runs, decision, figures) and
     optuna-dashboard (the studies, which are ordinary Optuna RDB studies)."""

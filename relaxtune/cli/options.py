@@ -1,64 +1,114 @@
-"""The options ``relaxtune tune`` and ``relaxtune export`` share, and how they become ``TuneSettings``
-(a saved job, then a ``--config`` YAML, then flags on top)."""
+"""Command-line options made from the settings' fields (``relaxtune.tune.settings``): one
+default and one help text each, never written again here. ``tune`` and ``export`` take
+every setting (``tune_options``); ``generate``, ``eval`` and ``plan`` take the ones they
+share (``setting_option``). ``settings_from`` builds ``TuneSettings`` from a saved job,
+then a ``--config`` YAML, then the flags on top."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Optional
+import types
+import typing
+from typing import Any, Literal, Optional
 
 import typer
 
-TUNE_FLAGS = dict(
-    task=typer.Option(None, help="task name (see `relaxtune tasks`) or YAML path"),
-    methods=typer.Option(None, help="comma-separated method ids \\[default: cactus,mentored]"),
-    drafter=typer.Option(None, help="drafter: embedded name, folder, hub id, or prompt-lookup[:n] (no model) "
-                                    "\\[default: embedded 0.5B]"),
-    verifier=typer.Option(None, help="verifier \\[default: embedded 1.5B]"),
-    dtype=typer.Option(None, help="bfloat16 (default), float16 or float32"),
-    runtime=typer.Option(None, help="in-process backend: hf (transformers) or llamacpp (llama.cpp on the GGUF files; "
-                         "pip install 'relaxtune\\[llamacpp]') \\[default: auto: llamacpp for the embedded pair when "
-                         "installed, else hf]"),
-    drafter_url=typer.Option(None, help="SGLang drafter server URL (with --verifier-url: tune against SGLang)"),
-    verifier_url=typer.Option(None, help="SGLang verifier server URL"),
-    tokenizer=typer.Option(None, help="tokenizer id/folder for SGLang \\[default: --verifier]"),
-    native_url=typer.Option(None, help="STANDALONE speculative SGLang server for sglang_threshold "
-                            "(`relaxtune serve --native-threshold`)"),
-    concurrency=typer.Option(None, help="sequences in flight against SGLang \\[default: 8]"),
-    batch_size=typer.Option(None, help="sequences the in-process engine decodes together \\[default: 8 on CPU, "
-                            "32 on GPU]"),
-    epsilon=typer.Option(None, help="allowed accuracy drop vs strict \\[default: 0.05]"),
-    confidence=typer.Option(None, help="one-sided confidence of the drop bound \\[default: 0.9]"),
-    c_rel=typer.Option(None, help="drafter/verifier cost ratio or 'measured' \\[default: measured]: a fixed "
-                       "value overrides the measured profile"),
-    remeasure_costs=typer.Option(None, "--remeasure-costs/--saved-costs", help="measure the cost profile anew, "
-                                 "replacing the one saved in --output-dir \\[default: saved-costs]"),
-    n_drafts=typer.Option(None, help="comma-separated draft lengths \\[default: 3,5,10,20]"),
-    trials=typer.Option(None, help="trials per method \\[default: 8]"),
-    limit=typer.Option(None, help="first N problems only"),
-    seed=typer.Option(None, help="base seed \\[default: 0]"),
-    stage_size=typer.Option(None, help="problems per pruning stage \\[default: 4]"),
-    output_dir=typer.Option(None, help="records, Optuna db and tuned config \\[default: relaxtune-runs]"),
-    storage=typer.Option(None, help="Optuna storage URL \\[default: sqlite:///<output-dir>/optuna.db]"),
-    mlflow_uri=typer.Option(None, help="MLflow tracking URI \\[default: sqlite:///mlflow.db]"),
-    max_length_ratio=typer.Option(None, help="optional guard on L_relax / L_strict"),
-    max_truncated=typer.Option(None, help="optional guard on the truncated share"),
-    export=typer.Option(None, help="tuned config path \\[default: <output-dir>/<task>.tuned.yaml]"),
-    parallel_trials=typer.Option(None, help="trials this worker runs at once \\[default: 1]; start the same command "
-                                 "on other hosts with the same --storage to add workers"),
-    heartbeat=typer.Option(None, help="seconds between heartbeats of a running trial \\[default: 30]"),
-    grace_period=typer.Option(None, help="seconds without a heartbeat before a trial is retried \\[default: 4 x "
-                              "heartbeat]"),
-    range_size=typer.Option(None, help="problems per evaluation range, shared among workers \\[default: all]"),
-    job_id=typer.Option(None, help="the job's id in MLflow \\[default: a digest of storage, task and settings]"),
-    confirm=typer.Option(None, help="confirm chosen points on a 'holdout' half of the problems the search never sees (default) or on fresh 'seeds' (a promise about these problems only) of the "
-                         "problems the search never sees"),
-    confirmations=typer.Option(None, help="points confirmed at most per method; the confidence is split evenly over "
-                               "every confirmation the search allows \\[default: 2]"),
-)
-TUNE_TYPES = dict(concurrency=int, batch_size=int, trials=int, limit=int, seed=int, stage_size=int, epsilon=float,
-                  confidence=float, max_length_ratio=float, max_truncated=float, remeasure_costs=bool,
-                  parallel_trials=int, heartbeat=int, grace_period=int, range_size=int,
-                  confirmations=int)  # the others are str
+__all__ = ["setting_option", "option_help", "cli_type", "settings_from", "tune_options", "BOOL_FLAGS",
+           "group_of", "finite"]
+
+# a boolean setting's two flags (the second is the default's)
+BOOL_FLAGS = {"remeasure_costs": ("--remeasure-costs", "--saved-costs")}
+
+
+def _shown(name: str, value: Any) -> str:
+    """How a default reads on the command line (lists comma-separated, booleans as their flag)."""
+    if name in BOOL_FLAGS:
+        return BOOL_FLAGS[name][0 if value else 1].lstrip("-")
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def option_help(name: str) -> str:
+    """The help of setting ``name``: its description, then ``[default: <the model's default>]``
+    when it has one (a default of None is told by the description)."""
+    from ..tune.settings import field_info
+
+    info = field_info(name)
+    text = (info.description or "").replace("[", "\\[")
+    if info.is_required() or info.default is None:
+        return text
+    return f"{text} \\[default: {_shown(name, info.default)}]"
+
+
+def cli_type(name: str):
+    """The type typer parses setting ``name`` with: the field's own (a closed choice stays
+    one), ``str`` for a list (comma-separated) or a number-or-word (``c_rel``)."""
+    from ..tune.settings import field_info
+
+    annotation = field_info(name).annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = args[0] if len(args) == 1 else str
+    if typing.get_origin(annotation) is Literal or annotation in (int, float, bool, str):
+        return annotation
+    return str  # list[...]: comma-separated
+
+
+def setting_option(name: str, *, with_default: bool = True, **overrides):
+    """The ``typer.Option`` of setting ``name``: the model's default (or None with
+    ``with_default=False``, so a flag left out keeps a config's or a saved job's value) and help."""
+    from ..tune.settings import field_info
+
+    info = field_info(name)
+    decls = BOOL_FLAGS.get(name, ())
+    default = None if (not with_default or info.is_required()) else info.default
+    if isinstance(default, list):
+        default = _shown(name, default)
+    default = overrides.pop("default", default)
+    text = (info.description or "").replace("[", "\\[") if default is ... else option_help(name)  # required
+    kwargs = dict(help=text, show_default=False) | overrides
+    return typer.Option(default, *(["/".join(decls)] if decls else []), **kwargs)
+
+
+def finite(ctx: typer.Context, param, value):
+    """A typer callback: refuses NaN and infinity (click's float type reads both), naming the flag."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise typer.BadParameter(f"{value!r} is not a finite number", ctx=ctx, param=param)
+    return value
+
+
+def group_of(model, **values):
+    """``model(**values)`` (a settings group, e.g. ``PairSettings``) from a command's options.
+
+    Raises:
+        typer.BadParameter: each refused value with its flag (exit code 2).
+    """
+    import pydantic
+
+    try:
+        return model(**values)
+    except pydantic.ValidationError as err:
+        lines = []
+        for e in err.errors():
+            name = next((str(p) for p in e["loc"] if p in values), None)
+            flag = "" if name is None else "--" + name.replace("_", "-") + " "
+            said = repr(e.get("input")) in e["msg"] or name is None
+            lines.append(f"{flag}{'' if said else _value(e.get('input'))}: {_plain(e['msg'])}".replace(" :", ":"))
+        raise typer.BadParameter("; ".join(lines)) from None
+
+
+def _split(key: str, value: str) -> list:
+    flag = "--" + key.replace("_", "-")
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if key != "n_drafts":
+        return items
+    bad = [v for v in items if not v.lstrip("-").isdigit()]
+    if bad:
+        raise typer.BadParameter(f"{flag}: {bad[0]!r} is not an integer (give e.g. 3,5,10)")
+    return [int(v) for v in items]
 
 
 def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):
@@ -71,48 +121,63 @@ def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = Non
     import pydantic
     import yaml
 
-    from ..tune.settings import TuneSettings
+    from ..tune.settings import GROUPS, TuneSettings, flat_fields
 
     merged: dict = dict(base or {})
     if config:
         try:
             loaded = yaml.safe_load(open(config)) or {}
-        except (OSError, yaml.YAMLError) as err:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
             raise typer.BadParameter(f"cannot read --config {config}: {err}") from None
         if not isinstance(loaded, dict):
             raise typer.BadParameter(f"--config {config} must hold a mapping of options, got {type(loaded).__name__}")
-        merged |= {k.replace("-", "_"): v for k, v in loaded.items()}  # n-drafts and n_drafts both work
+        merged |= {str(k).replace("-", "_"): v for k, v in loaded.items()}  # n-drafts and n_drafts both work
     for key, value in flags.items():
         if value is None:
             continue
-        flag = "--" + key.replace("_", "-")
         if key in ("methods", "n_drafts") and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-            if key == "n_drafts":
-                bad = [v for v in value if not v.lstrip("-").isdigit()]
-                if bad:
-                    raise typer.BadParameter(f"{flag}: {bad[0]!r} is not an integer (give e.g. 3,5,10)")
-                value = [int(v) for v in value]
+            value = _split(key, value)
         if key == "c_rel" and value != "measured":
             try:
                 value = float(value)
             except ValueError:
-                raise typer.BadParameter(f"{flag}: {value!r} is neither a number nor 'measured'") from None
+                raise typer.BadParameter(f"--c-rel: {value!r} is neither a number nor 'measured'") from None
         merged[key] = value
     try:
         return TuneSettings(**merged)
     except pydantic.ValidationError as err:
         given = {k for k, v in flags.items() if v is not None}
 
-        def where(loc) -> str:  # the flag, or the key of the --config file it came from
-            key = str(loc[0]) if loc else ""
+        def where(key: str) -> str:  # the flag, or the key of the --config file it came from
             return f"--{key.replace('_', '-')}" if key in given or not config else f"{config}: {key}"
 
-        # a check across fields (a model validator) has no location: its message names what it is about
-        lines = [f"{where(e['loc'])}: {_plain(e['msg'])}" if e["loc"] else _plain(e["msg"]) for e in err.errors()]
-        raise typer.BadParameter("; ".join(lines)) from None
+        names = set(flat_fields())
+        lines: dict[str, str] = {}  # one line per setting (a union's first refusal: c_rel's number)
+        for e in err.errors():
+            name = next((str(p) for p in e["loc"] if p in names), None)
+            if name is None and e["loc"] and e["loc"][0] in GROUPS:  # a check across a group's fields
+                lines.setdefault(str(e["loc"]), _plain(e["msg"]))
+            elif name is None:  # an unknown key
+                key = str(e["loc"][0]) if e["loc"] else ""
+                lines.setdefault(key, f"{where(key)}: {_plain(e['msg'])}" if key else _plain(e["msg"]))
+            else:
+                said = e["type"] == "missing" or _named(e.get("input"), e["msg"])
+                value = "" if said else f" {_value(e.get('input'))}"
+                lines.setdefault(name, f"{where(name)}{value}: {_plain(e['msg'])}")
+        raise typer.BadParameter("; ".join(lines.values())) from None
     except (ValueError, TypeError) as err:
         raise typer.BadParameter(str(err)) from None
+
+
+def _named(value, message: str) -> bool:
+    """Whether a check's ``message`` already names the refused ``value`` (or each of a list's items)."""
+    items = value if isinstance(value, list) and value else [value]
+    return repr(value) in message or all(repr(i) in message or str(i) in message for i in items)
+
+
+def _value(value) -> str:
+    """A refused value as the user typed it (a flag's text as is, a config's value as Python shows it)."""
+    return value if isinstance(value, str) and value.strip() == value and value else repr(value)
 
 
 def _plain(message: str) -> str:
@@ -124,12 +189,18 @@ def _plain(message: str) -> str:
 
 
 def tune_options(fn):
-    """Give ``fn(config, **flags)`` a ``--config`` option and every option of
-    ``TUNE_FLAGS`` (typer reads the signature), so ``tune`` and ``export`` share them."""
+    """Give ``fn(config, **flags)`` a ``--config`` option and one option per setting
+    (``relaxtune.tune.settings.flat_fields``; typer reads the signature), so ``tune`` and
+    ``export`` share them."""
+    from ..tune.settings import flat_fields
+
     kw = inspect.Parameter.KEYWORD_ONLY
     config = typer.Option(None, "--config", help="YAML with any of the options below")
     params = [inspect.Parameter("config", kw, default=config, annotation=Optional[str])]
-    params += [inspect.Parameter(name, kw, default=option, annotation=Optional[TUNE_TYPES.get(name, str)])
-               for name, option in TUNE_FLAGS.items()]
+    for name in flat_fields():
+        kind = cli_type(name)
+        number = kind in (int, float)  # parsed by the model, whose refusal names the value as typed
+        option = setting_option(name, with_default=False, **({"metavar": f"<{kind.__name__}>"} if number else {}))
+        params.append(inspect.Parameter(name, kw, default=option, annotation=Optional[str if number else kind]))
     fn.__signature__ = inspect.Signature(params)
     return fn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -10,6 +11,7 @@ from typing import Optional
 import typer
 
 from .app import app, console
+from .options import cli_type, finite, group_of, setting_option
 from .tables import JSON, Col, print_json, show
 
 def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
@@ -32,21 +34,20 @@ def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
 
 @app.command("plan")
 def plan_(
-    task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or YAML path"),
-    epsilon: float = typer.Option(..., help="the accuracy drop vs strict to certify"),
-    confidence: float = typer.Option(0.9, help="the job's one-sided confidence (--confidence of `relaxtune tune`)"),
-    drop: float = typer.Option(0.0, help="true accuracy drop of the relaxed point planned for"),
-    discordance: float = typer.Option(0.1, help="share of paired samples where relaxed and strict differ (common "
-                                      "random numbers give about 0.1)"),
-    power: float = typer.Option(0.8, help="chance that the exported bound certifies epsilon"),
+    task: str = setting_option("task", default=...),
+    epsilon: float = setting_option("epsilon", default=..., callback=finite),
+    confidence: float = setting_option("confidence", callback=finite),
+    drop: float = typer.Option(0.0, callback=finite, help="true accuracy drop of the relaxed point planned for"),
+    discordance: float = typer.Option(0.1, callback=finite, help="share of paired samples where relaxed and strict "
+                                      "differ (common random numbers give about 0.1)"),
+    power: float = typer.Option(0.8, callback=finite, help="chance that the exported bound certifies epsilon"),
     methods: int = typer.Option(2, min=1, help="methods the job tunes (the confidence is split over their "
                                 "confirmations)"),
-    confirmations: int = typer.Option(2, min=1, help="--confirmations of the job"),
-    confirm: str = typer.Option("holdout", help="--confirm of the job: holdout (confirm on the held-out half) or "
-                                "seeds (fresh seeds on every problem)"),
+    confirmations: int = setting_option("confirmations", min=1),
+    confirm: cli_type("confirm") = setting_option("confirm"),
     problems: Optional[int] = typer.Option(None, min=1, help="the sample to assess \\[default: strict's records in "
                                            "--output-dir, else the task's problems]"),
-    output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs' records are"),
+    output_dir: str = setting_option("output_dir"),
     json_output: bool = JSON,
 ) -> None:
     """Print what the exported bound of a job on the current sample can certify, and the problems x repeats
@@ -55,9 +56,9 @@ def plan_(
     drop and discordance. Power is exact (the bound's own test summed over every outcome); repeats change
     neither it nor the floor (the bound reads each problem's first repeat)."""
     from ..certify.planning import plan
+    from ..tune.settings import StatsSettings
 
-    if confirm not in ("holdout", "seeds"):
-        raise typer.BadParameter(f"--confirm must be holdout or seeds, got {confirm!r}")
+    group_of(StatsSettings, epsilon=epsilon, confidence=confidence, confirmations=confirmations, confirm=confirm)
     try:
         from ..tasks.spec import load_problems, load_task
 
@@ -74,8 +75,8 @@ def plan_(
         with console.status("computing the exact power"):
             result = plan(problems, repeats, epsilon, confidence, discordance, drop, power,
                           planned=methods * confirmations, holdout=confirm == "holdout")
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        raise typer.BadParameter(str(err)) from None
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # plan's own checks name the option
+        raise typer.BadParameter(re.sub(r"^(drop|discordance|power|epsilon|confidence) ", r"--\1 ", str(err))) from None
     if json_output:
         print_json({"source": source, "plan": asdict(result) | {"line": result.line(),
                                                                  "assumptions": result.assumptions()}})

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app, console, status
-from .options import TUNE_FLAGS
+from .options import cli_type, finite, group_of, setting_option
 from .tables import JSON, Col, print_json, show
 
 
@@ -15,40 +15,47 @@ from .tables import JSON, Col, print_json, show
 def generate(
     prompt: str = typer.Argument(..., help="user message; the verifier's chat template is applied"),
     method: str = typer.Option("strict", help="method id (see `relaxtune methods`) or 'ar'"),
-    alpha: Optional[float] = typer.Option(None, help="the method's knob; default: the middle of its paper grid"),
-    n_draft: int = typer.Option(4, "--n-draft", "-n", help="draft length N"),
-    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="embedded name, local folder, hub id or prompt-lookup"),
-    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="embedded name, local folder or hub id"),
-    temperature: float = typer.Option(0.6),
-    top_k: int = typer.Option(20, help="keep the k most likely tokens; 0 keeps all"),
-    top_p: float = typer.Option(0.95),
-    max_new_tokens: int = typer.Option(256),
-    seed: int = typer.Option(0),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 (fastest on CPU), float16 or float32"),
-    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help, show_default=False),
-    tokenizer: Optional[str] = typer.Option(None, help="tokenizer id/folder for --runtime llamacpp \\[default: the "
-                                            "verifier GGUF's]"),
+    alpha: Optional[float] = typer.Option(None, callback=finite, help="the method's knob; default: the middle of "
+                                          "its paper grid"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N"),
+    drafter: cli_type("drafter") = setting_option("drafter"),
+    verifier: cli_type("verifier") = setting_option("verifier"),
+    temperature: float = typer.Option(0.6, callback=finite, help="sampling temperature"),
+    top_k: int = typer.Option(20, min=0, help="keep the k most likely tokens; 0 keeps all"),
+    top_p: float = typer.Option(0.95, callback=finite, help="keep the smallest set of tokens of at least this "
+                                "probability"),
+    max_new_tokens: int = typer.Option(256, min=1, help="the response's length limit, in tokens"),
+    seed: cli_type("seed") = setting_option("seed"),
+    dtype: cli_type("dtype") = setting_option("dtype"),
+    runtime: cli_type("runtime") = setting_option("runtime"),
+    tokenizer: Optional[str] = setting_option("tokenizer"),
     baseline: bool = typer.Option(True, help="also run AR with the same seed and report the measured speed-up"),
     json_output: bool = JSON,
 ) -> None:
     """Generate one response with a relaxed method and print its decoding statistics."""
-    from ..backends.load import load_backend, resolve_runtime
+    from ..backends.load import load_backend
     from ..decoding.methods import get_method
+    from ..tune.settings import PairSettings
+    from .checks import check_pair
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
     from ..engine.sequence import generate as run
 
     try:
-        sampling = SamplingParams(temperature, top_k, top_p)
+        try:
+            sampling = SamplingParams(temperature, top_k, top_p)
+        except ValueError as err:
+            raise ValueError(f"--temperature {temperature:g} / --top-k {top_k} / --top-p {top_p:g}: {err}") from None
         if not prompt.strip():
             raise ValueError("the prompt is empty")
         grid = get_method(method).grid if method != AR else ()
         if alpha is None and grid:
             alpha = grid[len(grid) // 2]  # the middle of the paper's grid
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
-        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    runtime = check_pair(group_of(PairSettings, drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
+                                  tokenizer=tokenizer), drafter=method != AR)
     with status(f"loading {drafter} -> {verifier} ({'GGUF' if runtime == 'llamacpp' else dtype})", json_output):
         try:
             backend = load_backend(drafter if method != AR else None, verifier, dtype=dtype, runtime=runtime,
@@ -84,40 +91,45 @@ def generate(
 
 @app.command("eval")
 def eval_(
-    task: str = typer.Option(..., help="task name (see `relaxtune tasks`) or a YAML path"),
+    task: str = setting_option("task", default=...),
     method: str = typer.Option("strict", help="method id or 'ar'"),
-    alpha: Optional[float] = typer.Option(None, help="the method's knob"),
-    n_draft: int = typer.Option(4, "--n-draft", "-n"),
-    limit: Optional[int] = typer.Option(None, min=1, help="first N problems only"),
-    seed: int = typer.Option(0),
-    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct"),
-    verifier: str = typer.Option("qwen2.5-coder-1.5b-instruct"),
-    dtype: str = typer.Option("bfloat16"),
-    runtime: str = typer.Option("auto", help=TUNE_FLAGS["runtime"].help, show_default=False),
-    drafter_url: Optional[str] = TUNE_FLAGS["drafter_url"],
-    verifier_url: Optional[str] = TUNE_FLAGS["verifier_url"],
-    tokenizer: Optional[str] = TUNE_FLAGS["tokenizer"],
-    native_url: Optional[str] = TUNE_FLAGS["native_url"],
-    concurrency: int = typer.Option(8, min=1, help="sequences in flight against SGLang"),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="sequences the in-process engine decodes together "
-                                             "\\[default: 8 on CPU, 32 on GPU]"),
-    output_dir: str = typer.Option("relaxtune-runs", help="records and results go here"),
+    alpha: Optional[float] = typer.Option(None, callback=finite, help="the method's knob"),
+    n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N"),
+    limit: Optional[int] = setting_option("limit", min=1),
+    seed: cli_type("seed") = setting_option("seed"),
+    drafter: cli_type("drafter") = setting_option("drafter"),
+    verifier: cli_type("verifier") = setting_option("verifier"),
+    dtype: cli_type("dtype") = setting_option("dtype"),
+    runtime: cli_type("runtime") = setting_option("runtime"),
+    drafter_url: Optional[str] = setting_option("drafter_url"),
+    verifier_url: Optional[str] = setting_option("verifier_url"),
+    tokenizer: Optional[str] = setting_option("tokenizer"),
+    native_url: Optional[str] = setting_option("native_url"),
+    concurrency: int = setting_option("concurrency", min=1),
+    batch_size: Optional[int] = setting_option("batch_size", min=1),
+    output_dir: str = setting_option("output_dir"),
     json_output: bool = JSON,
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
     import json
     from pathlib import Path
 
-    from ..backends.load import LazyBackend, backend_name, load_backend, resolve_runtime
+    from ..backends.load import LazyBackend, backend_name, load_backend
+    from ..tune.settings import PairSettings
+    from .checks import check_folder, check_pair
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
 
+    pair = group_of(PairSettings, drafter=drafter, verifier=verifier, dtype=dtype, runtime=runtime,
+                    drafter_url=drafter_url, verifier_url=verifier_url, tokenizer=tokenizer, native_url=native_url,
+                    concurrency=concurrency, batch_size=batch_size)
+    runtime = check_pair(pair, drafter=method != AR)
+    check_folder("--output-dir", output_dir)
     try:
         spec = load_task(task)
         check_decode(method, alpha, n_draft, spec.sampling.temperature)
         problems = load_problems(spec, limit)
-        runtime = resolve_runtime(runtime, drafter if method != AR else None, verifier, drafter_url, verifier_url)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
 

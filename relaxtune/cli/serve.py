@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
 from .app import app, console
+from .checks import check_folder, check_model, check_python
+from .options import finite, setting_option
 
 CPU_NATIVE_REFUSED = (
     "--native-threshold needs SGLang's own speculative decoding, which cannot run on a CPU host: its scheduler dies "
@@ -19,17 +21,22 @@ CPU_NATIVE_REFUSED = (
 
 @app.command()
 def serve(
-    drafter: str = typer.Option(..., help="drafter model: a folder, a hub id, or an embedded name"),
-    verifier: str = typer.Option(..., help="verifier model: a folder, a hub id, or an embedded name"),
-    port: int = typer.Option(30000, help="drafter port; the verifier gets port + 1"),
+    drafter: str = setting_option("drafter", default=...),
+    verifier: str = setting_option("verifier", default=...),
+    port: int = typer.Option(30000, help="drafter port; the verifier gets port + 1 (and the "
+                             "speculative server port + 2)"),
     python: str = typer.Option(sys.executable, help="the python of SGLang's own environment (it pins its own "
                                "torch; scripts/sglang_env.sh builds one for a CPU host)"),
-    device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda where an NVIDIA GPU is visible)"),
-    mem_fraction: float = typer.Option(0.4, help="static GPU memory fraction per server"),
-    timeout: float = typer.Option(900.0, help="seconds each server may take to become ready"),
+    device: Literal["auto", "cpu", "cuda"] = typer.Option("auto", help="cpu, cuda, or auto (cuda where an NVIDIA "
+                                                         "GPU is visible)"),
+    mem_fraction: float = typer.Option(0.4, callback=finite,
+                                       help="static GPU memory fraction per server"),
+    timeout: float = typer.Option(900.0, callback=finite,
+                                  help="seconds each server may take to become ready"),
     log_dir: Optional[str] = typer.Option(None, help="write the servers' logs here"),
     native_threshold: Optional[float] = typer.Option(
-        None, min=0.0, max=1.0, help="also start a STANDALONE speculative server (port + 2) running SGLang's "
+        None, min=0.0, max=1.0, callback=finite,
+        help="also start a STANDALONE speculative server (port + 2) running SGLang's "
         "own relaxation at this threshold, for the sglang_threshold method (GPU hosts only)"),
     n_draft: int = typer.Option(4, "--n-draft", "-n", min=1, help="draft length N of the speculative server"),
     allow_other_sglang: bool = typer.Option(False, help="run an SGLang other than the pinned version (its responses "
@@ -50,8 +57,17 @@ def serve(
     from ..backends.sglang_launch import ServerSpec, host_device, launch
     from ..backends.sglang_native import native_flags
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise typer.BadParameter("--device is cpu, cuda or auto")
+    if not 1 <= port <= 65533:
+        raise typer.BadParameter(f"--port {port}: give a port in 1-65533 (the servers take port, port + 1, port + 2)")
+    if not 0 < mem_fraction <= 1:
+        raise typer.BadParameter(f"--mem-fraction {mem_fraction}: give a share in (0, 1]")
+    if timeout <= 0:
+        raise typer.BadParameter(f"--timeout {timeout}: give a number of seconds > 0")
+    python = check_python("--python", python)  # before any model converts or server starts
+    check_model("--drafter", drafter, "hf")  # SGLang loads folders and hub ids, as transformers does
+    check_model("--verifier", verifier, "hf")
+    if log_dir is not None:
+        check_folder("--log-dir", log_dir)
     device = host_device() if device == "auto" else device
     if native_threshold is not None and device == "cpu":
         console.print(CPU_NATIVE_REFUSED, style="red", markup=False)

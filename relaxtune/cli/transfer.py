@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from .app import app, console, say
+from .options import finite, setting_option
 from .tables import JSON, print_json
 
 
@@ -55,11 +56,12 @@ def transfer_(
     tasks: str = typer.Option(..., help="comma-separated tasks (names or YAML paths), each tuned in --output-dir"),
     methods: Optional[str] = typer.Option(None, help="comma-separated methods \\[default: every method some task's "
                                           "config confirmed a point for]"),
-    confidence: Optional[float] = typer.Option(None, help="one-sided confidence that every cell marked within "
+    confidence: Optional[float] = typer.Option(None, callback=finite,
+                                               help="one-sided confidence that every cell marked within "
                                                "epsilon holds at once (split over the cells) \\[default: the highest "
                                                "of the tuned configs']"),
-    output_dir: str = typer.Option("relaxtune-runs", help="where the tuning runs wrote their records and configs"),
-    mlflow_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI \\[default: sqlite:///mlflow.db]"),
+    output_dir: str = setting_option("output_dir"),
+    mlflow_uri: Optional[str] = setting_option("mlflow_uri"),
     json_output: bool = JSON,
 ) -> None:
     """Judge each task's tuned point on every other task (rows: where it was tuned, columns: where it is

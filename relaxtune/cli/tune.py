@@ -142,9 +142,12 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
 
     from ..backends.load import lazy_backend
     from ..job import JobError, prepare, run_tune_job
-    from ..tune.settings import study_name
+    from ..tune.checks import ConfirmationError
+    from ..tune.settings import start, study_name
     from ..tune.stopping import guarded
+    from .checks import check_job
 
+    check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
     log = say(json_output)
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
@@ -152,13 +155,17 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
             # an export only reads records: the pair loads if something needs it, which nothing should
             lazy = None if new_trials else lazy_backend(**settings.backend)
             spec, problems, backend = prepare(settings, lazy, new_trials=new_trials, log=lambda m: None)  # the job warns
+        settings = start(settings)  # the output folder made, the auto runtime resolved (and recorded by the job)
+    except ConfirmationError as err:  # too few problems for epsilon: the flags that decide it, named
+        raise typer.BadParameter(f"--limit {settings.limit}, --epsilon {settings.epsilon:g}, --confidence "
+                                 f"{settings.confidence:g}: {err}") from None
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")
     studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
+        with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
                      exit_now=True):
             config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     studies = lambda: [study_name(spec.name, m, SyntheticPair.name, spec.version) for m in settings.methods]  # noqa: E731
     resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
     evaluate = Synthetic(args.cliff, args.drop, delay=args.delay, strict_accept=args.strict_accept)
-    with guarded(settings, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
+    with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
         config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker, evaluate_fn=evaluate,
                                  log=log)
     print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),

@@ -28,7 +28,7 @@ class ConfirmationError(ValueError):
     """No confirmation of this job can pass, though its search could pass points (the message says what would)."""
 
 
-def check_confirmable(problems: int, settings, repeats: int, planned: int) -> str | None:
+def check_confirmable(problems: int, stats, repeats: int, planned: int) -> str | None:
     """Whether a confirmation of this job can certify epsilon at all, judged where the
     promise is: at ``split_confidence(confidence, planned)`` on the confirmation's
     problems (the held-out half, or all of them with ``--confirm seeds``), with no
@@ -43,28 +43,28 @@ def check_confirmable(problems: int, settings, repeats: int, planned: int) -> st
             cannot certify either (a demo on a few problems), the job runs and
             recommends strict, and the warning says so.
     """
-    holdout = settings.confirm == "holdout"
+    holdout = stats.confirm == "holdout"
     held = problems // 2 if holdout else problems
     search = problems - held if holdout else problems
-    each = split_confidence(settings.confidence, planned)
+    each = split_confidence(stats.confidence, planned)
     floor = smallest_certifiable_drop(held, repeats, each) if held else 1.0
-    if floor <= settings.epsilon:
+    if floor <= stats.epsilon:
         return None
-    need = (2 if holdout else 1) * fewest_problems(settings.epsilon, each, repeats) if settings.epsilon > 0 else None
+    need = (2 if holdout else 1) * fewest_problems(stats.epsilon, each, repeats) if stats.epsilon > 0 else None
     where = (f"--confirm holdout keeps {held} of the {problems} problems for confirmation" if holdout else
              f"--confirm seeds confirms on the {problems} problems")
-    message = (f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({settings.confidence:g} split "
+    message = (f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({stats.confidence:g} split "
                f"over {planned} planned confirmation(s)), and their smallest certifiable drop is {floor:.3f} > epsilon "
-               f"{settings.epsilon:g}; "
+               f"{stats.epsilon:g}; "
                + (f"at least {need} problems (--limit) would let a confirmation pass (fewer methods or "
                   "--confirmations split the confidence less), or a larger --epsilon" if need else
                   "no sample certifies a drop of 0 when relaxed and strict agree: use a larger --epsilon")
                + "; `relaxtune plan` says what certifies with a given power")
-    search_floor = smallest_certifiable_drop(search, repeats, settings.confidence) if search else 1.0
-    if search_floor <= settings.epsilon:
+    search_floor = smallest_certifiable_drop(search, repeats, stats.confidence) if search else 1.0
+    if search_floor <= stats.epsilon:
         raise ConfirmationError(message)
     return (f"{message}. The search cannot certify epsilon either (its {search} problems: {search_floor:.3f} at "
-            f"{settings.confidence:g}): this job explores and will recommend strict")
+            f"{stats.confidence:g}): this job explores and will recommend strict")
 
 
 def check_search_problems(storage_url: str, methods: list[str], spec, pair: str, problems, confirm: str) -> str:

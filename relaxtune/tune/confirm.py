@@ -189,12 +189,12 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
         method -> ``Confirmation``, for the methods with at least one candidate.
     """
     s = tuner.settings
-    ranked = {o.method: candidates(o.study, s, tuner.strict_points())[: s.confirmations] for o in outcomes}
+    ranked = {o.method: candidates(o.study, s.stats, tuner.strict_points())[: s.confirmations] for o in outcomes}
     pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
     planned = max(planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned),
                   sum(len(c) for c in ranked.values()))  # the max guards settings edited between tune and export
     level = split_confidence(s.confidence, planned)
-    judge = s.model_copy(update={"confidence": level})
+    judge = s.stats.model_copy(update={"confidence": level})
     out: dict[str, Confirmation] = {}
     for method, trials in ranked.items():
         if not trials:

@@ -14,7 +14,7 @@ from ..certify.stats import DropBound, drop_bound, paired_counts
 from ..decoding.rambling import loop_rate
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .evaluation import EvalResult
-from .settings import TuneSettings
+from .settings import StatsSettings
 
 __all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible",
            "set_constraints", "CONSTRAINTS", "VIOLATED"]
@@ -131,16 +131,16 @@ def drop_ucb_at(metrics: dict, confidence: float) -> float:
     return stored_bound(metrics, confidence).upper if "strict_only" in metrics else metrics["drop_ucb"]
 
 
-def constraint_values(metrics: dict, settings: TuneSettings) -> dict[str, float]:
+def constraint_values(metrics: dict, stats: StatsSettings) -> dict[str, float]:
     """Named constraint values (each must be <= 0): drop UCB - epsilon, then the
     optional rambling guards (length ratio, truncated share). The drop bound is
-    rebuilt from the stored discordant counts when ``settings.confidence``
+    rebuilt from the stored discordant counts when ``stats.confidence``
     differs from the one the metrics were computed at."""
-    values = {"drop_ucb_minus_epsilon": drop_ucb_at(metrics, settings.confidence) - settings.epsilon}
-    if settings.max_length_ratio is not None:
-        values["length_ratio_over_max"] = metrics["length_ratio"] - settings.max_length_ratio
-    if settings.max_truncated is not None:
-        values["truncated_over_max"] = metrics["truncated"] - settings.max_truncated
+    values = {"drop_ucb_minus_epsilon": drop_ucb_at(metrics, stats.confidence) - stats.epsilon}
+    if stats.max_length_ratio is not None:
+        values["length_ratio_over_max"] = metrics["length_ratio"] - stats.max_length_ratio
+    if stats.max_truncated is not None:
+        values["truncated_over_max"] = metrics["truncated"] - stats.max_truncated
     return {k: v if math.isfinite(v) else VIOLATED for k, v in values.items()}
 
 
@@ -150,17 +150,17 @@ def set_constraints(trial, values: dict[str, float]) -> None:
     trial.set_user_attr("constraints", list(values.values()))
 
 
-def feasible(trial, settings: TuneSettings | None = None) -> bool:
+def feasible(trial, stats: StatsSettings | None = None) -> bool:
     """A COMPLETE trial whose constraints hold: recomputed from its stored
-    metrics under ``settings`` (so an export with another epsilon or guard
+    metrics under ``stats`` (so an export with another epsilon or guard
     re-decides), else the values recorded when it ran."""
     import optuna
 
     if trial.state != optuna.trial.TrialState.COMPLETE:
         return False
     metrics = trial.user_attrs.get("metrics") or {}
-    if settings is not None and "drop_ucb" in metrics:
-        cons = list(constraint_values(metrics, settings).values())
+    if stats is not None and "drop_ucb" in metrics:
+        cons = list(constraint_values(metrics, stats).values())
     else:
         cons = trial.user_attrs.get("constraints")
     return cons is not None and all(c <= 0 for c in cons)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..decoding.methods import get_method
 from .judge import feasible
-from .settings import TuneSettings
+from .settings import StatsSettings
 
 __all__ = ["MethodOutcome", "TrialReport", "candidates", "choose", "study_tokens", "trial_line"]
 
@@ -61,13 +61,13 @@ def trial_line(method: str, number: int, params: dict, m: dict, state: str, done
             f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
 
 
-def candidates(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
+def candidates(study, stats: StatsSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
     """The feasible completed trials, best first (speed-up, then accuracy), one per
     point (knob, N), leaving out every trial strict dominates: ``strict`` maps each
     evaluated draft length to strict's (modeled speed-up, accuracy), and strict at
     some N dominates a trial that is no faster and no more accurate."""
     seen, out = set(), []
-    for t in sorted((t for t in study.get_trials(deepcopy=False) if feasible(t, settings)),
+    for t in sorted((t for t in study.get_trials(deepcopy=False) if feasible(t, stats)),
                     key=lambda t: (-t.values[0], -t.values[1], t.number)):
         point = (t.params.get("knob"), t.params["n_draft"])
         if point in seen or any(s >= t.values[0] and a >= t.values[1] for s, a in (strict or {}).values()):
@@ -77,10 +77,10 @@ def candidates(study, settings: TuneSettings | None = None, strict: dict[int, tu
     return out
 
 
-def choose(study, settings: TuneSettings | None = None, strict: dict[int, tuple[float, float]] | None = None):
+def choose(study, stats: StatsSettings | None = None, strict: dict[int, tuple[float, float]] | None = None):
     """The best of ``candidates`` (the feasible trial with the highest speed-up,
     then accuracy, that strict does not dominate), or None."""
-    ranked = candidates(study, settings, strict)
+    ranked = candidates(study, stats, strict)
     return ranked[0] if ranked else None
 
 

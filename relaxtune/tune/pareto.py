@@ -89,9 +89,9 @@ def _is(result, attr: str, trial) -> bool:
     return same_knob and trial.params.get("n_draft") == n_draft and trial.state.name == "COMPLETE"
 
 
-def study_points(method: str, knob_name: str | None, study, result=None, settings=None) -> list[Point]:
+def study_points(method: str, knob_name: str | None, study, result=None, stats=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics),
-    judged under ``settings`` (an export's epsilon and confidence); ``result``, the
+    judged under ``stats`` (``StatsSettings``: an export's epsilon and confidence); ``result``, the
     method's ``relaxtune.report.export.MethodResult``, marks the chosen and the closest point
     and gives every confirmed trial its confirmation's bound (passed or failed)."""
     from .judge import drop_ucb_at, feasible
@@ -103,12 +103,12 @@ def study_points(method: str, knob_name: str | None, study, result=None, setting
         if "speedup" not in m:
             continue
         knob, n_draft = t.params.get("knob"), t.params["n_draft"]
-        ucb = drop_ucb_at(m, settings.confidence) if settings is not None and "drop_ucb" in m else m.get("drop_ucb")
+        ucb = drop_ucb_at(m, stats.confidence) if stats is not None and "drop_ucb" in m else m.get("drop_ucb")
         chosen, attempt = _is(result, "chosen", t), attempts.get(t.number)
         if attempt is None and chosen and result.search_drop_upper_bound is not None:
             attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
         out.append(Point(point_label(method, knob_name, knob, n_draft), "trial", m["speedup"], m["accuracy"],
-                         feasible(t, settings), chosen, method, knob, n_draft, t.number, ucb, t.state.name,
+                         feasible(t, stats), chosen, method, knob, n_draft, t.number, ucb, t.state.name,
                          m.get("accuracy_ci_low"), m.get("accuracy_ci_high"), m.get("drop"), m.get("drop_lcb"),
                          _is(result, "closest", t), *((attempt["drop_upper_bound"], attempt["passed"]) if attempt
                                                       else (None, None))))

@@ -1,4 +1,12 @@
-"""The settings of a tuning job (CLI flags and ``--config`` YAML keys), study names and job ids."""
+"""The settings of a tuning job, declared once: nested models (model pair and runtime, statistics,
+search, stores, workers) read and written under today's flat names (CLI flags, ``--config`` YAML
+keys, Prefect flow parameters, the saved ``<task>.job.yaml``, MLflow params); study names and job ids.
+
+Each field holds its one default and its one description: ``relaxtune.cli.options`` makes every
+command-line option from them, ``flows/`` every flow parameter. Nothing here touches the disk or
+the machine: ``start`` (called where a job starts) makes the output folder and resolves the
+``auto`` runtime, which the job then records.
+"""
 
 from __future__ import annotations
 
@@ -7,67 +15,140 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..backends.embedded import DRAFTER, VERIFIER
-from ..backends.load import resolve_runtime
 from ..decoding.methods import get_method
 from .store_uris import check_storage_uri, check_tracking_uri
 
-__all__ = ["TuneSettings", "study_name", "job_id", "spec_digest"]
+__all__ = ["PairSettings", "StatsSettings", "SearchSettings", "StoreSettings", "WorkerSettings", "TuneSettings",
+           "GROUPS", "DTYPES", "field_info", "flat_fields", "storage_url", "start", "study_name", "job_id",
+           "spec_digest"]
+
+DTYPES = ("bfloat16", "float16", "float32")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # no NaN or infinity in any number field
 
 
-class TuneSettings(BaseModel):
-    """Everything a tuning job needs (CLI flags and ``--config`` YAML keys)."""
+class PairSettings(BaseModel):
+    """The model pair and where it runs (``relaxtune.backends.load.load_backend``'s arguments)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    task: str
-    methods: list[str] = ["cactus", "mentored"]
-    drafter: str = DRAFTER.name
-    verifier: str = VERIFIER.name
-    dtype: str = "bfloat16"
+    drafter: str = Field(DRAFTER.name, description="drafter: embedded name, folder, hub id, or prompt-lookup[:n] "
+                         "(no model)")
+    verifier: str = Field(VERIFIER.name, description="verifier: embedded name, folder or hub id")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="weights' dtype of the transformers runtime (bfloat16 is the fastest on a CPU); "
+        "llama.cpp runs the GGUF files' own")
     runtime: Literal["auto", "hf", "llamacpp"] = Field(
-        "auto", description="in-process backend: transformers (hf) or llama.cpp on GGUF files (llamacpp: pip install "
-        "'relaxtune[llamacpp]'); auto: llamacpp for the embedded pair when installed, else hf (resolved on load)")
-    drafter_url: str | None = Field(None, description="SGLang drafter server (with verifier_url: SGLang backend)")
-    verifier_url: str | None = Field(None, description="SGLang verifier server")
-    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang (default: the verifier id)")
-    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server running sglang_threshold")
+        "auto", description="in-process backend: hf (transformers) or llamacpp (llama.cpp on the GGUF files; pip "
+        "install 'relaxtune[llamacpp]'); auto: llamacpp for the embedded pair when installed, else hf (resolved "
+        "when the job starts, and recorded)")
+    drafter_url: str | None = Field(None, description="SGLang drafter server URL (with --verifier-url: run against "
+                                    "SGLang)")
+    verifier_url: str | None = Field(None, description="SGLang verifier server URL")
+    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang or llama.cpp (default: the "
+                                  "verifier's)")
+    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server for sglang_threshold "
+                                   "(`relaxtune serve --native-threshold`)")
     concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
-    batch_size: int | None = Field(None, ge=1, description="sequences the in-process engine runs together "
+    batch_size: int | None = Field(None, ge=1, description="sequences the in-process engine decodes together "
                                    "(default: 8 on a CPU, 32 on a GPU; 1: one at a time)")
+
+    @field_validator("drafter")
+    @classmethod
+    def _lookup_form(cls, drafter: str) -> str:
+        from ..backends.lookup import parse_lookup
+
+        parse_lookup(drafter)  # a malformed prompt-lookup:<n> is refused whatever the runtime
+        return drafter
+
+    @model_validator(mode="after")
+    def _runtime_or_servers(self):
+        if self.runtime == "llamacpp" and (self.drafter_url or self.verifier_url):
+            raise ValueError("--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
+                             "them on SGLang servers: give one or the other")
+        return self
+
+    @field_validator("drafter_url", "verifier_url", "native_url")
+    @classmethod
+    def _server_url(cls, url: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or url != url.strip():
+            raise ValueError(f"{url!r} is not a server URL; give e.g. http://127.0.0.1:30000")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError(f"{url!r}: the port is not a number in 0-65535") from None
+        return url
+
+    @property
+    def backend(self) -> dict:
+        """The keyword arguments of ``relaxtune.backends.load.load_backend`` (and of
+        ``backend_name``, less the loading ones). The runtime is resolved (``resolved_runtime``)."""
+        return self.model_dump() | {"runtime": self.resolved_runtime()}
+
+    def resolved_runtime(self) -> str:
+        """``runtime``, with ``auto`` resolved on this machine (``relaxtune.backends.load.resolve_runtime``)."""
+        from ..backends.load import resolve_runtime
+
+        return resolve_runtime(self.runtime, self.drafter, self.verifier, self.drafter_url, self.verifier_url)
+
+
+class StatsSettings(BaseModel):
+    """What the job certifies and how: the budget, the confidence, the guards and the confirmation."""
+
+    model_config = _STRICT
+
     epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
-    c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or measured")
-    remeasure_costs: bool = Field(False, description="measure the cost profile anew and replace the saved one")
-    n_drafts: list[int] = [3, 5, 10, 20]
+    c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or 'measured': "
+                                               "a fixed value overrides the measured profile")
+    remeasure_costs: bool = Field(False, description="measure the cost profile anew, replacing the one saved in "
+                                  "--output-dir")
+    max_length_ratio: float | None = Field(None, gt=0, description="optional guard on L_relax / L_strict")
+    max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard on the truncated share")
+    confirm: Literal["holdout", "seeds"] = Field(
+        "holdout", description="confirmation samples: 'holdout', a held-out half of the problems that the search "
+        "never sees, split before any generation (a promise about problems like these); or 'seeds', fresh seeds on "
+        "the search's problems (a promise about these problems only)")
+    confirmations: int = Field(2, ge=1, description="points confirmed at most per method; the confidence is split "
+                               "evenly over every confirmation the search allows")
+
+    @field_validator("c_rel")
+    @classmethod
+    def _finite_c_rel(cls, c_rel):
+        if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
+            raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
+        return c_rel
+
+
+class SearchSettings(BaseModel):
+    """What the search tries: the methods, draft lengths, trials, problems and seeds."""
+
+    model_config = _STRICT
+
+    methods: list[str] = Field(["cactus", "mentored"], description="comma-separated method ids (see `relaxtune "
+                               "methods`)")
+    n_drafts: list[int] = Field([3, 5, 10, 20], description="comma-separated draft lengths")
     trials: int = Field(8, ge=1, description="completed or pruned trials per method")
     limit: int | None = Field(None, ge=1, description="first N problems only")
-    seed: int = 0
+    seed: int = Field(0, description="base seed")
     stage_size: int = Field(4, ge=1, description="problems per evaluation stage (pruning granularity)")
-    output_dir: str = "relaxtune-runs"
-    storage: str | None = Field(None, description="Optuna RDB URL; default sqlite:///<output_dir>/optuna.db")
-    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///mlflow.db")
-    max_length_ratio: float | None = Field(None, gt=0, description="optional guard: L_relax / L_strict")
-    max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard: truncated share")
-    export: str | None = Field(None, description="tuned config path; default <output_dir>/<task>.tuned.yaml")
-    parallel_trials: int = Field(1, ge=1, description="trials this worker runs at once (threads, or Prefect task "
-                                 "runs), taken from the methods' queues in order")
-    heartbeat: int = Field(30, ge=1, description="seconds between heartbeats of a running trial")
-    grace_period: int | None = Field(None, ge=1, description="seconds without a heartbeat before a running trial "
-                                     "counts as stale and is retried once; default 4 x heartbeat")
-    range_size: int | None = Field(None, ge=1, description="problems per evaluation range: ranges run as separate "
-                                   "task runs (Prefect) or are shared among workers (strict), then merge")
-    job_id: str | None = Field(None, description="the tuning job's id in MLflow (every worker of one job shares it); "
-                               "default: a digest of the storage, the task and the settings that shape trials")
-    confirm: Literal["seeds", "holdout"] = Field(
-        "holdout", description="confirmation samples: a held-out half of the problems, split before any generation "
-        "(the promise is about problems like these), or fresh seeds on the search's problems (about these problems, "
-        "not new ones)")
-    confirmations: int = Field(2, ge=1, description="points confirmed at most per method (the confidence is split)")
 
     @field_validator("methods")
     @classmethod
@@ -80,6 +161,31 @@ class TuneSettings(BaseModel):
             raise ValueError("give at least one method")
         return methods
 
+    @field_validator("n_drafts")
+    @classmethod
+    def _positive_drafts(cls, n_drafts: list[int]) -> list[int]:
+        if not n_drafts or any(n < 1 for n in n_drafts):
+            raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
+        return sorted(set(n_drafts))
+
+    @property
+    def mid_n_draft(self) -> int:
+        """The middle draft length of ``n_drafts`` (the paper's grid runs there first)."""
+        return self.n_drafts[(len(self.n_drafts) - 1) // 2]
+
+
+class StoreSettings(BaseModel):
+    """Where the job keeps what it makes: records, studies, MLflow runs, the tuned config."""
+
+    model_config = _STRICT
+
+    output_dir: str = Field("relaxtune-runs", description="records, Optuna db and tuned config")
+    storage: str | None = Field(None, description="Optuna storage URL (default: sqlite:///<output-dir>/optuna.db)")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
+    export: str | None = Field(None, description="tuned config path (default: <output-dir>/<task>.tuned.yaml)")
+    job_id: str | None = Field(None, description="the tuning job's id in MLflow, shared by every worker of one job "
+                               "(default: a digest of the storage, the task and the settings that shape trials)")
+
     @field_validator("storage")
     @classmethod
     def _storage_form(cls, storage: str | None) -> str | None:
@@ -90,30 +196,33 @@ class TuneSettings(BaseModel):
     def _tracking_form(cls, uri: str | None) -> str | None:
         return None if uri is None else check_tracking_uri(uri)
 
-    @property
-    def mid_n_draft(self) -> int:
-        """The middle draft length of ``n_drafts`` (the paper's grid runs there first)."""
-        return self.n_drafts[(len(self.n_drafts) - 1) // 2]
-
-    @field_validator("c_rel")
+    @field_validator("output_dir", "export")
     @classmethod
-    def _finite_c_rel(cls, c_rel):
-        if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
-            raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
-        return c_rel
+    def _path_text(cls, path: str | None) -> str | None:
+        if path is not None and (not path.strip() or "\0" in path):
+            raise ValueError(f"{path!r} is not a path")
+        return path
 
-    @field_validator("n_drafts")
+    @field_validator("job_id")
     @classmethod
-    def _positive_drafts(cls, n_drafts: list[int]) -> list[int]:
-        if not n_drafts or any(n < 1 for n in n_drafts):
-            raise ValueError(f"n_drafts must be integers >= 1, got {n_drafts}")
-        return sorted(set(n_drafts))
+    def _job_id_text(cls, job_id: str | None) -> str | None:
+        if job_id is not None and (not job_id.strip() or job_id != job_id.strip()):
+            raise ValueError(f"{job_id!r}: give an id without spaces around it, or none (the default digest)")
+        return job_id
 
-    @model_validator(mode="after")
-    def _resolve_runtime(self):
-        """``auto`` becomes the runtime it means here, so records, studies and a saved job name it."""
-        self.runtime = resolve_runtime(self.runtime, self.drafter, self.verifier, self.drafter_url, self.verifier_url)
-        return self
+
+class WorkerSettings(BaseModel):
+    """How this worker runs its share of the job."""
+
+    model_config = _STRICT
+
+    parallel_trials: int = Field(1, ge=1, description="trials this worker runs at once (threads, or Prefect task "
+                                 "runs); start the same command on other hosts with the same --storage to add workers")
+    heartbeat: int = Field(30, ge=1, description="seconds between heartbeats of a running trial")
+    grace_period: int | None = Field(None, ge=1, description="seconds without a heartbeat before a running trial "
+                                     "counts as stale and is retried once (default: 4 x heartbeat)")
+    range_size: int | None = Field(None, ge=1, description="problems per evaluation range: ranges run as separate "
+                                   "task runs (Prefect) or are shared among workers, then merge (default: all)")
 
     @model_validator(mode="after")
     def _grace_after_heartbeat(self):
@@ -127,22 +236,160 @@ class TuneSettings(BaseModel):
         """Seconds without a heartbeat after which a running trial is stale (``grace_period`` or 4 x ``heartbeat``)."""
         return self.grace_period or 4 * self.heartbeat
 
-    @property
-    def backend(self) -> dict:
-        """The keyword arguments of ``relaxtune.backends.load.load_backend`` (and of
-        ``backend_name``, less the loading ones): the models and where they run."""
-        return dict(drafter=self.drafter, verifier=self.verifier, dtype=self.dtype, batch_size=self.batch_size,
-                    drafter_url=self.drafter_url, verifier_url=self.verifier_url, tokenizer=self.tokenizer,
-                    concurrency=self.concurrency, native_url=self.native_url, runtime=self.runtime)
+
+# group attribute -> its model; the flat names are the groups' field names (each belongs to one group)
+GROUPS: dict[str, type[BaseModel]] = {"pair": PairSettings, "stats": StatsSettings, "search": SearchSettings,
+                                      "stores": StoreSettings, "workers": WorkerSettings}
+# the order a flat dump writes its keys in (the saved job YAML's, as before the groups); a field not named
+# here comes after these, in group order
+_FLAT_ORDER = ("task", "methods", "drafter", "verifier", "dtype", "runtime", "drafter_url", "verifier_url",
+               "tokenizer", "native_url", "concurrency", "batch_size", "epsilon", "confidence", "c_rel",
+               "remeasure_costs", "n_drafts", "trials", "limit", "seed", "stage_size", "output_dir", "storage",
+               "mlflow_uri", "max_length_ratio", "max_truncated", "export", "parallel_trials", "heartbeat",
+               "grace_period", "range_size", "job_id", "confirm", "confirmations")
+
+
+class TuneSettings(BaseModel):
+    """Everything a tuning job needs, grouped (``pair``, ``stats``, ``search``, ``stores``,
+    ``workers``). Built from flat keys (``TuneSettings(task=..., epsilon=0.1)``, a ``--config``
+    YAML, a saved job) or from the groups; dumped flat (``model_dump``), so a YAML written
+    before the groups still loads and MLflow params keep their names. Each field is also
+    reachable flat (``settings.epsilon`` is ``settings.stats.epsilon``), a view generated from the groups.
+
+    Raises:
+        pydantic.ValidationError: an unknown key, or a field's value refused (located
+            ``(group, field)``, or ``(key,)`` for an unknown key).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    task: str = Field(description="task name (see `relaxtune tasks`) or YAML path")
+    pair: PairSettings = PairSettings()
+    stats: StatsSettings = StatsSettings()
+    search: SearchSettings = SearchSettings()
+    stores: StoreSettings = StoreSettings()
+    workers: WorkerSettings = WorkerSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, data: Any) -> Any:
+        """Flat keys go into their group (a group given whole is kept; both at once: the flat keys win)."""
+        if not isinstance(data, dict):
+            return data
+        out = {k: v for k, v in data.items() if k not in _OWNER}
+        for key, value in data.items():
+            if key in _OWNER:
+                group = _OWNER[key]
+                given = out.get(group)
+                given = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+                out[group] = given | {key: value}
+        return out
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict:
+        nested = handler(self)
+        flat = {k: v for k, v in nested.items() if k not in GROUPS}
+        for group in GROUPS:
+            flat.update(nested.get(group) or {})
+        order = {k: i for i, k in enumerate(_FLAT_ORDER)}
+        return dict(sorted(flat.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "TuneSettings":
+        """A copy with ``update`` (flat keys, or groups) applied and validated again."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return type(self)(**(self.model_dump() | update))
 
     @property
     def storage_url(self) -> str:
-        """The Optuna storage URL."""
-        if self.storage:
-            return self.storage
-        path = Path(self.output_dir).resolve() / "optuna.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
+        """The Optuna storage URL (``storage_url``; no side effect)."""
+        return storage_url(self.stores)
+
+    @property
+    def backend(self) -> dict:
+        """``PairSettings.backend``."""
+        return self.pair.backend
+
+    @property
+    def mid_n_draft(self) -> int:
+        """``SearchSettings.mid_n_draft``."""
+        return self.search.mid_n_draft
+
+    @property
+    def stale_after(self) -> int:
+        """``WorkerSettings.stale_after``."""
+        return self.workers.stale_after
+
+
+_OWNER = {name: group for group, model in GROUPS.items() for name in model.model_fields}
+
+
+def _view(group: str, name: str) -> property:
+    def write(self, value) -> None:
+        setattr(getattr(self, group), name, value)
+
+    return property(lambda self: getattr(getattr(self, group), name), write, doc=f"``{group}.{name}``")
+
+
+for _name, _group in _OWNER.items():  # flat views of the groups' fields, generated from the groups
+    setattr(TuneSettings, _name, _view(_group, _name))
+
+
+def flat_fields() -> dict[str, Any]:
+    """Every flat setting name -> its pydantic ``FieldInfo`` (default, description,
+    annotation, constraints), in the flat dump's order: what the CLI and the flows are made from."""
+    fields = {"task": TuneSettings.model_fields["task"]}
+    fields |= {name: GROUPS[group].model_fields[name] for name, group in _OWNER.items()}
+    order = {k: i for i, k in enumerate(_FLAT_ORDER)}
+    return dict(sorted(fields.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
+def field_info(name: str):
+    """The ``FieldInfo`` of flat setting ``name``.
+
+    Raises:
+        KeyError: not a setting.
+    """
+    return flat_fields()[name]
+
+
+def storage_url(stores: StoreSettings) -> str:
+    """The Optuna storage URL: ``stores.storage``, else ``sqlite:///<output_dir>/optuna.db``
+    (absolute). Touches nothing (``start`` makes the folder)."""
+    if stores.storage:
+        return stores.storage
+    return f"sqlite:///{Path(stores.output_dir).resolve() / 'optuna.db'}"
+
+
+def make_output_dir(stores: StoreSettings) -> Path:
+    """Create ``stores.output_dir`` (and its parents) if missing; the folder.
+
+    Raises:
+        ValueError: ``--output-dir`` names a file (or lies under one), or cannot be made.
+    """
+    path = Path(stores.output_dir)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"--output-dir {stores.output_dir}: {part} is a file, not a folder; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--output-dir {stores.output_dir}: cannot create it ({err.strerror})") from None
+    return path
+
+
+def start(settings: TuneSettings) -> TuneSettings:
+    """Where a job starts: the output folder made (``make_output_dir``) and the ``auto``
+    runtime resolved on this machine, so records, studies, the saved job and MLflow name it.
+
+    Raises:
+        ValueError: an output folder that is a file, or a runtime that cannot run here.
+    """
+    make_output_dir(settings.stores)
+    runtime = settings.pair.resolved_runtime()
+    if runtime == settings.pair.runtime:
+        return settings
+    return settings.model_copy(update={"runtime": runtime})
 
 
 def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
@@ -167,10 +414,11 @@ def job_id(settings: TuneSettings, spec, pair: str) -> str:
     the Optuna storage (password left out), the task spec, the model pair and ``JOB_FIELDS``. Every
     worker of one job computes the same id (neither the output folder, the server URLs nor the number
     of trials enter it); a job with other settings gets another."""
-    if settings.job_id:
-        return settings.job_id
+    if settings.stores.job_id:
+        return settings.stores.job_id
     from sqlalchemy.engine import make_url
 
-    storage = make_url(settings.storage_url).render_as_string(hide_password=True)
-    key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: getattr(settings, f) for f in JOB_FIELDS}
+    storage = make_url(storage_url(settings.stores)).render_as_string(hide_password=True)
+    flat = settings.model_dump()
+    key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: flat[f] for f in JOB_FIELDS}
     return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"

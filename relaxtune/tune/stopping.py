@@ -30,6 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .settings import storage_url
+
 __all__ = ["Stopped", "STOP", "check_stop", "on_stop", "guarded", "diagnose", "environmental", "kept_line",
            "first_line", "write_log"]
 
@@ -181,13 +183,13 @@ def write_log(output_dir: str | Path, name: str, text: str) -> Path | None:
 
 
 @contextmanager
-def guarded(settings, task_folder: str, studies: Callable[[], list[str]], resume: str, say: Callable[[str], None],
+def guarded(stores, task_folder: str, studies: Callable[[], list[str]], resume: str, say: Callable[[str], None],
             name: str = "relaxtune", passthrough: tuple[type[BaseException], ...] = (),
             exit_now: bool = False) -> Iterator[None]:
     """Run a job's block so that a stop or a failure ends it with one short paragraph.
 
     Args:
-        settings: the job's ``TuneSettings`` (output folder, storage).
+        stores: the job's ``StoreSettings`` (output folder, storage).
         task_folder: the task's records folder under the output folder (``<task>-v<N>``).
         studies: the names of the job's studies (called after the stop).
         resume: the command that resumes the job.
@@ -218,7 +220,7 @@ def guarded(settings, task_folder: str, studies: Callable[[], list[str]], resume
         STOP.set()
         _end_runs("KILLED")
         why = stop.args[0] if isinstance(stop, Stopped) and stop.args else "SIGINT"
-        kept = kept_line(settings.output_dir, task_folder, settings.storage_url, _safe(studies))
+        kept = kept_line(stores.output_dir, task_folder, storage_url(stores), _safe(studies))
         say(f"stopped ({why}) after {_clock(time.monotonic() - started)}. Kept: {kept}; a trial this job was running "
             f"goes back to its queue and runs first on resume, with no wait. Resume with: {resume}")
         if exit_now:
@@ -231,9 +233,9 @@ def guarded(settings, task_folder: str, studies: Callable[[], list[str]], resume
         _end_runs("FAILED")
         cause, todo = diagnose(err) or (f"{type(err).__name__}: {first_line(str(err))}",
                                         "read the log, fix the cause, then run the same command again")
-        log = write_log(settings.output_dir, name, "".join(traceback.format_exception(err)))
+        log = write_log(stores.output_dir, name, "".join(traceback.format_exception(err)))
         where = f"full traceback is in {log}" if log is not None else "traceback could not be written anywhere"
-        kept = kept_line(settings.output_dir, task_folder, settings.storage_url, _safe(studies))
+        kept = kept_line(stores.output_dir, task_folder, storage_url(stores), _safe(studies))
         say(f"failed after {_clock(time.monotonic() - started)}: {cause}. Kept: {kept}. To go on: {todo} "
             f"({resume}); it resumes from what was kept. The {where}.")
         raise SystemExit(1) from None

@@ -57,7 +57,7 @@ from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_toke
 from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
 from .search import PRUNED_BY, RelaxationSampler, strength
-from .settings import TuneSettings, study_name
+from .settings import TuneSettings, make_output_dir, storage_url, study_name
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
 
@@ -233,7 +233,9 @@ class Tuner:
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             s = self.settings
-            self._queue = TrialQueue(s.storage_url, s.heartbeat, s.stale_after, self.worker, self._on_stale)
+            if s.stores.storage is None:  # the default SQLite file lies in the output folder
+                make_output_dir(s.stores)
+            self._queue = TrialQueue(storage_url(s.stores), s.heartbeat, s.stale_after, self.worker, self._on_stale)
         return self._queue
 
     def open_study(self, method: str):
@@ -290,8 +292,8 @@ class Tuner:
             self._studies = studies
             self._drive(submit)
         strict = self.strict_points()
-        return [MethodOutcome(m, study, choose(study, self.settings, strict), run_ids.get(m), tokens=study_tokens(study))
-                for m, study in studies.items()]
+        return [MethodOutcome(m, study, choose(study, self.settings.stats, strict), run_ids.get(m),
+                              tokens=study_tokens(study)) for m, study in studies.items()]
 
     def tune_method(self, method: str) -> MethodOutcome:
         """``tune([method])``: one method's study."""
@@ -411,7 +413,7 @@ class Tuner:
         """The modeled speed-up a trial must be able to exceed to matter: that of the study's
         ``settings.confirmations``-th fastest candidate (``candidates``: every point the job
         could confirm is at least as fast), None while it has fewer candidates."""
-        ranked = candidates(study, self.settings, self.strict_points())
+        ranked = candidates(study, self.settings.stats, self.strict_points())
         k = self.settings.confirmations
         return ranked[k - 1].values[0] if len(ranked) >= k else None
 
@@ -423,7 +425,7 @@ class Tuner:
         try:
             if state == "COMPLETE":
                 trial.set_user_attr("metrics", metrics)
-                _set_constraints(trial, constraint_values(metrics, self.settings))
+                _set_constraints(trial, constraint_values(metrics, self.settings.stats))
                 trial.study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
             else:
                 attrs = {"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}
