@@ -396,12 +396,12 @@ class Tuner:
         parameters, same number), so the next worker (a resume) takes it first, with no
         wait for its heartbeat to go stale and no retry spent; its finished samples are
         in the records."""
-        from optuna.trial import TrialState
+        from .optuna_compat import requeue
 
         try:
             with self.queue.lock():
                 trial.set_user_attr("requeued", f"{why} on {self.worker}")
-                self.queue.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+                requeue(self.queue.storage, self.queue.trial_id(trial.study.study_name, trial.number))
             self.log(f"{method} trial {trial.number} goes back to its queue ({why}): the resume runs it first")
         except Exception as err:  # noqa: BLE001 - the storage may be what failed; staleness then retries it
             self.log(f"{method} trial {trial.number} could not go back to its queue ({type(err).__name__}: {err}); "
