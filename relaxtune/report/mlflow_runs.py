@@ -201,11 +201,11 @@ class Runs:
         self._log_table(run_id, points_table([p for ps in per_method.values() for p in ps] + baselines), "points.json")
         self.client.log_artifact(run_id, str(config_path))
 
-    def _points(self, outcomes, tuner, config) -> dict[str, list[Point]]:
-        """Each method's trial points, judged under the job's settings, its exported
-        point marked."""
+    def _points(self, result, config) -> dict[str, list[Point]]:
+        """Each method's trial points (``result``: the finished job), judged under the job's
+        settings, its exported point marked."""
         return {o.method: study_points(o.method, get_method(o.method).knob, o.study, config.methods.get(o.method),
-                                       tuner.settings) for o in outcomes}
+                                       result.settings) for o in result.outcomes}
 
 
 def _frame(rows: list[dict]):

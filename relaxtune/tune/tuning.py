@@ -56,6 +56,7 @@ from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
 from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
+from .result import JobResult
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, study_name
 from .stopping import check_stop, environmental
@@ -196,6 +197,20 @@ class Tuner:
             return None
         knob, n_draft = server.point()
         return {"knob": knob, "n_draft": n_draft}
+
+    def result(self, outcomes: list[MethodOutcome], confirmations: dict | None = None,
+               confirm_problems: int | None = None) -> JobResult:
+        """The finished job, frozen, for ``report/`` (the tuned config, MLflow, figures):
+        strict at every draft length evaluated so far, ``outcomes`` and their
+        ``confirmations`` (method -> ``Confirmation``), ``confirm_problems`` (default:
+        the search's problems)."""
+        return JobResult(
+            settings=self.settings.model_copy(deep=True), spec=self.spec, problems=len(self.problems),
+            confirm_problems=confirm_problems or len(self.problems),
+            baselines=dict(sorted(self.baselines.items())),
+            strict_speedups={n: self.strict_speedup(n) for n in sorted(self.baselines)},
+            outcomes=tuple(outcomes), confirmations=dict(confirmations or {}), profile=self.profile,
+            pinned=frozenset(o.method for o in outcomes if self.pinned(o.method) is not None))
 
     def _suggest(self, method: str) -> Callable:
         """Draws a taken trial's parameters (enqueued and retried trials keep theirs)."""
