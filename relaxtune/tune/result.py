@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
-if TYPE_CHECKING:
-    from ..decoding.speed import CostProfile
-    from ..tasks.spec import TaskSpec
-    from .confirm import Confirmation
-    from .evaluation import EvalResult
-    from .outcomes import MethodOutcome
-    from .settings import TuneSettings
+from ..decoding.speed import CostProfile
+from ..tasks.spec import TaskSpec
+from .evaluation import EvalResult
+from .outcomes import MethodOutcome
+from .settings import TuneSettings
 
 __all__ = ["JobResult"]
 
@@ -48,7 +46,7 @@ class JobResult:
     baselines: Mapping[int, EvalResult]
     strict_speedups: Mapping[int, float]
     outcomes: tuple[MethodOutcome, ...]
-    confirmations: Mapping[str, Confirmation]
+    confirmations: Mapping[str, object]  # method -> relaxtune.tune.confirm.Confirmation (confirm imports tuning)
     profile: CostProfile | float
     pinned: frozenset[str]
 
