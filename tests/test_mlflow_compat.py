@@ -8,7 +8,7 @@ import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from relaxtune.report.mlflow_compat import forget_store, latest_schema_revision
+from relaxtune.report.mlflow_compat import forget_store, latest_schema_revision, schema_revisions
 from relaxtune.report.mlflow_runs import dataset_entity
 from relaxtune.report.stores import mlflow_state
 
@@ -56,3 +56,8 @@ def test_the_dataset_entity_is_what_log_input_logs(tmp_path):
     fields = ("name", "digest", "source_type", "source", "schema", "profile")
     assert [getattr(ours, f) for f in fields] == [getattr(logged, f) for f in fields], VERSION
     forget_store(uri)
+
+
+def test_the_schema_revisions_run_newest_first_from_the_latest():
+    revisions = schema_revisions("sqlite:///unused.db")  # read from MLflow's migration scripts, no store opened
+    assert revisions[0] == latest_schema_revision() and len(revisions) == len(set(revisions)) > 5, VERSION

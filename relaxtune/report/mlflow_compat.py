@@ -6,6 +6,8 @@ Everything else in relaxtune uses MLflow's public API only (``MlflowClient``,
 - ``latest_schema_revision``: the newest alembic revision of MLflow's SQL schema
   (``mlflow.store.db.utils._get_latest_schema_revision``), to tell a store fully
   migrated from one a killed process left half-migrated (``stores.mlflow_state``).
+- ``schema_revisions``: every revision, newest first (``_get_alembic_config``), for the
+  tests' store left half-migrated.
 - ``forget_store``: drop what this process keeps of an SQL tracking store (the engine
   in ``SqlAlchemyStore._engine_map``, the store cached by
   ``TrackingStoreRegistry._get_store_with_resolved_uri`` in
@@ -18,7 +20,7 @@ fails on a version where any of these changes.
 
 from __future__ import annotations
 
-__all__ = ["latest_schema_revision", "forget_store"]
+__all__ = ["latest_schema_revision", "schema_revisions", "forget_store"]
 
 
 def latest_schema_revision() -> str:
@@ -27,6 +29,16 @@ def latest_schema_revision() -> str:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     return _get_latest_schema_revision()
+
+
+def schema_revisions(uri: str) -> list[str]:
+    """Every alembic revision of MLflow's SQL schema, the newest first (MLflow's migration
+    scripts, ``mlflow.store.db.utils._get_alembic_config``); the tests fake a migration cut
+    short with an older one."""
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    return [r.revision for r in ScriptDirectory.from_config(_get_alembic_config(uri)).walk_revisions()]
 
 
 def forget_store(uri: str) -> bool:
