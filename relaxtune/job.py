@@ -10,12 +10,16 @@
 5. MLflow runs (``relaxtune.report.tracking``);
 6. the tuned config (``relaxtune.report.export``).
 
-The CLI (``relaxtune tune`` / ``export``) and the Prefect flow (``flows/tune.py``) both
-call ``run_tune_job``.
+``tune_job`` and ``export_job`` are two short compositions of the shared steps below
+(``_start``, ``_tuner``, ``_studies``, ``_choose``, ``_write``); ``report/`` receives the
+finished job frozen (``Tuner.result``: ``relaxtune.tune.result.JobResult``), never the
+live tuner. The CLI (``relaxtune tune`` / ``export``) and the Prefect flow
+(``flows/tune.py``) call ``run_tune_job``, which runs one or the other.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +45,7 @@ from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .tune.settings import TuneSettings, job_id, start
 from .tune.tuning import Tuner, choose
 
-__all__ = ["run_tune_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
+__all__ = ["run_tune_job", "tune_job", "export_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
            "check_exportable", "JobError", "cautions"]
 
 
@@ -99,19 +103,15 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
     return spec, problems, backend
 
 
-def run_tune_job(
-    settings: TuneSettings,
-    backend=None,
-    *,
-    progress: bool = True,
-    evaluate_fn: Callable | None = None,
-    track: bool = True,
-    new_trials: bool = True,
-    log: Callable[[str], None] = print,
-    submit_trial: Callable | None = None,
-    run_ranges: Callable | None = None,
-    worker: str | None = None,
-) -> tuple[TunedConfig, Path]:
+def run_tune_job(settings: TuneSettings, backend=None, *, new_trials: bool = True, **kwargs) -> tuple[TunedConfig, Path]:
+    """``tune_job(settings, backend, **kwargs)``, or with ``new_trials=False``
+    ``export_job(settings, backend, **kwargs)``: the CLI's and the flow's entry point."""
+    return (tune_job if new_trials else export_job)(settings, backend, **kwargs)
+
+
+def tune_job(settings: TuneSettings, backend=None, *, progress: bool = True, evaluate_fn: Callable | None = None,
+             track: bool = True, log: Callable[[str], None] = print, submit_trial: Callable | None = None,
+             run_ranges: Callable | None = None, worker: str | None = None) -> tuple[TunedConfig, Path]:
     """Tune every method of ``settings`` on its task and export the tuned config.
     Any number of workers (processes, hosts, Prefect flow runs) may run the same
     job against one storage: they share the studies' trials and each exports the
@@ -122,34 +122,122 @@ def run_tune_job(
         backend: a loaded backend (default: ``load_backend`` of the settings' models).
         progress: progress bars.
         evaluate_fn: evaluation override (the Prefect flow's task).
-        track: log to MLflow.
-        new_trials: False re-exports from what the studies already hold.
+        track: log to MLflow (the job's runs: ``Tracker``, on a thread of its own).
         log: where one-line progress messages go.
         submit_trial, run_ranges, worker: how trials and problem ranges run
             (``Tuner.tune``'s ``submit``, ``Tuner.run_ranges``), and this worker's label.
 
     Returns:
-        ``(config, path)`` of the exported YAML.
+        ``(config, path)`` of the exported YAML (``settings.export`` or
+        ``<output_dir>/<task>.tuned.yaml``).
 
     After the studies, each method's chosen point is confirmed on samples the
     search never saw (the held-out half of the problems, split before any
     generation, or fresh seeds with ``--confirm seeds``); only confirmed points
-    are exported as feasible. A
-    tuning job logs to its MLflow runs (``Tracker``) and writes ``settings.export``
-    or ``<output_dir>/<task>.tuned.yaml``; an export logs to a run of its own
-    (``ExportRun``) and writes ``export_path``: it never modifies the tuning run's
-    files, MLflow artifacts, tables or status.
+    are exported as feasible.
+
+    Raises:
+        JobError: a store that cannot be reached, or a study searched other problems.
+    """
+    job = _start(settings, backend, True, log, track)
+    settings = job.settings  # the auto runtime resolved: what the job records
+    path = Path(settings.export or Path(settings.output_dir) / f"{job.spec.name}.tuned.yaml")
+    tracker = _tracker(settings, job, log) if track else None
+    tuner = _tuner(job, tracker, evaluate_fn, progress, True, log, run_ranges, worker)
+    save_job(settings.output_dir, job.spec.name, settings.model_dump())
+    announce(settings, job.spec, job.problems, job.held_out, job.backend, job.profile, (job.measured or [None])[0],
+             job.saved, log)  # the plan and its expected wall time, before the first generation
+    outcomes = _studies(job, tuner, "tuning", submit_trial, log)
+    if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
+        for outcome in outcomes:
+            outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)
+    confirmations = _choose(job, tuner, outcomes, [settings.mid_n_draft], new_trials=True, log=log)
+    mlflow_info = None
+    if tracker is not None:
+        for method, confirmation in confirmations.items():
+            tracker.log_confirmation(method, confirmation)
+        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{job.spec.name}",
+                       "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
+    result = tuner.result(outcomes, confirmations, len(job.held_out))
+    config, path = _write(result, mlflow_info, path)
+    if tracker is not None:  # figures once strict is known at every N the trials used
+        tracker.finish(result, config, path)
+        tracker.close()
+    return config, path
+
+
+def export_job(settings: TuneSettings, backend=None, *, progress: bool = True, evaluate_fn: Callable | None = None,
+               track: bool = True, log: Callable[[str], None] = print, submit_trial: Callable | None = None,
+               run_ranges: Callable | None = None, worker: str | None = None) -> tuple[TunedConfig, Path]:
+    """Export the tuned config again from what the studies and records of a tuning job
+    hold (another epsilon or confidence, say): it never generates, and never modifies
+    the tuning run's files, MLflow artifacts, tables or status. Arguments as
+    ``tune_job``'s; with ``track``, it logs to an MLflow run of its own (``ExportRun``),
+    nested under the tuning run it reads.
+
+    Returns:
+        ``(config, path)`` of the exported YAML (``export_path``).
 
     Raises:
         JobError: an export with nothing to export (``check_exportable``: before the
-            backend loads), or one that would mix runs (it never generates), or a
-            study searched other problems.
+            backend loads), or one that would mix runs, or a study searched other problems.
     """
-    # checks, problems, the pair and the forward costs
+    job = _start(settings, backend, False, log, track)
+    settings = job.settings
+    tuning = tuning_settings(settings.output_dir, job.spec.name)  # the job it reads
+    path = export_path(settings, job.spec, tuning)
+    exporter = _export_run(settings, job, tuning) if track else None
+    tuner = _tuner(job, None, evaluate_fn, progress, False, log, run_ranges, worker)
+    outcomes = _studies(job, tuner, "reading the study of", submit_trial, log)
+    pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
+    check_outcomes(outcomes, job.problems, job.profile, settings.n_drafts, pinned)
+    confirmations = _choose(job, tuner, outcomes, [], new_trials=False, log=log)
+    mlflow_info = None
+    if exporter is not None:
+        for outcome in outcomes:  # the tuning job's study runs, read only
+            outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
+        mlflow_info = {"tracking_uri": exporter.uri, "experiment": f"relaxtune-{job.spec.name}",
+                       "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
+                       "tuning_run_id": exporter.tuning_run_id}
+    try:
+        result = tuner.result(outcomes, confirmations, len(job.held_out))
+        config, path = _write(result, mlflow_info, path)
+        if exporter is not None:
+            exporter.finish(result, config, path)
+    except Exception as err:
+        if exporter is not None:
+            exporter.fail(f"{type(err).__name__}: {err}")
+        raise
+    return config, path
+
+
+# ------------------------------------------------------------------ the shared steps
+
+
+@dataclass
+class _Job:
+    """What the first step found: the task, its problems (all, the search's, the
+    confirmations'), the pair and its costs."""
+
+    settings: TuneSettings
+    spec: object
+    everything: list
+    problems: list
+    held_out: list
+    backend: object
+    pair: str
+    profile: object
+    saved: Path  # the cost profile's file
+    measured: list  # this run's own cost measurement, for the estimate
+
+
+def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str], None], track: bool) -> _Job:
+    """Checks, problems and the pair (``prepare``), the stores, the holdout split, the
+    studies' problems (``check_search_problems``) and the forward costs (``job_costs``)."""
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
-        # store is prepared by its tracker's thread, while the first samples are generated: _tracking)
+        # store is prepared by its tracker's thread, while the first samples are generated: _tracker)
         prepare_stores(settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials,
                        log=log)
     except StoreError as err:
@@ -157,7 +245,7 @@ def run_tune_job(
     pair = getattr(backend, "name", "backend")
     holdout = settings.confirm == "holdout"
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
-    measured: list = []  # this run's own cost measurement, for the estimate
+    measured: list = []
     try:
         check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
@@ -166,98 +254,71 @@ def run_tune_job(
                             log=log, on_measured=measured.append)
     except (SearchProblemsError, CostsError) as err:
         raise JobError(str(err)) from None
-    tuning = None if new_trials else tuning_settings(settings.output_dir, spec.name)  # what an export reads
-    path = (Path(settings.export or Path(settings.output_dir) / f"{spec.name}.tuned.yaml") if new_trials
-            else export_path(settings, spec, tuning))
-    tracker, exporter = (_tracking(settings, spec, pair, everything, new_trials, tuning, profile, log) if track
-                         else (None, None))
-    tuner = Tuner(settings, spec, problems, backend, profile, tracker, evaluate_fn, progress, new_trials, log,
-                  run_ranges=run_ranges, **({"worker": worker} if worker else {}))
-    if new_trials:
-        save_job(settings.output_dir, spec.name, settings.model_dump())
+    return _Job(settings, spec, everything, problems, held_out, backend, pair, profile, saved, measured)
 
-    # the plan and its expected wall time, before the first generation
-    if new_trials:
-        announce(settings, spec, problems, held_out, backend, profile, (measured or [None])[0], saved, log)
 
-    # the studies (a trial runs strict's baseline at its N first, when no record holds it)
-    verb = "tuning" if new_trials else "reading the study of"
-    for method in settings.methods:
-        log(f"{verb} {method} on {spec.name} ({len(problems)} problems x {spec.repeats}, epsilon {settings.epsilon:g})")
+def _tuner(job: _Job, tracker, evaluate_fn, progress: bool, new_trials: bool, log, run_ranges, worker) -> Tuner:
+    return Tuner(job.settings, job.spec, job.problems, job.backend, job.profile, tracker, evaluate_fn, progress,
+                 new_trials, log, run_ranges=run_ranges, **({"worker": worker} if worker else {}))
+
+
+def _studies(job: _Job, tuner: Tuner, verb: str, submit_trial, log: Callable[[str], None]) -> list:
+    """One study per method (a trial runs strict's baseline at its N first, when no record holds it)."""
+    s = job.settings
+    for method in s.methods:
+        log(f"{verb} {method} on {job.spec.name} ({len(job.problems)} problems x {job.spec.repeats}, "
+            f"epsilon {s.epsilon:g})")
     try:
-        outcomes = tuner.tune(settings.methods, submit_trial)
+        return tuner.tune(s.methods, submit_trial)
     except SearchProblemsError as err:  # a worker on other problems that started with the first (open_study)
         raise JobError(str(err)) from None
-    if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
-        for outcome in outcomes:
-            outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)
-    if not new_trials:  # (a new study got its search_problems before its first trial: Tuner.open_study)
-        pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
-        check_outcomes(outcomes, problems, profile, settings.n_drafts, pinned)
 
-    # strict at every N a trial used (read back from its records when resuming or exporting)
+
+def _choose(job: _Job, tuner: Tuner, outcomes: list, default_n: list[int], new_trials: bool,
+            log: Callable[[str], None]) -> dict:
+    """Strict at every N a trial used (``default_n`` when none: read back from its records
+    when resuming or exporting), each method's chosen point (no point strict dominates),
+    and its confirmation on samples the search never saw (method -> ``Confirmation``)."""
     used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")})
-    for n in used or ([settings.mid_n_draft] if new_trials else []):
+    for n in used or default_n:
         tuner.baseline(n)
-    for outcome in outcomes:  # strict at every N known now: no chosen point is one strict dominates
-        outcome.chosen = choose(outcome.study, settings.stats, tuner.strict_points())
-
-    # confirmation on samples the search never saw
-    confirmations = confirm(tuner, outcomes, held_out, new_trials=new_trials, log=log)
-
-    # MLflow and the tuned config
-    mlflow_info = None
-    if tracker is not None:
-        for method, confirmation in confirmations.items():
-            tracker.log_confirmation(method, confirmation)
-        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{spec.name}",
-                       "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
-    elif exporter is not None:
-        for outcome in outcomes:  # the tuning job's study runs, read only
-            outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
-        mlflow_info = {"tracking_uri": exporter.uri, "experiment": f"relaxtune-{spec.name}",
-                       "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
-                       "tuning_run_id": exporter.tuning_run_id}
-    try:
-        config = build_config(tuner, outcomes, mlflow_info, confirmations, len(held_out))
-        path = save_config(config, path)
-        if tracker is not None:  # figures once strict is known at every N the trials used
-            tracker.finish(outcomes, tuner, config, path)
-            tracker.close()
-        if exporter is not None:
-            exporter.finish(outcomes, tuner, config, path)
-    except Exception as err:
-        if exporter is not None:
-            exporter.fail(f"{type(err).__name__}: {err}")
-        raise
-    return config, path
+    for outcome in outcomes:
+        outcome.chosen = choose(outcome.study, job.settings.stats, tuner.strict_points())
+    return confirm(tuner, outcomes, job.held_out, new_trials=new_trials, log=log)
 
 
-def _tracking(settings: TuneSettings, spec, pair: str, problems, new_trials: bool, tuning: TuneSettings | None,
-              profile, log: Callable[[str], None] = print):
-    """``(tracker, None)``: a tuning job's MLflow runs, its store prepared and its cost
-    profile logged on a thread of its own (``BackgroundTracker``); or ``(None,
-    exporter)``: an export's run of its own, nested under the tuning run (job
-    ``tuning``) it reads."""
-    from .report.tracking import ExportRun, Tracker
+def _write(result, mlflow_info: dict | None, path: Path) -> tuple[TunedConfig, Path]:
+    """The tuned config of a finished job, written (atomically) at ``path``."""
+    config = build_config(result, mlflow_info)
+    return config, save_config(config, path)
 
-    if new_trials:
-        from .report.background import BackgroundTracker
-        from .report.stores import DEFAULT_URI, is_database, prepare_mlflow
-        from .tune.studies import storage_lock
 
-        def make() -> Tracker:
-            prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)
-            tracker = Tracker(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
-                              job_id(settings, spec, pair), storage_lock(settings.storage_url, "mlflow"),
-                              storage_lock(settings.storage_url, "finish"), end_on_stop=False)
-            tracker.log_costs(profile)
-            return tracker
+def _tracker(settings: TuneSettings, job: _Job, log: Callable[[str], None] = print):
+    """A tuning job's MLflow runs, its store prepared and its cost profile logged on a
+    thread of its own (``BackgroundTracker``)."""
+    from .report.background import BackgroundTracker
+    from .report.stores import DEFAULT_URI, is_database, prepare_mlflow
+    from .report.tracking import Tracker
+    from .tune.studies import storage_lock
 
-        tracker = BackgroundTracker(make)
-        if not is_database(settings.mlflow_uri or DEFAULT_URI):
-            tracker.wait()  # a tracking server: nothing to migrate, and a wrong address fails before any sample
-        return tracker, None
-    return None, ExportRun(settings.mlflow_uri, spec, pair, settings.model_dump(), problems,
-                           job_id(tuning, spec, pair) if tuning is not None else None)
+    def make() -> Tracker:
+        prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)
+        tracker = Tracker(settings.mlflow_uri, job.spec, job.pair, settings.model_dump(), job.everything,
+                          job_id(settings, job.spec, job.pair), storage_lock(settings.storage_url, "mlflow"),
+                          storage_lock(settings.storage_url, "finish"), end_on_stop=False)
+        tracker.log_costs(job.profile)
+        return tracker
+
+    tracker = BackgroundTracker(make)
+    if not is_database(settings.mlflow_uri or DEFAULT_URI):
+        tracker.wait()  # a tracking server: nothing to migrate, and a wrong address fails before any sample
+    return tracker
+
+
+def _export_run(settings: TuneSettings, job: _Job, tuning: TuneSettings | None):
+    """An export's MLflow run of its own, nested under the tuning run (job ``tuning``) it reads."""
+    from .report.tracking import ExportRun
+
+    return ExportRun(settings.mlflow_uri, job.spec, job.pair, settings.model_dump(), job.everything,
+                     job_id(tuning, job.spec, job.pair) if tuning is not None else None)

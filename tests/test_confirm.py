@@ -50,7 +50,7 @@ def test_a_point_that_passes_the_search_by_luck_fails_confirmation(tmp_path):
     assert seeds == {0, confirmation_seed(0, 1), confirmation_seed(0, 2)}  # the search's, then one per attempt
     assert ("strict", None, 4, 200, confirmation_seed(0, 1)) in lucky.calls  # strict re-run at the same N
 
-    config = build_config(tuner, [outcome], confirmations=confirmations)
+    config = build_config(tuner.result([outcome], confirmations))
     exported = config.methods["cactus"]
     assert exported.feasible and exported.knob == 1.0 and exported.drop == 0.0
     assert exported.drop_upper_bound == second.metrics["drop_ucb"] == pytest.approx(
@@ -67,7 +67,7 @@ def test_with_one_confirmation_the_lucky_point_is_not_exported(tmp_path):
     outcome = tuner.tune_method("cactus")
     confirmations = confirm(tuner, [outcome], PROBLEMS)
     assert confirmations["cactus"].confidence == pytest.approx(0.9)  # one planned: the whole confidence
-    config = build_config(tuner, [outcome], confirmations=confirmations)
+    config = build_config(tuner.result([outcome], confirmations))
     exported = config.methods["cactus"]
     assert not exported.feasible and exported.knob is None and exported.drop_upper_bound is None
     assert "failed confirmation" in exported.note
@@ -83,7 +83,7 @@ def test_an_export_replays_confirmations_from_records_and_never_generates(tmp_pa
     confirmations = confirm(tuner, [outcome], PROBLEMS, new_trials=False)  # the stand-in wrote no records
     assert len(lucky.calls) == calls
     assert "no confirmation records" in confirmations["cactus"].missing and not confirmations["cactus"].attempts
-    assert build_config(tuner, [outcome], confirmations=confirmations).methods["cactus"].feasible is False
+    assert build_config(tuner.result([outcome], confirmations)).methods["cactus"].feasible is False
 
 
 def test_holdout_split_is_seeded_disjoint_and_keeps_the_task_order():
@@ -128,7 +128,7 @@ def test_a_point_strict_dominates_is_never_chosen(tmp_path):
     assert passed == [0.1, 0.25, 1.0]  # they passed the loss constraint ...
     assert outcome.chosen is None  # ... but strict at N=4 dominates each of them
     assert choose(outcome.study, tuner.settings) is not None  # without strict's point the old rule picked one
-    config = build_config(tuner, [outcome], confirmations=confirm(tuner, [outcome], PROBLEMS))
+    config = build_config(tuner.result([outcome], confirm(tuner, [outcome], PROBLEMS)))
     assert config.methods["cactus"].note.startswith("3 trial(s) met the capability-loss constraint, but strict at some")
     assert config.recommendation.reason.endswith(  # the reason says why, as the method's note does
         f"; cactus had points within it, but strict (modeled {config.recommendation.modeled_speedup:.2f}x at N=4) is "

@@ -307,7 +307,7 @@ def test_tuned_yaml_round_trips_the_new_rules(tmp_path):
                             output_dir=str(tmp_path), c_rel=0.2, epsilon=0.1)
     tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(loss=lambda k: 0.0), progress=False)
     outcomes = tuner.tune(["typical", "ears"])
-    config = build_config(tuner, outcomes, confirmations=confirm(tuner, outcomes, PROBLEMS))
+    config = build_config(tuner.result(outcomes, confirm(tuner, outcomes, PROBLEMS)))
     assert set(config.methods) == {"typical", "ears"}
     assert config.methods["typical"].knob_name == "epsilon" and config.methods["ears"].knob_name == "tolerance"
     assert any(m.knob is not None for m in config.methods.values())  # a confirmed point is exported

@@ -138,8 +138,7 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
 
 def test_the_figures_are_drawn_holding_neither_the_queue_nor_the_mlflow_lock(tmp_path, monkeypatch, uri):
     # other workers' trial queues and log calls must not wait for one worker drawing the job's figures
-    import fcntl
-
+    import filelock
     from sqlalchemy.engine import make_url
 
     from relaxtune.report.tracking import Tracker
@@ -153,12 +152,13 @@ def test_the_figures_are_drawn_holding_neither_the_queue_nor_the_mlflow_lock(tmp
     def probing(self, *args, **kwargs):
         held.append({})
         for purpose, suffix in (("queue", ".lock"), ("mlflow", ".mlflow.lock")):
-            with open(db.with_name(db.name + suffix), "a") as f:  # another holder, as another worker's would be
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held[-1][purpose] = False
-                except BlockingIOError:
-                    held[-1][purpose] = True
+            other = filelock.FileLock(db.with_name(db.name + suffix), preserve_lock_file=True)
+            try:  # another holder, as another worker's would be
+                other.acquire(blocking=False)
+                other.release()
+                held[-1][purpose] = False
+            except filelock.Timeout:
+                held[-1][purpose] = True
         return draw(self, *args, **kwargs)
 
     monkeypatch.setattr(Tracker, "_log_figure", probing)

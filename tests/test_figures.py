@@ -40,7 +40,7 @@ def tuned(tmp_path, cliff: float, epsilon: float = 0.05, confidence: float = 0.9
     tuner.baseline(4)
     outcome.chosen = choose(outcome.study, s, tuner.strict_points())
     confirmations = confirm(tuner, [outcome], PROBLEMS[:40])
-    return tuner, outcome, build_config(tuner, [outcome], confirmations=confirmations)
+    return tuner, outcome, build_config(tuner.result([outcome], confirmations))
 
 
 def test_study_points_mark_the_exported_point_and_judge_at_the_exports_confidence(tmp_path):
@@ -213,7 +213,7 @@ def test_a_point_that_failed_confirmation_shows_its_search_and_fresh_bounds(tmp_
                      output_dir=str(tmp_path), epsilon=0.1)
     tuner = Tuner(s, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(), progress=False)
     outcome = tuner.tune_method("cactus")
-    result = build_config(tuner, [outcome], confirmations=confirm(tuner, [outcome], PROBLEMS)).methods["cactus"]
+    result = build_config(tuner.result([outcome], confirm(tuner, [outcome], PROBLEMS))).methods["cactus"]
     failed, passed = result.confirmation["attempts"]
     points = {p.trial: p for p in study_points("cactus", "delta", outcome.study, result, s)}
     f, c = points[failed["trial"]], points[passed["trial"]]

@@ -75,22 +75,22 @@ def test_three_workers_starting_at_once_on_fresh_postgresql_stores(pg_database, 
 def _half_migrated(path: Path, runs: int) -> str:
     """An SQLite MLflow store as a process killed in the middle of its migration leaves it:
     a leftover ``_alembic_tmp_experiments``, a table missing, alembic's revision behind."""
-    from alembic.script import ScriptDirectory
-    from mlflow.store.db.utils import _get_alembic_config
     from mlflow.tracking import MlflowClient
+
+    from relaxtune.report.mlflow_compat import schema_revisions
 
     uri = f"sqlite:///{path}"
     client = MlflowClient(uri)
     for _ in range(runs):
         client.create_run("0")
-    revisions = list(ScriptDirectory.from_config(_get_alembic_config(uri)).walk_revisions())
+    revisions = schema_revisions(uri)
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER)")
         db.execute("DROP TABLE job_locks")
-        db.execute("UPDATE alembic_version SET version_num = ?", (revisions[5].revision,))
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        db.execute("UPDATE alembic_version SET version_num = ?", (revisions[5],))
+    from relaxtune.report.mlflow_compat import forget_store
 
-    SqlAlchemyStore._engine_map.pop(uri).dispose()  # as a new process finds it
+    assert forget_store(uri)  # as a new process finds it
     return uri
 
 
@@ -125,14 +125,16 @@ def test_mlflow_and_optuna_in_one_database_is_refused_with_the_fix(pg_database):
 
 
 def test_an_optuna_storage_is_made_once_in_write_ahead_log_mode_and_its_schema_checked_once(tmp_path, monkeypatch):
-    from optuna.storages._rdb.storage import _VersionManager
-
     from relaxtune.tune import studies
 
     checks = []
-    check = _VersionManager.check_table_schema_compatibility
-    monkeypatch.setattr(_VersionManager, "check_table_schema_compatibility",
-                        lambda self: checks.append(1) or check(self))
+    opening = studies.RDBStorage
+
+    def counted(url, *args, **kwargs):  # an opening that checks the schema (Optuna's public switch)
+        checks.extend([1] * (not kwargs.get("skip_compatibility_check", False)))
+        return opening(url, *args, **kwargs)
+
+    monkeypatch.setattr(studies, "RDBStorage", counted)
     monkeypatch.setattr(studies, "_CHECKED", set())
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     prepare_stores(url, None, track=False, log=lambda m: None)

@@ -274,13 +274,13 @@ def test_a_trial_whose_worker_died_before_drawing_its_point_goes_stale_without_a
     tuner.tracker = Tracker()
     study = tuner.open_study("cactus")
     with tuner.queue.lock():  # what claim does before drawing the point; then the worker is killed
-        trial_id = study._pop_waiting_trial_id()
+        trial_id = tuner.queue.pop(study)
         tuner.queue.storage.record_heartbeat(trial_id)
         tuner.queue.storage.set_trial_user_attr(trial_id, WORKER_ATTR, "ghost")
     time.sleep(3.5)  # older than the grace period
     outcome = tuner.tune_method("cactus")
     trials = outcome.study.trials
-    dead = next(t for t in trials if t._trial_id == trial_id)
+    dead = next(t for t in trials if tuner.queue.trial_id(study.study_name, t.number) == trial_id)
     assert dead.state.name == "FAIL" and dead.params == {}
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2
     assert sorted(n for n, _, _ in logged) == sorted(t.number for t in trials if t.state.name in ("COMPLETE", "PRUNED"))

@@ -60,7 +60,7 @@ def test_all_infeasible_exports_use_strict(tmp_path):
     tuner = make(tmp_path, synthetic, trials=4)
     outcome = tuner.tune_method("cactus")
     assert outcome.chosen is None
-    config = build_config(tuner, [outcome])
+    config = build_config(tuner.result([outcome]))
     assert config.recommendation.method == "strict" and config.recommendation.n_draft == 4
     assert "no relaxed point was confirmed within the capability-loss budget" in config.recommendation.reason
     assert config.methods["cactus"].feasible is False
@@ -87,7 +87,7 @@ def test_export_with_another_epsilon_redecides_from_stored_metrics(tmp_path):
     surer = make(tmp_path, synthetic, trials=4, stage_size=200, epsilon=0.5, confidence=0.99)
     surer.new_trials = False
     outcome = surer.tune_method("cactus")
-    config = build_config(surer, [outcome])  # no confirmation: nothing exported as feasible
+    config = build_config(surer.result([outcome]))  # no confirmation: nothing exported as feasible
     result, metrics = config.methods["cactus"], outcome.chosen.user_attrs["metrics"]
     assert not result.feasible and result.drop_upper_bound is None and "not confirmed" in result.note
     assert result.search_drop_upper_bound == drop_ucb_at(metrics, 0.99) > metrics["drop_ucb"]  # at 99 %, not 90 %

@@ -55,6 +55,7 @@ from relaxtune.bench.simulated import FAMILIES, GAINS, PAPER_N, SimPair, SimTask
 from relaxtune.certify.stats import wilson_interval
 from relaxtune.decoding.methods import get_method
 from relaxtune.tune.settings import TuneSettings
+from relaxtune.tune.result import JobResult
 from relaxtune.tune.tuning import Tuner, choose
 
 __all__ = ["Run", "run_strategy", "oracle", "trace", "reached", "summarize", "STRATEGIES", "TARGET_SHARE",
@@ -129,8 +130,9 @@ def _pick(trials: list, settings: TuneSettings, strict: dict[int, tuple[float, f
     return chosen.params["knob"], chosen.params["n_draft"]
 
 
-def trace(tuner: Tuner, study) -> list[tuple[int, tuple]]:
-    """``(tokens so far, pick)`` after each finished trial of ``study`` (in trial-number
+def trace(result: JobResult, study) -> list[tuple[int, tuple]]:
+    """``(tokens so far, pick)`` after each finished trial of ``study`` (``result``: the
+    finished job, ``Tuner.result``; in trial-number
     order, the order one worker runs them): each trial's tokens (``metrics["tokens"]``),
     plus strict's baseline tokens when its N first appears."""
     out, tokens, seen, done = [], 0, set(), []
@@ -140,11 +142,11 @@ def trace(tuner: Tuner, study) -> list[tuple[int, tuple]]:
         n = t.params["n_draft"]
         if n not in seen:
             seen.add(n)
-            tokens += tuner.baselines[n].tokens
+            tokens += result.baselines[n].tokens
         tokens += int(t.user_attrs.get("metrics", {}).get("tokens", 0))
         done.append(t)
-        strict = {k: v for k, v in tuner.strict_points().items() if k in seen}
-        out.append((tokens, _pick(done, tuner.settings, strict)))
+        strict = {k: v for k, v in result.strict_points().items() if k in seen}
+        out.append((tokens, _pick(done, result.settings, strict)))
     return out
 
 
@@ -172,8 +174,9 @@ def run_strategy(task: SimTask, method: str, strategy: str, seed: int, folder: s
     tuner = cls(settings, task.spec(), task.problems(), SimPair(f"{strategy}-seed{seed}"), task.c_rel,
                 evaluate_fn=task, progress=False)
     outcome = tuner.tune([method])[0]
-    steps = trace(tuner, outcome.study)
-    tokens = outcome.tokens + sum(b.tokens for b in tuner.baselines.values())
+    result = tuner.result([outcome])
+    steps = trace(result, outcome.study)
+    tokens = outcome.tokens + sum(b.tokens for b in result.baselines.values())
     assert steps and steps[-1][0] == tokens, "the trace must account for every token the product counted"
     pick = steps[-1][1]
     truth = _truth(task, method, pick)

@@ -2,7 +2,9 @@
 (``tracking``, ``mlflow_runs``; logged off the job's critical path by ``background``;
 their stores made once by ``stores``), the decision as params, metrics, tags and description
 (``decision``), figures (``figures``), the tuned config (``export``) and what an export
-reads and writes (``reexport``).
+reads and writes (``reexport``). It reads a finished job as ``relaxtune.tune.result.JobResult``
+(frozen), never the live tuner; every call of MLflow beyond its public API is in
+``mlflow_compat`` (with its contract test).
 
 May import: decoding, certify, backends, graders, tasks, engine, tune.
 """

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
+from ..tune.result import JobResult
 
 __all__ = ["cautions", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
            "load_config", "serving_args"]
@@ -259,14 +260,13 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
     )
 
 
-def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirmations: dict | None = None,
-                 confirm_problems: int | None = None) -> TunedConfig:
-    """Assemble the tuned config from a finished ``Tuner``, its ``MethodOutcome``s
-    and their confirmations (``relaxtune.tune.confirm.confirm``: method ->
-    ``Confirmation``; a method without one exports no point).
+def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedConfig:
+    """Assemble the tuned config from a finished job (``Tuner.result``): its
+    ``MethodOutcome``s and their confirmations (``relaxtune.tune.confirm.confirm``: a
+    method without one exports no point), strict's baselines and the cost profile.
 
     Args:
-        confirm_problems: problems the confirmations ran on (default: the search's).
+        mlflow_info: where the job's MLflow runs are (the config's ``mlflow``), or None.
     """
     from ..certify.planning import DEFAULT_DISCORDANCE, plan
     from ..decoding.speed import CostProfile, c_rel_of
@@ -274,20 +274,20 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
     from ..tune.judge import drop_ucb_at
     from ..tune.recommend import recommend
 
-    s, spec, confirmations = tuner.settings, tuner.spec, confirmations or {}
+    s, spec, confirmations, outcomes = result.settings, result.spec, result.confirmations, result.outcomes
     ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence
     sampling = spec.sampling.model_dump()
     methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling) for o in outcomes}
     strict = {n: {"accuracy": b.accuracy, "accuracy_ci": [b.ci_low, b.ci_high], "n": b.n, "l_accept": b.l_accept,
-                  "mean_length": b.mean_length, "modeled_speedup": tuner.strict_speedup(n)}
-              for n, b in sorted(tuner.baselines.items())}
+                  "mean_length": b.mean_length, "modeled_speedup": result.strict_speedup(n)}
+              for n, b in result.baselines.items()}
     dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
-    rec = recommend(tuner, methods, confirmations, strict, dominated)
+    rec = recommend(result, methods, confirmations, strict, dominated)
     if rec["method"] == "strict":
         rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:
         rec["serving"] = methods[rec["method"]].serving
-    pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
+    pinned = set(result.pinned)
     planned = (next(iter(confirmations.values())).planned if confirmations else
                planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned))
     tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
@@ -295,14 +295,14 @@ def build_config(tuner, outcomes: list, mlflow_info: dict | None = None, confirm
     pairs = sum(m["n"] for m in tried)  # discordance pooled over every completed trial, else the default
     discordance = sum(m["strict_only"] + m["relaxed_only"] for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
     holdout = s.confirm == "holdout"
-    held = confirm_problems or len(tuner.problems)
-    total = len(tuner.problems) + held if holdout else len(tuner.problems)  # the job's problems (--limit)
+    held = result.confirm_problems
+    total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
     sample = plan(total, spec.repeats, s.epsilon, s.confidence, discordance=max(discordance, 1e-6),
                   planned=max(planned, 1), holdout=holdout)
-    profile = tuner.profile
+    profile = result.profile
     return TunedConfig(
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
-        verifier=s.verifier, dtype=s.dtype, sampling=sampling, seed=s.seed, problems=len(tuner.problems),
+        verifier=s.verifier, dtype=s.dtype, sampling=sampling, seed=s.seed, problems=result.problems,
         repeats=spec.repeats, epsilon=s.epsilon, confidence=s.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,

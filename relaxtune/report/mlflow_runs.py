@@ -19,7 +19,7 @@ from .decision import decide
 from .stores import DEFAULT_URI, prepare_mlflow
 from .figures import combined_figure, knob_figure, method_figure
 
-__all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table"]
+__all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table", "dataset_entity"]
 
 KIND_TAG, TRAINING = "mlflow.experimentKind", "custom_model_development"
 
@@ -50,6 +50,17 @@ def find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
     runs = client.search_runs([experiment_id], filter_string=" and ".join(clauses),
                               order_by=["attributes.start_time ASC"])
     return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
+
+
+def dataset_entity(dataset):
+    """The ``mlflow.entities.Dataset`` that ``mlflow.log_input(dataset)`` logs for an
+    ``mlflow.data`` dataset (its ``to_dict()``: name, digest, source type, source, schema,
+    profile), built with the public API (``MlflowClient.log_inputs`` takes entities)."""
+    from mlflow.entities import Dataset
+
+    fields = dataset.to_dict()
+    return Dataset(name=fields["name"], digest=fields["digest"], source_type=fields["source_type"],
+                   source=fields["source"], schema=fields.get("schema"), profile=fields.get("profile"))
 
 
 def log_table(client, run_id: str, rows: list[dict], artifact_file: str, lock=nullcontext) -> None:
@@ -97,8 +108,7 @@ class Runs:
                            for p in problems])
         dataset = mlflow.data.from_pandas(df, name=f"{self.task.name}-v{self.task.version}")
         context = InputTag("mlflow.data.context", "tuning")  # what mlflow.log_input(context=...) writes
-        entity = dataset._to_mlflow_entity()  # what mlflow.log_input sends
-        self.client.log_inputs(run_id, [DatasetInput(entity, [context])])
+        self.client.log_inputs(run_id, [DatasetInput(dataset_entity(dataset), [context])])
 
     def _log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
         """``log_table`` under the job's lock (workers finishing the same study at once)."""
@@ -191,11 +201,11 @@ class Runs:
         self._log_table(run_id, points_table([p for ps in per_method.values() for p in ps] + baselines), "points.json")
         self.client.log_artifact(run_id, str(config_path))
 
-    def _points(self, outcomes, tuner, config) -> dict[str, list[Point]]:
-        """Each method's trial points, judged under the job's settings, its exported
-        point marked."""
+    def _points(self, result, config) -> dict[str, list[Point]]:
+        """Each method's trial points (``result``: the finished job), judged under the job's
+        settings, its exported point marked."""
         return {o.method: study_points(o.method, get_method(o.method).knob, o.study, config.methods.get(o.method),
-                                       tuner.settings) for o in outcomes}
+                                       result.settings) for o in result.outcomes}
 
 
 def _frame(rows: list[dict]):

@@ -198,7 +198,8 @@ def mlflow_state(uri: str) -> dict:
     ``complete`` (every table MLflow defines exists, at its newest revision, no leftovers)."""
     import sqlalchemy
     from mlflow.store.db.base_sql_model import Base
-    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    from .mlflow_compat import latest_schema_revision
 
     engine = sqlalchemy.create_engine(uri)
     try:
@@ -211,7 +212,7 @@ def mlflow_state(uri: str) -> dict:
         engine.dispose()
     leftovers = sorted(t for t in tables if t.startswith(LEFTOVER))
     complete = (set(Base.metadata.tables) <= tables and not leftovers
-                and version == _get_latest_schema_revision())
+                and version == latest_schema_revision())
     return {"tables": tables, "leftovers": leftovers, "runs": runs, "version": version, "complete": complete}
 
 
@@ -272,14 +273,9 @@ def _open(uri: str) -> None:
 def _move_aside(uri: str, database: str, state: dict, log: Callable[[str], None]) -> None:
     """Move a half-created SQLite store (no runs) to ``<file>.broken-<time>`` and forget
     MLflow's engine of it, so the next open creates it anew."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from .mlflow_compat import forget_store
 
-    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
-
-    engine = SqlAlchemyStore._engine_map.pop(uri, None)
-    if engine is not None:
-        engine.dispose()
-    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()  # a store this process opened before
+    forget_store(uri)
     path = Path(database).resolve()
     aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     for suffix in ("", "-wal", "-shm", "-journal"):

@@ -188,8 +188,8 @@ class Tracker(Runs):
             self.client.set_tag(run_id, "relaxtune.confirmed",
                                 f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
 
-    def finish(self, outcomes, tuner, config, config_path: Path) -> None:
-        """Close the job's runs once strict is known at every N and the config is
+    def finish(self, result, config, config_path: Path) -> None:
+        """Close the job's runs (``result``: the finished job, ``Tuner.result``) once strict is known at every N and the config is
         built: each study's figures, table, chosen point and description; the task
         run's decision, figures, points and config. Done once per config: a worker of the
         same job that finds the task run already finished with the same config (tag
@@ -202,7 +202,8 @@ class Tracker(Runs):
 
         digest = hashlib.sha256(json.dumps({k: v for k, v in config.model_dump(mode="json").items() if k != "created"},
                                            sort_keys=True, default=str).encode()).hexdigest()[:16]
-        per_method, baselines = self._points(outcomes, tuner, config), baseline_points(tuner)
+        outcomes = result.outcomes
+        per_method, baselines = self._points(result, config), baseline_points(result)
         jobs = self._figure_jobs(self.task_run_id, per_method, baselines, config, self.study_runs)
         self._share_figures(jobs, digest, wait=False)  # the figures nobody draws yet, before queuing for the lock
         with self._finish_lock():
@@ -317,11 +318,11 @@ class ExportRun(Runs):
         self._log_dataset(self.run_id, self.problems)
         return self.run_id
 
-    def finish(self, outcomes, tuner, config, config_path: Path) -> None:
+    def finish(self, result, config, config_path: Path) -> None:
         """The export's decision, figures, points and config on its own run; FINISHED."""
-        per_method = self._points(outcomes, tuner, config)
+        per_method = self._points(result, config)
         name = f"{self.task.name} export eps {config.epsilon:g}"
-        self._log_decision(self.run_id, name, per_method, baseline_points(tuner), config, config_path)
+        self._log_decision(self.run_id, name, per_method, baseline_points(result), config, config_path)
         self.client.set_terminated(self.run_id)
 
     def fail(self, why: str) -> None:

@@ -5,7 +5,9 @@ point's paired metrics and the loss constraint (``judge``), problem ranges (``ra
 confirmation runs (``confirm``), the speed margin (``recommend``), points and Pareto
 fronts (``pareto``), which specs need tuning (``schedule``), progress lines
 (``progress``), the job's plan and time estimate (``estimate``) and how a job stops
-or fails (``stopping``).
+or fails (``stopping``). A finished job leaves as a frozen ``JobResult`` (``result``:
+what ``report/`` reads); every call of Optuna beyond its public API is in
+``optuna_compat`` (with its contract test); file locks are ``filelock``'s.
 
 May import: decoding, certify, backends, graders, tasks, engine.
 """

@@ -3,7 +3,7 @@
 Workers sharing ``--output-dir`` evaluate the same configurations: strict's
 baseline at every N, each confirmation, a range of problems. Before generating,
 an evaluation claims its records and problems (``claim``): an exclusive
-``fcntl.flock`` on ``<records>.claims/<digest of the problem ids>.lock``, held
+``filelock.FileLock`` (``flock(2)`` on Unix) on ``<records>.claims/<digest of the problem ids>.lock``, held
 while it generates and records. Another worker that wants the same work either
 waits for the claim and then finds every sample recorded (it reads, never
 generates), or, with ``wait=False``, goes on with other work first (the tuner
@@ -18,12 +18,13 @@ do not share ``--output-dir`` keep records of their own anyway.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+import filelock
 
 __all__ = ["claim", "claim_path"]
 
@@ -60,20 +61,18 @@ def claim(path: Path, *, wait: bool = True) -> Iterator[bool]:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                got = False
-            else:
-                got = True
-            if not got:
-                yield False
-                return
-            held.add(path)
-            try:
-                yield True
-            finally:
-                held.discard(path)  # the file's close releases the lock
+        # the file stays on release: deleting it would let two holders lock two files of one name
+        file_lock = filelock.FileLock(path, preserve_lock_file=True)
+        try:
+            file_lock.acquire(blocking=wait)
+        except filelock.Timeout:
+            yield False
+            return
+        held.add(path)
+        try:
+            yield True
+        finally:
+            held.discard(path)
+            file_lock.release()
     finally:
         lock.release()

@@ -115,15 +115,16 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
     return out
 
 
-def baseline_points(tuner) -> list[Point]:
+def baseline_points(result) -> list[Point]:
     """Strict at every evaluated N (its accuracy interval, drop 0) and AR at speed-up 1
-    (AR samples strict's distribution: its accuracy is strict's at the first N)."""
+    (AR samples strict's distribution: its accuracy is strict's at the first N), from a
+    finished job (``relaxtune.tune.result.JobResult``)."""
     out = []
-    for n, b in sorted(tuner.baselines.items()):
-        out.append(Point(f"strict N={n}", "strict", tuner.strict_speedup(n), b.accuracy, n_draft=n, method="strict",
+    for n, b in sorted(result.baselines.items()):
+        out.append(Point(f"strict N={n}", "strict", result.strict_speedup(n), b.accuracy, n_draft=n, method="strict",
                          ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0, drop_lcb=0.0, drop_ucb=0.0))
-    if tuner.baselines:
-        b = tuner.baselines[min(tuner.baselines)]
+    if result.baselines:
+        b = result.baselines[min(result.baselines)]
         out.append(Point("AR", "ar", 1.0, b.accuracy, method="ar", ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0,
                          drop_lcb=0.0, drop_ucb=0.0))
     return out

@@ -111,19 +111,19 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
     return SpeedMargin(float(observed), float(margin), confidence, how)
 
 
-def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict], dominated: list[str] = ()) -> dict:
+def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict], dominated: list[str] = ()) -> dict:
     """The recommendation's fields (without ``serving``): the fastest confirmed
     method when its modeled speed-up beats strict's best (at any evaluated N)
     by more than the ``speed_margin``, else strict at its fastest N.
 
     Args:
-        tuner: the finished ``Tuner``; methods: method -> ``MethodResult``;
+        result: the finished job (``relaxtune.tune.result.JobResult``); methods: method -> ``MethodResult``;
         confirmations: method -> ``relaxtune.tune.confirm.Confirmation``;
         strict: N -> strict's summary (``modeled_speedup``) as exported.
         dominated: methods whose trials passed the loss constraint but strict
             dominates each (the reason names them).
     """
-    s = tuner.settings
+    s = result.settings
     best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
     strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
     out = dict(method="strict", knob=None, n_draft=best_n, modeled_speedup=strict_speed,
@@ -131,12 +131,12 @@ def recommend(tuner, methods: dict, confirmations: dict, strict: dict[int, dict]
     best = max((r for r in methods.values() if r.feasible), key=lambda r: (r.modeled_speedup, r.accuracy), default=None)
     if best is None:
         out["reason"] = (f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
-                         f"{s.epsilon:g}, {len(tuner.problems)} problems)" + (
+                         f"{s.epsilon:g}, {result.problems} problems)" + (
                              f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
                              f"at N={best_n}) is as fast and as accurate as each" if dominated else ""))
         return out
     done = confirmations[best.method].confirmed
-    sm = speed_margin(done.relaxed, done.strict, done.n_draft, tuner.baselines[best_n], best_n, tuner.profile,
+    sm = speed_margin(done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile,
                       s.confidence, s.seed)
     out["speed_margin"] = {"difference": sm.difference, "margin": sm.margin, "confidence": sm.confidence, "how": sm.how}
     speeds = (f"models {best.modeled_speedup:.3f}x against strict's best {strict_speed:.3f}x (N={best_n}): "

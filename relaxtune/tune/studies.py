@@ -43,6 +43,8 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from .optuna_compat import RDB_MODULES, rdb_tables
+
 __all__ = ["Plan", "StorageLock", "storage_lock", "TrialQueue", "default_worker", "failures", "finished", "MAX_RETRY",
            "load_rdb_modules", "open_rdb", "SearchProblemsError", "check_problems"]
 
@@ -62,8 +64,7 @@ def load_rdb_modules() -> None:
     one after another, each holding the lock that the others wait for."""
     import importlib
 
-    for module in ("optuna.storages._rdb.models", "alembic.command", "alembic.config", "alembic.migration",
-                   "alembic.script"):
+    for module in (*RDB_MODULES, "alembic.command", "alembic.config", "alembic.migration", "alembic.script"):
         importlib.import_module(module)
 
 
@@ -71,12 +72,11 @@ def _rdb_made(url: str) -> bool:
     """Whether Optuna's tables all exist at ``url`` with their version rows written, so
     that opening the storage only reads (False when it cannot tell: opening it says why)."""
     import sqlalchemy
-    from optuna.storages._rdb import models
 
     try:
         engine = sqlalchemy.create_engine(url)
         try:
-            if not set(models.BaseModel.metadata.tables) <= set(sqlalchemy.inspect(engine).get_table_names()):
+            if not rdb_tables() <= set(sqlalchemy.inspect(engine).get_table_names()):
                 return False
             with engine.connect() as conn:
                 return all(conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar()
@@ -164,7 +164,7 @@ class StorageLock:
 
     Threads of this process first take a lock among themselves, then the one
     between processes: PostgreSQL, a transaction-scoped advisory lock; MySQL or
-    MariaDB, ``GET_LOCK``; SQLite, ``fcntl.flock`` on ``<database>.lock`` (SQLite
+    MariaDB, ``GET_LOCK``; SQLite, a ``filelock.FileLock`` on ``<database>.lock`` (SQLite
     is one host anyway); an in-memory SQLite or another database, none (with a
     warning for the latter). Re-entrant within a thread. Released when its holder
     dies (the connection or the file closes). ``purpose`` names one of several
@@ -183,10 +183,15 @@ class StorageLock:
         self._name = _LOCK_NAME if purpose == "queue" else f"{_LOCK_NAME}-{purpose}"
         self._held = threading.local()
         self._thread_lock = threading.Lock()
-        self._engine = self._file = None
+        self._engine = self._file = self._file_lock = None
         if self.kind == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            import filelock
+
             suffix = ".lock" if purpose == "queue" else f".{purpose}.lock"
             self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + suffix)
+            # flock(2) on Unix, released when its holder dies; the file stays (deleting it would let two
+            # holders lock two files of one name)
+            self._file_lock = filelock.FileLock(self._file, thread_local=False, preserve_lock_file=True)
         elif self.kind in ("postgresql", "mysql", "mariadb"):
             self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
         elif self.kind != "sqlite":
@@ -213,12 +218,9 @@ class StorageLock:
     def _acquire(self) -> Iterator[None]:
         from sqlalchemy import text
 
-        if self._file is not None:
-            import fcntl
-
+        if self._file_lock is not None:
             self._file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._file, "a") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes (or its holder dies)
+            with self._file_lock:  # waits as long as it takes
                 yield
         elif self._engine is not None and self.kind == "postgresql":
             key = int.from_bytes(hashlib.blake2b(self._name.encode(), digest_size=8).digest(), "big", signed=True)
@@ -304,7 +306,7 @@ class TrialQueue:
         self.lock = storage_lock(url)
         self.heartbeat_interval, self.worker, self.on_stale = heartbeat, worker, on_stale
         self.plans: dict[str, Plan] = {}
-        self._seen: set[int] = set()  # the running trials the last claim saw (wait)
+        self._seen: set[tuple[str, int]] = set()  # the running trials the last claim saw (wait)
         engine_kwargs: dict = {"pool_pre_ping": True}
         if self.lock.kind == "sqlite":
             engine_kwargs["connect_args"] = {"timeout": 120}  # workers wait for each other's writes
@@ -419,14 +421,13 @@ class TrialQueue:
         with self.lock():
             for study in studies.values():
                 self._fail_stale(study)
-            running = {key: {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-                       for key, study in studies.items()}
+            running = {key: self._running({key: study}) for key, study in studies.items()}
             self._seen = set().union(*running.values())
             for key in sorted(studies, key=lambda k: len(running[k])):  # stable: ties keep the studies' order
                 study = studies[key]
                 plan = self.plans.get(study.study_name)
                 open_ = plan is None or self._top_up(study, plan)
-                trial_id = study._pop_waiting_trial_id() if open_ else None  # atomic: Optuna's own queue pop
+                trial_id = self.pop(study) if open_ else None
                 if trial_id is None:  # (the others' running trials still end before the studies are done)
                     continue
                 self.storage.record_heartbeat(trial_id)
@@ -445,11 +446,12 @@ class TrialQueue:
         while it runs (the first at once: the time since the claim's beat, a cold sampler's
         first draw included, never adds to a full interval)."""
         stop = threading.Event()
+        trial_id = self.trial_id(trial.study.study_name, trial.number)
 
         def beat() -> None:
             while True:
                 try:
-                    self.storage.record_heartbeat(trial._trial_id)
+                    self.storage.record_heartbeat(trial_id)
                 except Exception as err:  # noqa: BLE001 - a missed beat is retried; staleness is the judge
                     _log.warning("heartbeat of trial %d failed: %s", trial.number, err)
                 if stop.wait(self.heartbeat_interval):
@@ -482,7 +484,27 @@ class TrialQueue:
                 return
             seen = now
 
-    def _running(self, studies: dict[str, optuna.Study]) -> set[int]:
-        """Ids of the RUNNING trials of ``studies`` (read without the lock)."""
-        return {t._trial_id for study in studies.values()
+    def _running(self, studies: dict[str, optuna.Study]) -> set[tuple[str, int]]:
+        """``(study name, trial number)`` of the RUNNING trials of ``studies`` (read without the lock)."""
+        return {(study.study_name, t.number) for study in studies.values()
                 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+
+    def trial_id(self, study_name: str, number: int) -> int:
+        """The storage's id of trial ``number`` of the study ``study_name`` (public storage API)."""
+        return self.storage.get_trial_id_from_study_id_trial_number(self.storage.get_study_id_from_name(study_name),
+                                                                     number)
+
+    def pop(self, study: optuna.Study) -> int | None:
+        """Take the first WAITING trial of ``study`` (RUNNING now) and return its id; None when
+        none waits. Atomic between workers: the storage moves a trial to RUNNING only from
+        WAITING (``RDBStorage.set_trial_state_values`` returns False, or raises for a finished
+        one, when another worker took it first), as Optuna's own queue pop does."""
+        study_id = self.storage.get_study_id_from_name(study.study_name)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            try:
+                if self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                    return trial_id
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        return None

@@ -56,6 +56,7 @@ from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
 from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
+from .result import JobResult
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, make_output_dir, storage_url, study_name
 from .stopping import check_stop, environmental
@@ -196,6 +197,20 @@ class Tuner:
             return None
         knob, n_draft = server.point()
         return {"knob": knob, "n_draft": n_draft}
+
+    def result(self, outcomes: list[MethodOutcome], confirmations: dict | None = None,
+               confirm_problems: int | None = None) -> JobResult:
+        """The finished job, frozen, for ``report/`` (the tuned config, MLflow, figures):
+        strict at every draft length evaluated so far, ``outcomes`` and their
+        ``confirmations`` (method -> ``Confirmation``), ``confirm_problems`` (default:
+        the search's problems)."""
+        return JobResult(
+            settings=self.settings.model_copy(deep=True), spec=self.spec, problems=len(self.problems),
+            confirm_problems=confirm_problems or len(self.problems),
+            baselines=dict(sorted(self.baselines.items())),
+            strict_speedups={n: self.strict_speedup(n) for n in sorted(self.baselines)},
+            outcomes=tuple(outcomes), confirmations=dict(confirmations or {}), profile=self.profile,
+            pinned=frozenset(o.method for o in outcomes if self.pinned(o.method) is not None))
 
     def _suggest(self, method: str) -> Callable:
         """Draws a taken trial's parameters (enqueued and retried trials keep theirs)."""
@@ -398,12 +413,12 @@ class Tuner:
         parameters, same number), so the next worker (a resume) takes it first, with no
         wait for its heartbeat to go stale and no retry spent; its finished samples are
         in the records."""
-        from optuna.trial import TrialState
+        from .optuna_compat import requeue
 
         try:
             with self.queue.lock():
                 trial.set_user_attr("requeued", f"{why} on {self.worker}")
-                self.queue.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+                requeue(self.queue.storage, self.queue.trial_id(trial.study.study_name, trial.number))
             self.log(f"{method} trial {trial.number} goes back to its queue ({why}): the resume runs it first")
         except Exception as err:  # noqa: BLE001 - the storage may be what failed; staleness then retries it
             self.log(f"{method} trial {trial.number} could not go back to its queue ({type(err).__name__}: {err}); "

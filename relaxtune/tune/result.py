@@ -1,0 +1,67 @@
+"""What a finished tuning job (or export) hands to ``report/``: a frozen result, never
+the live ``Tuner`` (built by ``Tuner.result``).
+
+Everything the tuned config, its recommendation, the MLflow runs and the figures read
+is here: the job's settings, the task, how many problems the search and the
+confirmations ran on, strict's baseline at every evaluated draft length (with its
+modeled speed-up), each method's outcome and confirmation, and the cost profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from ..decoding.speed import CostProfile
+from ..tasks.spec import TaskSpec
+from .evaluation import EvalResult
+from .outcomes import MethodOutcome
+from .settings import TuneSettings
+
+__all__ = ["JobResult"]
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished job, read only.
+
+    Attributes:
+        settings: the job's settings (a copy: later changes of the tuner's do not show).
+        spec: the task (name, version, sampling, repeats, grader).
+        problems: problems the search ran on (the first half with ``--confirm holdout``).
+        confirm_problems: problems the confirmations ran on.
+        baselines: draft length N -> strict's ``EvalResult`` at N, by increasing N.
+        strict_speedups: N -> strict's modeled speed-up at N (length ratio 1).
+        outcomes: each method's ``MethodOutcome`` (its study, chosen point, MLflow run id).
+        confirmations: method -> ``Confirmation`` (a method without one exports no point).
+        profile: the cost profile (``CostProfile``) or a bare c_rel (float).
+        pinned: methods the backend serves at one point only (a native speculative server).
+    """
+
+    settings: TuneSettings
+    spec: TaskSpec
+    problems: int
+    confirm_problems: int
+    baselines: Mapping[int, EvalResult]
+    strict_speedups: Mapping[int, float]
+    outcomes: tuple[MethodOutcome, ...]
+    confirmations: Mapping[str, object]  # method -> relaxtune.tune.confirm.Confirmation (confirm imports tuning)
+    profile: CostProfile | float
+    pinned: frozenset[str]
+
+    def __post_init__(self) -> None:
+        for name in ("baselines", "strict_speedups", "confirmations"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+        object.__setattr__(self, "outcomes", tuple(self.outcomes))
+        object.__setattr__(self, "pinned", frozenset(self.pinned))
+
+    def strict_speedup(self, n_draft: int) -> float:
+        """Strict's modeled speed-up at N. Raises KeyError for an N strict did not run at."""
+        return self.strict_speedups[n_draft]
+
+    def strict_points(self) -> dict[int, tuple[float, float]]:
+        """N -> (strict's modeled speed-up, accuracy), by increasing N."""
+        return {n: (self.strict_speedups[n], b.accuracy) for n, b in self.baselines.items()}
