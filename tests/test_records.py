@@ -17,7 +17,7 @@ from relaxtune.report.export import load_config, upgrade_config
 from relaxtune.tune import evaluation
 from relaxtune.tune.evaluation import DecodeConfig, _read_done
 from relaxtune.tune.records import (PointMetrics, RecordError, SampleRecord, knob_of, knobs_of, load_metrics,
-                                    load_record, metrics_attr, trial_metrics)
+                                    load_record, metrics_attr, point_values, trial_metrics)
 
 from . import golden_run
 
@@ -92,7 +92,7 @@ def test_the_golden_run_is_identical_but_for_the_v3_fields(tmp_path, monkeypatch
         assert list(m_new)[:4] == list(V3_METRICS) and m_new["batch_size"] == 1
         assert m_new["knobs"] == {"delta": optuna.load_study(study_name=key[0], storage=f"sqlite:///{now / 'optuna.db'}")
                                   .trials[key[1]].params["knob"]}
-        strip = lambda m: json.dumps({k: v for k, v in m.items() if k not in V3_METRICS + ("tokens_per_second",)})  # noqa: E731
+        strip = lambda m: json.dumps({k: v for k, v in m.items() if k not in V3_METRICS + ("tokens_per_second",)})
         assert strip(m_new) == strip(m_old)
 
     y_new = yaml.safe_load((now / "golden.tuned.yaml").read_text())
@@ -223,3 +223,11 @@ def test_a_v2_run_resumes_appending_v3(v2_copy, backend):
                               storage=f"sqlite:///{v2_copy / RUNS / 'optuna.db'}")
     schemas = sorted(trial_metrics(t, "cactus").schema_ for t in study.trials)
     assert schemas == [2, 2, 3]
+
+
+def test_a_tracker_logs_the_same_values_from_v2_and_v3_metrics():
+    url = f"sqlite:///{V2 / RUNS / 'optuna.db'}"
+    name = optuna.get_all_study_summaries(url, include_best_trial=False)[0].study_name
+    raw = optuna.load_study(study_name=name, storage=url).trials[0].user_attrs["metrics"]
+    assert point_values(metrics_attr(raw, "cactus", 10.0)) == point_values(raw) == raw
+    assert point_values(None) == {}

@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
-from ..tune.records import RECORDS_SCHEMA, PointMetrics, knobs_of, load_metrics, trial_metrics
+from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
 
-__all__ = ["cautions", "upgrade_config", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
+__all__ = ["cautions", "upgrade_config", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig",
+           "build_config", "save_config",
            "load_config", "serving_args"]
 
 SCHEMA_VERSION = RECORDS_SCHEMA  # 3: knobs (named), scope, serving batch sizes (relaxtune.tune.records);

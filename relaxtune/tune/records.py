@@ -36,7 +36,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 __all__ = ["RECORDS_SCHEMA", "SCOPES", "Scope", "RecordError", "SampleRecord", "PointMetrics", "knobs_of",
-           "knob_of", "load_record", "load_metrics", "trial_metrics", "metrics_attr"]
+           "knob_of", "load_record", "load_metrics", "trial_metrics", "metrics_attr", "point_values"]
 
 RECORDS_SCHEMA = 3  # 3: schema, knobs (named), scope; metrics also batch_size. 2: no schema key
 SCOPES = ("all", "thinking")
@@ -335,3 +335,12 @@ def metrics_attr(metrics: Mapping, method: str, knob: float | None, scope: str =
     except ValidationError as err:
         raise RecordError(f"{method} at knob {knob}: not a point's metrics: {err}") from None
     return out
+
+
+V3_HEADER = ("schema", "knobs", "scope", "batch_size")  # what v3 adds first to a trial's metrics
+
+
+def point_values(stored: Mapping | None) -> dict:
+    """A trial's stored ``metrics`` attribute (v2 or v3, or none) as ``point_metrics``
+    made it: without v3's header, so a tracker logs the same MLflow metrics from either."""
+    return {k: v for k, v in (stored or {}).items() if k not in V3_HEADER}
