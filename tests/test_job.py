@@ -38,7 +38,7 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert set(config.methods) == {"cactus", "ens"}
     assert config.methods["cactus"].trials == 3 and config.c_rel == 0.3
     assert config.task_version == 1 and config.drafter == drafter and config.problems == 4
-    assert config.schema_version == 2
+    assert config.schema_version == 3  # v3 (issue 33): knobs, scope, serving batch sizes
     assert config.sample["smallest_certifiable"] == pytest.approx(floor, abs=1e-9)
     assert config.confirmation["samples"] == "seeds" and config.confirmation["per_method"] == 2
     assert config.recommendation.serving["relaxtune"]["n_draft"] == config.recommendation.n_draft

@@ -30,11 +30,14 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
 from ..tune.result import JobResult
+from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
 
-__all__ = ["cautions", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig", "build_config", "save_config",
+__all__ = ["cautions", "upgrade_config", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig",
+           "build_config", "save_config",
            "load_config", "serving_args"]
 
-SCHEMA_VERSION = 2  # 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
+SCHEMA_VERSION = RECORDS_SCHEMA  # 3: knobs (named), scope, serving batch sizes (relaxtune.tune.records);
+# 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
 
 
 class _Model(BaseModel):
@@ -52,6 +55,8 @@ class MethodResult(_Model):
     knob_name: str | None
     feasible: bool
     knob: float | None = None
+    knobs: dict[str, float] | None = None  # v3: every named knob of the point (None: no point)
+    scope: str | None = None  # v3: the relaxation scope ("all" | "thinking")
     n_draft: int | None = None
     trial: int | None = None
     strict_accuracy: float | None = None
@@ -85,7 +90,10 @@ class Recommendation(_Model):
 
     method: str
     knob: float | None
+    knobs: dict[str, float] = {}  # v3: every named knob ({} for strict)
+    scope: str = "all"  # v3
     n_draft: int
+    batch_size: int = 1  # v3: the serving batch size the speed-up is modeled at
     modeled_speedup: float
     reason: str
     serving: dict
@@ -157,6 +165,7 @@ class TunedConfig(_Model):
     confidence: float
     c_rel: float
     cost_profile: dict | None = None
+    serving_batch_sizes: list[int] = [1]  # v3: the batch sizes the speed-ups are modeled at
     strict_by_n_draft: dict[int, dict]
     methods: dict[str, MethodResult]
     confirmation: dict  # {samples: holdout | seeds, problems, per_method, planned, confidence_each, rule, promise}
@@ -202,17 +211,16 @@ def _grader_versions(kind: str) -> dict:
     return out
 
 
-def _closest(trials: list, ucb) -> dict | None:
+def _closest(trials: list, ucb, method: str) -> dict | None:
     """The tried point with the smallest drop bound (then the fastest)."""
-    tried = [x for x in trials if "drop_ucb" in x.user_attrs.get("metrics", {})]
-    best = min(tried, key=lambda x: (ucb(x.user_attrs["metrics"]), -x.user_attrs["metrics"]["speedup"]), default=None)
+    tried = [(x, m) for x in trials if (m := trial_metrics(x, method)) is not None]
+    best, m = min(tried, key=lambda xm: (ucb(xm[1]), -xm[1].speedup), default=(None, None))
     if best is None:
         return None
-    m = best.user_attrs["metrics"]
     return {"trial": best.number, "knob": best.params.get("knob"), "n_draft": best.params["n_draft"],
-            "state": best.state.name, "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"], "n": m["n"],
-            "drop_upper_bound": ucb(m), "discordance": (m["strict_only"] + m["relaxed_only"]) / m["n"],
-            "l_accept": m.get("l_accept"), "length_ratio": m.get("length_ratio"), "modeled_speedup": m["speedup"]}
+            "state": best.state.name, "accuracy": m.accuracy, "strict_accuracy": m.strict_accuracy, "n": m.n,
+            "drop_upper_bound": ucb(m), "discordance": (m.strict_only + m.relaxed_only) / m.n,
+            "l_accept": m.l_accept, "length_ratio": m.length_ratio, "modeled_speedup": m.speedup}
 
 
 def _within_budget(o, settings) -> int:
@@ -245,17 +253,18 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
                 "the search's choice was not confirmed (no confirmation run)" if confirmation is None else
                 confirmation.missing or
                 f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples")
-        search = None if o.chosen is None else ucb(o.chosen.user_attrs["metrics"])
-        return MethodResult(feasible=False, closest=_closest(trials, ucb), search_drop_upper_bound=search, note=note,
-                            **base)
-    m = done.metrics
+        search = None if o.chosen is None else ucb(trial_metrics(o.chosen, o.method))
+        return MethodResult(feasible=False, closest=_closest(trials, ucb, o.method), search_drop_upper_bound=search,
+                            note=note, **base)
+    knobs = knobs_of(o.method, done.knob)
+    m = load_metrics(done.metrics, knobs, where=f"{o.method}'s confirmation")
     return MethodResult(
-        feasible=True, knob=done.knob, n_draft=done.n_draft, trial=done.trial, strict_accuracy=m["strict_accuracy"],
-        accuracy=m["accuracy"], accuracy_ci=(m["accuracy_ci_low"], m["accuracy_ci_high"]), n=m["n"], drop=m["drop"],
-        drop_upper_bound=m["drop_ucb"], drop_bound_method=m["bound_method"],
-        search_drop_upper_bound=done.search_drop_upper_bound, l_accept=m["l_accept"], length_ratio=m["length_ratio"],
-        modeled_speedup=m["speedup"], truncated=m["truncated"], loop_rate=m["loop_rate"],
-        modeled_speedup_by_c_rel={k.removeprefix("speedup_c"): v for k, v in m.items() if k.startswith("speedup_c")},
+        feasible=True, knob=done.knob, knobs=knobs, scope=m.scope, n_draft=done.n_draft, trial=done.trial,
+        strict_accuracy=m.strict_accuracy, accuracy=m.accuracy, accuracy_ci=(m.accuracy_ci_low, m.accuracy_ci_high),
+        n=m.n, drop=m.drop, drop_upper_bound=m.drop_ucb, drop_bound_method=m.bound_method,
+        search_drop_upper_bound=done.search_drop_upper_bound, l_accept=m.l_accept, length_ratio=m.length_ratio,
+        modeled_speedup=m.speedup, truncated=m.truncated, loop_rate=m.loop_rate,
+        modeled_speedup_by_c_rel=m.speedup_by_c_rel,
         serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling), **base,
     )
 
@@ -275,7 +284,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     from ..tune.recommend import recommend
 
     s, spec, confirmations, outcomes = result.settings, result.spec, result.confirmations, result.outcomes
-    ucb = lambda m: drop_ucb_at(m, s.confidence)  # noqa: E731 - at this export's confidence
+    ucb = lambda m: drop_ucb_at(m.dump(), s.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
     methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling) for o in outcomes}
     strict = {n: {"accuracy": b.accuracy, "accuracy_ci": [b.ci_low, b.ci_high], "n": b.n, "l_accept": b.l_accept,
@@ -283,6 +292,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
               for n, b in result.baselines.items()}
     dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
+    rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
     if rec["method"] == "strict":
         rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:
@@ -291,9 +301,9 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     planned = (next(iter(confirmations.values())).planned if confirmations else
                planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned))
     tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
-             if t.state.name == "COMPLETE" and "strict_only" in (m := t.user_attrs.get("metrics", {}))]
-    pairs = sum(m["n"] for m in tried)  # discordance pooled over every completed trial, else the default
-    discordance = sum(m["strict_only"] + m["relaxed_only"] for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
+             if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None]
+    pairs = sum(m.n for m in tried)  # discordance pooled over every completed trial, else the default
+    discordance = sum(m.strict_only + m.relaxed_only for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
     holdout = s.confirm == "holdout"
     held = result.confirm_problems
     total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
@@ -327,13 +337,42 @@ def save_config(config: TunedConfig, path: str | Path) -> Path:
     return path
 
 
+def upgrade_config(data: dict) -> dict:
+    """A tuned config's YAML object, v2 (or v3) as v3: each exported point's and the
+    recommendation's ``knobs`` from its one ``knob`` (``relaxtune.tune.records.knobs_of``),
+    scope "all" and batch size 1 (what every v2 job measured); a v3 object is returned as is.
+
+    Raises:
+        ValueError: a schema version this code does not read.
+    """
+    version = data.get("schema_version")
+    if version == SCHEMA_VERSION:
+        return data
+    if version != 2:
+        raise ValueError(f"tuned config schema_version {version!r} is not one this code reads (2 or {SCHEMA_VERSION})")
+    out = dict(data) | {"schema_version": SCHEMA_VERSION}
+    out.setdefault("serving_batch_sizes", [1])
+    methods = {}
+    for name, m in (data.get("methods") or {}).items():
+        m = dict(m)
+        if m.get("n_draft") is not None:
+            m.setdefault("knobs", knobs_of(m.get("method", name), m.get("knob")))
+            m.setdefault("scope", "all")
+        methods[name] = m
+    out["methods"] = methods
+    if isinstance(rec := data.get("recommendation"), dict):
+        out["recommendation"] = {"knobs": knobs_of(rec["method"], rec.get("knob")), "scope": "all",
+                                 "batch_size": 1} | rec
+    return out
+
+
 def load_config(path: str | Path) -> TunedConfig:
-    """Read and validate a tuned config.
+    """Read and validate a tuned config, schema v3 or v2 (``upgrade_config``).
 
     Raises:
         ValueError: the file does not match the schema.
     """
-    return TunedConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+    return TunedConfig.model_validate(upgrade_config(yaml.safe_load(Path(path).read_text())))
 
 
 def cautions(config: "TunedConfig") -> list[str]:

@@ -14,6 +14,7 @@ import yaml
 
 from ..decoding.speed import c_rel_of
 from ..tune.evaluation import DecodeConfig, records_complete, records_path
+from ..tune.records import trial_metrics
 from ..tune.settings import TuneSettings, study_name
 
 __all__ = ["JobError", "job_file", "tuning_settings", "export_path", "export_storage", "check_exportable",
@@ -159,7 +160,7 @@ def check_outcomes(outcomes, problems, profile, n_drafts: list[int], pinned: set
             raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
                            "first, or export only the tuned --methods")
         same_problems(o.method, o.study, problems)
-        priced = {round(t.user_attrs["metrics"]["c_rel"], 9) for t in done if "c_rel" in t.user_attrs.get("metrics", {})}
+        priced = {round(m.c_rel, 9) for t in done if (m := trial_metrics(t, o.method)) is not None}
         if priced and priced != {round(c_rel_of(profile), 9)}:
             raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
                            f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "

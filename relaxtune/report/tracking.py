@@ -252,14 +252,16 @@ class Tracker(Runs):
     def _backfill(self, outcomes) -> None:
         """Log the ended trials that have no run: their worker died between telling the
         study and logging the run (one run per trial, whoever logs it)."""
+        from ..tune.records import point_values  # the stored metrics, v2 or v3, as judged
+
         for o in outcomes:
             key = {"relaxtune.kind": "trial", "relaxtune.study": o.study.study_name, "relaxtune.job": self.job_id}
             logged = {r.data.tags.get("relaxtune.trial") for r in self._find(key)}
             for t in o.study.get_trials(deepcopy=False):
                 if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and str(t.number) not in logged and "n_draft" in t.params:
                     note = t.user_attrs.get("pruned") or t.user_attrs.get("error")
-                    self.log_trial(o.method, t.number, t.params, t.user_attrs.get("metrics") or {}, t.state.name,
-                                   None, note=note)
+                    self.log_trial(o.method, t.number, t.params, point_values(t.user_attrs.get("metrics")),
+                                   t.state.name, None, note=note)
 
     def _finish_study(self, outcome, points: list[Point], baselines: list[Point], result, epsilon: float) -> None:
         """A study's table, chosen point, name and description (its figures come with

@@ -53,6 +53,7 @@ from .claims import claim, claim_path
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
+from .records import metrics_attr
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
 from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
@@ -396,7 +397,7 @@ class Tuner:
                     raise
                 metrics, state, note = {}, "FAIL", f"{type(err).__name__}: {err}"
             if state != "LOST":
-                state = self._tell(trial, state, metrics, note)
+                state = self._tell(trial, state, metrics, note, method)
         report = TrialReport(method, trial.number, dict(trial.params), state, metrics)
         if state == "LOST":
             self.log(f"{method} trial {trial.number} was declared stale by another worker (no heartbeat within "
@@ -432,18 +433,21 @@ class Tuner:
         k = self.settings.confirmations
         return ranked[k - 1].values[0] if len(ranked) >= k else None
 
-    def _tell(self, trial, state: str, metrics: dict, note: str | None) -> str:
-        """Store the trial's outcome; LOST when another worker failed it as stale meanwhile."""
+    def _tell(self, trial, state: str, metrics: dict, note: str | None, method: str) -> str:
+        """Store the trial's outcome (its metrics as a v3 ``metrics`` attribute,
+        ``relaxtune.tune.records``); LOST when another worker failed it as stale meanwhile."""
         import optuna
+
+        stored = metrics_attr(metrics, method, trial.params.get("knob")) if metrics else metrics
 
         states = optuna.trial.TrialState
         try:
             if state == "COMPLETE":
-                trial.set_user_attr("metrics", metrics)
+                trial.set_user_attr("metrics", stored)
                 _set_constraints(trial, constraint_values(metrics, self.settings.stats))
                 trial.study.tell(trial, [metrics["speedup"], metrics["accuracy"]])
             else:
-                attrs = {"metrics": metrics, "pruned": note} if state == "PRUNED" else {"error": note}
+                attrs = {"metrics": stored, "pruned": note} if state == "PRUNED" else {"error": note}
                 for key, value in attrs.items():
                     trial.set_user_attr(key, value)
                 _set_constraints(trial, {"drop_ucb_minus_epsilon": VIOLATED})
