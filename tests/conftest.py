@@ -160,3 +160,12 @@ def live_pair(tmp_path_factory):
 
     with start_live_pair(tmp_path_factory.mktemp("sglang-live")) as pair:
         yield pair
+
+
+@pytest.fixture
+def user_tasks_only(monkeypatch, tmp_path_factory):
+    """Hide the packaged task specs (``relaxtune/evals/``): the task search path is then
+    only ``$RELAXTUNE_EVALS``, for tests that count the tasks of their own folders."""
+    from relaxtune.tasks import spec
+
+    monkeypatch.setattr(spec, "PACKAGED_EVALS", tmp_path_factory.mktemp("no-packaged-tasks"))

@@ -22,7 +22,7 @@ import uuid
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flows.steps import (
+from relaxtune.flows.steps import (
     as_future,
     backend_tag,
     fan_out,
