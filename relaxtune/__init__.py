@@ -8,7 +8,8 @@ transformers, SGLang servers, the embedded pair), ``graders`` and ``tasks``
 studies, search, judging, confirmation), ``report`` (MLflow, figures, the tuned
 config) and ``transfer``; then ``job`` (the main job), ``cli`` (the command line),
 ``bench``, ``testing`` and ``flows`` (the Prefect flows). The layers are declared
-once, as import-linter contracts in ``pyproject.toml`` (``lint-imports``). The decoding core's entry points are re-exported here.
+once, as import-linter contracts in ``pyproject.toml`` (``lint-imports``). The
+decoding core's entry points are re-exported here.
 """
 
 from importlib.metadata import PackageNotFoundError, version
