@@ -88,3 +88,12 @@ def test_the_task_specs_and_flows_ship_as_package_data_and_modules():
     assert shipped and all(any(Path(name).match(p) for p in patterns) for name in shipped), shipped
     assert (ROOT / "relaxtune" / "flows" / "__init__.py").exists() and not (ROOT / "flows").exists()
     assert not (ROOT / "evals").exists()
+
+
+def test_the_slow_kinds_are_registered_deselected_by_default_and_run_by_ci():
+    pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {m.split(":")[0] for m in pytest_ini["markers"]}
+    deselected = re.fullmatch(r"-ra -m 'not \((.*)\)'", pytest_ini["addopts"]).group(1).split(" or ")
+    ci = re.search(r'^SLOW_KINDS="(.*)"$', (ROOT / ".ci" / "run").read_text(), re.M).group(1).split(" or ")
+    assert set(deselected) == set(ci) == registered and len(ci) == len(registered)
+    assert {"live_sglang", "postgres", "browser", "sandbox_full", "soak", "interrupts", "slow"} == registered
