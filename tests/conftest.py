@@ -160,3 +160,20 @@ def live_pair(tmp_path_factory):
 
     with start_live_pair(tmp_path_factory.mktemp("sglang-live")) as pair:
         yield pair
+
+
+@pytest.fixture
+def user_tasks_only(monkeypatch, tmp_path_factory):
+    """Hide the packaged task specs (``relaxtune/evals/``): the task search path is then
+    only ``$RELAXTUNE_EVALS``, for tests that count the tasks of their own folders."""
+    from relaxtune.tasks import spec
+
+    monkeypatch.setattr(spec, "PACKAGED_EVALS", tmp_path_factory.mktemp("no-packaged-tasks"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test on a real PostgreSQL server (it uses ``pg_server``, directly or through
+    ``pg_database``) is marked ``postgres``: left out of the default run, run by ``-m postgres``."""
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

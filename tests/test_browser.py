@@ -28,6 +28,8 @@ from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",

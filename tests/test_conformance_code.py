@@ -171,6 +171,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.sandbox_full
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_humaneval_all_164(variant):
     make, passes = VARIANTS[variant]

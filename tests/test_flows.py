@@ -34,8 +34,8 @@ def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
 def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):
     import optuna
 
-    import flows.tune
-    from flows.tune import tune_task
+    import relaxtune.flows.tune
+    from relaxtune.flows.tune import tune_task
 
     task = write_tiny_task(tmp_path)
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.5)
@@ -43,7 +43,7 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
     # Neither worker takes a trial before both are ready: a worker that starts late on a
     # busy machine would otherwise find the study finished and the test would prove nothing.
     both_ready, arrived, lock = threading.Event(), set(), threading.Lock()
-    register = flows.tune.register
+    register = relaxtune.flows.tune.register
 
     def gated_register(key: str, next_trial):
         label = key.rsplit("/", 2)[-2]
@@ -57,7 +57,7 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
             return next_trial()
         return register(key, gated_next_trial)
 
-    monkeypatch.setattr(flows.tune, "register", gated_register)
+    monkeypatch.setattr(relaxtune.flows.tune, "register", gated_register)
 
     def worker(label: str, lanes: int) -> None:  # what a Prefect worker on another host runs
         results[label] = tune_task.with_options(flow_run_name=label)(
@@ -81,7 +81,7 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
 
 
 def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness, tmp_path, tiny_pair_dirs):
-    from flows.tune import evaluate_point
+    from relaxtune.flows.tune import evaluate_point
 
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)
@@ -98,9 +98,9 @@ def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness
     assert "tiny_math-v2" in bumped["path"] and bumped["mean_length"] <= 6  # evaluated anew, not v1's cached result
 
 
-def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_dirs, monkeypatch):
-    import flows.tune
-    from flows.tune import tune_new
+def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_dirs, monkeypatch, user_tasks_only):
+    import relaxtune.flows.tune
+    from relaxtune.flows.tune import tune_new
 
     evals, extra = tmp_path / "evals", tmp_path / "extra"
     evals.mkdir()
@@ -110,8 +110,8 @@ def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_
     missing.write_text(Path(task).read_text().replace("name: tiny_math", "name: no_data").replace(
         "tiny_math.jsonl", "absent.jsonl"))
     monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
-    loaded, load = [], flows.tune.load_backend
-    monkeypatch.setattr(flows.tune, "load_backend", lambda s: loaded.append(s.task) or load(s))
+    loaded, load = [], relaxtune.flows.tune.load_backend
+    monkeypatch.setattr(relaxtune.flows.tune, "load_backend", lambda s: loaded.append(s.task) or load(s))
     settings = _settings(tmp_path, tiny_pair_dirs)
     kwargs = dict(folders=[str(extra)], methods=["cactus"], limit=2, trials=1, settings=settings)
     assert tune_new(**kwargs) == {"tiny_math": "strict"}  # 2 problems certify nothing: strict
@@ -120,25 +120,25 @@ def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_
 
 
 def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
-    from flows.tune import tune_new, tune_task
+    from relaxtune.flows.tune import tune_new, tune_task
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     per_task = {d["parameters"]["task"]: d for d in spec["deployments"] if d["entrypoint"].endswith(":tune_task")}
     assert set(per_task) == SHIPPED and SHIPPED <= set(list_tasks())  # a spec added to evals/ changes nothing here
     for name, d in per_task.items():
-        assert d["entrypoint"] == "flows/tune.py:tune_task" and d["work_pool"]["name"] == "relaxtune"
+        assert d["entrypoint"] == "relaxtune/flows/tune.py:tune_task" and d["work_pool"]["name"] == "relaxtune"
         assert d["schedules"][0]["cron"].count(" ") == 4
         tune_task.validate_parameters(d["parameters"])  # the parameters fit the flow's signature
-    (new,) = [d for d in spec["deployments"] if d["entrypoint"] == "flows/tune.py:tune_new"]
+    (new,) = [d for d in spec["deployments"] if d["entrypoint"] == "relaxtune/flows/tune.py:tune_new"]
     minute, hour, day, month, weekday = new["schedules"][0]["cron"].split()
     assert (day, month, weekday) == ("*", "*", "*") and minute.isdigit() and hour.isdigit()  # daily
     tune_new.validate_parameters(new["parameters"])
     bounds = new["parameters"]
     assert (bounds["limit"], bounds["trials"], bounds["n_drafts"]) == (8, 4, [4])  # a bounded run per task
     assert "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY=true" in (ROOT / "prefect.yaml").read_text()
-    from flows.transfer import transfer_matrix
+    from relaxtune.flows.transfer import transfer_matrix
 
-    (transfer,) = [d for d in spec["deployments"] if d["entrypoint"] == "flows/transfer.py:transfer_matrix"]
+    (transfer,) = [d for d in spec["deployments"] if d["entrypoint"] == "relaxtune/flows/transfer.py:transfer_matrix"]
     transfer_matrix.validate_parameters(transfer["parameters"])
     assert set(transfer["parameters"]["tasks"]) <= set(per_task)
 
@@ -150,7 +150,7 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     generates a sample; both judge the same cells."""
     from typer.testing import CliRunner
 
-    from flows.transfer import transfer_matrix
+    from relaxtune.flows.transfer import transfer_matrix
     from relaxtune.certify.stats import drop_bound
     from relaxtune.cli import app
     from relaxtune.job import run_tune_job
@@ -192,7 +192,7 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     import os
     import shutil
 
-    from flows.steps import backend_tag, evaluation_cache_key
+    from relaxtune.flows.steps import backend_tag, evaluation_cache_key
 
     drafter, verifier = tiny_pair_dirs
     verifier_copy = shutil.copytree(verifier, tmp_path / "verifier")

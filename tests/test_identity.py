@@ -139,7 +139,7 @@ def again_problems(spec):
 
 
 def test_the_prefect_cache_key_changes_with_the_code_identity(tmp_path, monkeypatch, fresh_identity):
-    from flows.steps import evaluation_cache_key
+    from relaxtune.flows.steps import evaluation_cache_key
 
     from .tiny_task import write_tiny_task
 

@@ -40,6 +40,7 @@ def _runs(mlflow_uri: str) -> dict[str, str]:
             if r.data.tags["relaxtune.kind"] in ("task", "study")}
 
 
+@pytest.mark.interrupts
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, sig):
     runs = tmp_path / "runs"
@@ -109,6 +110,7 @@ class FullDisk(Synthetic):
         return super().__call__(spec, backend, config, output_dir=output_dir, problems=problems, progress=progress)
 
 
+@pytest.mark.interrupts
 def test_a_full_disk_ends_in_one_paragraph_and_a_logged_traceback(tmp_path):
     from relaxtune.job import run_tune_job
 

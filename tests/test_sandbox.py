@@ -231,7 +231,7 @@ def test_tasks_validate_says_what_contains_code(monkeypatch, forced):
         monkeypatch.setenv("RELAXTUNE_SANDBOX", "process-group")
     sandbox_info.cache_clear()
     try:
-        out = CliRunner().invoke(app, ["tasks", "validate", "evals/humaneval.yaml"], env={"COLUMNS": "300"})
+        out = CliRunner().invoke(app, ["tasks", "validate", "relaxtune/evals/humaneval.yaml"], env={"COLUMNS": "300"})
         kind = sandbox_info().kind
     finally:
         sandbox_info.cache_clear()

@@ -17,7 +17,7 @@ def _config(path, task: str, version: int, created: str | None = None, pair: tup
     path.write_text(yaml.safe_dump(fields))
 
 
-def test_new_bumped_and_edited_specs_need_tuning(tmp_path, monkeypatch):
+def test_new_bumped_and_edited_specs_need_tuning(tmp_path, monkeypatch, user_tasks_only):
     evals, extra, runs = tmp_path / "evals", tmp_path / "extra", tmp_path / "runs"
     for d in (evals, extra, runs):
         d.mkdir()

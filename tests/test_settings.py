@@ -179,9 +179,9 @@ def test_confirm_help_says_each_thing_once():
 def test_flow_parameters_carry_the_settings_defaults_and_descriptions():
     from prefect.utilities.callables import parameter_schema
 
-    import flows.tune as tune
+    import relaxtune.flows.tune as tune
 
-    from flows.transfer import transfer_matrix
+    from relaxtune.flows.transfer import transfer_matrix
 
     flows = {tune.tune_task: "*", tune.tune_all: "*", tune.tune_new: "*", tune.evaluate_point: "*",
              transfer_matrix: ["output_dir", "mlflow_uri"]}  # transfer's methods: the ones judged, not tuned

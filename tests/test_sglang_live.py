@@ -185,7 +185,7 @@ def test_the_prefect_flow_tunes_through_the_servers(live_pair, tmp_path):
     import yaml
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.tune import tune_task
+    from relaxtune.flows.tune import tune_task
 
     from .tiny_task import write_tiny_task
 

@@ -3,9 +3,13 @@ instant on fresh stores (SQLite, then PostgreSQL when it answers), one SIGKILLed
 
 import shutil
 
+import pytest
+
 from relaxtune.bench import soak
 
 from .conftest import PG_ADMIN, _pg_reachable
+
+pytestmark = pytest.mark.soak
 
 
 def test_two_rounds_of_workers_from_a_cold_start_one_killed(capsys):

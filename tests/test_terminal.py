@@ -97,7 +97,7 @@ def test_help_texts_have_no_source_line_breaks():
     assert any(export_help in line for line in listing.splitlines())  # one line where the width allows
 
 
-def test_schema_errors_show_one_line_per_field(tmp_path, monkeypatch):
+def test_schema_errors_show_one_line_per_field(tmp_path, monkeypatch, user_tasks_only):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nversion: 0\ndataset: {path: json}\nprompt: {templat: '{q}'}\n"
                    "sampling: {temperature: hot}\n")

