@@ -8,7 +8,7 @@ committed token uncached so the next forward has a query. The drafter therefore
 feeds the previous round's last draft together with the new token when a round
 accepted everything.
 
-Batches (``BatchBackend``): every row of a ``Batch`` shares one ragged cache per
+Batches (the protocol of ``relaxtune.backends.base``): every row of a ``Batch`` shares one ragged cache per
 model (``relaxtune.backends.ragged``); a drafting step, a scoring pass or an AR
 step is one forward for all rows, the same rollback rule applies row by row,
 and rows join (prefilled alone) and leave at any round. On this project's
@@ -31,12 +31,12 @@ import torch
 
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .base import DraftResult, Pick, SequenceState
-from .hf_batch import BatchedForwards
+from .hf_batch import BatchedForwards, common_prefix
 from .lookup import PromptLookupBackend, parse_lookup
-from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
+from .naming import pair_name
 from .ragged import PrefillStore, supports
 
-__all__ = ["HFBackend", "load_pair", "pair_name", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
+__all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
 
 BATCH_SIZE_CPU = 8  # the fastest measured on the project's 2-core CPU (python -m relaxtune.bench.engine)
 BATCH_SIZE_GPU = 32
@@ -69,6 +69,9 @@ class HFBackend(BatchedForwards):
         ValueError: when the two models' logit widths differ, or batch_size < 1.
     """
 
+    point_mass_drafts = False  # the protocol's attributes (relaxtune.backends.base.Backend)
+    native = None
+
     def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf", batch_size: int | None = None) -> None:
         self.drafter = drafter.eval() if drafter is not None else None
         self.verifier = verifier.eval()
@@ -90,8 +93,8 @@ class HFBackend(BatchedForwards):
         self.device = next(verifier.parameters()).device
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        batchable = all(supports(m) for m in (drafter, verifier) if m is not None)
-        self.batch_size = (batch_size or default_batch_size(self.device)) if batchable else 0
+        self.ragged = all(supports(m) for m in (drafter, verifier) if m is not None)
+        self.batch_size = (batch_size or default_batch_size(self.device)) if self.ragged else 1
         self.prefill_stores = {"v": PrefillStore(), "d": PrefillStore()}  # prompt prefills reused across batches
 
     # ---------------------------------------------------------------- protocol
@@ -170,7 +173,7 @@ class HFBackend(BatchedForwards):
             if cache_key not in state.extra:
                 continue
             fed = state.extra[fed_key]
-            keep = min(_common_prefix(fed, state.tokens, before), limit)
+            keep = min(common_prefix(fed, state.tokens, before), limit)
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
@@ -304,18 +307,3 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         d_model = _load(d_path, dtype, device)
     return HFBackend(d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype),
                      batch_size=batch_size)
-
-
-def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> str:
-    """The pair's name in records and study names (``load_pair``'s ``backend.name``),
-    without loading anything: ``<drafter>-><verifier>``, embedded names and hub ids as
-    given, local folders by absolute path, ``@<dtype>`` unless bfloat16."""
-    from .embedded import EMBEDDED
-
-    def short(model: str | None) -> str:
-        local = model is not None and model not in EMBEDDED and (model.startswith((".", "/", "~"))
-                                                                  or os.path.exists(model))
-        return os.path.abspath(os.path.expanduser(model)) if local else str(model)
-
-    name = f"{short(drafter)}->{short(verifier)}"
-    return name if dtype == "bfloat16" else f"{name}@{dtype}"

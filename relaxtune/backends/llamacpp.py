@@ -42,11 +42,12 @@ from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfi
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
 from .hf_batch import common_prefix
 from .llamacpp_model import LlamaModel
+from .naming import LLAMACPP as RUNTIME
+from .naming import gguf_pair_name
 
-__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "gguf_pair_name", "BATCH_SIZE_LLAMACPP"]
+__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "BATCH_SIZE_LLAMACPP"]
 
 BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
-RUNTIME = "llamacpp"
 
 
 class LlamaCppBackend:
@@ -63,6 +64,9 @@ class LlamaCppBackend:
     Raises:
         ValueError: the two vocabularies differ, or batch_size is outside [1, slots].
     """
+
+    point_mass_drafts = False  # the protocol's attributes (relaxtune.backends.base.Backend)
+    native = None
 
     runtime = RUNTIME  # what the job's time estimate prices batches with (relaxtune.tune.estimate)
 
@@ -343,21 +347,6 @@ def resolve_gguf(model: str) -> Path:
     return path
 
 
-def gguf_pair_name(drafter: str | None, verifier: str) -> str:
-    """``<drafter>-><verifier>@llamacpp`` (embedded names as given, files by absolute path):
-    records and studies of this backend never mix with the transformers backend's."""
-    from .embedded import EMBEDDED
-    from .lookup import parse_lookup
-
-    def short(model: str | None) -> str:
-        if model is None or model in EMBEDDED or parse_lookup(model) is not None:  # prompt lookup: no file
-            return str(model)
-        return str(Path(os.path.expanduser(model)).resolve())
-
-    return f"{short(drafter)}->{short(verifier)}@{RUNTIME}"
-
-
-@functools.lru_cache(maxsize=4)
 def _tokenizer(path: str, tokenizer: str | None):
     """A transformers tokenizer: ``tokenizer`` (id or folder) when given, else the
     GGUF's own, converted once (about 30 CPU seconds for Qwen's 151,936 tokens) and

@@ -55,6 +55,7 @@ import torch
 
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .naming import lookup_name
 
 __all__ = ["NAME", "lookup_drafts", "point_mass_rows", "parse_lookup", "PromptLookupBackend"]
 
@@ -140,9 +141,10 @@ class PromptLookupBackend:
         max_ngram, min_ngram: the n-gram sizes tried, largest first.
         name: for records (default ``prompt-lookup-><verifier's name>``).
 
-    A ``BatchBackend`` when ``verifier`` is one (``batch_size`` is the verifier's);
-    ``cost_profile`` exists when the verifier's backend can measure its own. Other
-    attributes (``tokenizer``, ``close``, ``max_concurrency``...) are the verifier's.
+    Its batches are the verifier backend's (``batch_size`` is the verifier's);
+    ``cost_profile`` exists when the verifier's backend can measure its own. The
+    attributes a job reads of a backend (``tokenizer``, ``device``, ``runtime``,
+    ``max_concurrency``, ``close``) are the verifier's, named one by one.
 
     Raises:
         ValueError: bad n-gram sizes.
@@ -159,15 +161,19 @@ class PromptLookupBackend:
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
         self.vocab_size = verifier.vocab_size
         self.eos_token_ids = verifier.eos_token_ids
-        self.name = name or f"{NAME}->{getattr(verifier, 'name', 'verifier')}"
-        self.batch_size = int(getattr(verifier, "batch_size", 0) or 0) if hasattr(verifier, "start_batch") else 0
+        self.name = name or lookup_name(getattr(verifier, "name", "verifier"))
+        self.batch_size = int(verifier.batch_size)
+        self.tokenizer = getattr(verifier, "tokenizer", None)
+        self.device = getattr(verifier, "device", "cpu")
+        self.runtime = getattr(verifier, "runtime", None)
+        self.max_concurrency = getattr(verifier, "max_concurrency", None)
         if hasattr(verifier, "cost_profile"):
             self.cost_profile = self._cost_profile
 
-    def __getattr__(self, attr: str):
-        if attr == "inner":  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
+    def close(self) -> None:
+        """Close the verifier backend (an SGLang client), when it can be closed."""
+        if hasattr(self.inner, "close"):
+            self.inner.close()
 
     def _lookup(self, state: SequenceState, n: int) -> list[int]:
         t0 = time.perf_counter()

@@ -1,5 +1,6 @@
-"""Whole responses: the speculative generation loop over a backend, the AR
-baseline through the same loop, and per-response statistics.
+"""One response (a batch of one through ``relaxtune.engine.batch.generate_batch``, the
+one decode loop), what a response is (``Generation``, ``GenerationStats``), where it
+ends (``Limits``, ``end_round``, ``stop_index``) and the checks before any generation.
 
 Per round: draft N tokens from ``q`` (the drafter's rows after the sampling
 transform), score them with the verifier in one pass, run
@@ -12,27 +13,22 @@ draws N uniforms for drafting (unused by ``sglang_threshold``, whose drafts are
 the drafter's argmax, and by a point-mass drafter such as prompt lookup), then
 N + 1 for verification; an AR step draws 1.
 The same seed gives the same response, and a strict run and a relaxed run with
-the same seed share their random numbers (paired comparisons).
-``relaxtune.engine.batch.generate_batch`` runs many responses together with the same
-randomness per response, and the same round accounting (``end_round``).
+the same seed share their random numbers (paired comparisons), whatever batch the
+response runs in.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-import torch
-
-from ..backends.base import Backend, point_mass_drafts
-from ..decoding.methods import Needs, get_method
-from ..decoding.round import verify_rounds
-from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+from ..backends.base import Backend, native_server
+from ..decoding.methods import get_method
+from ..decoding.sampling import SamplingParams
 
 __all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR", "Limits", "end_round",
-           "stop_index"]
+           "stop_index", "run_native", "cut_native", "TELEMETRY"]
 
 AR = "ar"  # the autoregressive baseline's method id
 
@@ -238,14 +234,7 @@ def check_decode(method: str, knob: float | None, n_draft: int, temperature: flo
     return knob
 
 
-def native_server(backend, method: str):
-    """The backend's SGLang speculative server when ``method`` is one that server
-    runs itself (``MethodSpec.server_native``), else None."""
-    server = getattr(backend, "native", None)
-    return server if server is not None and method != AR and get_method(method).server_native else None
-
-
-def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
+def run_native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
             seed: int, stop: Sequence[str]) -> Generation:
     """``sglang_threshold`` run by SGLang's own speculative server (one request).
     The server's first token comes from the verifier's prefill, the rest from
@@ -260,7 +249,7 @@ def _native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingPar
     return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
 
 
-def _cut_native(gen: Generation, decode, stop: Sequence[str], stop_after: str) -> Generation:
+def cut_native(gen: Generation, decode, stop: Sequence[str], stop_after: str) -> Generation:
     """A native server's response with stop strings that apply only after
     ``stop_after`` (the server itself would fire them inside the reasoning): ids
     and text cut as ``end_round`` cuts them (the server's counters cover the whole
@@ -316,67 +305,13 @@ def generate(
         relaxtune.backends.sglang.SGLangError: the native server serves another
             (threshold, N), or its response cannot be read.
     """
-    ar = method == AR
-    knob = check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
-    spec = None if ar else get_method(method)
-    if (native := native_server(backend, method)) is not None:
-        if stop_after is None or not stop:
-            return _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, stop)
-        gen = _native(native, prompt_ids, knob, n_draft, sampling, max_new_tokens, seed, ())
-        return _cut_native(gen, backend.decode, stop, stop_after)
-    extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
-    # one-hot q at the drafter's argmax: SGLang's target-only rule, or a point-mass drafter (prompt lookup)
-    greedy_drafts = spec is not None and (Needs.GREEDY_DRAFTS in spec.needs or point_mass_drafts(backend))
+    from .batch import Request, generate_batch  # the loop imports this module's types
 
-    t_start = time.perf_counter()
-    gen = torch.Generator().manual_seed(int(seed))
-    state = backend.start(prompt_ids)
-    stats = GenerationStats()
-    limits = Limits(max_new_tokens, backend.eos_token_ids, tuple(stop), stop_after)
-    text, reason = None, ""
-    while not reason:
-        if ar:
-            z_p = backend.step(state)[None]
-            emitted = sample_from_rows(transform_logits(z_p, sampling), draw_uniforms((1,), gen)).tolist()
-            accepted = 0
-        else:
-            u_draft = draw_uniforms((n_draft,), gen)
-            q_rows: list[torch.Tensor] = []
-
-            def pick(z: torch.Tensor) -> int:
-                if greedy_drafts:  # the drafter's argmax, q one-hot
-                    token = int(z.argmax())  # the transform keeps the order: no need to run it
-                    q_rows.append(torch.nn.functional.one_hot(torch.tensor([token]), z.shape[-1]).float())
-                    return token
-                q_rows.append(transform_logits(z[None], sampling))
-                return int(sample_from_rows(q_rows[-1], u_draft[len(q_rows) - 1 : len(q_rows)]))
-
-            drafted = backend.draft(state, n_draft, pick, extra_step=extra_step)
-            z_q = drafted.logits
-            if extra_step:
-                q_rows.append(torch.nn.functional.one_hot(z_q[-1:].argmax(-1), z_q.shape[-1]).float() if greedy_drafts
-                              else transform_logits(z_q[-1:], sampling))
-            z_p = backend.score(state, drafted.ids)
-            out = verify_rounds(
-                transform_logits(z_p, sampling)[None],
-                torch.cat(q_rows)[None],
-                torch.tensor([drafted.ids]),
-                spec,
-                knob,
-                uniforms=draw_uniforms((1, n_draft + 1), gen),
-                z_p=z_p[None],
-                z_q=z_q[None],
-                temperature=sampling.temperature,
-                validate=False,
-            ).row(0)
-            emitted, accepted = out.tokens, out.accepted
-            stats.drafted += n_draft
-        kept, reason, text = end_round(stats, state.generated, emitted, accepted, limits, backend.decode)
-        backend.commit(state, kept)
-    stats.response_tokens = len(state.generated)
-    stats.finish_reason = reason
-    stats.draft_seconds, stats.verify_seconds = state.draft_seconds, state.verify_seconds
-    stats.draft_forwards, stats.verify_forwards = state.draft_forwards, state.verify_forwards
-    stats.wall_seconds = stats.latency_seconds = time.perf_counter() - t_start
-    extra = {k: list(state.extra[k]) for k in TELEMETRY if k in state.extra}
-    return Generation(list(state.generated), backend.decode(state.generated) if text is None else text, stats, extra)
+    check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
+    request = Request(list(prompt_ids), seed, max_new_tokens, tuple(stop), stop_after)
+    ((_, gen),) = generate_batch(backend, [request], method=method, knob=knob, n_draft=n_draft, sampling=sampling,
+                                 batch_size=1)
+    if isinstance(gen, Exception):
+        raise gen
+    gen.stats.wall_seconds = gen.stats.latency_seconds
+    return gen
