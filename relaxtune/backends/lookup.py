@@ -151,6 +151,7 @@ class PromptLookupBackend:
     """
 
     point_mass_drafts = True
+    drafter = None  # no drafter model
     native = None  # a native speculative server drafts with its own model: never used here
 
     def __init__(self, verifier, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
