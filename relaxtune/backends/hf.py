@@ -29,8 +29,9 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
 from .base import DraftResult, Pick, SequenceState
+from .costs import measure_profile
 from .hf_batch import BatchedForwards, common_prefix
 from .lookup import PromptLookupBackend, parse_lookup
 from .naming import pair_name
@@ -179,18 +180,9 @@ class HFBackend(BatchedForwards):
 
     def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
                      max_passes: int = MAX_PASSES) -> CostProfile:
-        """Measure forward costs on this machine, one sequence at a time: verifier
-        on 1 token and on N + 1 tokens for each N, drafter on 1 token, each with
-        a cache of the prompt plus 64 tokens, timed in interleaved passes until
-        their spread is small (``relaxtune.decoding.speed.measure_interleaved``). Each
-        cost is the fastest pass, and a pass over N + 1 tokens is never priced
-        below one step (a slow single-step sample would otherwise inflate every
-        modeled speed-up). A spread still above ``SPREAD_TOLERANCE`` after
-        ``max_passes`` is written into the profile's ``flags``.
-
-        Returns:
-            ``CostProfile`` (seconds), with its spreads.
-        """
+        """Forward costs on this machine, one sequence at a time
+        (``relaxtune.backends.costs.measure_profile``), each forward on a
+        ``DynamicCache`` of the prompt plus 64 tokens, cropped back after it."""
         from transformers import DynamicCache
 
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
@@ -207,22 +199,9 @@ class HFBackend(BatchedForwards):
                 _crop(caches[name], base)
             return run
 
-        shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
-        shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
-        fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
-                                                      min_passes=min_passes, max_passes=max_passes)
-        t_ar = fastest["t_ar"]
-        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
-        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
-                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
-        return CostProfile(
-            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
-            t_verify={k: max(fastest[label], t_ar) for label, (name, k) in shapes.items() if label.startswith("t_verify")},
-            source=f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
-            spread=spread, passes=passes, flags=flags,
-        )
+        return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
+                               f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+                               min_passes, max_passes)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""

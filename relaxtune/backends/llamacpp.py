@@ -38,8 +38,9 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .costs import measure_profile
 from .hf_batch import common_prefix
 from .llamacpp_model import LlamaModel
 from .naming import LLAMACPP as RUNTIME
@@ -263,15 +264,9 @@ class LlamaCppBackend:
 
     def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
                      max_passes: int = MAX_PASSES) -> CostProfile:
-        """Forward costs on this machine, one sequence at a time, measured as
-        ``HFBackend.cost_profile`` does: verifier decodes of 1 and N + 1 tokens,
-        drafter decodes of 1 token, each after the prompt plus 64 tokens, in
-        interleaved passes (``relaxtune.decoding.speed.measure_interleaved``); each
-        cost the fastest pass, a verify never below one step, noisy spreads flagged.
-
-        Returns:
-            ``CostProfile`` (seconds), with its spreads.
-        """
+        """Forward costs on this machine, one sequence at a time, as every in-process
+        backend measures them (``relaxtune.backends.costs.measure_profile``): decodes
+        in a slot holding the prompt plus 64 tokens, rolled back after each."""
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
         state = self.start(ctx)
         try:
@@ -289,24 +284,11 @@ class LlamaCppBackend:
                     model.rollback(slot, base)
                 return run
 
-            shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
-            shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
-            fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
-                                                          min_passes=min_passes, max_passes=max_passes)
+            return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
+                                   f"{platform.processor() or platform.machine()}, {self.verifier.threads} threads",
+                                   min_passes, max_passes)
         finally:
             state.extra["release"]()
-        t_ar = fastest["t_ar"]
-        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
-        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
-                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
-        return CostProfile(
-            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
-            t_verify={k: max(fastest[label], t_ar) for label, (_, k) in shapes.items() if label.startswith("t_verify")},
-            source=f"{self.name} on {platform.processor() or platform.machine()}, {self.verifier.threads} threads, "
-                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
-            spread=spread, passes=passes, flags=flags,
-        )
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
@@ -347,6 +329,7 @@ def resolve_gguf(model: str) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=4)
 def _tokenizer(path: str, tokenizer: str | None):
     """A transformers tokenizer: ``tokenizer`` (id or folder) when given, else the
     GGUF's own, converted once (about 30 CPU seconds for Qwen's 151,936 tokens) and
