@@ -19,6 +19,7 @@ path by float rounding of different batch shapes, as ``relaxtune.engine.batch`` 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -96,11 +97,11 @@ def engine_run(out: Path) -> None:
 
 
 def _write(path: Path, text: str, work: Path) -> None:
-    """``text`` with the temporary folder's name replaced by ``WORK`` (it differs between runs)."""
-    path.write_text(text.replace(str(work), "WORK"))
+    """``text`` with the work folder's name replaced by ``WORK``, as a path and as study names spell it."""
+    path.write_text(text.replace(str(work), "WORK").replace(re.sub(r"[^A-Za-z0-9_-]", "_", str(work)), "WORK"))
 
 
-def job_run(out: Path, work: Path) -> None:
+def job_run(out: Path, work: Path, batches: tuple[int, ...] = (4, 1)) -> None:
     import optuna
     import yaml
     from typer.testing import CliRunner
@@ -113,7 +114,7 @@ def job_run(out: Path, work: Path) -> None:
     drafter = save_tiny_model(models / "drafter", noise=0.2)
     verifier = save_tiny_model(models / "verifier")
     task = write_tiny_task(work)
-    for batch in (4, 1):
+    for batch in batches:
         runs = work / f"runs-b{batch}"
         args = ["tune", "--task", task, "--drafter", drafter, "--verifier", verifier, "--output-dir", str(runs),
                 "--mlflow-uri", f"sqlite:///{work / f'mlflow-b{batch}.db'}", "--methods", "cactus,ens",

@@ -1,7 +1,7 @@
 """The llama.cpp backend: GGUF models decoded by llama.cpp, speculated by relaxtune.
 
-``LlamaCppBackend`` serves the protocol of ``relaxtune.backends.base`` (one
-sequence at a time and ``BatchBackend``) on two ``LlamaModel`` contexts, one per
+``LlamaCppBackend`` serves the protocol of ``relaxtune.backends.base`` (a batch;
+one sequence is a batch of one) on two ``LlamaModel`` contexts, one per
 model. Every sequence owns a slot in each context (its own KV stream). A
 drafting step feeds every row its next token in one ``llama_decode``; scoring
 feeds every row its lacking token and its N drafts in one ``llama_decode`` and
