@@ -12,7 +12,7 @@ token N times, drafts that almost always fail the test and cost nothing.
 
 ``PromptLookupBackend`` wraps the verifier's backend (in-process, batched or not,
 or SGLang): it drafts by lookup and hands scoring, commits and everything else to
-the wrapped backend. Its proposals are point masses: ``draft`` returns logit rows
+the wrapped backend. Its proposals are point masses: ``draft_batch`` returns logit rows
 that are ``0`` at the drafted id and ``-inf`` elsewhere, and it sets the protocol's
 ``point_mass_drafts`` so the engine takes ``q`` as one-hot at the draft
 (``relaxtune.backends.base``). Its cost per drafted token is measured like a
@@ -54,7 +54,7 @@ from typing import Sequence
 import torch
 
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved
-from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .base import Batch, BatchPick, SequenceState
 from .naming import lookup_name
 
 __all__ = ["NAME", "lookup_drafts", "point_mass_rows", "parse_lookup", "PromptLookupBackend"]
@@ -182,31 +182,6 @@ class PromptLookupBackend:
                                eos=self.eos_token_ids)
         state.draft_seconds += time.perf_counter() - t0
         return ids
-
-    # ----------------------------------------------------------- one sequence
-
-    def start(self, prompt_ids: Sequence[int]) -> SequenceState:
-        """The verifier backend's fresh state."""
-        return self.inner.start(prompt_ids)
-
-    def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
-        """Draft ``n`` tokens by lookup (no forward pass): point-mass logit rows
-        ``[n(+1), V]``, ``pick`` called on each of the first ``n``."""
-        ids = self._lookup(state, n + int(extra_step))
-        rows = point_mass_rows(ids, self.vocab_size)
-        return DraftResult([int(pick(rows[i])) for i in range(n)], rows)
-
-    def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
-        """The verifier backend's ``score``."""
-        return self.inner.score(state, draft_ids)
-
-    def step(self, state: SequenceState) -> torch.Tensor:
-        """The verifier backend's ``step``."""
-        return self.inner.step(state)
-
-    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
-        """The verifier backend's ``commit``."""
-        self.inner.commit(state, tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The verifier backend's ``decode``."""
