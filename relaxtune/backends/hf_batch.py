@@ -31,7 +31,7 @@ def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
     return i
 
 
-class BatchedForwards:
+class BatchedForwards(RowByRow):
     """The batch methods for a backend with ``drafter``, ``verifier``,
     ``device``, ``name``, ``ragged`` (False: the models cannot share a ragged cache,
     and batches run row by row) and
@@ -62,7 +62,7 @@ class BatchedForwards:
             ValueError: an empty prompt (nothing joins).
         """
         if batch.extra.get("rows"):
-            return RowByRow.join(self, batch, prompts)
+            return super().join(batch, prompts)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt must hold at least one token")
         states = [SequenceState(tokens=[int(t) for t in p], prompt_len=len(p)) for p in prompts]
@@ -87,7 +87,7 @@ class BatchedForwards:
     def leave(self, batch: Batch, rows: Sequence[int]) -> None:
         """Remove ``rows`` from the batch (their caches' rows with them)."""
         if batch.extra.get("rows"):
-            return RowByRow.leave(self, batch, rows)
+            return super().leave(batch, rows)
         for _, cache in self._caches(batch):
             cache.leave(list(rows))
         gone = set(rows)
@@ -119,7 +119,7 @@ class BatchedForwards:
         feeds the one or two committed tokens each row's cache lacks, left-padded).
         Returns ids ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
         if batch.extra.get("rows"):
-            return RowByRow.draft_batch(self, batch, n, pick, extra_step)
+            return super().draft_batch(batch, n, pick, extra_step)
         if self.drafter is None:
             raise RuntimeError("this backend has no drafter (AR only)")
         feeds = self._lacking(batch, "d")
@@ -136,7 +136,7 @@ class BatchedForwards:
         """Verifier raw logits ``[R, N+1, V]`` (float32) over each row's lacking
         token and its drafts ``draft_ids [R, N]`` (N may be 0: an AR step)."""
         if batch.extra.get("rows"):
-            return RowByRow.score_batch(self, batch, draft_ids)
+            return super().score_batch(batch, draft_ids)
         feeds = [lack + d for lack, d in zip(self._lacking(batch, "v"), draft_ids.tolist())]
         return self._batch_forward(batch, "v", feeds, draft_ids.shape[1] + 1)
 
@@ -144,7 +144,7 @@ class BatchedForwards:
         """Append each row's tokens; each cache keeps, per row, the prefix it shares
         with the row's sequence (leaving its last token uncached)."""
         if batch.extra.get("rows"):
-            return RowByRow.commit_batch(self, batch, tokens)
+            return super().commit_batch(batch, tokens)
         for r, (state, new) in enumerate(zip(batch.states, tokens)):
             before = len(state.tokens)
             state.tokens.extend(int(t) for t in new)
