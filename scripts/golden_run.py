@@ -12,8 +12,9 @@ Usage: ``PYTHONPATH=<checkout> python scripts/golden_run.py <out folder>`` (run 
 - ``job-b<batch>/optuna.json``: every study's trials (number, state, params, values, user attributes, timing removed);
 - ``job-b<batch>/tuned.yaml``: the tuned config with timestamps, run ids and paths removed.
 
-Everything is float32 (bitwise reproducible on one machine); bfloat16 batched paths differ from the one-sequence
-path by float rounding of different batch shapes, as ``relaxtune.engine.batch`` states, and are not compared here.
+Everything is float32 (bitwise reproducible on one machine). With ``--bfloat16-engine`` only ``engine.jsonl`` is
+written, on a bfloat16 copy of the pair: there batched responses may differ from one-at-a-time ones by the rounding
+of different batch shapes (``relaxtune.engine.batch``), but two code bases that run the same forwards agree.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _view(gen) -> dict:
     return {"ids": list(gen.token_ids), "text": gen.text, "stats": gen.stats.to_dict()}
 
 
-def engine_run(out: Path) -> None:
+def engine_run(out: Path, dtype: str = "float32") -> None:
     from relaxtune.backends.hf import HFBackend
     from relaxtune.backends.lookup import PromptLookupBackend
     from relaxtune.decoding.methods import METHODS
@@ -69,6 +70,11 @@ def engine_run(out: Path) -> None:
     from tests.tiny_models import tiny_pair
 
     pair = tiny_pair(noise=0.2)
+    if dtype != "float32":  # copies: tiny_pair is cached for the tests
+        import copy
+
+        pair = HFBackend(copy.deepcopy(pair.drafter).to(getattr(torch, dtype)),
+                         copy.deepcopy(pair.verifier).to(getattr(torch, dtype)), name="tiny")
     model = HFBackend(pair.drafter, pair.verifier, name="tiny-eos")
     model.eos_token_ids = frozenset({37})
     lookup = PromptLookupBackend(HFBackend(None, pair.verifier, name="tiny-eos-v"), max_ngram=3)
@@ -149,6 +155,9 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=False)
     torch.set_num_threads(1)
+    if sys.argv[2:] == ["--bfloat16-engine"]:  # the engine part alone on a bfloat16 copy of the pair
+        engine_run(out, "bfloat16")
+        return
     engine_run(out)
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -27,6 +27,7 @@ from ..backends.base import Backend, native_server
 from ..decoding.methods import get_method
 from ..decoding.sampling import SamplingParams
 
+# native_server is the backend's (relaxtune.backends.base), named here for the tuner's call sites
 __all__ = ["GenerationStats", "Generation", "generate", "check_decode", "native_server", "AR", "Limits", "end_round",
            "stop_index", "run_native", "cut_native", "TELEMETRY"]
 
@@ -274,7 +275,8 @@ def generate(
     stop: Sequence[str] = (),
     stop_after: str | None = None,
 ) -> Generation:
-    """Generate one response with speculative decoding (or AR with ``method="ar"``).
+    """Generate one response with speculative decoding (or AR with ``method="ar"``):
+    a batch of one through ``relaxtune.engine.batch.generate_batch``, the one loop.
 
     Args:
         backend: the drafter/verifier pair.
@@ -304,6 +306,8 @@ def generate(
             method that collapses to strict, N < 1, max_new_tokens < 1.
         relaxtune.backends.sglang.SGLangError: the native server serves another
             (threshold, N), or its response cannot be read.
+        Exception: whatever the backend raised (a prompt that could not join, a
+            failed forward).
     """
     from .batch import Request, generate_batch  # the loop imports this module's types
 
