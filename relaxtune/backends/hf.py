@@ -33,8 +33,8 @@ from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
 from .base import DraftResult, Pick, SequenceState
 from .costs import measure_profile
 from .hf_batch import BatchedForwards, common_prefix
-from .lookup import PromptLookupBackend, parse_lookup
-from .naming import pair_name
+from .lookup import PromptLookupBackend
+from .naming import pair_name, parse_lookup
 from .ragged import PrefillStore, supports
 
 __all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]

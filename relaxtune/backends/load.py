@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from importlib import util
 
-from .lookup import PromptLookupBackend, parse_lookup
-from .naming import gguf_pair_name, pair_name, server_pair_name
+from .lookup import PromptLookupBackend
+from .naming import gguf_pair_name, pair_name, parse_lookup, server_pair_name
 
 __all__ = ["backend_name", "load_backend", "resolve_runtime", "RUNTIMES", "AUTO"]
 

@@ -55,29 +55,12 @@ import torch
 
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved
 from .base import Batch, BatchPick, SequenceState
-from .naming import lookup_name
+from .naming import MAX_NGRAM, NAME, lookup_name, parse_lookup
 
+# NAME and parse_lookup (the drafter's name) are named here too for their callers
 __all__ = ["NAME", "lookup_drafts", "point_mass_rows", "parse_lookup", "PromptLookupBackend"]
 
-NAME = "prompt-lookup"  # the drafter's name on the command line (``--drafter prompt-lookup[:<max n>]``)
-MAX_NGRAM, MIN_NGRAM = 3, 1
-
-
-def parse_lookup(drafter: str | None) -> int | None:
-    """The largest n-gram of a prompt-lookup drafter name (``prompt-lookup`` -> 3,
-    ``prompt-lookup:4`` -> 4); None for any other drafter.
-
-    Raises:
-        ValueError: ``prompt-lookup:<x>`` with x not an integer >= 1.
-    """
-    if drafter is None or not (drafter == NAME or drafter.startswith(NAME + ":")):
-        return None
-    if drafter == NAME:
-        return MAX_NGRAM
-    size = drafter[len(NAME) + 1:]
-    if not size.isdigit() or int(size) < 1:
-        raise ValueError(f"drafter {drafter!r}: give {NAME} or {NAME}:<largest n-gram, an integer >= 1>")
-    return int(size)
+MIN_NGRAM = 1
 
 
 def lookup_drafts(context: Sequence[int], n: int, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,

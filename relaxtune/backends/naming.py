@@ -8,7 +8,8 @@ One function per form, every backend's name built here:
   ``prompt-lookup`` as given, files by resolved absolute path (records and studies of
   the two runtimes never mix);
 - SGLang servers: ``sglang-<drafter>-><verifier>`` as the job names the models;
-- prompt lookup wrapped around a loaded verifier backend: ``prompt-lookup-><its name>``.
+- prompt lookup wrapped around a loaded verifier backend: ``prompt-lookup-><its name>``
+  (``parse_lookup`` reads the drafter name ``prompt-lookup[:<largest n-gram>]``).
 
 Changing a form here renames every record folder and study of that form: earlier runs
 would no longer resume.
@@ -19,9 +20,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pair_name", "gguf_pair_name", "server_pair_name", "lookup_name", "LLAMACPP"]
+__all__ = ["pair_name", "gguf_pair_name", "server_pair_name", "lookup_name", "parse_lookup", "LLAMACPP", "NAME"]
 
 LLAMACPP = "llamacpp"
+NAME = "prompt-lookup"  # the drafter's name on the command line (``--drafter prompt-lookup[:<max n>]``)
+MAX_NGRAM = 3  # prompt lookup's default largest n-gram
+
+
+def parse_lookup(drafter: str | None) -> int | None:
+    """The largest n-gram of a prompt-lookup drafter name (``prompt-lookup`` -> 3,
+    ``prompt-lookup:4`` -> 4); None for any other drafter.
+
+    Raises:
+        ValueError: ``prompt-lookup:<x>`` with x not an integer >= 1.
+    """
+    if drafter is None or not (drafter == NAME or drafter.startswith(NAME + ":")):
+        return None
+    if drafter == NAME:
+        return MAX_NGRAM
+    size = drafter[len(NAME) + 1:]
+    if not size.isdigit() or int(size) < 1:
+        raise ValueError(f"drafter {drafter!r}: give {NAME} or {NAME}:<largest n-gram, an integer >= 1>")
+    return int(size)
 
 
 def _embedded(model: str | None) -> bool:
@@ -43,8 +63,6 @@ def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> st
 
 def gguf_pair_name(drafter: str | None, verifier: str) -> str:
     """The llama.cpp pair's name (``relaxtune.backends.llamacpp.load_gguf_pair``'s)."""
-    from .lookup import parse_lookup
-
     def short(model: str | None) -> str:
         if _embedded(model) or parse_lookup(model) is not None:  # prompt lookup: no file
             return str(model)
@@ -60,6 +78,4 @@ def server_pair_name(drafter: str | None, verifier: str) -> str:
 
 def lookup_name(verifier_name: str) -> str:
     """The default name of prompt lookup around a verifier backend named ``verifier_name``."""
-    from .lookup import NAME
-
     return f"{NAME}->{verifier_name}"

@@ -1,5 +1,6 @@
 """The decode loop: many responses of one decoding configuration advance together
-(one response is a batch of one: ``relaxtune.engine.sequence.generate``).
+(one response is a batch of one: ``relaxtune.engine.sequence.generate``; what a
+response is and where it ends: ``relaxtune.engine.generation``).
 
 ``generate_batch`` keeps up to ``batch_size`` sequences (rows) in a
 backend's ``Batch`` (``relaxtune.backends.base.Backend``). Each round drafts N tokens for every row (one drafter
@@ -35,7 +36,7 @@ from ..backends.base import Backend, SequenceState, native_server
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
-from .sequence import (AR, TELEMETRY, Generation, GenerationStats, Limits, check_decode, cut_native, end_round,
+from .generation import (AR, TELEMETRY, Generation, GenerationStats, Limits, check_decode, cut_native, end_round,
                        run_native)
 
 __all__ = ["Request", "generate_batch"]

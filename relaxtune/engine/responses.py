@@ -28,7 +28,8 @@ from ..backends.base import Backend
 from ..graders.base import THINK_END
 from ..tasks.spec import TaskSpec
 from .batch import Request, generate_batch
-from .sequence import Generation, GenerationStats, generate
+from .generation import Generation, GenerationStats
+from .sequence import generate
 
 __all__ = ["generate_response", "generate_responses"]
 
