@@ -1,6 +1,7 @@
 """A scripted model pair: drafter and verifier both put all their mass on the next
 token of a fixed script, so strict accepts every draft and the tokens are known.
-Implements the per-sequence ``Backend`` and the ``BatchBackend`` protocols."""
+Implements the batch protocol (``relaxtune.backends.base.Backend``) and, for
+``relaxtune.backends.rows.RowByRow``, the one-sequence helpers."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class CharTokenizer:
 class ScriptedBackend:
     """Generates ``script`` (token strings) after any prompt; ``eos`` names EOS tokens,
     ``extra`` more tokens (for text the caller encodes)."""
+
+    point_mass_drafts = False
+    native = None
 
     def __init__(self, script: list[str], eos: tuple[str, ...] = (), batch_size: int = 4,
                  extra: tuple[str, ...] = ()) -> None:

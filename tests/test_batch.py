@@ -129,3 +129,18 @@ def test_bad_requests_are_refused():
         Request([1], seed=0, max_new_tokens=0)
     with pytest.raises(ValueError, match="batch_size"):
         next(generate_batch(tiny_pair(noise=0.2), [Request([1], 0, 4)], batch_size=-1))
+
+
+def test_models_that_cannot_share_a_ragged_cache_batch_row_by_row():
+    """Sliding-window models (``ragged`` False) run their batches row by row on the one-sequence
+    caches (``relaxtune.backends.rows``): the same responses as the ragged batch."""
+    pair = _pair_with_eos()
+    rows = HFBackend(pair.drafter, pair.verifier, name="tiny-rows", batch_size=4)
+    rows.eos_token_ids, rows.ragged = pair.eos_token_ids, False
+    kw = dict(method="spec_cont_dec", knob=0.5, n_draft=3, sampling=SAMPLING, batch_size=4)
+    requests = _requests()[:6]
+    ragged = {r.key: _view(g) for r, g in generate_batch(pair, requests, **kw)}
+    by_row = {r.key: _view(g) for r, g in generate_batch(rows, requests, **kw)}
+    assert by_row == ragged and len(by_row) == 6
+    batch = rows.start_batch()
+    assert batch.extra == {"rows": True}  # no ragged cache was built

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from relaxtune.backends.rows import RowByRow
 from relaxtune.engine.responses import generate_responses
 from relaxtune.tasks.spec import TaskSpec, load_problems
 from relaxtune.tune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
@@ -78,12 +79,12 @@ def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
 
 class FailingBackend:
     """Wraps a backend and fails every second sequence it starts (one at a time
-    or joining a batch); ``batched=False`` hides the batch protocol."""
+    or joining a batch); ``batched=False`` runs batches of one."""
 
     def __init__(self, inner, batched: bool):
         self.inner, self.calls = inner, 0
         self.name, self.tokenizer = "failing", inner.tokenizer
-        self.batch_size = inner.batch_size if batched else 0
+        self.batch_size = inner.batch_size if batched else 1
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
@@ -172,16 +173,19 @@ def test_a_prompt_that_opens_thinking_is_seen():
     assert not opens_thinking(tok, [3] + [4] * 20 + [1, 2])  # a <think> far back in the question is not the template's
 
 
-class OneByOne:
-    """A backend without the batch protocol (as the SGLang client): threads, one sequence each."""
+class OneByOne(RowByRow):
+    """The in-process pair's one-sequence helpers, batched row by row in threads (as the
+    SGLang client: ``relaxtune.backends.rows``)."""
+
+    concurrent_rows = True
+    point_mass_drafts = False
+    native = None
 
     def __init__(self, inner):
         self.inner, self.name, self.tokenizer = inner, inner.name, inner.tokenizer
-
-    def __getattr__(self, item):
-        if item in ("start_batch", "batch_size"):
-            raise AttributeError(item)
-        return getattr(self.inner, item)
+        self.vocab_size, self.eos_token_ids, self.batch_size = inner.vocab_size, inner.eos_token_ids, 4
+        self.start, self.draft, self.score, self.commit = inner.start, inner.draft, inner.score, inner.commit
+        self.decode = inner.decode
 
 
 @pytest.mark.parametrize("config", [DecodeConfig("strict", None, 3, seed=2), DecodeConfig("spec_cont_dec", 0.5, 2)])

@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'relaxtune[llamacpp]')")
 pytest.importorskip("gguf", reason="the gguf package writes the tiny GGUF models (pip install 'relaxtune[llamacpp]')")
 
-from relaxtune.backends.llamacpp import LlamaCppBackend, gguf_pair_name, load_gguf_pair  # noqa: E402
+from relaxtune.backends.llamacpp import LlamaCppBackend, load_gguf_pair  # noqa: E402
+from relaxtune.backends.naming import gguf_pair_name  # noqa: E402
 from relaxtune.backends.llamacpp_model import LlamaModel  # noqa: E402
 from relaxtune.decoding.sampling import SamplingParams  # noqa: E402
 from relaxtune.engine.batch import Request, generate_batch  # noqa: E402

@@ -239,7 +239,8 @@ def test_export_in_an_empty_folder_refuses_before_loading_models(tmp_path):
 
 
 def test_pair_names_are_known_before_loading(tiny_pair_dirs):
-    from relaxtune.backends.hf import load_pair, pair_name
+    from relaxtune.backends.hf import load_pair
+    from relaxtune.backends.naming import pair_name
 
     drafter, verifier = tiny_pair_dirs
     for dtype in ("float32", "bfloat16"):

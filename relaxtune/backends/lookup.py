@@ -12,7 +12,7 @@ token N times, drafts that almost always fail the test and cost nothing.
 
 ``PromptLookupBackend`` wraps the verifier's backend (in-process, batched or not,
 or SGLang): it drafts by lookup and hands scoring, commits and everything else to
-the wrapped backend. Its proposals are point masses: ``draft`` returns logit rows
+the wrapped backend. Its proposals are point masses: ``draft_batch`` returns logit rows
 that are ``0`` at the drafted id and ``-inf`` elsewhere, and it sets the protocol's
 ``point_mass_drafts`` so the engine takes ``q`` as one-hot at the draft
 (``relaxtune.backends.base``). Its cost per drafted token is measured like a
@@ -54,29 +54,13 @@ from typing import Sequence
 import torch
 
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved
-from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
+from .base import Batch, BatchPick, SequenceState
+from .naming import MAX_NGRAM, NAME, lookup_name, parse_lookup
 
+# NAME and parse_lookup (the drafter's name) are named here too for their callers
 __all__ = ["NAME", "lookup_drafts", "point_mass_rows", "parse_lookup", "PromptLookupBackend"]
 
-NAME = "prompt-lookup"  # the drafter's name on the command line (``--drafter prompt-lookup[:<max n>]``)
-MAX_NGRAM, MIN_NGRAM = 3, 1
-
-
-def parse_lookup(drafter: str | None) -> int | None:
-    """The largest n-gram of a prompt-lookup drafter name (``prompt-lookup`` -> 3,
-    ``prompt-lookup:4`` -> 4); None for any other drafter.
-
-    Raises:
-        ValueError: ``prompt-lookup:<x>`` with x not an integer >= 1.
-    """
-    if drafter is None or not (drafter == NAME or drafter.startswith(NAME + ":")):
-        return None
-    if drafter == NAME:
-        return MAX_NGRAM
-    size = drafter[len(NAME) + 1:]
-    if not size.isdigit() or int(size) < 1:
-        raise ValueError(f"drafter {drafter!r}: give {NAME} or {NAME}:<largest n-gram, an integer >= 1>")
-    return int(size)
+MIN_NGRAM = 1
 
 
 def lookup_drafts(context: Sequence[int], n: int, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
@@ -140,15 +124,17 @@ class PromptLookupBackend:
         max_ngram, min_ngram: the n-gram sizes tried, largest first.
         name: for records (default ``prompt-lookup-><verifier's name>``).
 
-    A ``BatchBackend`` when ``verifier`` is one (``batch_size`` is the verifier's);
-    ``cost_profile`` exists when the verifier's backend can measure its own. Other
-    attributes (``tokenizer``, ``close``, ``max_concurrency``...) are the verifier's.
+    Its batches are the verifier backend's (``batch_size`` is the verifier's);
+    ``cost_profile`` exists when the verifier's backend can measure its own. The
+    attributes a job reads of a backend (``tokenizer``, ``device``, ``runtime``,
+    ``max_concurrency``, ``close``) are the verifier's, named one by one.
 
     Raises:
         ValueError: bad n-gram sizes.
     """
 
     point_mass_drafts = True
+    drafter = None  # no drafter model
     native = None  # a native speculative server drafts with its own model: never used here
 
     def __init__(self, verifier, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
@@ -159,15 +145,19 @@ class PromptLookupBackend:
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
         self.vocab_size = verifier.vocab_size
         self.eos_token_ids = verifier.eos_token_ids
-        self.name = name or f"{NAME}->{getattr(verifier, 'name', 'verifier')}"
-        self.batch_size = int(getattr(verifier, "batch_size", 0) or 0) if hasattr(verifier, "start_batch") else 0
+        self.name = name or lookup_name(getattr(verifier, "name", "verifier"))
+        self.batch_size = int(verifier.batch_size)
+        self.tokenizer = getattr(verifier, "tokenizer", None)
+        self.device = getattr(verifier, "device", "cpu")
+        self.runtime = getattr(verifier, "runtime", None)
+        self.max_concurrency = getattr(verifier, "max_concurrency", None)
         if hasattr(verifier, "cost_profile"):
             self.cost_profile = self._cost_profile
 
-    def __getattr__(self, attr: str):
-        if attr == "inner":  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
+    def close(self) -> None:
+        """Close the verifier backend (an SGLang client), when it can be closed."""
+        if hasattr(self.inner, "close"):
+            self.inner.close()
 
     def _lookup(self, state: SequenceState, n: int) -> list[int]:
         t0 = time.perf_counter()
@@ -175,31 +165,6 @@ class PromptLookupBackend:
                                eos=self.eos_token_ids)
         state.draft_seconds += time.perf_counter() - t0
         return ids
-
-    # ----------------------------------------------------------- one sequence
-
-    def start(self, prompt_ids: Sequence[int]) -> SequenceState:
-        """The verifier backend's fresh state."""
-        return self.inner.start(prompt_ids)
-
-    def draft(self, state: SequenceState, n: int, pick: Pick, extra_step: bool = False) -> DraftResult:
-        """Draft ``n`` tokens by lookup (no forward pass): point-mass logit rows
-        ``[n(+1), V]``, ``pick`` called on each of the first ``n``."""
-        ids = self._lookup(state, n + int(extra_step))
-        rows = point_mass_rows(ids, self.vocab_size)
-        return DraftResult([int(pick(rows[i])) for i in range(n)], rows)
-
-    def score(self, state: SequenceState, draft_ids: Sequence[int]) -> torch.Tensor:
-        """The verifier backend's ``score``."""
-        return self.inner.score(state, draft_ids)
-
-    def step(self, state: SequenceState) -> torch.Tensor:
-        """The verifier backend's ``step``."""
-        return self.inner.step(state)
-
-    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
-        """The verifier backend's ``commit``."""
-        self.inner.commit(state, tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The verifier backend's ``decode``."""

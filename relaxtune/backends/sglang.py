@@ -58,6 +58,7 @@ import torch
 
 from .base import DraftResult, Pick, SequenceState
 from .http import AsyncHTTP, SGLangError, ServerClient
+from .rows import RowByRow
 
 __all__ = ["SGLangBackend", "SGLangError", "ServerClient", "AsyncHTTP", "parse_score", "parse_next", "stop_token_ids",
            "GREEDY_ONE"]
@@ -224,8 +225,10 @@ def _configs(path: str) -> tuple:
     return tuple(out)
 
 
-class SGLangBackend:
-    """A drafter and a verifier served by SGLang.
+class SGLangBackend(RowByRow):
+    """A drafter and a verifier served by SGLang. Its batches run row by row, the
+    rows' requests in flight together (``relaxtune.backends.rows``): R rows keep R
+    requests in flight, at most ``max_concurrency`` (``batch_size``).
 
     Args:
         drafter_url, verifier_url: base URLs of the two servers; ``drafter_url`` None for
@@ -239,7 +242,7 @@ class SGLangBackend:
             exactly (``token_ids_logprob``; default K, 0 asks none).
         timeout: seconds per request.
         retries: retries of transient faults per request.
-        max_concurrency: sequences generated at once by ``evaluate``.
+        max_concurrency: sequences generated at once (``batch_size``; requests in flight).
         native_url: an optional STANDALONE speculative server that runs
             ``sglang_threshold`` itself (``relaxtune.backends.sglang_native``).
         check: probe ``/health`` of the servers now.
@@ -287,9 +290,12 @@ class SGLangBackend:
         self.vocab_size = int(vocab_size or len(tokenizer))
         self.top_logprobs = int(top_logprobs)
         self.asked_ids = self.top_logprobs if asked_ids is None else int(asked_ids)
-        self.max_concurrency = int(max_concurrency)
+        self.max_concurrency = self.batch_size = int(max_concurrency)
         self.name = name or f"sglang:{drafter_url}->{verifier_url}"
         self.eos_token_ids = stop_token_ids(tokenizer, *configs)
+
+    concurrent_rows = True  # a row's calls are HTTP requests: the rows' run in threads
+    point_mass_drafts = False
 
     def start(self, prompt_ids: Sequence[int]) -> SequenceState:
         """A fresh state (no request yet)."""

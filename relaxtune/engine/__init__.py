@@ -1,6 +1,7 @@
-"""Whole responses over a backend: one sequence at a time (``sequence.generate``, the AR
-baseline through the same loop), many in one batch with continuous refill
-(``batch.generate_batch``), and a task's budgets and thinking protocol around both
+"""Whole responses over a backend: one decode loop (``batch.generate_batch``, many
+responses in one batch with continuous refill, the AR baseline and the native
+server's requests through the same loop), one response as a batch of one
+(``sequence.generate``), and a task's budgets and thinking protocol around both
 (``responses``).
 
 May import: decoding, backends, graders, tasks.

@@ -1,7 +1,9 @@
-"""Batched generation: many responses of one decoding configuration advance together.
+"""The decode loop: many responses of one decoding configuration advance together
+(one response is a batch of one: ``relaxtune.engine.sequence.generate``; what a
+response is and where it ends: ``relaxtune.engine.generation``).
 
 ``generate_batch`` keeps up to ``batch_size`` sequences (rows) in a
-``BatchBackend`` batch. Each round drafts N tokens for every row (one drafter
+backend's ``Batch`` (``relaxtune.backends.base.Backend``). Each round drafts N tokens for every row (one drafter
 forward per step), scores all rows in one verifier pass, runs
 ``relaxtune.decoding.round.verify_rounds`` on the ``[R, N+1, V]`` rows (ragged
 acceptance), and commits each row's tokens. A row that ends (EOS, stop string,
@@ -10,26 +12,32 @@ budget) leaves the batch and the next request joins at once (continuous refill).
 Randomness is per response, exactly as ``relaxtune.engine.sequence.generate``: one
 ``torch.Generator`` seeded with the request's seed, N uniforms drawn for drafting
 and then N + 1 for verification per round (1 per AR step), in the same order.
-So a response does not depend on the batch it ran in: with float32 models it
-equals ``generate``'s token for token (up to float rounding of the batched
-forwards, which can move a sample that sits on a boundary); with bfloat16 the
-rounding differences are larger, as between any two batch shapes.
+So a response does not depend on the batch it ran in: with float32 models a
+batch of R rows equals a batch of one token for token (up to float rounding of
+the batched forwards, which can move a sample that sits on a boundary); with
+bfloat16 the rounding differences are larger, as between any two batch shapes.
+
+``sglang_threshold`` on a backend with a native speculative server
+(``relaxtune.backends.base.native_server``) is one request to that server per
+response, ``batch_size`` requests in flight.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..backends.base import BatchBackend, SequenceState, point_mass_drafts
+from ..backends.base import Backend, SequenceState, native_server
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
-from .sequence import AR, Generation, GenerationStats, Limits, check_decode, end_round
+from .generation import (AR, TELEMETRY, Generation, GenerationStats, Limits, check_decode, cut_native, end_round,
+                       run_native)
 
 __all__ = ["Request", "generate_batch"]
 
@@ -82,11 +90,12 @@ def _result(row: _Row, decode) -> Generation:
     s.draft_seconds, s.verify_seconds, s.prefill_seconds = st.draft_seconds, st.verify_seconds, st.prefill_seconds
     s.draft_forwards, s.verify_forwards = st.draft_forwards, st.verify_forwards
     s.latency_seconds = time.perf_counter() - row.started
-    return Generation(list(st.generated), decode(st.generated) if row.text is None else row.text, s)
+    extra = {k: list(st.extra[k]) for k in TELEMETRY if k in st.extra}
+    return Generation(list(st.generated), decode(st.generated) if row.text is None else row.text, s, extra)
 
 
 def generate_batch(
-    backend: BatchBackend,
+    backend: Backend,
     requests: Iterable[Request],
     *,
     method: str = "strict",
@@ -99,7 +108,7 @@ def generate_batch(
     """Generate every request, ``batch_size`` at a time; yield each as it ends.
 
     Args:
-        backend: a ``BatchBackend`` (``relaxtune.backends.hf.HFBackend``).
+        backend: the model pair (``relaxtune.backends.base.Backend``).
         requests: the responses to generate. A ``collections.deque`` is consumed
             from the left as rows free up, and the caller may append to it while
             iterating (a continuation, e.g. after a thinking budget, joins the
@@ -127,11 +136,14 @@ def generate_batch(
     spec = None if ar else get_method(method)
     extra_step = spec is not None and Needs.EXTRA_DRAFTER_STEP in spec.needs and not spec.is_strict(knob)
     # one-hot q at the drafter's argmax: SGLang's target-only rule, or a point-mass drafter (prompt lookup)
-    greedy_drafts = spec is not None and (Needs.GREEDY_DRAFTS in spec.needs or point_mass_drafts(backend))
+    greedy_drafts = spec is not None and (Needs.GREEDY_DRAFTS in spec.needs or backend.point_mass_drafts)
     size = int(batch_size or backend.batch_size)
     if size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     queue = requests if isinstance(requests, deque) else deque(requests)
+    if (server := native_server(backend, method)) is not None:
+        yield from _native_all(server, backend.decode, queue, size, knob, n_draft, sampling, on_tokens)
+        return
     batch, rows = backend.start_batch(), []
     while queue or rows:
         while queue and len(rows) < size:  # continuous refill: one prefill per joining prompt
@@ -178,7 +190,35 @@ def generate_batch(
                 yield row.request, _result(row, backend.decode)
 
 
-def _round(backend: BatchBackend, batch, rows: list[_Row], ar: bool, spec, knob, n_draft: int,
+def _native_all(server, decode, queue: deque, size: int, knob: float, n_draft: int, sampling: SamplingParams,
+                on_tokens) -> Iterator[tuple[Request, Generation | Exception]]:
+    """Every request as one call of the native speculative server, ``size`` in flight
+    (in the order they end; a request appended to ``queue`` meanwhile joins)."""
+
+    def one(r: Request) -> Generation:
+        if r.stop_after is None or not r.stop:
+            return run_native(server, r.prompt_ids, knob, n_draft, sampling, r.max_new_tokens, r.seed, r.stop)
+        gen = run_native(server, r.prompt_ids, knob, n_draft, sampling, r.max_new_tokens, r.seed, ())
+        return cut_native(gen, decode, r.stop, r.stop_after)
+
+    pool, running = ThreadPoolExecutor(size), {}
+    try:
+        while queue or running:
+            while queue and len(running) < size:
+                request = queue.popleft()
+                running[pool.submit(one, request)] = request
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for job in done:
+                request = running.pop(job)
+                err = job.exception()
+                if err is None and on_tokens is not None:
+                    on_tokens(job.result().stats.response_tokens)
+                yield request, job.result() if err is None else err
+    finally:  # a stop: the requests not sent yet are dropped
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _round(backend: Backend, batch, rows: list[_Row], ar: bool, spec, knob, n_draft: int,
            sampling: SamplingParams, extra_step: bool, greedy_drafts: bool) -> list[tuple[list[int], int]]:
     """One round (one AR step) for every row: ``(emitted tokens, accepted drafts)`` per row."""
     if ar:
@@ -186,24 +226,25 @@ def _round(backend: BatchBackend, batch, rows: list[_Row], ar: bool, spec, knob,
         u = torch.cat([draw_uniforms((1,), row.gen) for row in rows])
         return [([t], 0) for t in sample_from_rows(transform_logits(z_p, sampling), u).tolist()]
     u_draft = torch.stack([draw_uniforms((n_draft,), row.gen) for row in rows])
-    q_rows: list[torch.Tensor] = []
 
-    def pick(z: torch.Tensor, i: int) -> torch.Tensor:
-        if greedy_drafts:  # the drafter's argmax, q one-hot
-            ids = z.argmax(-1)
-            q_rows.append(torch.nn.functional.one_hot(ids, z.shape[-1]).float())
-            return ids
-        q_rows.append(transform_logits(z, sampling))
-        return sample_from_rows(q_rows[-1], u_draft[:, i])
+    def q_of(z: torch.Tensor) -> torch.Tensor:
+        """The drafter's distribution ``[R', V]`` of raw rows ``z [R', V]``: one-hot at
+        the argmax for greedy drafts (the transform keeps the order), else transformed."""
+        if greedy_drafts:
+            return torch.nn.functional.one_hot(z.argmax(-1), z.shape[-1]).float()
+        return transform_logits(z, sampling)
+
+    def pick(z: torch.Tensor, i: int, which: Sequence[int] | None = None) -> torch.Tensor:
+        """Drafted ids ``[R']`` of the rows ``which`` (all when None) at draft step ``i``."""
+        if greedy_drafts:
+            return z.argmax(-1)
+        return sample_from_rows(q_of(z), u_draft[:, i] if which is None else u_draft[list(which), i])
 
     ids, z_q = backend.draft_batch(batch, n_draft, pick, extra_step=extra_step)
-    if extra_step:
-        z = z_q[:, -1]
-        q_rows.append(torch.nn.functional.one_hot(z.argmax(-1), z.shape[-1]).float() if greedy_drafts
-                      else transform_logits(z, sampling))
+    q = torch.stack([q_of(z_q[:, i]) for i in range(z_q.shape[1])], 1)
     z_p = backend.score_batch(batch, ids)
     out = verify_rounds(
-        transform_logits(z_p, sampling), torch.stack(q_rows, 1), ids, spec, knob,
+        transform_logits(z_p, sampling), q, ids, spec, knob,
         uniforms=torch.stack([draw_uniforms((n_draft + 1,), row.gen) for row in rows]),
         z_p=z_p, z_q=z_q, temperature=sampling.temperature, validate=False,
     )

@@ -24,11 +24,12 @@ from collections import deque
 from dataclasses import fields
 from typing import Any, Callable, Iterable, Iterator
 
-from ..backends.base import Backend, BatchBackend
+from ..backends.base import Backend
 from ..graders.base import THINK_END
 from ..tasks.spec import TaskSpec
 from .batch import Request, generate_batch
-from .sequence import Generation, GenerationStats, generate
+from .generation import Generation, GenerationStats
+from .sequence import generate
 
 __all__ = ["generate_response", "generate_responses"]
 
@@ -86,8 +87,8 @@ def _joined(first: Generation, text: str, ids: list[int], rest: Generation | Non
 
 
 def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], config, seed: int) -> Generation:
-    """One response under the task's budgets (see the module doc), one sequence
-    at a time through ``relaxtune.engine.sequence.generate``.
+    """One response under the task's budgets (see the module doc): a batch of one
+    (``relaxtune.engine.sequence.generate``).
 
     Args:
         backend: the model pair; spec: the task; prompt_ids: the prompt's ids.
@@ -110,7 +111,7 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     return _joined(first, text, ids, rest)
 
 
-def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Iterable[tuple[Any, list[int], int]],
+def generate_responses(backend: Backend, spec: TaskSpec, config, items: Iterable[tuple[Any, list[int], int]],
                        batch_size: int | None = None, on_tokens: Callable[[int], None] | None = None
                        ) -> Iterator[tuple[Any, Generation | Exception]]:
     """Many responses of one configuration, ``batch_size`` at a time (default:
@@ -118,7 +119,7 @@ def generate_responses(backend: BatchBackend, spec: TaskSpec, config, items: Ite
     and seed.
 
     Args:
-        backend: a ``BatchBackend``; spec: the task; config: a ``DecodeConfig``.
+        backend: the model pair; spec: the task; config: a ``DecodeConfig``.
         items: ``(key, prompt_ids, seed)`` per response.
         batch_size: most sequences at once.
         on_tokens: called after every round with the tokens it added (progress).

@@ -49,7 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from ..backends.hf import _common_prefix
+from ..backends.hf_batch import common_prefix
 
 __all__ = ["StandInServer", "StandInSpecServer", "SGLANG_DEFAULTS"]
 
@@ -239,7 +239,7 @@ class StandInServer:
         asked = payload.get("token_ids_logprob")
         with torch.inference_mode(), self._lock:
             lp = self.model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
-            cached = max((_common_prefix(ids, list(s)) for s in self.seen), default=0)
+            cached = max((common_prefix(ids, list(s)) for s in self.seen), default=0)
             self.seen.append(tuple(ids))
         reported = [t if t < self.vocab_size - 1 else 0 for t in ids]  # the 0.5.23 rewrite
         tok = [[None, reported[start], None]] + [_entry(lp[pos - 1, ids[pos]], reported[pos])

@@ -2,10 +2,9 @@
 
 Per-sample records are appended to a JSONL file as each sample is graded, so a
 killed run keeps every finished sample and a restart skips them. Generation is
-batched when the backend can (``BatchBackend``, the in-process models: up to
-``batch_size`` samples advance together, finished ones make room for the next;
-``relaxtune.engine.responses.generate_responses``), else ``backend.max_concurrency``
-sequences run in threads (servers that batch on their side). Grading runs in
+batched (``relaxtune.engine.responses.generate_responses``: up to ``batch_size``
+samples advance together, finished ones make room for the next; on SGLang
+servers a batch's rows are requests in flight together). Grading runs in
 a thread pool meanwhile (the math grader is thread-safe, code runs in
 sandboxed processes). A sample whose generation fails is recorded as failed and
 left out of the accuracy, never dropped or counted as wrong.
@@ -34,7 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
-from ..backends.base import Backend, is_batched
+from ..backends.base import Backend
 from ..certify.stats import wilson_interval
 from .claims import claim, claim_path
 from .identity import decoding_identity, grader_identity
@@ -387,33 +386,11 @@ def _evaluate_claimed(spec: TaskSpec, backend: Backend, config: DecodeConfig, pa
 
 def _responses(backend, spec: TaskSpec, config: DecodeConfig, items: list, batch_size: int | None,
                on_tokens=None) -> Iterator[tuple[object, Generation | Exception]]:
-    """``(key, Generation or exception)`` per item ``(key, prompt_ids, seed)``:
-    batched on a ``BatchBackend`` (in the order samples end; ``on_tokens(n)`` after
-    every round), else ``max_concurrency`` threads of ``generate_response`` (in item
-    order; ``on_tokens`` as each response ends)."""
+    """``(key, Generation or exception)`` per item ``(key, prompt_ids, seed)``, in the
+    order samples end, ``backend.batch_size`` at once (``on_tokens(n)`` after every round)."""
     if not items:  # every sample recorded: the backend is not touched (a lazy one is never loaded)
         return
-    if is_batched(backend):
-        yield from generate_responses(backend, spec, config, items, batch_size, on_tokens=on_tokens)
-        return
-
-    def one(prompt_ids: list[int], seed: int) -> Generation | Exception:
-        try:
-            gen = generate_response(backend, spec, prompt_ids, config, seed)
-        except Exception as err:  # noqa: BLE001 - recorded as failed
-            return err
-        if on_tokens is not None:
-            on_tokens(gen.stats.response_tokens)
-        return gen
-
-    concurrency = max(1, int(getattr(backend, "max_concurrency", 1)))
-    pool = ThreadPoolExecutor(concurrency)
-    try:
-        jobs = [(key, ids, pool.submit(one, ids, seed)) for key, ids, seed in items]
-        for key, _, job in jobs:
-            yield key, job.result()
-    finally:  # a stop: the requests not sent yet are dropped
-        pool.shutdown(wait=False, cancel_futures=True)
+    yield from generate_responses(backend, spec, config, items, batch_size, on_tokens=on_tokens)
 
 
 def summarize(records: list[dict | SampleRecord], path: Path) -> EvalResult:
