@@ -32,14 +32,18 @@ sys.path.insert(0, str(ROOT))
 # fields that measure time or name a place or a run: not part of the comparison
 DROP = ("seconds", "second", "time", "date", "created", "run_id", "path", "uri", "duration", "started", "finished",
         "heartbeat", "host", "pid", "worker", "mlflow", "measured", "machine", "cost_profile")
-# the source digest of relaxtune.engine and the decoding core (relaxtune.tune.identity.decoding_identity): it changes
+# the source digests of the grader and of relaxtune.engine and the decoding core (relaxtune.tune.identity.decoding_identity): it changes
 # with any edit of that code by design (records of other code are regenerated), so it is no output of the run
-CODE_DIGESTS = ("decoder", "decoding")
+CODE_DIGESTS = ("decoder", "decoding", "grader")  # "grader": the grading code's digest (the same policy)
+# what schema v3 (relaxtune.tune.records) adds to what the base commit wrote (v2): the records' and metrics' schema,
+# a point's named knobs, its relaxation scope and serving batch size, and the tuned config's version and batch sizes;
+# the comparison is of everything else
+SCHEMA_V3 = ("schema", "schema_version", "knobs", "scope", "batch_size", "serving_batch_sizes")
 WORK = Path("/tmp/relaxtune-golden-work")  # a fixed folder: study names hold the models' paths
 
 
 def _keep(key: str) -> bool:
-    return not any(d in str(key).lower() for d in DROP) and key not in CODE_DIGESTS
+    return not any(d in str(key).lower() for d in DROP) and key not in CODE_DIGESTS and key not in SCHEMA_V3
 
 
 def _clean(value):
@@ -54,6 +58,18 @@ def _clean(value):
 
 def _dump(obj) -> str:
     return json.dumps(_clean(obj), sort_keys=True, default=str)
+
+
+def reclean(name: str, text: str) -> str:
+    """An output file's text written by another code base (``name`` tells its format) cleaned again as this one
+    cleans (``_clean``): what a comparison drops is dropped from both sides."""
+    import yaml
+
+    if name.endswith(".jsonl"):
+        return "\n".join(_dump(json.loads(line)) for line in text.splitlines() if line.strip()) + "\n"
+    if name.endswith(".json"):
+        return json.dumps(_clean(json.loads(text)), sort_keys=True, indent=1, default=str) + "\n"
+    return yaml.safe_dump(_clean(yaml.safe_load(text)), sort_keys=True)
 
 
 def _view(gen) -> dict:
