@@ -90,7 +90,7 @@ def test_strict_points_every_engine_lossless():
         assert not any("threshold" in a for a in out["sglang"]["launch_args"])
         assert "assistant_ensemble_weight" not in out["transformers"]["generate_kwargs"]
         assert out["trtllm"]["speculative_config"] == {"decoding_type": "Draft_Target", "max_draft_len": 4,
-                                                       "speculative_model_dir": "d"}
+                                                       "speculative_model": "d"}
 
 
 def test_unshipped_rule_one_line():

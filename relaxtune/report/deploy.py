@@ -153,7 +153,8 @@ def _sglang(method: str, named: dict | None, n: int, drafter: str, verifier: str
 def _trtllm(method: str, named: dict | None, n: int, drafter: str, verifier: str, sampling: dict) -> dict:
     if method == "strict":
         return {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": n,
-                                       "speculative_model_dir": drafter},
+                                       "speculative_model": drafter},
+                "note": "lossless draft/target decoding (tensorrt_llm.llmapi.DraftTargetDecodingConfig)",
                 "launch_args": ["trtllm-serve", verifier, "--backend", "pytorch", "--extra_llm_api_options",
                                 "args.yaml"],
                 "request_sampling": _sampling(sampling)}
