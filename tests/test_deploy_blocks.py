@@ -74,10 +74,10 @@ def test_trtllm_block_exact_and_refusal():
 
 def test_transformers_block_exact():
     b = blocks("ens", 0.2, 4)["transformers"]
-    assert b["generate_kwargs"] == {
-        "assistant_model": "d", "num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0, "do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
-        "assistant_ensemble_weight": 0.8}
+    assert b["generate_kwargs"] == {"assistant_model": "d", "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+                                    "top_k": 20, "assistant_ensemble_weight": 0.8}
+    assert b["assistant_generation_config"] == {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant",
+                                                "assistant_confidence_threshold": 0.0}
     assert b["engine"] == "transformers 5.14.0" and b["weights"] == W
     assert "greedy path takes the argmax of the mixture" in blocks("ens", 0.2, 4, G)["transformers"]["refused"]
 

@@ -63,5 +63,5 @@ def test_paying_strict_deploys_every_engines_lossless_config(tmp_path):
     assert rec.decoding == "speculative" and rec.method == "strict" and rec.modeled_speedup >= 1
     spec = json.loads(rec.deploy["vllm"]["launch_args"][4])
     assert spec["num_speculative_tokens"] == 4 and spec["rejection_sample_method"] == "standard"
-    assert rec.deploy["transformers"]["generate_kwargs"]["num_assistant_tokens"] == 4
+    assert rec.deploy["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 4
     assert rec.deploy["sglang"]["launch_args"][-2:] == ["--speculative-num-draft-tokens", "5"]

@@ -29,8 +29,8 @@ Engines, versions and constraints (``shared/docs/engine-rules.md``):
   (5.24.0 ``generation/configuration_utils.py:672-676``), sampling path only
   (``generation/utils.py`` ``_speculative_sampling``); batch size 1. The blocks pin
   ``num_assistant_tokens`` = N, ``num_assistant_tokens_schedule="constant"`` and
-  ``assistant_confidence_threshold`` 0, which transformers would otherwise choose
-  (its defaults: 20, ``"constant"``, 0.4 with a heuristic schedule on the assistant).
+  ``assistant_confidence_threshold`` 0 on the assistant's generation config
+  (``assistant_config``), which transformers would otherwise choose.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ..decoding.fly import FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly_window
 from ..decoding.methods import get_method
 from ..decoding.trtllm import TRT_DELTA, TRT_TOPK
 
-__all__ = ["ENGINES", "VERSIONS", "weights", "deploy_blocks", "plain_blocks", "engines_running"]
+__all__ = ["ENGINES", "VERSIONS", "weights", "deploy_blocks", "plain_blocks", "engines_running", "assistant_config"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "transformers")
 VERSIONS = {
@@ -173,8 +173,7 @@ def _trtllm(method: str, named: dict | None, n: int, drafter: str, verifier: str
 
 
 def _transformers(method: str, named: dict | None, n: int, drafter: str, verifier: str, sampling: dict) -> dict:
-    kwargs: dict[str, Any] = {"assistant_model": drafter, "num_assistant_tokens": n,
-                              "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+    kwargs: dict[str, Any] = {"assistant_model": drafter}
     if _greedy(sampling):
         if method != "strict":
             return {"refused": "transformers' greedy path takes the argmax of the mixture, another rule than "
@@ -188,7 +187,19 @@ def _transformers(method: str, named: dict | None, n: int, drafter: str, verifie
             return {"refused": f"{_HF_RANGE}; alpha {named['alpha']} gives {w}"}
         if w is not None:
             kwargs["assistant_ensemble_weight"] = w
-    return {"generate_kwargs": kwargs, "note": "assisted generation runs one sequence at a time (batch size 1)"}
+    return {"generate_kwargs": kwargs, "assistant_generation_config": assistant_config(n),
+            "note": "set assistant_generation_config on assistant_model.generation_config (transformers reads the "
+                    "draft length there, not from generate()'s keywords); one sequence at a time (batch size 1)"}
+
+
+def assistant_config(n_draft: int) -> dict:
+    """The assistant's generation-config fields that pin transformers' draft length to N.
+    transformers 5.24.0 ``generation/candidate_generator.py``
+    ``AssistedCandidateGenerator.__init__`` reads them from
+    ``assistant_model.generation_config`` (defaults 20, ``"constant"``, 0.4: the
+    confidence threshold stops drafting early), not from ``generate()``'s keywords."""
+    return {"num_assistant_tokens": n_draft, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
 
 
 _BUILD = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "transformers": _transformers}
