@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..decoding.deployable import ENGINES, RUNS
 from ..decoding.engine_rules import ensemble_weight
 from ..decoding.fly import FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly_window
 from ..decoding.methods import get_method
@@ -45,16 +46,12 @@ from ..decoding.trtllm import TRT_DELTA, TRT_TOPK
 
 __all__ = ["ENGINES", "VERSIONS", "weights", "deploy_blocks", "plain_blocks", "engines_running", "assistant_config"]
 
-ENGINES = ("vllm", "sglang", "trtllm", "transformers")
 VERSIONS = {
     "vllm": "vLLM 0.33.0",
     "sglang": "SGLang 0.5.23",
     "trtllm": "TensorRT-LLM 0.20.0 (first release with relaxed MTP acceptance, by date)",
     "transformers": "transformers 5.14.0",
 }
-# which engines run each rule (strict: every engine's lossless speculative decoding)
-_RUNS = {"strict": ENGINES, "fly": ("vllm",), "sglang_threshold": ("sglang",), "trtllm_relaxed": ("trtllm",),
-         "ens": ("transformers",)}
 _VLLM_CHECK = "vLLM 0.33.0 vllm/config/speculative.py:2014-2033"
 _SGLANG_RANGE = "SGLang 0.5.23 jit/csrc/speculative/sampling.cuh:76-77"
 _SGLANG_GREEDY = "speculative/eagle_utils.py:485-500 (SGLang 0.5.23): the threshold kernel skips all-greedy batches"
@@ -65,7 +62,7 @@ _HF_RANGE = "generation/configuration_utils.py:672-676 (transformers 5.24.0): as
 
 def engines_running(method: str) -> tuple[str, ...]:
     """The engines (``ENGINES`` names) that ship ``method``'s rule; empty when none does."""
-    return _RUNS.get(get_method(method).id, ())
+    return RUNS.get(get_method(method).id, ())
 
 
 def weights(model: str, dtype: str, runtime: str | None) -> dict:
