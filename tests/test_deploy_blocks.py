@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from relaxtune.report.deploy import deploy_blocks, engines_running, plain_blocks, weights
+from relaxtune.report.deploy import (
+    deploy_blocks,
+    engines_running,
+    plain_blocks,
+    weights,
+)
 
 S = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 G = {"temperature": 0.0, "top_p": 1.0, "top_k": None}

@@ -7,7 +7,12 @@ import torch
 
 from relaxtune.backends.transformers_compat import record_assisted_rounds
 from relaxtune.decoding.sampling import SamplingParams
-from relaxtune.report.deploy_check import Side, compare, relaxtune_side, transformers_side
+from relaxtune.report.deploy_check import (
+    Side,
+    compare,
+    relaxtune_side,
+    transformers_side,
+)
 
 from .tiny_models import tiny_pair
 

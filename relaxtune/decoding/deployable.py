@@ -17,7 +17,7 @@ Pure values.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .methods import get_method
 

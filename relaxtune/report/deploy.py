@@ -40,11 +40,11 @@ from typing import Any
 
 from ..decoding.deployable import ENGINES, RUNS
 from ..decoding.engine_rules import ensemble_weight
-from ..decoding.fly import FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly_window
+from ..decoding.fly import FLY_THRESHOLD, FLY_TOP_K, fly_window
 from ..decoding.methods import get_method
 from ..decoding.trtllm import TRT_DELTA, TRT_TOPK
 
-__all__ = ["ENGINES", "VERSIONS", "weights", "deploy_blocks", "plain_blocks", "engines_running", "assistant_config"]
+__all__ = ["ENGINES", "VERSIONS", "assistant_config", "deploy_blocks", "engines_running", "plain_blocks", "weights"]
 
 VERSIONS = {
     "vllm": "vLLM 0.33.0",

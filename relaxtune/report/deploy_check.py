@@ -22,8 +22,9 @@ Verdict: "agree" when no test rejects at ``alpha`` (default 0.01), else
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from ..decoding.sampling import SamplingParams
 from ..engine.sequence import generate
 from .deploy import assistant_config
 
-__all__ = ["Side", "Comparison", "relaxtune_side", "transformers_side", "compare", "MIN_ROUNDS"]
+__all__ = ["MIN_ROUNDS", "Comparison", "Side", "compare", "relaxtune_side", "transformers_side"]
 
 MIN_ROUNDS = 500
 _Z95 = 1.959963984540054
