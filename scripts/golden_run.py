@@ -38,7 +38,8 @@ CODE_DIGESTS = ("decoder", "decoding", "grader")  # "grader": the grading code's
 # what schema v3 (relaxtune.tune.records) adds to what the base commit wrote (v2): the records' and metrics' schema,
 # a point's named knobs, its relaxation scope and serving batch size, and the tuned config's version and batch sizes;
 # the comparison is of everything else
-SCHEMA_V3 = ("schema", "schema_version", "knobs", "scope", "batch_size", "serving_batch_sizes")
+SCHEMA_V3 = ("schema", "schema_version", "knobs", "scope", "batch_size", "serving_batch_sizes",
+             "deploy", "decoding", "runtime", "weights")  # the last four: each point's deployment (relaxtune.report.deploy)
 WORK = Path("/tmp/relaxtune-golden-work")  # a fixed folder: study names hold the models' paths
 
 

@@ -13,13 +13,14 @@ upgrade that changes the rule fails there.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
 import transformers
 from transformers.generation import utils as _generation_utils
 
-__all__ = ["TRANSFORMERS_VERSION", "SPECULATIVE_SAMPLING_PARAMS", "speculative_sampling"]
+__all__ = ["TRANSFORMERS_VERSION", "SPECULATIVE_SAMPLING_PARAMS", "speculative_sampling", "record_assisted_rounds"]
 
 TRANSFORMERS_VERSION = transformers.__version__
 SPECULATIVE_SAMPLING_PARAMS = (
@@ -80,3 +81,37 @@ def speculative_sampling(
         draft_ids.long().unsqueeze(0), drafter_logits.unsqueeze(0), k, verifier_logits.unsqueeze(0), ensemble_weight
     )
     return tokens[0].tolist(), int(n)
+
+
+@contextlib.contextmanager
+def record_assisted_rounds():
+    """Record every round of transformers' assisted generation inside the block.
+
+    Wraps the public hook ``AssistedCandidateGenerator.update_candidate_strategy``
+    (transformers 5.24.0 ``generation/candidate_generator.py`` :223, called once per
+    round from ``generation/utils.py`` ``_assisted_decoding`` :4185 with the verifier's
+    ``[1, candidate_length + 1, V]`` scores and the accepted drafts after the EOS and
+    length crops), then calls the original, so generation is unchanged.
+
+    Yields:
+        a list that fills with ``(candidate_length, accepted)`` per round, in order.
+
+    Raises:
+        RuntimeError: the hook is missing (naming the installed transformers version).
+    """
+    from transformers.generation import AssistedCandidateGenerator
+
+    original = getattr(AssistedCandidateGenerator, "update_candidate_strategy", None)
+    if original is None:
+        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION} has no AssistedCandidateGenerator.update_candidate_strategy")
+    rounds: list[tuple[int, int]] = []
+
+    def hook(self, input_ids, scores, num_matches):
+        rounds.append((int(scores.shape[1]) - 1, int(num_matches)))
+        return original(self, input_ids, scores, num_matches)
+
+    AssistedCandidateGenerator.update_candidate_strategy = hook
+    try:
+        yield rounds
+    finally:
+        AssistedCandidateGenerator.update_candidate_strategy = original

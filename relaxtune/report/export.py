@@ -31,6 +31,7 @@ from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
 from ..tune.result import JobResult
 from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
+from .deploy import deploy_blocks, plain_blocks, weights
 
 __all__ = ["cautions", "upgrade_config", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig",
            "build_config", "save_config",
@@ -83,6 +84,7 @@ class MethodResult(_Model):
     closest: dict | None = None  # when infeasible: the tried point with the smallest drop bound
     confirmation: dict | None = None  # {confidence, attempts: [...], missing}
     note: str | None = None  # why no point is exported
+    deploy: dict | str | None = None  # engine -> block in its own syntax, or one line (relaxtune.report.deploy)
 
 
 class Recommendation(_Model):
@@ -99,6 +101,8 @@ class Recommendation(_Model):
     serving: dict
     strict_modeled_speedup: float | None = None  # strict's best, over every evaluated N
     speed_margin: dict | None = None  # {difference, margin, confidence, how}: relaxed only when difference > margin
+    decoding: str = "speculative"  # "plain": no speculative point pays; serve the verifier alone
+    deploy: dict | str | None = None  # engine -> block (relaxtune.report.deploy)
 
 
 class TransferCell(_Model):
@@ -157,6 +161,8 @@ class TunedConfig(_Model):
     drafter: str
     verifier: str
     dtype: str
+    runtime: str | None = None  # what ran the models (hf, llamacpp)
+    weights: dict | None = None  # drafter/verifier: the exact weights measured (relaxtune.report.deploy.weights)
     sampling: dict
     seed: int
     problems: int
@@ -266,6 +272,8 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
         modeled_speedup=m.speedup, truncated=m.truncated, loop_rate=m.loop_rate,
         modeled_speedup_by_c_rel=m.speedup_by_c_rel,
         serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling), **base,
+        deploy=deploy_blocks(o.method, done.knob, done.n_draft, sampling, settings.drafter, settings.verifier,
+                             settings.dtype, getattr(settings, "runtime", None)),
     )
 
 
@@ -297,6 +305,13 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
     else:
         rec["serving"] = methods[rec["method"]].serving
+    runtime = getattr(s, "runtime", None)
+    rec["deploy"] = (plain_blocks(s.verifier, sampling, s.dtype, runtime) if rec["decoding"] == "plain" else
+                     deploy_blocks(rec["method"], rec["knob"], rec["n_draft"], sampling, s.drafter, s.verifier, s.dtype,
+                                   runtime))
+    if rec["decoding"] == "plain":
+        rec["serving"] = {"decoding": "plain", "note": "serve the verifier alone", "sglang_launch_args": [
+            "--model-path", rec["deploy"]["sglang"]["launch_args"][1]]}
     pinned = set(result.pinned)
     planned = (next(iter(confirmations.values())).planned if confirmations else
                planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned))
@@ -312,7 +327,9 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     profile = result.profile
     return TunedConfig(
         task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
-        verifier=s.verifier, dtype=s.dtype, sampling=sampling, seed=s.seed, problems=result.problems,
+        verifier=s.verifier, dtype=s.dtype, runtime=runtime, sampling=sampling,
+        weights={"drafter": weights(s.drafter, s.dtype, runtime), "verifier": weights(s.verifier, s.dtype, runtime)},
+        seed=s.seed, problems=result.problems,
         repeats=spec.repeats, epsilon=s.epsilon, confidence=s.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,

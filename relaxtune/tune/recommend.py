@@ -24,7 +24,7 @@ import numpy as np
 from ..decoding.speed import CostProfile, modeled_speedup
 from .evaluation import EvalResult
 
-__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend"]
+__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "speculation_pays", "plain_if_nothing_pays"]
 
 RESAMPLES = 2000
 
@@ -111,10 +111,36 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
     return SpeedMargin(float(observed), float(margin), confidence, how)
 
 
+def speculation_pays(strict: dict[int, dict], methods: dict) -> bool:
+    """True when some speculative point models a speed-up of at least 1 on the
+    measured costs: strict at some evaluated N, or a confirmed relaxed point.
+
+    Args:
+        strict: N -> strict's summary (``modeled_speedup``); methods: method ->
+            ``MethodResult`` (``feasible``, ``modeled_speedup``).
+    """
+    speeds = [v["modeled_speedup"] for v in strict.values()]
+    speeds += [r.modeled_speedup for r in methods.values() if r.feasible and r.modeled_speedup is not None]
+    return any(s >= 1.0 for s in speeds)
+
+
+def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict) -> dict:
+    """``out`` with ``decoding`` set: ``"plain"`` (serve the verifier alone, the reason
+    saying why) when ``speculation_pays`` is False, else ``"speculative"``. The
+    method, knob and N stay the fastest speculative point's, for reference."""
+    if speculation_pays(strict, methods):
+        return out | {"decoding": "speculative"}
+    best = max((v["modeled_speedup"] for v in strict.values()), default=out["modeled_speedup"])
+    return out | {"decoding": "plain", "reason": (
+        f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs (strict's best "
+        f"models {best:.2f}x, every confirmed relaxed point below 1x too); for reference, {out['reason']}")}
+
+
 def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict], dominated: list[str] = ()) -> dict:
-    """The recommendation's fields (without ``serving``): the fastest confirmed
-    method when its modeled speed-up beats strict's best (at any evaluated N)
-    by more than the ``speed_margin``, else strict at its fastest N.
+    """The recommendation's fields (without ``serving``): plain decoding of the
+    verifier when no speculative point pays (``plain_if_nothing_pays``); else the
+    fastest confirmed method when its modeled speed-up beats strict's best (at any
+    evaluated N) by more than the ``speed_margin``, else strict at its fastest N.
 
     Args:
         result: the finished job (``relaxtune.tune.result.JobResult``); methods: method -> ``MethodResult``;
@@ -134,7 +160,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
                          f"{s.epsilon:g}, {result.problems} problems)" + (
                              f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
                              f"at N={best_n}) is as fast and as accurate as each" if dominated else ""))
-        return out
+        return plain_if_nothing_pays(out, strict, methods)
     done = confirmations[best.method].confirmed
     sm = speed_margin(done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile,
                       s.confidence, s.seed)
@@ -143,9 +169,9 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
               f"{sm.difference:+.3f}, speed margin {sm.margin:.3f} ({sm.how})")
     if not sm.beats:
         out["reason"] = f"use strict: {best.method}'s confirmed point {speeds}, so it is not faster beyond the noise"
-        return out
+        return plain_if_nothing_pays(out, strict, methods)
     out.update(method=best.method, knob=best.knob, n_draft=best.n_draft, modeled_speedup=best.modeled_speedup,
                reason=(f"fastest confirmed point: accuracy drop vs strict <= {best.drop_upper_bound:.3f} on fresh "
                        f"samples ({done.confidence:.1%} one-sided; search bound {best.search_drop_upper_bound:.3f}), "
                        f"within epsilon {s.epsilon:g}; it {speeds}"))
-    return out
+    return plain_if_nothing_pays(out, strict, methods)
