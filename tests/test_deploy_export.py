@@ -35,7 +35,7 @@ def tune(tmp_path, c_rel, **synthetic):
     settings = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=50,
                             output_dir=str(tmp_path), c_rel=c_rel)
     tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), c_rel, evaluate_fn=Synthetic(**synthetic), progress=False)
-    return tuner, build_config(tuner, [tuner.tune_method("cactus")])
+    return tuner, build_config(tuner.result([tuner.tune_method("cactus")]))
 
 
 def test_nothing_pays_recommends_plain_decoding(tmp_path):

@@ -61,28 +61,38 @@ def _keep(rounds: list[tuple[int, int, int]], n_draft: int, max_new_tokens: int)
 
 
 class _Recorder:
-    """A backend that records ``(tokens before the round, N, accepted drafts)`` per
-    round: accepted = the committed tokens' leading matches with the drafts (the
-    token after them is the residual or bonus, never the rejected draft)."""
+    """Records ``(tokens before the round, N, accepted drafts)`` per round of a batch of
+    one while installed on a backend (``with _Recorder(backend) as rec``: its
+    ``draft_batch`` and ``commit_batch`` wrapped on the instance, removed on exit):
+    accepted = the committed tokens' leading matches with the drafts (the token after
+    them is the residual or bonus, never the rejected draft)."""
 
     def __init__(self, backend) -> None:
-        self._backend, self.rounds, self._drafted = backend, [], None
+        self._backend, self.rounds, self._drafted, self._pos = backend, [], None, 0
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+    def __enter__(self) -> _Recorder:
+        draft_batch, commit_batch = self._backend.draft_batch, self._backend.commit_batch
 
-    def draft(self, state, n_draft: int, pick, **kw):
-        out = self._backend.draft(state, n_draft, pick, **kw)
-        self._drafted = (len(state.generated), list(out.ids[:n_draft]))
-        return out
+        def draft(batch, n: int, pick, extra_step: bool = False):
+            ids, z_q = draft_batch(batch, n, pick, extra_step=extra_step)
+            self._drafted = [int(t) for t in ids[0, :n]]
+            return ids, z_q
 
-    def commit(self, state, kept):
-        if self._drafted is not None:
-            pos, ids = self._drafted
-            acc = next((i for i, (a, b) in enumerate(zip(kept, ids)) if a != b), min(len(kept), len(ids)))
-            self.rounds.append((pos, len(ids), acc))
-            self._drafted = None
-        return self._backend.commit(state, kept)
+        def commit(batch, tokens):
+            kept = list(tokens[0])
+            if self._drafted is not None:
+                ids = self._drafted
+                acc = next((i for i, (a, b) in enumerate(zip(kept, ids)) if a != b), min(len(kept), len(ids)))
+                self.rounds.append((self._pos, len(ids), acc))
+                self._drafted = None
+            self._pos += len(kept)
+            return commit_batch(batch, tokens)
+
+        self._backend.draft_batch, self._backend.commit_batch = draft, commit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self._backend.draft_batch, self._backend.commit_batch
 
 
 def relaxtune_side(backend, prompts: Sequence[list[int]], *, method: str, knob: Any, n_draft: int,
@@ -96,9 +106,9 @@ def relaxtune_side(backend, prompts: Sequence[list[int]], *, method: str, knob: 
     """
     side = Side(label, n_draft)
     for i, ids in enumerate(prompts):
-        rec = _Recorder(backend)
-        gen = generate(rec, ids, method=method, knob=knob, n_draft=n_draft, sampling=sampling,
-                       max_new_tokens=max_new_tokens, seed=seed + i, stop=stop)
+        with _Recorder(backend) as rec:
+            gen = generate(backend, ids, method=method, knob=knob, n_draft=n_draft, sampling=sampling,
+                           max_new_tokens=max_new_tokens, seed=seed + i, stop=stop)
         side.counts += _keep(rec.rounds, n_draft, max_new_tokens)
         side.lengths.append(gen.stats.response_tokens)
         side.texts.append(gen.text)
