@@ -19,14 +19,13 @@ live tuner. The CLI (``relaxtune tune`` / ``export``) and the Prefect flow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
 from .report.export import TunedConfig, build_config, cautions, save_config
-from .report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
 from .report.reexport import (
     JobError,
     check_exportable,
@@ -37,6 +36,7 @@ from .report.reexport import (
     save_job,
     tuning_settings,
 )
+from .report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
 from .tasks.spec import build_prompt_ids, load_problems, load_task
 from .tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
 from .tune.confirm import confirm, holdout_split, planned_confirmations
@@ -45,12 +45,29 @@ from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .tune.settings import TuneSettings, job_id, start
 from .tune.tuning import Tuner, choose
 
-__all__ = ["run_tune_job", "tune_job", "export_job", "prepare", "load_backend", "backend_name", "job_file", "tuning_settings", "export_path",
-           "check_exportable", "JobError", "cautions"]
+__all__ = [
+    "run_tune_job",
+    "tune_job",
+    "export_job",
+    "prepare",
+    "load_backend",
+    "backend_name",
+    "job_file",
+    "tuning_settings",
+    "export_path",
+    "check_exportable",
+    "JobError",
+    "cautions",
+]
 
 
-def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: Callable[[str], None] = print,
-            track: bool = True):
+def prepare(
+    settings: TuneSettings,
+    backend=None,
+    new_trials: bool = True,
+    log: Callable[[str], None] = print,
+    track: bool = True,
+):
     """Validate and load everything before any generation: the task, the stores
     (``reach_tracking`` when ``track``, ``reach_storage`` for a tuning job: answered
     in seconds, before any model loads), for an
@@ -88,8 +105,11 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
         from .decoding.methods import get_method
         from .engine.sequence import native_server
 
-        pinned = ({m for m in settings.methods if native_server(backend, m) is not None} if backend is not None else
-                  {m for m in settings.methods if settings.native_url and get_method(m).server_native})
+        pinned = (
+            {m for m in settings.methods if native_server(backend, m) is not None}
+            if backend is not None
+            else {m for m in settings.methods if settings.native_url and get_method(m).server_native}
+        )
         planned = planned_confirmations(settings, pinned)
         warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned)
         if warning:
@@ -103,15 +123,26 @@ def prepare(settings: TuneSettings, backend=None, new_trials: bool = True, log: 
     return spec, problems, backend
 
 
-def run_tune_job(settings: TuneSettings, backend=None, *, new_trials: bool = True, **kwargs) -> tuple[TunedConfig, Path]:
+def run_tune_job(
+    settings: TuneSettings, backend=None, *, new_trials: bool = True, **kwargs
+) -> tuple[TunedConfig, Path]:
     """``tune_job(settings, backend, **kwargs)``, or with ``new_trials=False``
     ``export_job(settings, backend, **kwargs)``: the CLI's and the flow's entry point."""
     return (tune_job if new_trials else export_job)(settings, backend, **kwargs)
 
 
-def tune_job(settings: TuneSettings, backend=None, *, progress: bool = True, evaluate_fn: Callable | None = None,
-             track: bool = True, log: Callable[[str], None] = print, submit_trial: Callable | None = None,
-             run_ranges: Callable | None = None, worker: str | None = None) -> tuple[TunedConfig, Path]:
+def tune_job(
+    settings: TuneSettings,
+    backend=None,
+    *,
+    progress: bool = True,
+    evaluate_fn: Callable | None = None,
+    track: bool = True,
+    log: Callable[[str], None] = print,
+    submit_trial: Callable | None = None,
+    run_ranges: Callable | None = None,
+    worker: str | None = None,
+) -> tuple[TunedConfig, Path]:
     """Tune every method of ``settings`` on its task and export the tuned config.
     Any number of workers (processes, hosts, Prefect flow runs) may run the same
     job against one storage: they share the studies' trials and each exports the
@@ -145,8 +176,17 @@ def tune_job(settings: TuneSettings, backend=None, *, progress: bool = True, eva
     tracker = _tracker(settings, job, log) if track else None
     tuner = _tuner(job, tracker, evaluate_fn, progress, True, log, run_ranges, worker)
     save_job(settings.output_dir, job.spec.name, settings.model_dump())
-    announce(settings, job.spec, job.problems, job.held_out, job.backend, job.profile, (job.measured or [None])[0],
-             job.saved, log)  # the plan and its expected wall time, before the first generation
+    announce(
+        settings,
+        job.spec,
+        job.problems,
+        job.held_out,
+        job.backend,
+        job.profile,
+        (job.measured or [None])[0],
+        job.saved,
+        log,
+    )  # the plan and its expected wall time, before the first generation
     outcomes = _studies(job, tuner, "tuning", submit_trial, log)
     if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
         for outcome in outcomes:
@@ -156,8 +196,12 @@ def tune_job(settings: TuneSettings, backend=None, *, progress: bool = True, eva
     if tracker is not None:
         for method, confirmation in confirmations.items():
             tracker.log_confirmation(method, confirmation)
-        mlflow_info = {"tracking_uri": tracker.uri, "experiment": f"relaxtune-{job.spec.name}",
-                       "experiment_id": tracker.experiment_id, "run_id": tracker.task_run_id}
+        mlflow_info = {
+            "tracking_uri": tracker.uri,
+            "experiment": f"relaxtune-{job.spec.name}",
+            "experiment_id": tracker.experiment_id,
+            "run_id": tracker.task_run_id,
+        }
     result = tuner.result(outcomes, confirmations, len(job.held_out))
     config, path = _write(result, mlflow_info, path)
     if tracker is not None:  # figures once strict is known at every N the trials used
@@ -166,9 +210,18 @@ def tune_job(settings: TuneSettings, backend=None, *, progress: bool = True, eva
     return config, path
 
 
-def export_job(settings: TuneSettings, backend=None, *, progress: bool = True, evaluate_fn: Callable | None = None,
-               track: bool = True, log: Callable[[str], None] = print, submit_trial: Callable | None = None,
-               run_ranges: Callable | None = None, worker: str | None = None) -> tuple[TunedConfig, Path]:
+def export_job(
+    settings: TuneSettings,
+    backend=None,
+    *,
+    progress: bool = True,
+    evaluate_fn: Callable | None = None,
+    track: bool = True,
+    log: Callable[[str], None] = print,
+    submit_trial: Callable | None = None,
+    run_ranges: Callable | None = None,
+    worker: str | None = None,
+) -> tuple[TunedConfig, Path]:
     """Export the tuned config again from what the studies and records of a tuning job
     hold (another epsilon or confidence, say): it never generates, and never modifies
     the tuning run's files, MLflow artifacts, tables or status. Arguments as
@@ -196,9 +249,13 @@ def export_job(settings: TuneSettings, backend=None, *, progress: bool = True, e
     if exporter is not None:
         for outcome in outcomes:  # the tuning job's study runs, read only
             outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
-        mlflow_info = {"tracking_uri": exporter.uri, "experiment": f"relaxtune-{job.spec.name}",
-                       "experiment_id": exporter.experiment_id, "run_id": exporter.start(),
-                       "tuning_run_id": exporter.tuning_run_id}
+        mlflow_info = {
+            "tracking_uri": exporter.uri,
+            "experiment": f"relaxtune-{job.spec.name}",
+            "experiment_id": exporter.experiment_id,
+            "run_id": exporter.start(),
+            "tuning_run_id": exporter.tuning_run_id,
+        }
     try:
         result = tuner.result(outcomes, confirmations, len(job.held_out))
         config, path = _write(result, mlflow_info, path)
@@ -238,8 +295,9 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: _tracker)
-        prepare_stores(settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials,
-                       log=log)
+        prepare_stores(
+            settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials, log=log
+        )
     except StoreError as err:
         raise JobError(str(err)) from None
     pair = getattr(backend, "name", "backend")
@@ -249,38 +307,67 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     try:
         check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
-        profile = job_costs(backend, lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]), settings.n_drafts,
-                            saved, c_rel=settings.c_rel, remeasure=settings.remeasure_costs, new_trials=new_trials,
-                            log=log, on_measured=measured.append)
+        profile = job_costs(
+            backend,
+            lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]),
+            settings.n_drafts,
+            saved,
+            c_rel=settings.c_rel,
+            remeasure=settings.remeasure_costs,
+            new_trials=new_trials,
+            log=log,
+            on_measured=measured.append,
+        )
     except (SearchProblemsError, CostsError) as err:
         raise JobError(str(err)) from None
     return _Job(settings, spec, everything, problems, held_out, backend, pair, profile, saved, measured)
 
 
 def _tuner(job: _Job, tracker, evaluate_fn, progress: bool, new_trials: bool, log, run_ranges, worker) -> Tuner:
-    return Tuner(job.settings, job.spec, job.problems, job.backend, job.profile, tracker, evaluate_fn, progress,
-                 new_trials, log, run_ranges=run_ranges, **({"worker": worker} if worker else {}))
+    return Tuner(
+        job.settings,
+        job.spec,
+        job.problems,
+        job.backend,
+        job.profile,
+        tracker,
+        evaluate_fn,
+        progress,
+        new_trials,
+        log,
+        run_ranges=run_ranges,
+        **({"worker": worker} if worker else {}),
+    )
 
 
 def _studies(job: _Job, tuner: Tuner, verb: str, submit_trial, log: Callable[[str], None]) -> list:
     """One study per method (a trial runs strict's baseline at its N first, when no record holds it)."""
     s = job.settings
     for method in s.methods:
-        log(f"{verb} {method} on {job.spec.name} ({len(job.problems)} problems x {job.spec.repeats}, "
-            f"epsilon {s.epsilon:g})")
+        log(
+            f"{verb} {method} on {job.spec.name} ({len(job.problems)} problems x {job.spec.repeats}, "
+            f"epsilon {s.epsilon:g})"
+        )
     try:
         return tuner.tune(s.methods, submit_trial)
     except SearchProblemsError as err:  # a worker on other problems that started with the first (open_study)
         raise JobError(str(err)) from None
 
 
-def _choose(job: _Job, tuner: Tuner, outcomes: list, default_n: list[int], new_trials: bool,
-            log: Callable[[str], None]) -> dict:
+def _choose(
+    job: _Job, tuner: Tuner, outcomes: list, default_n: list[int], new_trials: bool, log: Callable[[str], None]
+) -> dict:
     """Strict at every N a trial used (``default_n`` when none: read back from its records
     when resuming or exporting), each method's chosen point (no point strict dominates),
     and its confirmation on samples the search never saw (method -> ``Confirmation``)."""
-    used = sorted({t.params["n_draft"] for o in outcomes for t in o.study.get_trials(deepcopy=False)
-                   if t.state.name in ("COMPLETE", "PRUNED")})
+    used = sorted(
+        {
+            t.params["n_draft"]
+            for o in outcomes
+            for t in o.study.get_trials(deepcopy=False)
+            if t.state.name in ("COMPLETE", "PRUNED")
+        }
+    )
     for n in used or default_n:
         tuner.baseline(n)
     for outcome in outcomes:
@@ -304,9 +391,17 @@ def _tracker(settings: TuneSettings, job: _Job, log: Callable[[str], None] = pri
 
     def make() -> Tracker:
         prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)
-        tracker = Tracker(settings.mlflow_uri, job.spec, job.pair, settings.model_dump(), job.everything,
-                          job_id(settings, job.spec, job.pair), storage_lock(settings.storage_url, "mlflow"),
-                          storage_lock(settings.storage_url, "finish"), end_on_stop=False)
+        tracker = Tracker(
+            settings.mlflow_uri,
+            job.spec,
+            job.pair,
+            settings.model_dump(),
+            job.everything,
+            job_id(settings, job.spec, job.pair),
+            storage_lock(settings.storage_url, "mlflow"),
+            storage_lock(settings.storage_url, "finish"),
+            end_on_stop=False,
+        )
         tracker.log_costs(job.profile)
         return tracker
 
@@ -320,5 +415,11 @@ def _export_run(settings: TuneSettings, job: _Job, tuning: TuneSettings | None):
     """An export's MLflow run of its own, nested under the tuning run (job ``tuning``) it reads."""
     from .report.tracking import ExportRun
 
-    return ExportRun(settings.mlflow_uri, job.spec, job.pair, settings.model_dump(), job.everything,
-                     job_id(tuning, job.spec, job.pair) if tuning is not None else None)
+    return ExportRun(
+        settings.mlflow_uri,
+        job.spec,
+        job.pair,
+        settings.model_dump(),
+        job.everything,
+        job_id(tuning, job.spec, job.pair) if tuning is not None else None,
+    )

@@ -30,16 +30,46 @@ ROOT = Path.cwd()
 sys.path.insert(0, str(ROOT))
 
 # fields that measure time or name a place or a run: not part of the comparison
-DROP = ("seconds", "second", "time", "date", "created", "run_id", "path", "uri", "duration", "started", "finished",
-        "heartbeat", "host", "pid", "worker", "mlflow", "measured", "machine", "cost_profile")
-# the source digests of the grader and of relaxtune.engine and the decoding core (relaxtune.tune.identity.decoding_identity): it changes
+DROP = (
+    "seconds",
+    "second",
+    "time",
+    "date",
+    "created",
+    "run_id",
+    "path",
+    "uri",
+    "duration",
+    "started",
+    "finished",
+    "heartbeat",
+    "host",
+    "pid",
+    "worker",
+    "mlflow",
+    "measured",
+    "machine",
+    "cost_profile",
+)
+# the source digests of the grader and of relaxtune.engine and the decoding core
+# (relaxtune.tune.identity.decoding_identity): it changes
 # with any edit of that code by design (records of other code are regenerated), so it is no output of the run
 CODE_DIGESTS = ("decoder", "decoding", "grader")  # "grader": the grading code's digest (the same policy)
 # what schema v3 (relaxtune.tune.records) adds to what the base commit wrote (v2): the records' and metrics' schema,
 # a point's named knobs, its relaxation scope and serving batch size, and the tuned config's version and batch sizes;
 # the comparison is of everything else
-SCHEMA_V3 = ("schema", "schema_version", "knobs", "scope", "batch_size", "serving_batch_sizes",
-             "deploy", "decoding", "runtime", "weights")  # the last four: each point's deployment (relaxtune.report.deploy)
+SCHEMA_V3 = (
+    "schema",
+    "schema_version",
+    "knobs",
+    "scope",
+    "batch_size",
+    "serving_batch_sizes",
+    "deploy",
+    "decoding",
+    "runtime",
+    "weights",
+)  # the last four: each point's deployment (relaxtune.report.deploy)
 WORK = Path("/tmp/relaxtune-golden-work")  # a fixed folder: study names hold the models' paths
 
 
@@ -90,8 +120,11 @@ def engine_run(out: Path, dtype: str = "float32") -> None:
     if dtype != "float32":  # copies: tiny_pair is cached for the tests
         import copy
 
-        pair = HFBackend(copy.deepcopy(pair.drafter).to(getattr(torch, dtype)),
-                         copy.deepcopy(pair.verifier).to(getattr(torch, dtype)), name="tiny")
+        pair = HFBackend(
+            copy.deepcopy(pair.drafter).to(getattr(torch, dtype)),
+            copy.deepcopy(pair.verifier).to(getattr(torch, dtype)),
+            name="tiny",
+        )
     model = HFBackend(pair.drafter, pair.verifier, name="tiny-eos")
     model.eos_token_ids = frozenset({37})
     lookup = PromptLookupBackend(HFBackend(None, pair.verifier, name="tiny-eos-v"), max_ngram=3)
@@ -115,7 +148,9 @@ def engine_run(out: Path, dtype: str = "float32") -> None:
                 for key in sorted(got):
                     g = got[key]
                     body = {"error": repr(g)} if isinstance(g, Exception) else _view(g)
-                    lines.append(_dump({"backend": bname, "method": method, "mode": f"batch{size}", "key": key, **body}))
+                    lines.append(
+                        _dump({"backend": bname, "method": method, "mode": f"batch{size}", "key": key, **body})
+                    )
     (out / "engine.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -139,10 +174,39 @@ def job_run(out: Path, work: Path, batches: tuple[int, ...] = (4, 1)) -> None:
     task = write_tiny_task(work)
     for batch in batches:
         runs = work / f"runs-b{batch}"
-        args = ["tune", "--task", task, "--drafter", drafter, "--verifier", verifier, "--output-dir", str(runs),
-                "--mlflow-uri", f"sqlite:///{work / f'mlflow-b{batch}.db'}", "--methods", "cactus,ens",
-                "--trials", "2", "--n-drafts", "2", "--limit", "4", "--dtype", "float32", "--c-rel", "0.3",
-                "--stage-size", "2", "--confirm", "seeds", "--runtime", "hf", "--batch-size", str(batch)]
+        args = [
+            "tune",
+            "--task",
+            task,
+            "--drafter",
+            drafter,
+            "--verifier",
+            verifier,
+            "--output-dir",
+            str(runs),
+            "--mlflow-uri",
+            f"sqlite:///{work / f'mlflow-b{batch}.db'}",
+            "--methods",
+            "cactus,ens",
+            "--trials",
+            "2",
+            "--n-drafts",
+            "2",
+            "--limit",
+            "4",
+            "--dtype",
+            "float32",
+            "--c-rel",
+            "0.3",
+            "--stage-size",
+            "2",
+            "--confirm",
+            "seeds",
+            "--runtime",
+            "hf",
+            "--batch-size",
+            str(batch),
+        ]
         res = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
         if res.exit_code != 0:
             raise SystemExit(f"tune failed ({batch}):\n{res.output}\n{res.exception!r}")
@@ -158,8 +222,15 @@ def job_run(out: Path, work: Path, batches: tuple[int, ...] = (4, 1)) -> None:
         for summary in sorted(optuna.get_all_study_summaries(storage), key=lambda s: s.study_name):
             study = optuna.load_study(study_name=summary.study_name, storage=storage)
             studies[summary.study_name] = [
-                {"number": t.number, "state": t.state.name, "params": t.params, "values": t.values,
-                 "user_attrs": t.user_attrs} for t in study.get_trials(deepcopy=False)]
+                {
+                    "number": t.number,
+                    "state": t.state.name,
+                    "params": t.params,
+                    "values": t.values,
+                    "user_attrs": t.user_attrs,
+                }
+                for t in study.get_trials(deepcopy=False)
+            ]
             studies[summary.study_name + ":study_attrs"] = study.user_attrs
         _write(dest / "optuna.json", json.dumps(_clean(studies), sort_keys=True, indent=1, default=str) + "\n", work)
         tuned = yaml.safe_load((runs / "tiny_math.tuned.yaml").read_text())

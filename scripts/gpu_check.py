@@ -53,41 +53,69 @@ def server_cases(remote: SGLangBackend, native: SGLangBackend | None, verifier: 
     tok = remote.tokenizer
     state = remote.start(tok.encode("The capital of France is"))
     rows = remote.score(state, [remote.vocab_size - 1])
-    check(failures, "draft at vocab_size - 1", bool(rows[0, remote.vocab_size - 1] > float("-inf")),
-          f"logprob {float(rows[0, remote.vocab_size - 1]):.2f}")
+    check(
+        failures,
+        "draft at vocab_size - 1",
+        bool(rows[0, remote.vocab_size - 1] > float("-inf")),
+        f"logprob {float(rows[0, remote.vocab_size - 1]):.2f}",
+    )
     eos = GenerationConfig.from_pretrained(verifier).eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
-    check(failures, "stop tokens hold the generation config's", eos <= remote.eos_token_ids,
-          f"{sorted(eos)} in {sorted(remote.eos_token_ids)}")
-    chat = tok.apply_chat_template([{"role": "user", "content": "Reply with the single word: yes"}],
-                                   add_generation_prompt=True, enable_thinking=False)
+    check(
+        failures,
+        "stop tokens hold the generation config's",
+        eos <= remote.eos_token_ids,
+        f"{sorted(eos)} in {sorted(remote.eos_token_ids)}",
+    )
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Reply with the single word: yes"}],
+        add_generation_prompt=True,
+        enable_thinking=False,
+    )
     chat = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
     sampling = SamplingParams(0.6, 20, 0.95)
     out = generate(remote, chat, method="strict", n_draft=4, sampling=sampling, max_new_tokens=64, seed=1)
-    check(failures, "the client loop stops on a stop token", out.stats.finish_reason == "stop"
-          and out.token_ids[-1] in remote.eos_token_ids, f"{out.stats.finish_reason}, last id {out.token_ids[-1]}")
+    check(
+        failures,
+        "the client loop stops on a stop token",
+        out.stats.finish_reason == "stop" and out.token_ids[-1] in remote.eos_token_ids,
+        f"{out.stats.finish_reason}, last id {out.token_ids[-1]}",
+    )
     if native is None:
         return
     server, (t, n) = native.native, native.native.point()
     ids, _, _, tel, _ = server.generate(chat, threshold=t, n_draft=n, sampling=sampling, max_new_tokens=1, seed=3)
     params = {"max_new_tokens": 1, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "sampling_seed": 3}
     meta = server.server.generate({"input_ids": chat, "sampling_params": params})["meta_info"]
-    check(failures, "zero-round response", tel.rounds == 0 and len(ids) == 1 and not any(k.startswith("spec_")
-          for k in meta), f"rounds {tel.rounds}, spec keys {sorted(k for k in meta if k.startswith('spec_'))}")
+    check(
+        failures,
+        "zero-round response",
+        tel.rounds == 0 and len(ids) == 1 and not any(k.startswith("spec_") for k in meta),
+        f"rounds {tel.rounds}, spec keys {sorted(k for k in meta if k.startswith('spec_'))}",
+    )
     params = dict(params, max_new_tokens=64)
     first, second = (server.server.generate({"input_ids": chat, "sampling_params": params}) for _ in range(2))
     reason = first["meta_info"]["finish_reason"]
-    check(failures, "the speculative server stops on a stop token of ours", reason.get("type") == "stop"
-          and reason.get("matched") in remote.eos_token_ids, f"finish_reason {reason}")
-    check(failures, "same seed, same response", first["output_ids"] == second["output_ids"],
-          f"{len(first['output_ids'])} and {len(second['output_ids'])} tokens")
+    check(
+        failures,
+        "the speculative server stops on a stop token of ours",
+        reason.get("type") == "stop" and reason.get("matched") in remote.eos_token_ids,
+        f"finish_reason {reason}",
+    )
+    check(
+        failures,
+        "same seed, same response",
+        first["output_ids"] == second["output_ids"],
+        f"{len(first['output_ids'])} and {len(second['output_ids'])} tokens",
+    )
     url = f"{server.server.url}/set_internal_state"
     live = {"speculative_accept_threshold_single": 0.3, "speculative_accept_threshold_acc": 0.3}
     httpx.post(url, json={"server_args": live}, timeout=30)
     moved = server.point()
     httpx.post(url, json={"server_args": {k: t for k in live}}, timeout=30)
-    check(failures, "live thresholds", moved == (0.3, n) and server.point() == (t, n),
-          f"read {moved} after setting 0.3")
+    check(
+        failures, "live thresholds", moved == (0.3, n) and server.point() == (t, n), f"read {moved} after setting 0.3"
+    )
 
 
 def main() -> int:
@@ -103,26 +131,38 @@ def main() -> int:
     args = ap.parse_args()
 
     spec = TaskSpec(
-        name="gsm8k_gpu_check", version=1, dataset={"path": "json", "data_files": args.gsm8k},
+        name="gsm8k_gpu_check",
+        version=1,
+        dataset={"path": "json", "data_files": args.gsm8k},
         fields={"question": "question", "answer": "answer"},
-        prompt={"template": "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
-                "thinking": False},
-        grader={"kind": "math", "gold": "gsm8k"}, sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+        prompt={
+            "template": "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+            "thinking": False,
+        },
+        grader={"kind": "math", "gold": "gsm8k"},
+        sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20},
         max_new_tokens=args.max_new_tokens,
     )
     problems = load_problems(spec, args.problems)
     out = tempfile.mkdtemp(prefix="gpu-check-")
     remote = SGLangBackend(args.drafter_url, args.verifier_url, args.verifier, max_concurrency=8, name="sglang")
     results, t0 = {}, time.time()
-    for label, cfg in {"ar": DecodeConfig("ar", None, 1), "strict": DecodeConfig("strict", None, 4),
-                       "cactus": DecodeConfig("cactus", 1.0, 4)}.items():
+    for label, cfg in {
+        "ar": DecodeConfig("ar", None, 1),
+        "strict": DecodeConfig("strict", None, 4),
+        "cactus": DecodeConfig("cactus", 1.0, 4),
+    }.items():
         results[label] = evaluate(spec, remote, cfg, output_dir=out, problems=problems, progress=False)
         r = results[label]
-        print(f"sglang {label:7s} accuracy {r.accuracy:.3f} l_accept {r.l_accept:.2f} length {r.mean_length:.0f} "
-              f"({time.time() - t0:.0f} s)", flush=True)
+        print(
+            f"sglang {label:7s} accuracy {r.accuracy:.3f} l_accept {r.l_accept:.2f} length {r.mean_length:.0f} "
+            f"({time.time() - t0:.0f} s)",
+            flush=True,
+        )
     local = load_pair(args.drafter, args.verifier, dtype="bfloat16", device="cuda")
-    inproc = evaluate(spec, local, DecodeConfig("strict", None, 4), output_dir=out + "/local", problems=problems,
-                      progress=False)
+    inproc = evaluate(
+        spec, local, DecodeConfig("strict", None, 4), output_dir=out + "/local", problems=problems, progress=False
+    )
     print(f"in-process strict accuracy {inproc.accuracy:.3f} l_accept {inproc.l_accept:.2f}", flush=True)
 
     failures: list[str] = []
@@ -134,20 +174,34 @@ def main() -> int:
     share = sum(c > 0 for c in cached) / max(len(cached), 1)
     check(failures, "prefix cache reuse", share >= 0.9, f"{share:.0%} of later rounds had cached_tokens > 0")
     gap = abs(results["strict"].l_accept - inproc.l_accept)
-    check(failures, "acceptance agrees with in-process", gap <= 0.5,
-          f"|{results['strict'].l_accept:.2f} - {inproc.l_accept:.2f}| = {gap:.2f}")
+    check(
+        failures,
+        "acceptance agrees with in-process",
+        gap <= 0.5,
+        f"|{results['strict'].l_accept:.2f} - {inproc.l_accept:.2f}| = {gap:.2f}",
+    )
     native = None
     if args.native_url:
-        native = SGLangBackend(args.drafter_url, args.verifier_url, args.verifier, native_url=args.native_url,
-                               max_concurrency=8, name="sglang-native")
+        native = SGLangBackend(
+            args.drafter_url,
+            args.verifier_url,
+            args.verifier,
+            native_url=args.native_url,
+            max_concurrency=8,
+            name="sglang-native",
+        )
         t, n = native.native.point()
         cfg = DecodeConfig("sglang_threshold", t, n)
         nat = evaluate(spec, native, cfg, output_dir=out, problems=problems, progress=False)
         emu = evaluate(spec, remote, cfg, output_dir=out, problems=problems, progress=False)
         gap = abs(nat.l_accept - emu.l_accept)
-        check(failures, f"native sglang_threshold t={t:g} N={n}", nat.failed == 0 and gap <= 0.5,
-              f"failed {nat.failed}, l_accept {nat.l_accept:.2f} vs client loop {emu.l_accept:.2f}, "
-              f"accuracy {nat.accuracy:.3f} vs {emu.accuracy:.3f}")
+        check(
+            failures,
+            f"native sglang_threshold t={t:g} N={n}",
+            nat.failed == 0 and gap <= 0.5,
+            f"failed {nat.failed}, l_accept {nat.l_accept:.2f} vs client loop {emu.l_accept:.2f}, "
+            f"accuracy {nat.accuracy:.3f} vs {emu.accuracy:.3f}",
+        )
     server_cases(remote, native, args.verifier, failures)
     print(json.dumps({"failures": failures, "seconds": round(time.time() - t0)}))
     return 1 if failures else 0

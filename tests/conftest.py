@@ -11,7 +11,9 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaxtune-prefect
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.pop("PREFECT_API_URL", None)
-os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="relaxtune-mlflow-"), "mlflow.db"))
+os.environ.setdefault(
+    "MLFLOW_TRACKING_URI", "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="relaxtune-mlflow-"), "mlflow.db")
+)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
@@ -98,8 +100,10 @@ def pg_server():
     import subprocess
 
     if shutil.which("pg_ctlcluster") is None:
-        pytest.skip("PostgreSQL is not installed here (no pg_ctlcluster): the multi-worker PostgreSQL tests need "
-                    "the Debian package postgresql-15, started by .ci/run")
+        pytest.skip(
+            "PostgreSQL is not installed here (no pg_ctlcluster): the multi-worker PostgreSQL tests need "
+            "the Debian package postgresql-15, started by .ci/run"
+        )
     why = _pg_reachable()
     if why is not None and os.geteuid() == 0:  # installed but stopped: start it as .ci/run does
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start"], capture_output=True)
@@ -151,6 +155,7 @@ def _drop_database(admin_url: str, name: str, tries: int = 20) -> None:
 
 
 # ------------------------------------------------------------------ SGLang, live
+
 
 @pytest.fixture(scope="session")
 def live_pair(tmp_path_factory):

@@ -20,8 +20,26 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def golden_settings(out: Path, task: str, **over):
     from relaxtune.tune.settings import TuneSettings
 
-    return TuneSettings(**(dict(task=task, methods=["cactus"], n_drafts=[2], trials=2, stage_size=4, limit=8,
-                                c_rel=0.2, seed=0, dtype="float32", output_dir=str(out), confirm="seeds", epsilon=0.6, confirmations=1) | over))
+    return TuneSettings(
+        **(
+            dict(
+                task=task,
+                methods=["cactus"],
+                n_drafts=[2],
+                trials=2,
+                stage_size=4,
+                limit=8,
+                c_rel=0.2,
+                seed=0,
+                dtype="float32",
+                output_dir=str(out),
+                confirm="seeds",
+                epsilon=0.6,
+                confirmations=1,
+            )
+            | over
+        )
+    )
 
 
 def write_task(folder: Path) -> str:
@@ -61,8 +79,14 @@ def run(out: Path, backend=None, new_trials: bool = True, **over):
     os.chdir(out)
     task = write_task(Path("."))
     backend = backend or golden_backend(Path("models"))
-    return run_tune_job(golden_settings(Path("relaxtune-runs"), task, **over), backend, progress=False, track=False,
-                        new_trials=new_trials, log=lambda m: None)
+    return run_tune_job(
+        golden_settings(Path("relaxtune-runs"), task, **over),
+        backend,
+        progress=False,
+        track=False,
+        new_trials=new_trials,
+        log=lambda m: None,
+    )
 
 
 if __name__ == "__main__":

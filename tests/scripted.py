@@ -26,7 +26,7 @@ class CharTokenizer:
         while text:
             i = max((i for i, t in enumerate(self.vocab) if t and text.startswith(t)), key=lambda i: len(self.vocab[i]))
             ids.append(i)
-            text = text[len(self.vocab[i]):]
+            text = text[len(self.vocab[i]) :]
         return ids
 
 
@@ -37,8 +37,9 @@ class ScriptedBackend:
     point_mass_drafts = False
     native = None
 
-    def __init__(self, script: list[str], eos: tuple[str, ...] = (), batch_size: int = 4,
-                 extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, script: list[str], eos: tuple[str, ...] = (), batch_size: int = 4, extra: tuple[str, ...] = ()
+    ) -> None:
         self.vocab = sorted(set(script) | set(eos) | set(extra) | {"?"})
         self.script = [self.vocab.index(t) for t in script]
         self.tokenizer = CharTokenizer(self.vocab)
@@ -91,8 +92,9 @@ class ScriptedBackend:
         batch.states = [s for i, s in enumerate(batch.states) if i not in set(rows)]
 
     def draft_batch(self, batch, n, pick, extra_step=False):
-        rows = torch.stack([torch.stack([self._row(len(s.generated) + i) for i in range(n + int(extra_step))])
-                            for s in batch.states])
+        rows = torch.stack(
+            [torch.stack([self._row(len(s.generated) + i) for i in range(n + int(extra_step))]) for s in batch.states]
+        )
         ids = torch.stack([pick(rows[:, i], i) for i in range(n)], 1)
         return ids, rows
 

@@ -36,8 +36,10 @@ def sglang_python() -> str:
     """
     python = os.environ.get(PYTHON_VAR)
     if not python:
-        pytest.skip(f"{PYTHON_VAR} is not set: build SGLang's environment with scripts/sglang_env.sh and set it "
-                    "to the python it prints")
+        pytest.skip(
+            f"{PYTHON_VAR} is not set: build SGLang's environment with scripts/sglang_env.sh and set it "
+            "to the python it prints"
+        )
     if not os.access(python, os.X_OK):
         pytest.fail(f"{PYTHON_VAR}={python} is not an executable python")
     return python
@@ -95,8 +97,14 @@ def start_live_pair(root: Path):
         pair = LivePair(python, drafter, verifier, root / "logs")
         port = free_port()
         specs = [ServerSpec(drafter, port), ServerSpec(verifier, port + 1)]
-        with launch(specs, python=python, timeout=START_TIMEOUT, log_dir=str(pair.log_dir), device="cpu",
-                    processes=pair.processes):
+        with launch(
+            specs,
+            python=python,
+            timeout=START_TIMEOUT,
+            log_dir=str(pair.log_dir),
+            device="cpu",
+            processes=pair.processes,
+        ):
             yield pair
 
     return run()

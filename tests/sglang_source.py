@@ -56,9 +56,26 @@ def source_root(version: str = SGLANG_VERSION) -> Path:
     if version in _UNAVAILABLE:
         pytest.skip(_UNAVAILABLE[version])
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-               "--platform", "manylinux_2_34_x86_64", "--timeout", "30", "--retries", "2", "--quiet", "--dest", tmp,
-               f"sglang=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "--timeout",
+            "30",
+            "--retries",
+            "2",
+            "--quiet",
+            "--dest",
+            tmp,
+            f"sglang=={version}",
+        ]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             wheels = list(Path(tmp).glob("sglang-*.whl"))
@@ -114,8 +131,9 @@ def load(relpath: str, keep: dict[str, list[str] | None], namespace: dict) -> di
     if set(keep) - set(found):
         raise LookupError(f"{relpath} has no top-level {sorted(set(keep) - set(found))}")
     future = ast.ImportFrom(module="__future__", names=[ast.alias("annotations")], level=0)
-    code = compile(ast.fix_missing_locations(ast.Module(body=[future, *found.values()], type_ignores=[])), str(path),
-                   "exec")
+    code = compile(
+        ast.fix_missing_locations(ast.Module(body=[future, *found.values()], type_ignores=[])), str(path), "exec"
+    )
     module = types.ModuleType(f"sglang_source.{Path(relpath).stem}")  # dataclasses look their module up
     module.__dict__.update(namespace)
     sys.modules[module.__name__] = module

@@ -16,9 +16,18 @@ __all__ = ["PROBLEMS", "SPEC", "Synthetic", "SyntheticPair", "write_task", "Luck
 
 def _record(problem: Problem, repeat: int, correct: bool, l_accept: float, seed: int = 0) -> dict:
     rounds = 10
-    return dict(problem_id=problem.id, repeat=repeat, seed=seed, failed=False, correct=correct,
-                verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
-                stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0})
+    return dict(
+        problem_id=problem.id,
+        repeat=repeat,
+        seed=seed,
+        failed=False,
+        correct=correct,
+        verdict="correct" if correct else "wrong",
+        output="x",
+        finish_reason="stop",
+        response_tokens=100,
+        stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
+    )
 
 
 class Lucky:
@@ -29,8 +38,9 @@ class Lucky:
     search's base seed ``search_seed`` points with k >= ``lucky_from`` lose
     nothing (they pass the search by luck). Records every call."""
 
-    def __init__(self, loss=lambda k: 0.0 if k <= 1.0 else 0.3, lucky_from: float = 5.0, search_seed: int = 0,
-                 repeats: int = 1):
+    def __init__(
+        self, loss=lambda k: 0.0 if k <= 1.0 else 0.3, lucky_from: float = 5.0, search_seed: int = 0, repeats: int = 1
+    ):
         self.loss, self.lucky_from, self.search_seed, self.repeats = loss, lucky_from, search_seed, repeats
         self.calls: list[tuple] = []
 

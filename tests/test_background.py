@@ -115,8 +115,17 @@ def test_a_stopped_job_waits_for_the_store_then_ends_the_runs(tmp_path):
 
 
 def _settings(tmp_path, uri: str) -> TuneSettings:
-    return TuneSettings(task=write_task(tmp_path / "task", 12, "bg"), methods=["cactus"], n_drafts=[4], trials=3,
-                        stage_size=12, c_rel=0.2, output_dir=str(tmp_path / "runs"), mlflow_uri=uri, confirm="seeds")
+    return TuneSettings(
+        task=write_task(tmp_path / "task", 12, "bg"),
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=3,
+        stage_size=12,
+        c_rel=0.2,
+        output_dir=str(tmp_path / "runs"),
+        mlflow_uri=uri,
+        confirm="seeds",
+    )
 
 
 def test_the_first_samples_are_generated_while_the_mlflow_store_is_made(tmp_path, monkeypatch):
@@ -141,16 +150,22 @@ def test_the_first_samples_are_generated_while_the_mlflow_store_is_made(tmp_path
     monkeypatch.setattr(stores, "prepare_mlflow", slow_store)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     before = {t for t in threading.enumerate() if t.name.startswith("mlflow")}
-    config, _ = run_tune_job(_settings(tmp_path, uri), SyntheticPair(), progress=False, log=lambda m: None,
-                             evaluate_fn=FirstSample(cliff=20.0, delay=1e-4))
+    config, _ = run_tune_job(
+        _settings(tmp_path, uri),
+        SyntheticPair(),
+        progress=False,
+        log=lambda m: None,
+        evaluate_fn=FirstSample(cliff=20.0, delay=1e-4),
+    )
     assert {t for t in threading.enumerate() if t.name.startswith("mlflow")} - before == set()  # its thread ended
     assert order[:2] == ["sample", "store"]  # (the Tracker checks the store again: made, it returns)
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("relaxtune-bg").experiment_id])
     kinds = sorted(r.data.tags["relaxtune.kind"] for r in runs)
     assert kinds == ["study", "task", "trial", "trial", "trial"]  # every call queued before the store ran
-    assert config.methods["cactus"].mlflow_run_id == next(r.info.run_id for r in runs
-                                                            if r.data.tags["relaxtune.kind"] == "study")
+    assert config.methods["cactus"].mlflow_run_id == next(
+        r.info.run_id for r in runs if r.data.tags["relaxtune.kind"] == "study"
+    )
 
 
 def test_a_half_migrated_store_with_runs_stops_the_job_saying_what_to_do(tmp_path):
@@ -158,8 +173,9 @@ def test_a_half_migrated_store_with_runs_stops_the_job_saying_what_to_do(tmp_pat
     before = (tmp_path / "mlflow.db").read_bytes()
     evaluate = Synthetic(cliff=20.0, delay=1e-4)
     with pytest.raises(JobError, match=r"holds 2 run\(s\).*mlflow db upgrade"):
-        run_tune_job(_settings(tmp_path, uri), SyntheticPair(), progress=False, log=lambda m: None,
-                     evaluate_fn=evaluate)
+        run_tune_job(
+            _settings(tmp_path, uri), SyntheticPair(), progress=False, log=lambda m: None, evaluate_fn=evaluate
+        )
     assert (tmp_path / "mlflow.db").read_bytes() == before
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (2,)
@@ -186,8 +202,13 @@ def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
     evaluate = Synthetic(cliff=20.0, delay=1e-4)
     try:
         with pytest.raises(Exception, match=f"127.0.0.1.*{port}"):
-            run_tune_job(_settings(tmp_path, f"http://127.0.0.1:{port}"), SyntheticPair(), progress=False,
-                         log=lambda m: None, evaluate_fn=evaluate)
+            run_tune_job(
+                _settings(tmp_path, f"http://127.0.0.1:{port}"),
+                SyntheticPair(),
+                progress=False,
+                log=lambda m: None,
+                evaluate_fn=evaluate,
+            )
     finally:
         silent.close()
     assert evaluate.calls == []
@@ -219,7 +240,7 @@ def test_a_failure_is_raised_once_when_trial_lanes_call_at_the_same_moment():
                 try:
                     tracker.log_trial("cactus", 1)
                     said.append("ok")
-                except Exception as err:  # noqa: BLE001 - what the test looks for
+                except Exception as err:
                     said.append(f"{type(err).__name__}: {err}")
 
             lanes = [threading.Thread(target=lane) for _ in range(8)]

@@ -37,20 +37,34 @@ def _pair_with_eos() -> HFBackend:
 
 def _view(g):
     s = g.stats
-    return (g.token_ids, g.text, s.finish_reason, s.rounds, s.drafted, s.accepted, s.emitted, s.discarded,
-            s.response_tokens, s.draft_forwards, s.verify_forwards)
+    return (
+        g.token_ids,
+        g.text,
+        s.finish_reason,
+        s.rounds,
+        s.drafted,
+        s.accepted,
+        s.emitted,
+        s.discarded,
+        s.response_tokens,
+        s.draft_forwards,
+        s.verify_forwards,
+    )
 
 
 @pytest.mark.parametrize(
-    "method, knob", [("strict", None), ("spec_cont_dec", 0.5), ("r_fuzzy", 0.3), ("ar", None)],
+    "method, knob",
+    [("strict", None), ("spec_cont_dec", 0.5), ("r_fuzzy", 0.3), ("ar", None)],
     ids=["strict", "spec_cont_dec", "r_fuzzy", "ar"],
 )
 def test_a_response_does_not_depend_on_its_batch(method, knob):
     backend = _pair_with_eos()
     kw = dict(method=method, knob=knob, n_draft=3, sampling=SAMPLING)
     requests = _requests()
-    alone = {r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, stop=r.stop, **kw)
-             for r in requests}
+    alone = {
+        r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, stop=r.stop, **kw)
+        for r in requests
+    }
     for size in (1, 8):
         got = {r.key: g for r, g in generate_batch(backend, requests, batch_size=size, **kw)}
         assert not [g for g in got.values() if isinstance(g, Exception)]

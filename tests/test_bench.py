@@ -22,9 +22,34 @@ def _configs(tmp_path) -> tuple[str, str]:
 
 def test_random_weights_bench_prints_both_tables(tmp_path, capsys):
     drafter, verifier = _configs(tmp_path)
-    assert main(["--random-weights", "--drafter", drafter, "--verifier", verifier, "--dtype", "float32",
-                 "--device", "cpu", "--drafts", "2", "--batch-sizes", "1,2,4", "--batch-n-draft", "2",
-                 "--max-new-tokens", "6", "--prompts", "4", "--repeats", "2"]) == 0
+    assert (
+        main(
+            [
+                "--random-weights",
+                "--drafter",
+                drafter,
+                "--verifier",
+                verifier,
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+                "--drafts",
+                "2",
+                "--batch-sizes",
+                "1,2,4",
+                "--batch-n-draft",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--prompts",
+                "4",
+                "--repeats",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "float32 on cpu" in out and "median ±spread of 2 repeats" in out
     assert "(a) transformers AR" in out and "(d) relaxtune strict" in out and "c_rel" in out

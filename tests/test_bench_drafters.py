@@ -8,8 +8,11 @@ from relaxtune.engine.sequence import Generation, GenerationStats
 
 
 def _gen(tokens, rounds, accepted, reason="stop", text="ok"):
-    return Generation([1] * tokens, text, GenerationStats(rounds=rounds, accepted=accepted, response_tokens=tokens,
-                                                          finish_reason=reason))
+    return Generation(
+        [1] * tokens,
+        text,
+        GenerationStats(rounds=rounds, accepted=accepted, response_tokens=tokens, finish_reason=reason),
+    )
 
 
 def test_parse_methods():

@@ -91,7 +91,8 @@ def test_grid_spends_exactly_its_points_on_every_problem_plus_strict(task, tmp_p
     grid = get_method("cactus").grid
     p = task.family.problems
     want = sum(tokens(task, None, None, n, p) for n in PAPER_N) + sum(
-        tokens(task, "cactus", k, n, p) for n in PAPER_N for k in grid)
+        tokens(task, "cactus", k, n, p) for n in PAPER_N for k in grid
+    )
     assert run.tokens == want and run.trials == len(grid) * len(PAPER_N)
     assert sorted((c[1], c[2]) for c in task.calls if c[0] == "cactus") == sorted((k, n) for n in PAPER_N for k in grid)
     assert all(c[3] == p for c in task.calls)  # one stage: every problem, no pruning
@@ -127,8 +128,12 @@ def test_reached_needs_the_speed_and_the_feasibility_of_the_target():
 
 def _result(reach: float | None, infeasible: bool = False) -> dict:
     grid = {"tokens": 100, "to_reach": 100, "regret": 0.1, "infeasible": False}
-    side = {"tokens": 50, "to_reach": None if reach is None else round(reach * 100), "regret": 0.0,
-            "infeasible": infeasible}
+    side = {
+        "tokens": 50,
+        "to_reach": None if reach is None else round(reach * 100),
+        "regret": 0.0,
+        "infeasible": infeasible,
+    }
     return {"grid": grid, "search": side, "random": side}
 
 

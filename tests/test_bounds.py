@@ -19,6 +19,7 @@ def pooled(n: int, b: int, c: int) -> list[tuple[int, int, int]]:
 
 # ------------------------------------------------------------------ independent computation
 
+
 def brute_tango_upper(b, c, n: int, confidence: float):
     """Tango's bound by plain bisection on the score (no root finder), elementwise."""
     b, c = np.asarray(b), np.asarray(c)
@@ -41,12 +42,14 @@ def brute_pvalue(n: int, tail: np.ndarray, d0: float, grid: int = 2001) -> float
     """Direct trinomial sum over the tail (no decomposition in m), maximised over a
     fine grid of discordance."""
     bi, ci = tail[:, 0], tail[:, 1]
-    log_c = (special.gammaln(n + 1) - special.gammaln(bi + 1) - special.gammaln(ci + 1)
-             - special.gammaln(n - bi - ci + 1))
+    log_c = (
+        special.gammaln(n + 1) - special.gammaln(bi + 1) - special.gammaln(ci + 1) - special.gammaln(n - bi - ci + 1)
+    )
     delta = np.linspace(max(abs(d0), 1e-12), 1.0, grid)[:, None]
     p10, p01 = (delta + d0) / 2, np.maximum((delta - d0) / 2, 0.0)
-    log_p = (log_c + special.xlogy(bi, p10) + special.xlogy(ci, p01)
-             + special.xlogy(n - bi - ci, np.maximum(1 - delta, 0)))
+    log_p = (
+        log_c + special.xlogy(bi, p10) + special.xlogy(ci, p01) + special.xlogy(n - bi - ci, np.maximum(1 - delta, 0))
+    )
     return float(np.exp(log_p).sum(axis=1).max())
 
 
@@ -61,6 +64,7 @@ def brute_upper(n: int, b: int, c: int, confidence: float) -> float:
 
 # -------------------------------------------------------------------------- fixed cases
 
+
 def test_fixed_cases_have_their_exact_values():
     # no discordant pair in 8: the supremum sits at no relaxed-only pair, 1 - 0.1^(1/8) by hand
     assert exact_upper(8, 0, 0, 0.9) == pytest.approx(1 - 0.1 ** (1 / 8), abs=1e-6)
@@ -73,8 +77,13 @@ def test_fixed_cases_have_their_exact_values():
     assert exact_upper(1000, 0, 50, 0.9) == pytest.approx(-0.041343, abs=2e-6)
     assert exact_upper(1000, 50, 0, 0.9) == pytest.approx(0.060025, abs=2e-6)
     bound = drop_bound(pooled(164, 10, 4), 0.9)
-    assert (bound.method, bound.n, bound.problems, bound.strict_only, bound.relaxed_only) == ("exact-score", 164, 164,
-                                                                                            10, 4)
+    assert (bound.method, bound.n, bound.problems, bound.strict_only, bound.relaxed_only) == (
+        "exact-score",
+        164,
+        164,
+        10,
+        4,
+    )
     assert bound.drop == pytest.approx(6 / 164) and bound.upper == exact_upper(164, 10, 4, 0.9)
     assert bound.lower == pytest.approx(-exact_upper(164, 4, 10, 0.9))
 
@@ -125,13 +134,20 @@ def test_exact_coverage_is_at_least_nominal_by_enumeration():
     for delta, drop in [(0.05, 0.025), (0.1, 0.05), (0.2, 0.2), (0.4, 0.0)]:
         tb, tc, p = exact_pvalue_table(n, drop, 0.9)
         p10, p01 = (delta + drop) / 2, (delta - drop) / 2
-        log_w = (special.gammaln(n + 1) - special.gammaln(tb + 1) - special.gammaln(tc + 1)
-                 - special.gammaln(n - tb - tc + 1) + special.xlogy(tb, p10) + special.xlogy(tc, p01)
-                 + special.xlogy(n - tb - tc, 1 - delta))
+        log_w = (
+            special.gammaln(n + 1)
+            - special.gammaln(tb + 1)
+            - special.gammaln(tc + 1)
+            - special.gammaln(n - tb - tc + 1)
+            + special.xlogy(tb, p10)
+            + special.xlogy(tc, p01)
+            + special.xlogy(n - tb - tc, 1 - delta)
+        )
         assert np.exp(log_w)[p > 0.1].sum() >= 0.9, (delta, drop)
 
 
 # --------------------------------------------------------------------------- coverage
+
 
 def test_coverage_in_the_strong_pairing_regime():
     """4000 simulated datasets of 100 problems, 5 % discordance, true drop 0.025 = epsilon:
@@ -164,6 +180,7 @@ def test_cluster_coverage_when_harm_concentrates():
 
 
 # ---------------------------------------------------------------------------- clustering
+
 
 def test_clustered_bound_is_wider_than_the_per_sample_one_when_harm_concentrates():
     counts = [(48, 24, 0, 1)] * 3 + [(48, 0, 0, 0)] * 27  # 3 of 30 problems lose half their samples, the first too
@@ -221,8 +238,11 @@ def test_repeats_never_loosen_the_floor():
 
 def test_the_first_repeat_is_the_lowest_paired_one():
     strict = [{"problem_id": "a", "repeat": r, "correct": True} for r in range(3)]
-    relaxed = [{"problem_id": "a", "repeat": 2, "correct": False}, {"problem_id": "a", "repeat": 0, "failed": True},
-               {"problem_id": "a", "repeat": 1, "correct": False}]
+    relaxed = [
+        {"problem_id": "a", "repeat": 2, "correct": False},
+        {"problem_id": "a", "repeat": 0, "failed": True},
+        {"problem_id": "a", "repeat": 1, "correct": False},
+    ]
     assert paired_counts(strict, relaxed) == [(2, 2, 0, 1)]  # repeat 0 failed: repeat 1 is the first paired
     with pytest.raises(ValueError, match="first repeat's outcome 1 does not fit"):
         drop_bound([(3, 0, 1, 1)], 0.9)
@@ -259,8 +279,10 @@ BAD_INPUTS = [
     (lambda: betting_upper([0.5], math.inf), "confidence must be in (0, 1), got inf"),
     (lambda: smallest_certifiable_drop(30.5, 1, 0.9), "problems must be an integer >= 1, got 30.5"),
     (lambda: smallest_certifiable_drop(30, math.nan, 0.9), "repeats must be an integer >= 1, got nan"),
-    (lambda: stored_bound({"n": math.nan, "strict_only": 0, "relaxed_only": 0}, 0.9),
-     "stored n must be an integer >= 0, got nan"),
+    (
+        lambda: stored_bound({"n": math.nan, "strict_only": 0, "relaxed_only": 0}, 0.9),
+        "stored n must be an integer >= 0, got nan",
+    ),
 ]
 
 
@@ -272,9 +294,15 @@ def test_inputs_a_bound_cannot_take_raise_naming_the_argument(call, message):
 
 
 def test_paired_counts_group_by_problem_and_skip_failures():
-    strict = [{"problem_id": p, "repeat": r, "correct": ok} for p, r, ok in
-              [("a", 0, True), ("a", 1, True), ("b", 0, False), ("b", 1, True), ("c", 0, True)]]
-    relaxed = [{"problem_id": "b", "repeat": 0, "correct": True}, {"problem_id": "a", "repeat": 0, "correct": False},
-               {"problem_id": "a", "repeat": 1, "correct": True}, {"problem_id": "b", "repeat": 1, "failed": True},
-               {"problem_id": "c", "repeat": 0, "correct": False}]
+    strict = [
+        {"problem_id": p, "repeat": r, "correct": ok}
+        for p, r, ok in [("a", 0, True), ("a", 1, True), ("b", 0, False), ("b", 1, True), ("c", 0, True)]
+    ]
+    relaxed = [
+        {"problem_id": "b", "repeat": 0, "correct": True},
+        {"problem_id": "a", "repeat": 0, "correct": False},
+        {"problem_id": "a", "repeat": 1, "correct": True},
+        {"problem_id": "b", "repeat": 1, "failed": True},
+        {"problem_id": "c", "repeat": 0, "correct": False},
+    ]
     assert paired_counts(strict, relaxed) == [(2, 1, 0, 1), (1, 0, 1, -1), (1, 1, 0, 1)]  # strict's problem order

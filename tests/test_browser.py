@@ -31,9 +31,18 @@ from .synthetic import Synthetic, SyntheticPair, write_task
 pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-         "--virtual-time-budget=20000", "--window-size=1400,2200"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--virtual-time-budget=20000",
+    "--window-size=1400,2200",
+]
 
 
 def free_port() -> int:
@@ -48,8 +57,9 @@ def get(url: str) -> dict:
 
 
 def chromium(profile: Path, *args: str) -> str:
-    out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
     return out.stdout
 
 
@@ -64,9 +74,27 @@ def server(tmp_path):
         mlflow = Path(sys.executable).with_name("mlflow")
         log = open(tmp_path / "mlflow-server.log", "w")
         env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        procs.append(subprocess.Popen([str(mlflow), "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                                       "--port", str(port), "--workers", "1"], cwd=tmp_path, stdout=log,
-                                      stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(mlflow),
+                    "server",
+                    "--backend-store-uri",
+                    uri,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    "1",
+                ],
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -88,17 +116,30 @@ def server(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package chromium, which .ci/run "
-                                              "installs as root): the browser check of the MLflow UI needs it")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (Debian package chromium, which .ci/run "
+    "installs as root): the browser check of the MLflow UI needs it",
+)
 def test_the_task_run_page_shows_the_decision_and_lists_the_figures(tmp_path, monkeypatch, server):
     monkeypatch.chdir(tmp_path)  # the sqlite store's artifacts go under ./mlruns
     runs = tmp_path / "relaxtune-runs"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    s = TuneSettings(task=write_task(tmp_path / "task", 24, "browser"), methods=["cactus", "mentored"], n_drafts=[4],
-                     trials=4, stage_size=24, c_rel=0.2, epsilon=0.2, output_dir=str(runs), mlflow_uri=uri,
-                     confirm="seeds")
-    config, _ = run_tune_job(s, SyntheticPair(), progress=False, log=lambda m: None,
-                             evaluate_fn=Synthetic(cliff=20.0, delay=1e-4))
+    s = TuneSettings(
+        task=write_task(tmp_path / "task", 24, "browser"),
+        methods=["cactus", "mentored"],
+        n_drafts=[4],
+        trials=4,
+        stage_size=24,
+        c_rel=0.2,
+        epsilon=0.2,
+        output_dir=str(runs),
+        mlflow_uri=uri,
+        confirm="seeds",
+    )
+    config, _ = run_tune_job(
+        s, SyntheticPair(), progress=False, log=lambda m: None, evaluate_fn=Synthetic(cliff=20.0, delay=1e-4)
+    )
     decision = decide(config)
     run_id, experiment = config.mlflow["run_id"], config.mlflow["experiment_id"]
     base = server(uri)
@@ -118,15 +159,27 @@ def test_the_task_run_page_shows_the_decision_and_lists_the_figures(tmp_path, mo
     assert run["info"]["run_name"] == f"browser: use {decision.label}" and run["info"]["status"] == "FINISHED"
     listed = {f["path"] for f in get(f"{base}/api/2.0/mlflow/artifacts/list?run_id={run_id}")["files"]}
     listed |= {f["path"] for f in get(f"{base}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=figures")["files"]}
-    assert {"pareto_fronts_by_method.png", "figures/cactus_pareto_front.png", "figures/cactus_speed_vs_delta.png",
-            "figures/mentored_pareto_front.png", "figures/mentored_speed_vs_alpha.png"} <= listed
+    assert {
+        "pareto_fronts_by_method.png",
+        "figures/cactus_pareto_front.png",
+        "figures/cactus_speed_vs_delta.png",
+        "figures/mentored_pareto_front.png",
+        "figures/mentored_speed_vs_alpha.png",
+    } <= listed
 
     page = run_url(base, experiment, run_id)  # the model-training view, as relaxtune prints it
     assert page == f"{base}/#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
     dom = html.unescape(chromium(tmp_path / "profile", "--dump-dom", page))
     assert decision.description in dom and f"browser: use {decision.label}" in dom
-    for key in ("recommended_method", "recommended_n_draft", "recommended_speedup", "recommended_drop_ucb",
-                "recommended_search_drop_ucb", "epsilon", "confidence"):  # both bounds: confirmation's, search's
+    for key in (
+        "recommended_method",
+        "recommended_n_draft",
+        "recommended_speedup",
+        "recommended_drop_ucb",
+        "recommended_search_drop_ucb",
+        "epsilon",
+        "confidence",
+    ):  # both bounds: confirmation's, search's
         assert key in dom, key
     artifacts = chromium(tmp_path / "profile", "--dump-dom", page.replace("?", "/artifacts?"))
     assert "pareto_fronts_by_method.png" in artifacts and "figures" in artifacts

@@ -31,8 +31,24 @@ def test_generate_on_a_local_pair(pair_dirs):
     drafter, verifier = pair_dirs
     out = runner.invoke(
         app,
-        ["generate", "def f(x):", "--method", "cactus", "--alpha", "1", "--drafter", drafter, "--verifier", verifier,
-         "--dtype", "float32", "--max-new-tokens", "24", "--temperature", "0.8"],
+        [
+            "generate",
+            "def f(x):",
+            "--method",
+            "cactus",
+            "--alpha",
+            "1",
+            "--drafter",
+            drafter,
+            "--verifier",
+            verifier,
+            "--dtype",
+            "float32",
+            "--max-new-tokens",
+            "24",
+            "--temperature",
+            "0.8",
+        ],
         env={"COLUMNS": "200"},
     )
     assert out.exit_code == 0, out.output
@@ -65,17 +81,55 @@ def test_eval_takes_a_batch_size(pair_dirs, tmp_path):
     task = write_tiny_task(tmp_path)
     outputs = {}
     for size in ("1", "3"):
-        out = runner.invoke(app, ["eval", "--task", task, "--limit", "4", "--drafter", drafter, "--verifier", verifier,
-                                  "--dtype", "float32", "--batch-size", size, "--output-dir", str(tmp_path / size)],
-                            env={"COLUMNS": "200"})
+        out = runner.invoke(
+            app,
+            [
+                "eval",
+                "--task",
+                task,
+                "--limit",
+                "4",
+                "--drafter",
+                drafter,
+                "--verifier",
+                verifier,
+                "--dtype",
+                "float32",
+                "--batch-size",
+                size,
+                "--output-dir",
+                str(tmp_path / size),
+            ],
+            env={"COLUMNS": "200"},
+        )
         assert out.exit_code == 0, out.output
         (records,) = (tmp_path / size).rglob("*.jsonl")
-        outputs[size] = sorted((r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines()))
+        outputs[size] = sorted(
+            (r["problem_id"], r["output"]) for r in map(json.loads, records.read_text().splitlines())
+        )
     assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
-    again = runner.invoke(app, ["eval", "--task", task, "--limit", "4", "--drafter", drafter, "--verifier", verifier,
-                                "--dtype", "float32", "--output-dir", str(tmp_path / "3")], env={"COLUMNS": "200"})
+    again = runner.invoke(
+        app,
+        [
+            "eval",
+            "--task",
+            task,
+            "--limit",
+            "4",
+            "--drafter",
+            drafter,
+            "--verifier",
+            verifier,
+            "--dtype",
+            "float32",
+            "--output-dir",
+            str(tmp_path / "3"),
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert again.exit_code == 0 and "4 of 4 samples were read back from these records, not generated now" in " ".join(
-        again.output.split())  # the same configuration again: nothing generated, and it says so
+        again.output.split()
+    )  # the same configuration again: nothing generated, and it says so
     assert "read back" not in out.output
     out = runner.invoke(app, ["eval", "--task", task, "--batch-size", "0"], env={"COLUMNS": "200"})
     assert out.exit_code != 0 and "batch-size" in out.output

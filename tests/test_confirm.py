@@ -25,8 +25,19 @@ class Pair:
 
 
 def make(tmp_path, fn, problems=PROBLEMS, **over) -> Tuner:
-    fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=500,
-                  output_dir=str(tmp_path), c_rel=0.2, epsilon=0.1) | over
+    fields = (
+        dict(
+            task="synthetic",
+            methods=["cactus"],
+            n_drafts=[4],
+            trials=4,
+            stage_size=500,
+            output_dir=str(tmp_path),
+            c_rel=0.2,
+            epsilon=0.1,
+        )
+        | over
+    )
     return Tuner(TuneSettings(**fields), SPEC, problems, Pair(), 0.2, evaluate_fn=fn, progress=False)
 
 
@@ -53,8 +64,11 @@ def test_a_point_that_passes_the_search_by_luck_fails_confirmation(tmp_path):
     config = build_config(tuner.result([outcome], confirmations))
     exported = config.methods["cactus"]
     assert exported.feasible and exported.knob == 1.0 and exported.drop == 0.0
-    assert exported.drop_upper_bound == second.metrics["drop_ucb"] == pytest.approx(
-        drop_bound([(1, 0, 0)] * 200, 0.95).upper)  # the confirmation's bound, at the split confidence
+    assert (
+        exported.drop_upper_bound
+        == second.metrics["drop_ucb"]
+        == pytest.approx(drop_bound([(1, 0, 0)] * 200, 0.95).upper)
+    )  # the confirmation's bound, at the split confidence
     assert exported.search_drop_upper_bound == second.search_drop_upper_bound
     assert [a["passed"] for a in exported.confirmation["attempts"]] == [False, True]
     assert config.confirmation["planned"] == 2 and config.confirmation["confidence_each"] == pytest.approx(0.95)
@@ -132,7 +146,8 @@ def test_a_point_strict_dominates_is_never_chosen(tmp_path):
     assert config.methods["cactus"].note.startswith("3 trial(s) met the capability-loss constraint, but strict at some")
     assert config.recommendation.reason.endswith(  # the reason says why, as the method's note does
         f"; cactus had points within it, but strict (modeled {config.recommendation.modeled_speedup:.2f}x at N=4) is "
-        "as fast and as accurate as each")
+        "as fast and as accurate as each"
+    )
     slower = make(tmp_path / "slower", Synthetic(cliff=1.0, strict_accept=0.3), trials=4)
     assert slower.tune_method("cactus").chosen.params["knob"] == 1.0  # 0.5 N beats strict's 0.3 N
 
@@ -142,11 +157,22 @@ def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     data = tmp_path / "synth.jsonl"
     data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(60)))
     task = tmp_path / "synth.yaml"
-    task.write_text(f"name: synth\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
-                    "grader: {kind: math}\nmax_new_tokens: 8\n")
+    task.write_text(
+        f"name: synth\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
+        "grader: {kind: math}\nmax_new_tokens: 8\n"
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    settings = TuneSettings(task=str(task), methods=["cactus"], n_drafts=[4], trials=4, stage_size=100, c_rel=0.2,
-                            epsilon=0.15, output_dir=str(tmp_path / "runs"), mlflow_uri=uri)
+    settings = TuneSettings(
+        task=str(task),
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=4,
+        stage_size=100,
+        c_rel=0.2,
+        epsilon=0.15,
+        output_dir=str(tmp_path / "runs"),
+        mlflow_uri=uri,
+    )
     lucky, lines = Lucky(), []
     config, path = run_tune_job(settings, Pair(), progress=False, evaluate_fn=lucky, log=lines.append)
     result = config.methods["cactus"]
@@ -158,37 +184,56 @@ def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     with console.capture() as captured:  # the summary `relaxtune tune` prints
         _summary(config, path)
     text = " ".join(captured.get().split())
-    assert "yes (try 2)" in text and "confirmation on the held-out problems (30 problems): 2 allowed, each at 95.0%" \
-        in text  # the default: half of the 60 problems held out before any generation
-    assert "promise: over problems like this task's, the true accuracy drop vs strict of every exported point is at " \
-           "most 0.15 with confidence 0.9: the 30 confirmation problems were held out before any generation" in text
+    assert (
+        "yes (try 2)" in text
+        and "confirmation on the held-out problems (30 problems): 2 allowed, each at 95.0%" in text
+    )  # the default: half of the 60 problems held out before any generation
+    assert (
+        "promise: over problems like this task's, the true accuracy drop vs strict of every exported point is at "
+        "most 0.15 with confidence 0.9: the 30 confirmation problems were held out before any generation" in text
+    )
     assert config.confirmation["samples"] == "holdout" and "every method, knob and N" in config.confirmation["promise"]
     assert f"{result.search_drop_upper_bound:.3f} │ {result.drop_upper_bound:.3f}" in text  # search and confirm UCB
     assert config.sample["problems"] == 60 and config.sample["smallest_certifiable"] < 0.15
     client = MlflowClient(uri)
-    study = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
-                 if r.data.tags.get("relaxtune.kind") == "study")
+    study = next(
+        r
+        for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
+        if r.data.tags.get("relaxtune.kind") == "study"
+    )
     assert study.data.metrics["confirm_drop_ucb"] == pytest.approx(result.drop_upper_bound)
     assert study.data.metrics["search_drop_ucb"] == pytest.approx(result.search_drop_upper_bound)
     assert study.data.tags["relaxtune.confirmed"].endswith("(attempt 2)")
     assert "confirmation.json" in {a.path for a in client.list_artifacts(study.info.run_id)}
-    task_run = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
-                    if r.data.tags.get("relaxtune.kind") == "task")
+    task_run = next(
+        r
+        for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
+        if r.data.tags.get("relaxtune.kind") == "task"
+    )
     assert task_run.data.tags["relaxtune.promise"] == config.confirmation["promise"]
     assert Path(path).exists()
 
     # --confirm seeds: the same job states the weaker promise in the YAML, the summary and the task run
-    seeds = settings.model_copy(update={"confirm": "seeds", "output_dir": str(tmp_path / "seeds"),
-                                        "mlflow_uri": f"sqlite:///{tmp_path / 'seeds.db'}"})
+    seeds = settings.model_copy(
+        update={
+            "confirm": "seeds",
+            "output_dir": str(tmp_path / "seeds"),
+            "mlflow_uri": f"sqlite:///{tmp_path / 'seeds.db'}",
+        }
+    )
     config, path = run_tune_job(seeds, Pair(), progress=False, evaluate_fn=Lucky(), log=lambda m: None)
     assert config.confirmation["problems"] == 60 and config.confirmation["promise"].startswith(
-        "about these 60 problems, not new ones: the confirmation re-ran the search's own problems with fresh seeds")
+        "about these 60 problems, not new ones: the confirmation re-ran the search's own problems with fresh seeds"
+    )
     with console.capture() as captured:
         _summary(config, path)
     assert "promise: about these 60 problems, not new ones" in " ".join(captured.get().split())
     client = MlflowClient(seeds.mlflow_uri)
-    task_run = next(r for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
-                    if r.data.tags.get("relaxtune.kind") == "task")
+    task_run = next(
+        r
+        for r in client.search_runs([client.get_experiment_by_name("relaxtune-synth").experiment_id])
+        if r.data.tags.get("relaxtune.kind") == "task"
+    )
     assert task_run.data.tags["relaxtune.promise"].startswith("about these 60 problems, not new ones")
 
 
@@ -196,8 +241,10 @@ def write_synth(tmp_path, n: int) -> str:
     data = tmp_path / f"synth{n}.jsonl"
     data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n)))
     task = tmp_path / f"synth{n}.yaml"
-    task.write_text(f"name: synth{n}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
-                    "grader: {kind: math}\nmax_new_tokens: 8\n")
+    task.write_text(
+        f"name: synth{n}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
+        "grader: {kind: math}\nmax_new_tokens: 8\n"
+    )
     return str(task)
 
 
@@ -209,8 +256,14 @@ def test_checks_judge_at_the_confirmations_confidence_before_any_generation(tmp_
     from relaxtune.certify.planning import fewest_problems
     from relaxtune.tune.checks import ConfirmationError
 
-    settings = TuneSettings(task=write_synth(tmp_path, 100), methods=["cactus", "mentored"], n_drafts=[4], trials=4,
-                            output_dir=str(tmp_path / "runs"), epsilon=0.05)
+    settings = TuneSettings(
+        task=write_synth(tmp_path, 100),
+        methods=["cactus", "mentored"],
+        n_drafts=[4],
+        trials=4,
+        output_dir=str(tmp_path / "runs"),
+        epsilon=0.05,
+    )
     with pytest.raises(ConfirmationError) as err:
         prepare(settings, Pair())
     assert fewest_problems(0.05, 0.975) == 81
@@ -219,7 +272,8 @@ def test_checks_judge_at_the_confirmations_confidence_before_any_generation(tmp_
         "one-sided (0.9 split over 4 planned confirmation(s)), and their smallest certifiable drop is 0.077 > "
         "epsilon 0.05; at least 162 problems (--limit) would let a confirmation pass (fewer methods or "
         "--confirmations split the confidence less), or a larger --epsilon; `relaxtune plan` says what certifies "
-        "with a given power")
+        "with a given power"
+    )
     lines: list[str] = []
     demo = settings.model_copy(update={"limit": 8})
     prepare(demo, Pair(), log=lines.append)
@@ -228,7 +282,9 @@ def test_checks_judge_at_the_confirmations_confidence_before_any_generation(tmp_
         "0.975 one-sided (0.9 split over 4 planned confirmation(s)), and their smallest certifiable drop is 0.612 > "
         "epsilon 0.05; at least 162 problems (--limit) would let a confirmation pass (fewer methods or "
         "--confirmations split the confidence less), or a larger --epsilon; `relaxtune plan` says what certifies "
-        "with a given power. The search cannot certify epsilon either (its 4 problems: 0.438 at 0.9): this job explores "
-        "and will recommend strict"]
+        "with a given power. The search cannot certify epsilon either (its 4 problems: 0.438 at 0.9): "
+        "this job explores "
+        "and will recommend strict"
+    ]
     seeds = settings.model_copy(update={"confirm": "seeds", "methods": ["cactus"], "confirmations": 1})
     assert prepare(seeds, Pair(), log=lines.append) and len(lines) == 1  # 100 problems at 0.9: floor 0.023

@@ -33,7 +33,7 @@ def _expand_big_numbers() -> dict[str, str]:
     sys.set_int_max_str_digits(0)
     try:
         big = 10**5000 + 12345
-        return {"__POW2_20000__": f"{2 ** 20000}\n", "__BIG_INT_PLUS_1__": str(big + 1), "__BIG_INT__": str(big)}
+        return {"__POW2_20000__": f"{2**20000}\n", "__BIG_INT_PLUS_1__": str(big + 1), "__BIG_INT__": str(big)}
     finally:
         sys.set_int_max_str_digits(old)
 
@@ -64,8 +64,11 @@ def _grade(case: dict):
     response = case.get("response") or f"Here it is.\n```python\n{case['code']}```\n"
     start = time.monotonic()
     gold = _gold(case["problem"])
-    verdict = grade_code(response.replace("{token}", _token(case)), gold,
-                         timeout=case.get("timeout", None if "test" in gold else TIMEOUT))
+    verdict = grade_code(
+        response.replace("{token}", _token(case)),
+        gold,
+        timeout=case.get("timeout", None if "test" in gold else TIMEOUT),
+    )
     return verdict, time.monotonic() - start, _survivors(_token(case))
 
 
@@ -158,9 +161,11 @@ def _whole_function(problem: dict) -> str:
 def _eq_hack(problem: dict) -> str:
     """The canonical body, its result wrapped in an object equal to everything."""
     body = "".join(f"    {line}\n" for line in problem["canonical_solution"].splitlines())
-    return (f"    def _inner():\n{body}    return _Always(_inner())\n\n"
-            "class _Always:\n    def __init__(self, v):\n        self.v = v\n"
-            "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n")
+    return (
+        f"    def _inner():\n{body}    return _Always(_inner())\n\n"
+        "class _Always:\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+    )
 
 
 VARIANTS = {

@@ -34,8 +34,9 @@ def _math_verify_says(response: str, gold: str) -> bool:
     from math_verify import parse, verify
 
     gold_text = gold if ("$" in gold or "\\boxed" in gold) else f"\\boxed{{{gold}}}"
-    return bool(verify(parse(gold_text, parsing_timeout=None), parse(response, parsing_timeout=None),
-                       timeout_seconds=None))
+    return bool(
+        verify(parse(gold_text, parsing_timeout=None), parse(response, parsing_timeout=None), timeout_seconds=None)
+    )
 
 
 def _simple_evals_reads(response: str, letters: str) -> str | None:

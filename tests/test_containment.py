@@ -79,7 +79,7 @@ class _Listener:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             self.accepted += 1
             conn.settimeout(1)
@@ -116,9 +116,11 @@ def test_host_unix_sockets_are_out_of_reach(open_dirs, token):
         assert listeners[0].accepted == 1
         listeners[0].accepted = 0
         targets = paths + [f"\0relaxtune-containment-{token}"]
-        code = (f"import socket\nfor path in {targets!r}:\n    try:\n        s = socket.socket(socket.AF_UNIX)\n"
-                "        s.connect(path)\n        s.sendall(b'escaped')\n        print('reached', path)\n"
-                "    except OSError:\n        pass\n" + ANSWER)
+        code = (
+            f"import socket\nfor path in {targets!r}:\n    try:\n        s = socket.socket(socket.AF_UNIX)\n"
+            "        s.connect(path)\n        s.sendall(b'escaped')\n        print('reached', path)\n"
+            "    except OSError:\n        pass\n" + ANSWER
+        )
         verdict = grade_code(_fence(code), SUM, timeout=5)
         time.sleep(0.5)
     finally:
@@ -135,9 +137,11 @@ def test_host_tcp_listener_is_out_of_reach():
     port = sock.getsockname()[1]
     listener = _Listener(sock)
     try:
-        code = (f"import socket\nfor host in ['127.0.0.1', 'localhost', '::1']:\n    try:\n"
-                f"        s = socket.create_connection((host, {port}), timeout=2)\n        s.sendall(b'escaped')\n"
-                "        print('reached', host)\n    except OSError:\n        pass\n" + ANSWER)
+        code = (
+            f"import socket\nfor host in ['127.0.0.1', 'localhost', '::1']:\n    try:\n"
+            f"        s = socket.create_connection((host, {port}), timeout=2)\n        s.sendall(b'escaped')\n"
+            "        print('reached', host)\n    except OSError:\n        pass\n" + ANSWER
+        )
         verdict = grade_code(_fence(code), SUM, timeout=5)
         time.sleep(0.5)
     finally:
@@ -149,9 +153,11 @@ def test_host_tcp_listener_is_out_of_reach():
 def test_signals_reach_no_host_process(token):
     host = subprocess.Popen(["sleep", f"300.{token}"], start_new_session=True)
     try:
-        code = (f"import posix, signal\nfor pid in [{host.pid}, -{host.pid}, -1, 1, {os.getpid()}]:\n"
-                "    for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n        try:\n"
-                "            posix.kill(pid, sig)\n        except OSError:\n            pass\n" + ANSWER)
+        code = (
+            f"import posix, signal\nfor pid in [{host.pid}, -{host.pid}, -1, 1, {os.getpid()}]:\n"
+            "    for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n        try:\n"
+            "            posix.kill(pid, sig)\n        except OSError:\n            pass\n" + ANSWER
+        )
         verdict = grade_code(_fence(code), SUM, timeout=5)
         time.sleep(0.3)
         state = Path(f"/proc/{host.pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -165,12 +171,19 @@ def test_signals_reach_no_host_process(token):
 def test_writes_never_reach_the_host(open_dirs, token):
     home = Path(os.path.expanduser("~"))
     targets = [str(d / f"escape-{token}") for d in open_dirs] + [
-        f"/tmp/relaxtune-escape-{token}", f"/var/tmp/relaxtune-escape-{token}", f"/dev/shm/relaxtune-escape-{token}",
-        str(home / f"relaxtune-escape-{token}"), f"{os.getcwd()}/relaxtune-escape-{token}",
-        f"/usr/relaxtune-escape-{token}", f"/relaxtune-escape-{token}"]
-    code = (f"import posix\nfor path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n"
-            "    except OSError:\n        pass\n"
-            f"posix.system('touch {' '.join(targets)} 2>/dev/null')\n" + ANSWER)
+        f"/tmp/relaxtune-escape-{token}",
+        f"/var/tmp/relaxtune-escape-{token}",
+        f"/dev/shm/relaxtune-escape-{token}",
+        str(home / f"relaxtune-escape-{token}"),
+        f"{os.getcwd()}/relaxtune-escape-{token}",
+        f"/usr/relaxtune-escape-{token}",
+        f"/relaxtune-escape-{token}",
+    ]
+    code = (
+        f"import posix\nfor path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n"
+        "    except OSError:\n        pass\n"
+        f"posix.system('touch {' '.join(targets)} 2>/dev/null')\n" + ANSWER
+    )
     verdict = grade_code(_fence(code), SUM, timeout=5)
     assert verdict.verdict == "pass", verdict.detail
     assert [t for t in targets if os.path.exists(t)] == []
@@ -185,10 +198,12 @@ def _run(code: str, timeout: float):
 
 
 def test_three_children_touching_600_mb_each_hit_the_tree_bound():
-    code = ("import posix, time\nkids = []\nfor _ in range(3):\n    pid = posix.fork()\n    if pid == 0:\n"
-            "        x = bytearray(600 << 20)\n        for i in range(0, len(x), 4096):\n            x[i] = 1\n"
-            "        time.sleep(20)\n        posix._exit(0)\n    kids.append(pid)\n"
-            "for pid in kids:\n    posix.waitpid(pid, 0)\n" + ANSWER)
+    code = (
+        "import posix, time\nkids = []\nfor _ in range(3):\n    pid = posix.fork()\n    if pid == 0:\n"
+        "        x = bytearray(600 << 20)\n        for i in range(0, len(x), 4096):\n            x[i] = 1\n"
+        "        time.sleep(20)\n        posix._exit(0)\n    kids.append(pid)\n"
+        "for pid in kids:\n    posix.waitpid(pid, 0)\n" + ANSWER
+    )
     outcome, _ = _run(code, 20.0)
     bound = outcome.memory_bound
     assert bound is not None and bound < 3 * (600 << 20), "the stated bound must not hold three such children"
@@ -202,8 +217,10 @@ def test_three_children_touching_600_mb_each_hit_the_tree_bound():
 
 
 def test_spinning_unwaited_children_are_charged_to_the_test(token):
-    code = ("import posix, time\nfor _ in range(6):\n    if posix.fork() == 0:\n        while True:\n"
-            "            pass\n" + ANSWER + "time.sleep(60)\n")
+    code = (
+        "import posix, time\nfor _ in range(6):\n    if posix.fork() == 0:\n        while True:\n"
+        "            pass\n" + ANSWER + "time.sleep(60)\n"
+    )
     start = time.monotonic()
     verdict = grade_code(_fence(code), SUM, timeout=1)
     assert verdict.verdict == "time_limit", verdict.detail
@@ -211,11 +228,13 @@ def test_spinning_unwaited_children_are_charged_to_the_test(token):
 
 
 def test_a_fork_tree_is_bounded_and_leaves_nothing(token):
-    code = ("import posix\ndef grow(depth):\n    for _ in range(4):\n        try:\n            pid = posix.fork()\n"
-            "        except OSError:\n            return\n        if pid == 0:\n            posix.setsid()\n"
-            "            if depth < 4:\n                grow(depth + 1)\n"
-            f"            posix.execv('/bin/sleep', ['sleep', '90.{token}'])\n"
-            "grow(0)\n" + ANSWER)
+    code = (
+        "import posix\ndef grow(depth):\n    for _ in range(4):\n        try:\n            pid = posix.fork()\n"
+        "        except OSError:\n            return\n        if pid == 0:\n            posix.setsid()\n"
+        "            if depth < 4:\n                grow(depth + 1)\n"
+        f"            posix.execv('/bin/sleep', ['sleep', '90.{token}'])\n"
+        "grow(0)\n" + ANSWER
+    )
     verdict = grade_code(_fence(code), SUM, timeout=10)
     assert verdict.verdict == "pass", verdict.detail
     assert _processes_with(token) == []
@@ -223,9 +242,11 @@ def test_a_fork_tree_is_bounded_and_leaves_nothing(token):
 
 def test_nothing_of_a_run_outlives_it(token):
     """A setsid()'d grandchild and a stopped child, alive when the verdict comes: gone after."""
-    code = ("import posix, signal\nif posix.fork() == 0:\n    posix.setsid()\n    if posix.fork() == 0:\n"
-            f"        posix.execv('/bin/sleep', ['sleep', '91.{token}'])\n    posix._exit(0)\n"
-            f"if posix.fork() == 0:\n    posix.execv('/bin/sleep', ['sleep', '92.{token}'])\n" + ANSWER)
+    code = (
+        "import posix, signal\nif posix.fork() == 0:\n    posix.setsid()\n    if posix.fork() == 0:\n"
+        f"        posix.execv('/bin/sleep', ['sleep', '91.{token}'])\n    posix._exit(0)\n"
+        f"if posix.fork() == 0:\n    posix.execv('/bin/sleep', ['sleep', '92.{token}'])\n" + ANSWER
+    )
     verdict = grade_code(_fence(code), SUM, timeout=5)
     assert verdict.verdict == "pass", verdict.detail
     assert _processes_with(token) == []
@@ -250,12 +271,15 @@ def test_without_a_control_group_the_process_budget_holds(monkeypatch):
     monkeypatch.setattr(launcher, "sandbox_info", lambda: info)
     if os.geteuid() == 0 and not info.fresh_uid:
         pytest.skip("root's sandbox without a fresh uid: RLIMIT_NPROC does not bind uid 0")
-    code = ("import posix, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = posix.fork()\n"
-            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        posix._exit(0)\n"
-            "    n += 1\nprint(n)\n")
+    code = (
+        "import posix, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = posix.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        posix._exit(0)\n"
+        "    n += 1\nprint(n)\n"
+    )
     outcome, _ = _run(code, 10.0)
     limit = launcher.budget(1 << 30)
     assert outcome.memory_bound == limit * (1 << 30) and outcome.oom_kills == 0
     assert outcome.frame["verdict"] == "wrong_answer"  # it printed how many forks succeeded, not the sum
-    assert f"got '{limit - 2}'" in outcome.frame["detail"] or f"got '{limit - 1}'" in outcome.frame["detail"], \
+    assert f"got '{limit - 2}'" in outcome.frame["detail"] or f"got '{limit - 1}'" in outcome.frame["detail"], (
         outcome.frame["detail"]
+    )

@@ -37,13 +37,16 @@ class ScriptedClock:
         def run():
             calls.append(name)
             self.now += next(it)
+
         return run
 
 
 def test_quiet_timings_stop_after_the_minimum_passes():
     clock, calls = ScriptedClock(), []
-    jobs = {"a": clock.job("a", [9.0] + [1.0, 1.02, 1.01, 1.0, 1.03] + [5.0] * 20, calls),
-            "b": clock.job("b", [9.0] + [2.0, 2.1, 2.05, 2.0, 2.2] + [5.0] * 20, calls)}
+    jobs = {
+        "a": clock.job("a", [9.0] + [1.0, 1.02, 1.01, 1.0, 1.03] + [5.0] * 20, calls),
+        "b": clock.job("b", [9.0] + [2.0, 2.1, 2.05, 2.0, 2.2] + [5.0] * 20, calls),
+    }
     fastest, spread, passes = measure_interleaved(jobs, min_passes=5, max_passes=10, clock=clock)
     assert passes == 5 and fastest == {"a": 1.0, "b": 2.0}
     assert spread["a"] == pytest.approx(0.01) and spread["b"] == pytest.approx(0.025)
@@ -55,14 +58,16 @@ def test_a_disturbance_is_outlasted_or_reported():
     # a burst of other work disturbs passes 1-4 of both jobs; quiet afterwards: more passes, then a small spread
     a = [1.0] + [3.0, 1.5, 4.0, 2.0] + [1.0] * 10
     b = [1.0] + [6.0, 3.0, 8.0, 4.0] + [2.0] * 10
-    fastest, spread, passes = measure_interleaved({"a": clock.job("a", a, calls), "b": clock.job("b", b, calls)},
-                                                  min_passes=3, max_passes=12, clock=clock)
+    fastest, spread, passes = measure_interleaved(
+        {"a": clock.job("a", a, calls), "b": clock.job("b", b, calls)}, min_passes=3, max_passes=12, clock=clock
+    )
     assert fastest == {"a": 1.0, "b": 2.0} and passes == 8 and max(spread.values()) <= SPREAD_TOLERANCE
     # a machine that never quiets down: all passes run, the spread says so
     clock = ScriptedClock()
     noisy = [1.0] + [1.0, 2.0, 1.5, 3.0] * 5
-    fastest, spread, passes = measure_interleaved({"a": clock.job("a", noisy, [])}, min_passes=3, max_passes=8,
-                                                  clock=clock)
+    fastest, spread, passes = measure_interleaved(
+        {"a": clock.job("a", noisy, [])}, min_passes=3, max_passes=8, clock=clock
+    )
     assert passes == 8 and fastest == {"a": 1.0} and spread["a"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="min_passes"):
         measure_interleaved({"a": lambda: None}, min_passes=4, max_passes=2)
@@ -96,8 +101,9 @@ class MeasuringPair:
 
 def _setup(tmp_path, **over):
     spec = load_task(write_tiny_task(tmp_path))
-    settings = TuneSettings(**{"task": spec.source_file, "output_dir": str(tmp_path / "runs"), "n_drafts": [4],
-                               "confirm": "seeds"} | over)
+    settings = TuneSettings(
+        **{"task": spec.source_file, "output_dir": str(tmp_path / "runs"), "n_drafts": [4], "confirm": "seeds"} | over
+    )
     return settings, spec, load_problems(spec, 2)
 
 
@@ -107,9 +113,16 @@ def _saved(settings, spec, pair) -> Path:
 
 def cost_profile(settings, spec, problems, pair, log, new_trials=True):
     """The job's cost step, as ``run_tune_job`` calls it."""
-    return job_costs(pair, lambda: build_prompt_ids(pair.tokenizer, spec, problems[0]), settings.n_drafts,
-                     _saved(settings, spec, pair), c_rel=settings.c_rel, remeasure=settings.remeasure_costs,
-                     new_trials=new_trials, log=log)
+    return job_costs(
+        pair,
+        lambda: build_prompt_ids(pair.tokenizer, spec, problems[0]),
+        settings.n_drafts,
+        _saved(settings, spec, pair),
+        c_rel=settings.c_rel,
+        remeasure=settings.remeasure_costs,
+        new_trials=new_trials,
+        log=log,
+    )
 
 
 QUIET = CostProfile(0.2, 0.06, {5: 0.2}, spread={"t_ar": 0.02}, passes=5)
@@ -140,22 +153,33 @@ def test_the_saved_profile_is_compared_with_a_new_measurement(tmp_path):
     noisy = CostProfile(0.9, 0.05, {5: 0.9}, spread={"t_ar": 0.6}, flags=["noisy measurement: spread t_ar 60%"])
     unconfirmed = cost_profile(settings, spec, problems, MeasuringPair(noisy), logs.append)
     assert unconfirmed.c_rel == pytest.approx(0.1) and len(unconfirmed.flags) == 1  # no comparison with noise
-    assert "check of the saved profile was disturbed" in unconfirmed.flags[0] and "spread up to 60%" in \
-        unconfirmed.flags[0]
+    assert (
+        "check of the saved profile was disturbed" in unconfirmed.flags[0]
+        and "spread up to 60%" in unconfirmed.flags[0]
+    )
     # an export never measures; a fixed --c-rel overrides everything
-    assert cost_profile(settings, spec, problems, MeasuringPair(), logs.append, new_trials=False).c_rel == \
-        pytest.approx(0.1)
+    assert cost_profile(
+        settings, spec, problems, MeasuringPair(), logs.append, new_trials=False
+    ).c_rel == pytest.approx(0.1)
     assert cost_profile(settings.model_copy(update={"c_rel": 0.2}), spec, problems, MeasuringPair(), logs.append) == 0.2
 
 
 def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summary(tmp_path):
-    settings, spec, problems = _setup(tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2,
-                                      mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    noisy = CostProfile(0.2, 0.2, {5: 0.21}, spread={"t_ar": 0.4, "t_draft": 0.05, "t_verify[5]": 0.1}, passes=15,
-                        flags=["noisy measurement: spread t_ar 40% after 15 interleaved passes"])
+    settings, spec, problems = _setup(
+        tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2, mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"
+    )
+    noisy = CostProfile(
+        0.2,
+        0.2,
+        {5: 0.21},
+        spread={"t_ar": 0.4, "t_draft": 0.05, "t_verify[5]": 0.1},
+        passes=15,
+        flags=["noisy measurement: spread t_ar 40% after 15 interleaved passes"],
+    )
     logs: list[str] = []
-    config, path = run_tune_job(settings, MeasuringPair(noisy), evaluate_fn=Synthetic(), progress=False,
-                                log=logs.append)
+    config, path = run_tune_job(
+        settings, MeasuringPair(noisy), evaluate_fn=Synthetic(), progress=False, log=logs.append
+    )
     exported = yaml.safe_load(Path(path).read_text())
     assert exported["cost_profile"]["flags"] == noisy.flags and exported["cost_profile"]["spread"]["t_ar"] == 0.4
     run = MlflowClient(settings.mlflow_uri).get_run(config.mlflow["run_id"])
@@ -169,6 +193,12 @@ def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summa
 
 def test_a_fast_recommendation_has_no_cautions(tmp_path):
     settings, spec, problems = _setup(tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2)
-    config, _ = run_tune_job(settings, MeasuringPair(QUIET), evaluate_fn=Synthetic(strict_accept=0.5), progress=False, track=False,
-                             log=lambda m: None)
+    config, _ = run_tune_job(
+        settings,
+        MeasuringPair(QUIET),
+        evaluate_fn=Synthetic(strict_accept=0.5),
+        progress=False,
+        track=False,
+        log=lambda m: None,
+    )
     assert config.recommendation.modeled_speedup > 1 and cautions(config) == []

@@ -50,7 +50,7 @@ def test_strict_emits_exactly_p(n):
     assert ((out.tokens >= 0).sum(-1) == out.num_emitted).all()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _toy_rows(prefix: tuple, v: int = 3) -> tuple:
     """A context-dependent toy pair: p(. | prefix), q(. | prefix) fixed by the prefix."""
     g = torch.Generator().manual_seed(hash(prefix) % (2**31))
@@ -177,8 +177,14 @@ def _random_batch(seed, b=4000, n=3, v=8, temperature=0.7):
 
 
 STRICT_POINTS = [
-    ("ens", 0.0), ("mentored", 0.0), ("cactus", 0.0), ("r_fuzzy", float("-inf")), ("r_fuzzy", -0.5),
-    ("spec_casc_opt", float("-inf")), ("spec_casc_tok", float("-inf")), ("spec_casc_tok", -0.5),
+    ("ens", 0.0),
+    ("mentored", 0.0),
+    ("cactus", 0.0),
+    ("r_fuzzy", float("-inf")),
+    ("r_fuzzy", -0.5),
+    ("spec_casc_opt", float("-inf")),
+    ("spec_casc_tok", float("-inf")),
+    ("spec_casc_tok", -0.5),
     ("spec_cont_dec", 0.0),
 ]
 
@@ -231,7 +237,9 @@ def test_draft_with_zero_drafter_probability_is_rejected():
     g = torch.Generator().manual_seed(6)
     p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     q = torch.tensor([[0.0, 0.5, 0.5]])
-    out = verify_rounds(p.expand(1000, 2, 3), q.expand(1000, 1, 3), torch.zeros(1000, 1, dtype=torch.long), "mentored", 0.9, g)
+    out = verify_rounds(
+        p.expand(1000, 2, 3), q.expand(1000, 1, 3), torch.zeros(1000, 1, dtype=torch.long), "mentored", 0.9, g
+    )
     assert (out.accepted == 0).all()
     assert set(out.tokens[:, 0].tolist()) == {0}  # residual norm((p - q)+) = token 0
 
@@ -241,7 +249,9 @@ def test_zero_residual_mass_falls_back_to_pi_res():
     g = torch.Generator().manual_seed(8)
     q = torch.tensor([[0.0, 0.25, 0.75]])
     p = torch.tensor([[0.3, 0.3, 0.4], [0.3, 0.3, 0.4]])
-    out = verify_rounds(p.expand(B, 2, 3), q.expand(B, 1, 3), torch.zeros(B, 1, dtype=torch.long), "always_accept", None, g)
+    out = verify_rounds(
+        p.expand(B, 2, 3), q.expand(B, 1, 3), torch.zeros(B, 1, dtype=torch.long), "always_accept", None, g
+    )
     assert (out.accepted == 0).all()
     assert chi2_pvalue(out.tokens[:, 0], q[0]) > P_FLOOR
 
@@ -277,8 +287,15 @@ def test_batch_rows_equal_single_rounds(method, knob):
     assert len(set(out.accepted.tolist())) > 1  # ragged acceptance
     for i in range(64):
         one = verify_round(
-            batch["p"][i], batch["q"][i], batch["draft_ids"][i], method, knob, uniforms=u[i],
-            z_p=batch["z_p"][i], z_q=batch["z_q"][i], temperature=batch["temperature"],
+            batch["p"][i],
+            batch["q"][i],
+            batch["draft_ids"][i],
+            method,
+            knob,
+            uniforms=u[i],
+            z_p=batch["z_p"][i],
+            z_q=batch["z_q"][i],
+            temperature=batch["temperature"],
         )
         assert one == out.row(i)
         assert len(one.tokens) == one.accepted + 1
@@ -302,7 +319,10 @@ def _good(n=2, v=5):
         (lambda p, q, x: (p, q, x[:1], "strict", None), "draft_ids must be"),
         (lambda p, q, x: (p, q, x + 9, "strict", None), r"draft_ids must lie in \[0, V = 5\)"),
         (lambda p, q, x: (p * 2, q, x, "strict", None), "p row 0 sums to 2"),
-        (lambda p, q, x: (p.index_fill(1, torch.tensor([0]), float("nan")), q, x, "strict", None), "p row 0 contains NaN"),
+        (
+            lambda p, q, x: (p.index_fill(1, torch.tensor([0]), float("nan")), q, x, "strict", None),
+            "p row 0 contains NaN",
+        ),
         (lambda p, q, x: (p, q - q.mean(), x, "strict", None), "q row 0 has negative entries"),
         (lambda p, q, x: (p, q, x, "spec_casc_tok", 0.3), "needs the raw verifier logits"),
     ],

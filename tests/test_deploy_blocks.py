@@ -13,8 +13,10 @@ from relaxtune.report.deploy import (
 
 S = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 G = {"temperature": 0.0, "top_p": 1.0, "top_k": None}
-W = {"drafter": {"model": "d", "format": "float32", "runtime": "hf"},
-     "verifier": {"model": "v", "format": "float32", "runtime": "hf"}}
+W = {
+    "drafter": {"model": "d", "format": "float32", "runtime": "hf"},
+    "verifier": {"model": "v", "format": "float32", "runtime": "hf"},
+}
 
 
 def blocks(method, knob, n, sampling=S):
@@ -28,36 +30,74 @@ def test_fly_vllm_block_exact():
     assert b["engine"] == "vLLM 0.33.0" and b["weights"] == W and b["sampling"] == S
     assert b["launch_args"][:4] == ["vllm", "serve", "v", "--speculative-config"]
     assert json.loads(b["launch_args"][4]) == {
-        "method": "draft_model", "model": "d", "num_speculative_tokens": 4, "draft_sample_method": "probabilistic",
-        "rejection_sample_method": "fly", "fly_window_size": 3, "fly_entropy_threshold": 0.5, "fly_entropy_top_k": 3}
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "draft_sample_method": "probabilistic",
+        "rejection_sample_method": "fly",
+        "fly_window_size": 3,
+        "fly_entropy_threshold": 0.5,
+        "fly_entropy_top_k": 3,
+    }
     assert b["request_sampling"] == S
 
 
 def test_fly_named_knobs_and_refusals():
-    cfg = json.loads(blocks("fly", {"fly_window_size": 2, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 5},
-                            8)["vllm"]["launch_args"][4])
+    cfg = json.loads(
+        blocks("fly", {"fly_window_size": 2, "fly_entropy_threshold": 0.9, "fly_entropy_top_k": 5}, 8)["vllm"][
+            "launch_args"
+        ][4]
+    )
     assert (cfg["fly_window_size"], cfg["fly_entropy_threshold"], cfg["fly_entropy_top_k"]) == (2, 0.9, 5)
-    assert blocks("fly", 0.5, 1) == {"vllm": {"engine": "vLLM 0.33.0", "refused": (
-        "FLy needs num_speculative_tokens >= 2 (vLLM 0.33.0 vllm/config/speculative.py:2014-2033); "
-        "this point has N=1")}}
+    assert blocks("fly", 0.5, 1) == {
+        "vllm": {
+            "engine": "vLLM 0.33.0",
+            "refused": (
+                "FLy needs num_speculative_tokens >= 2 (vLLM 0.33.0 vllm/config/speculative.py:2014-2033); "
+                "this point has N=1"
+            ),
+        }
+    }
     refused = blocks("fly", {"fly_window_size": 4, "fly_entropy_threshold": 0.3, "fly_entropy_top_k": 3}, 4)
-    assert refused["vllm"]["refused"] == ("FLy needs fly_window_size < num_speculative_tokens (vLLM 0.33.0 "
-                                          "vllm/config/speculative.py:2014-2033); this point has fly_window_size=4, N=4")
+    assert refused["vllm"]["refused"] == (
+        "FLy needs fly_window_size < num_speculative_tokens (vLLM 0.33.0 "
+        "vllm/config/speculative.py:2014-2033); this point has fly_window_size=4, N=4"
+    )
 
 
 def test_sglang_block_exact_and_refusals():
     b = blocks("sglang_threshold", 0.5, 3)["sglang"]
     assert b["launch_args"] == [
-        "--model-path", "v", "--speculative-draft-model-path", "d", "--speculative-algorithm", "STANDALONE",
-        "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
-        "--speculative-accept-threshold-single", "0.5", "--speculative-accept-threshold-acc", "0.5"]
-    assert b["set_internal_state"] == {"server_args": {"speculative_accept_threshold_single": 0.5,
-                                                       "speculative_accept_threshold_acc": 0.5}}
+        "--model-path",
+        "v",
+        "--speculative-draft-model-path",
+        "d",
+        "--speculative-algorithm",
+        "STANDALONE",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--speculative-accept-threshold-single",
+        "0.5",
+        "--speculative-accept-threshold-acc",
+        "0.5",
+    ]
+    assert b["set_internal_state"] == {
+        "server_args": {"speculative_accept_threshold_single": 0.5, "speculative_accept_threshold_acc": 0.5}
+    }
     assert b["engine"] == "SGLang 0.5.23" and b["weights"] == W and b["sampling"] == S
-    two = blocks("sglang_threshold", {"speculative_accept_threshold_single": 0.9,
-                                      "speculative_accept_threshold_acc": 0.4}, 3)["sglang"]
-    assert two["launch_args"][-4:] == ["--speculative-accept-threshold-single", "0.9",
-                                       "--speculative-accept-threshold-acc", "0.4"]
+    two = blocks(
+        "sglang_threshold", {"speculative_accept_threshold_single": 0.9, "speculative_accept_threshold_acc": 0.4}, 3
+    )["sglang"]
+    assert two["launch_args"][-4:] == [
+        "--speculative-accept-threshold-single",
+        "0.9",
+        "--speculative-accept-threshold-acc",
+        "0.4",
+    ]
     greedy = blocks("sglang_threshold", 0.5, 3, G)["sglang"]
     assert set(greedy) == {"engine", "refused"} and "non-greedy rows only" in greedy["refused"]
     assert "eagle_utils.py:485-500" in greedy["refused"]
@@ -67,9 +107,13 @@ def test_sglang_block_exact_and_refusals():
 
 def test_trtllm_block_exact_and_refusal():
     b = blocks("trtllm_relaxed", {"relaxed_topk": 10, "relaxed_delta": 0.6}, 3, G)["trtllm"]
-    assert b["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3,
-                                       "use_relaxed_acceptance_for_thinking": True, "relaxed_topk": 10,
-                                       "relaxed_delta": 0.6}
+    assert b["speculative_config"] == {
+        "decoding_type": "MTP",
+        "num_nextn_predict_layers": 3,
+        "use_relaxed_acceptance_for_thinking": True,
+        "relaxed_topk": 10,
+        "relaxed_delta": 0.6,
+    }
     assert b["request_sampling"] == {"temperature": 0.0}
     assert "separate drafter (d), not MTP heads" in b["note"]
     r = blocks("trtllm_relaxed", 0.6, 3)["trtllm"]
@@ -79,10 +123,19 @@ def test_trtllm_block_exact_and_refusal():
 
 def test_transformers_block_exact():
     b = blocks("ens", 0.2, 4)["transformers"]
-    assert b["generate_kwargs"] == {"assistant_model": "d", "do_sample": True, "temperature": 0.6, "top_p": 0.95,
-                                    "top_k": 20, "assistant_ensemble_weight": 0.8}
-    assert b["assistant_generation_config"] == {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant",
-                                                "assistant_confidence_threshold": 0.0}
+    assert b["generate_kwargs"] == {
+        "assistant_model": "d",
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "assistant_ensemble_weight": 0.8,
+    }
+    assert b["assistant_generation_config"] == {
+        "num_assistant_tokens": 4,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
     assert b["engine"] == "transformers 5.14.0" and b["weights"] == W
     assert "greedy path takes the argmax of the mixture" in blocks("ens", 0.2, 4, G)["transformers"]["refused"]
 
@@ -94,8 +147,11 @@ def test_strict_points_every_engine_lossless():
         assert json.loads(out["vllm"]["launch_args"][4])["rejection_sample_method"] == "standard"
         assert not any("threshold" in a for a in out["sglang"]["launch_args"])
         assert "assistant_ensemble_weight" not in out["transformers"]["generate_kwargs"]
-        assert out["trtllm"]["speculative_config"] == {"decoding_type": "Draft_Target", "max_draft_len": 4,
-                                                       "speculative_model": "d"}
+        assert out["trtllm"]["speculative_config"] == {
+            "decoding_type": "Draft_Target",
+            "max_draft_len": 4,
+            "speculative_model": "d",
+        }
 
 
 def test_unshipped_rule_one_line():

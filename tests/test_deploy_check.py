@@ -49,8 +49,7 @@ def test_n_off_by_one_disagrees(sides):
 
 def test_mirrored_weight_disagrees(sides):
     b, ours, _ = sides
-    mirrored = transformers_side(b.drafter, b.verifier, PROMPTS, weight=0.2, n_draft=3, sampling=SP,
-                                 max_new_tokens=100)
+    mirrored = transformers_side(b.drafter, b.verifier, PROMPTS, weight=0.2, n_draft=3, sampling=SP, max_new_tokens=100)
     c = compare(ours, mirrored, min_rounds=300)  # the mirrored weight accepts more: fewer rounds
     assert c.verdict == "disagree" and c.lines()[-1] == "verdict: disagree (alpha 0.01)"
     assert c.tests["acceptance per round"]["difference"] < -0.5
@@ -71,10 +70,20 @@ def test_record_assisted_rounds_contract(sides):
     pinned draft length, and leaves generation itself unchanged."""
     b = sides[0]
     x = torch.tensor([[3, 4, 5]])
-    kw = dict(attention_mask=torch.ones_like(x), assistant_model=b.drafter, do_sample=True, max_new_tokens=30,
-              pad_token_id=0, top_k=0, temperature=1.0)
-    pinned = {"num_assistant_tokens": 2, "num_assistant_tokens_schedule": "constant",
-              "assistant_confidence_threshold": 0.0}
+    kw = dict(
+        attention_mask=torch.ones_like(x),
+        assistant_model=b.drafter,
+        do_sample=True,
+        max_new_tokens=30,
+        pad_token_id=0,
+        top_k=0,
+        temperature=1.0,
+    )
+    pinned = {
+        "num_assistant_tokens": 2,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
     saved = {k: getattr(b.drafter.generation_config, k) for k in pinned}
     try:
         for k, v in pinned.items():

@@ -22,24 +22,52 @@ def files(tmp_path_factory):
     _, config = tune(tmp / "tune", 0.2, cliff=-1.0, drop=0.25)
     d = save_tiny_model(tmp / "drafter", seed=0, noise=0.5)
     v = save_tiny_model(tmp / "verifier", seed=0, noise=0.0)
-    config = config.model_copy(update={"drafter": d, "verifier": v, "dtype": "float32",
-                                       "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None}})
+    config = config.model_copy(
+        update={
+            "drafter": d,
+            "verifier": v,
+            "dtype": "float32",
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None},
+        }
+    )
     return str(save_config(config, tmp / "tiny.tuned.yaml")), write_tiny_task(tmp, max_new_tokens=40)
 
 
 def check(files, *extra):
     torch.set_num_threads(1)
     path, task = files
-    return runner.invoke(app, ["deploy-check", path, "--task", task, "--method", "ens", "--knob", "alpha=0.2",
-                               "--n-draft", "3", "--problems", "6", "--samples", "8", "--min-rounds", "100",
-                               "--device", "cpu", *extra])
+    return runner.invoke(
+        app,
+        [
+            "deploy-check",
+            path,
+            "--task",
+            task,
+            "--method",
+            "ens",
+            "--knob",
+            "alpha=0.2",
+            "--n-draft",
+            "3",
+            "--problems",
+            "6",
+            "--samples",
+            "8",
+            "--min-rounds",
+            "100",
+            "--device",
+            "cpu",
+            *extra,
+        ],
+    )
 
 
 def test_agree_then_the_control_disagrees(files):
     ok = check(files)
     assert ok.exit_code == 0, ok.output
     assert "assistant_ensemble_weight=0.8, N=3" in ok.output and ok.output.rstrip().endswith(
-        "verdict: agree (alpha 0.01)")
+        "verdict: agree (alpha 0.01)"
+    )
     assert "accuracy: relaxtune - transformers" in ok.output
     control = check(files, "--control", "n+1")
     assert control.exit_code == 0, control.output
@@ -51,8 +79,10 @@ def test_methods_transformers_does_not_run_are_refused(files):
     path, task = files
     out = runner.invoke(app, ["deploy-check", path, "--task", task, "--method", "fly"])
     assert out.exit_code == 2
-    assert "refused: deploy-check runs transformers' assisted generation, which runs strict and ens only; fly runs on vllm" \
+    assert (
+        "refused: deploy-check runs transformers' assisted generation, which runs strict and ens only; fly runs on vllm"
         in out.output
+    )
     out = runner.invoke(app, ["deploy-check", path, "--task", task, "--method", "ens"])
     assert out.exit_code == 2 and "no confirmed point of ens in the config: give --knob alpha=VALUE" in out.output
     out = runner.invoke(app, ["deploy-check", path, "--method", "ens", "--knob", "alpha"])

@@ -24,16 +24,29 @@ def test_speculation_pays_reads_strict_and_confirmed_points():
     assert speculation_pays({4: {"modeled_speedup": 0.7}}, {"cactus": R(True, 1.2)})
     assert not speculation_pays({4: {"modeled_speedup": 0.7}}, {"cactus": R(False, None)})  # unconfirmed: ignored
     assert speculation_pays({4: {"modeled_speedup": 1.0}}, {})
-    out = plain_if_nothing_pays({"method": "strict", "modeled_speedup": 0.7, "reason": "use strict: x"},
-                                {4: {"modeled_speedup": 0.7}}, {})
-    assert out["decoding"] == "plain" and out["reason"].startswith(
-        "serve the verifier alone (plain decoding): no speculative point pays on the measured costs (strict's best "
-        "models 0.70x") and out["reason"].endswith("for reference, use strict: x")
+    out = plain_if_nothing_pays(
+        {"method": "strict", "modeled_speedup": 0.7, "reason": "use strict: x"}, {4: {"modeled_speedup": 0.7}}, {}
+    )
+    assert (
+        out["decoding"] == "plain"
+        and out["reason"].startswith(
+            "serve the verifier alone (plain decoding): no speculative point pays on the measured costs (strict's best "
+            "models 0.70x"
+        )
+        and out["reason"].endswith("for reference, use strict: x")
+    )
 
 
 def tune(tmp_path, c_rel, **synthetic):
-    settings = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=50,
-                            output_dir=str(tmp_path), c_rel=c_rel)
+    settings = TuneSettings(
+        task="synthetic",
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=4,
+        stage_size=50,
+        output_dir=str(tmp_path),
+        c_rel=c_rel,
+    )
     tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), c_rel, evaluate_fn=Synthetic(**synthetic), progress=False)
     return tuner, build_config(tuner.result([tuner.tune_method("cactus")]))
 
@@ -47,10 +60,17 @@ def test_nothing_pays_recommends_plain_decoding(tmp_path):
     for block in rec.deploy.values():
         assert block["decoding"] == "plain"
         assert not any("specul" in a for a in block.get("launch_args", []))
-    assert rec.deploy["transformers"]["generate_kwargs"] == {"do_sample": True, "temperature": 0.6, "top_p": 0.95,
-                                                             "top_k": 20}
-    assert rec.serving == {"decoding": "plain", "note": "serve the verifier alone",
-                           "sglang_launch_args": ["--model-path", "Qwen/Qwen2.5-Coder-1.5B-Instruct"]}
+    assert rec.deploy["transformers"]["generate_kwargs"] == {
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+    }
+    assert rec.serving == {
+        "decoding": "plain",
+        "note": "serve the verifier alone",
+        "sglang_launch_args": ["--model-path", "Qwen/Qwen2.5-Coder-1.5B-Instruct"],
+    }
     assert config.methods["cactus"].deploy is None  # no confirmed point
     assert config.runtime == tuner.settings.runtime
     assert config.weights["verifier"]["sha256"].startswith("cc324af0")

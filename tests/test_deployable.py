@@ -19,13 +19,16 @@ def test_each_engine_keeps_its_rules_at_its_sampling():
 def test_refusals_name_the_reason():
     kept, refused = deployable_methods(["sglang"], ALL, 0.0)
     assert kept == ["strict"]
-    assert refused["sglang_threshold"] == ("sglang_threshold: SGLang applies its thresholds to non-greedy rows only; "
-                                           "the task samples at temperature 0")
+    assert refused["sglang_threshold"] == (
+        "sglang_threshold: SGLang applies its thresholds to non-greedy rows only; the task samples at temperature 0"
+    )
     assert refused["cactus"] == "cactus: not run by sglang (runs on no engine)"
     assert refused["fly"] == "fly: not run by sglang (runs on vllm)"
     _, refused = deployable_methods(["trtllm"], ["trtllm_relaxed"], 0.6)
-    assert refused == {"trtllm_relaxed": "trtllm_relaxed: TensorRT-LLM runs relaxed acceptance greedy only; the task "
-                                         "samples at temperature 0.6"}
+    assert refused == {
+        "trtllm_relaxed": "trtllm_relaxed: TensorRT-LLM runs relaxed acceptance greedy only; the task "
+        "samples at temperature 0.6"
+    }
     _, refused = deployable_methods(["transformers"], ["ens"], 0.0)
     assert "greedy ensemble is another rule" in refused["ens"]
 

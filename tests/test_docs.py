@@ -42,7 +42,7 @@ def flat(text: str) -> str:
 def nav_pages(items=None) -> list[str]:
     out = []
     for item in MKDOCS["nav"] if items is None else items:
-        for value in (item.values() if isinstance(item, dict) else [item]):
+        for value in item.values() if isinstance(item, dict) else [item]:
             out += nav_pages(value) if isinstance(value, list) else [value]
     return out
 
@@ -81,10 +81,15 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
 
 
 def test_generated_pages_hold_markers_not_copies():
-    for page, name in [("reference/cli.md", "cli"), ("reference/settings.md", "settings"),
-                       ("reference/tuned-config.md", "tuned-config"), ("reference/methods.md", "methods"),
-                       ("reference/grading-policy.md", "grading-policy"), ("benchmarks/index.md", "benchmarks"),
-                       ("development/testing.md", "markers")]:
+    for page, name in [
+        ("reference/cli.md", "cli"),
+        ("reference/settings.md", "settings"),
+        ("reference/tuned-config.md", "tuned-config"),
+        ("reference/methods.md", "methods"),
+        ("reference/grading-policy.md", "grading-policy"),
+        ("benchmarks/index.md", "benchmarks"),
+        ("development/testing.md", "markers"),
+    ]:
         text = (DOCS / page).read_text()
         assert f"<!-- relaxtune:generate {name} -->" in text
         assert "--epsilon <float>" not in text and "| `cactus` |" not in text  # nothing generated kept by hand
@@ -155,13 +160,15 @@ def test_the_sample_configs_words_come_from_the_product():
     assert conf["rule"] == RULE and conf["promise"] == promise("holdout", c.confidence, c.epsilon, conf["problems"])
     p = plan(c.problems, c.repeats, c.epsilon, c.confidence, planned=conf["planned"], holdout=True)
     assert c.sample["line"] == p.line() and c.sample["needed"] == p.needed
-    assert c.recommendation.serving == serving_args("strict", None, c.recommendation.n_draft, c.drafter, c.verifier,
-                                                    c.sampling)
+    assert c.recommendation.serving == serving_args(
+        "strict", None, c.recommendation.n_draft, c.drafter, c.verifier, c.sampling
+    )
     search = c.problems - conf["problems"]
     for m in c.methods.values():
         assert m.closest["drop_upper_bound"] == pytest.approx(exact_upper(search, 0, 0, c.confidence), abs=1e-4)
         assert m.closest["modeled_speedup"] == pytest.approx(
-            (m.closest["l_accept"] + 1) / (1 + m.closest["n_draft"] * c.c_rel) / m.closest["length_ratio"], abs=1e-4)
+            (m.closest["l_accept"] + 1) / (1 + m.closest["n_draft"] * c.c_rel) / m.closest["length_ratio"], abs=1e-4
+        )
 
 
 # --------------------------------------------------------------------------- generated reference
@@ -194,8 +201,7 @@ def test_the_settings_and_tuned_config_references_have_every_field():
         assert f"| `{name}` | `--{name.replace('_', '-')}` |" in settings
     assert "| `epsilon` | `--epsilon` | `float` | `0.05` | allowed accuracy drop vs strict |" in settings
     text = gen.tuned_config()
-    for model in (export.TunedConfig, export.MethodResult, export.Recommendation, export.Transfer,
-                  export.TransferCell):
+    for model in (export.TunedConfig, export.MethodResult, export.Recommendation, export.Transfer, export.TransferCell):
         section = text.split(f"### `{model.__name__}`")[1].split("### ")[0]
         for name in model.model_fields:
             assert f"| `{name}` |" in section, (model.__name__, name)
@@ -231,13 +237,29 @@ def test_the_grading_policy_renders_its_data_file_or_says_it_is_missing(tmp_path
     note = gen.grading_policy(gen.ROOT / "relaxtune" / "graders" / "no-such-policy.yaml")
     assert "not found" in note and "no-such-policy.yaml" in note
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump({"numeric": {"relative": 1e-4}, "policies": [
-        {"id": "last-box", "we_do": "the last non-empty box", "official": "all boxes as a set", "why": "a|b"},
-        {"id": "truncated", "we_do": "no_answer", "official": "last number", "why": "rambling"}]}, sort_keys=False))
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "numeric": {"relative": 1e-4},
+                "policies": [
+                    {
+                        "id": "last-box",
+                        "we_do": "the last non-empty box",
+                        "official": "all boxes as a set",
+                        "why": "a|b",
+                    },
+                    {"id": "truncated", "we_do": "no_answer", "official": "last number", "why": "rambling"},
+                ],
+            },
+            sort_keys=False,
+        )
+    )
     rows, numeric = gen.grading_policy(policy).split("\n\n", 1)
     assert rows.splitlines()[0] == "| policy | we do | the official grader does | why |"
-    assert rows.splitlines()[2:] == ["| `last-box` | the last non-empty box | all boxes as a set | a\\|b |",
-                                     "| `truncated` | no_answer | last number | rambling |"]
+    assert rows.splitlines()[2:] == [
+        "| `last-box` | the last non-empty box | all boxes as a set | a\\|b |",
+        "| `truncated` | no_answer | last number | rambling |",
+    ]
     assert "| `relative` | 0.0001 |" in numeric
     if gen.POLICY.exists():  # the real file, once it is there: one row per policy the conformance cases name
         first = gen.grading_policy().split("\n\n", 1)[0]
@@ -284,8 +306,16 @@ def test_write_results_refuses_a_ragged_table(tmp_path):
     from relaxtune.bench.results import machine, started, write_results
 
     with pytest.raises(ValueError, match="has 1 values for 2 columns"):
-        write_results(tmp_path / "x.json", "coverage", "t", [], started(), 1.0, machine(),
-                      [{"caption": "c", "columns": ["a", "b"], "rows": [[1]]}])
+        write_results(
+            tmp_path / "x.json",
+            "coverage",
+            "t",
+            [],
+            started(),
+            1.0,
+            machine(),
+            [{"caption": "c", "columns": ["a", "b"], "rows": [[1]]}],
+        )
 
 
 # --------------------------------------------------------------------------- pointers, variables, offline build

@@ -18,11 +18,13 @@ def fake_parts(tmp_path, monkeypatch):
         pkg = tmp_path / "site" / f"relaxtune_fakepart{i}"
         (pkg / "data").mkdir(parents=True)
         (pkg / "data" / f"part{i:02d}.bin").write_bytes(chunk)
-        (pkg / "__init__.py").write_text(textwrap.dedent(f"""
+        (pkg / "__init__.py").write_text(
+            textwrap.dedent(f"""
             import os
             def get_part_path():
                 return os.path.join(os.path.dirname(__file__), "data", "part{i:02d}.bin")
-        """))
+        """)
+        )
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("RELAXTUNE_CACHE", str(tmp_path / "cache"))
     blob = b"".join(chunks)
@@ -63,6 +65,7 @@ def test_pinned_parts_match_the_extra():
     import tomllib
 
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["embedded"]
+        "optional-dependencies"
+    ]["embedded"]
     for model in (embedded.DRAFTER, embedded.VERIFIER):
         assert set(model.requirements()) <= set(extra)

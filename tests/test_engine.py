@@ -80,8 +80,16 @@ def test_sampled_first_two_tokens_follow_ar(method, knob):
 @pytest.mark.parametrize("method, knob", [("strict", None), ("cactus", 1.0), ("spec_cont_dec", 0.5), ("r_fuzzy", 0.3)])
 def test_statistics_add_up(method, knob):
     backend = tiny_pair(noise=0.2)
-    out = generate(backend, PROMPTS[1], method=method, knob=knob, n_draft=4, max_new_tokens=37, seed=1,
-                   sampling=SamplingParams(temperature=0.8))
+    out = generate(
+        backend,
+        PROMPTS[1],
+        method=method,
+        knob=knob,
+        n_draft=4,
+        max_new_tokens=37,
+        seed=1,
+        sampling=SamplingParams(temperature=0.8),
+    )
     s = out.stats
     assert s.drafted == 4 * s.rounds
     assert s.response_tokens == len(out.token_ids) == s.emitted == 37 and s.finish_reason == "length"
@@ -97,8 +105,16 @@ def test_statistics_add_up(method, knob):
 
 def test_sglang_threshold_drafts_the_drafters_argmax():
     backend = tiny_pair(noise=0.2)
-    out = generate(backend, PROMPTS[1], method="sglang_threshold", knob=0.0, n_draft=4, max_new_tokens=20, seed=1,
-                   sampling=SamplingParams(temperature=0.8))
+    out = generate(
+        backend,
+        PROMPTS[1],
+        method="sglang_threshold",
+        knob=0.0,
+        n_draft=4,
+        max_new_tokens=20,
+        seed=1,
+        sampling=SamplingParams(temperature=0.8),
+    )
     assert out.stats.accepted == out.stats.drafted  # t = 0 accepts every draft
     seq = list(PROMPTS[1])
     with torch.inference_mode():

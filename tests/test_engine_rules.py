@@ -41,11 +41,13 @@ def test_registry_entries():
 
 # ------------------------------------------------------- vLLM's cases, rewritten
 
+
 def _vllm_like(delta):
     """Typical acceptance with an explicit delta (vLLM's tests pass epsilon 0.03, delta 0.9)."""
     spec = METHODS["typical"]
-    return dataclasses.replace(spec, targets=functools.partial(typical, delta=delta),
-                               rej_at=functools.partial(_typical_at, delta=delta))
+    return dataclasses.replace(
+        spec, targets=functools.partial(typical, delta=delta), rej_at=functools.partial(_typical_at, delta=delta)
+    )
 
 
 def _one_hot_rows(b, k, v, g):
@@ -144,6 +146,7 @@ def test_threshold_is_the_sources_formula():
 
 # ----------------------------------------------------------------- closed forms
 
+
 def _setup(seed, n=1, v=V, scale=1.5):
     g = torch.Generator().manual_seed(seed)
     p = (torch.randn(n + 1, v, generator=g, dtype=torch.float64) * scale / T).softmax(-1).float()
@@ -215,6 +218,7 @@ def test_ears_never_accepts_a_token_the_verifier_excludes():
 
 # ------------------------------------------------------ strict point, randomness
 
+
 def _batch(seed, b=4000, n=3, v=8):
     g = torch.Generator().manual_seed(seed)
     z_p = torch.randn(b, n + 1, v, generator=g) * 2
@@ -258,8 +262,9 @@ def test_typical_reads_only_the_bonus_uniform():
     assert not torch.equal(c.tokens[full], a.tokens[full])  # the bonus token is drawn with u_{N+1}
     # the drafts and the uniforms' count are strict's: typical pairs with strict under one seed
     s = verify_rounds(**batch, method="strict", uniforms=u)
-    assert torch.equal(s.tokens[:, :1][(s.accepted > 0) & (a.accepted > 0)],
-                       a.tokens[:, :1][(s.accepted > 0) & (a.accepted > 0)])
+    assert torch.equal(
+        s.tokens[:, :1][(s.accepted > 0) & (a.accepted > 0)], a.tokens[:, :1][(s.accepted > 0) & (a.accepted > 0)]
+    )
 
 
 def test_typical_at_temperature_zero_rows_is_greedy():
@@ -274,6 +279,7 @@ def test_typical_at_temperature_zero_rows_is_greedy():
 
 
 # ------------------------------------------------------------------ top-K rows
+
 
 @pytest.mark.parametrize("method, knob", [("typical", 0.09), ("typical", 0.0), ("ears", 0.3), ("ears", 1.0)])
 def test_top_k_rows(method, knob):
@@ -292,6 +298,7 @@ def test_top_k_rows(method, knob):
 
 # ------------------------------------------------------- tuned and exported
 
+
 def test_tuned_yaml_round_trips_the_new_rules(tmp_path):
     from relaxtune.report.export import build_config, load_config, save_config
     from relaxtune.tune.confirm import confirm
@@ -303,8 +310,16 @@ def test_tuned_yaml_round_trips_the_new_rules(tmp_path):
     class Pair:
         name = "synthetic-pair"
 
-    settings = TuneSettings(task="synthetic", methods=["typical", "ears"], n_drafts=[4], trials=3, stage_size=500,
-                            output_dir=str(tmp_path), c_rel=0.2, epsilon=0.1)
+    settings = TuneSettings(
+        task="synthetic",
+        methods=["typical", "ears"],
+        n_drafts=[4],
+        trials=3,
+        stage_size=500,
+        output_dir=str(tmp_path),
+        c_rel=0.2,
+        epsilon=0.1,
+    )
     tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(loss=lambda k: 0.0), progress=False)
     outcomes = tuner.tune(["typical", "ears"])
     config = build_config(tuner.result(outcomes, confirm(tuner, outcomes, PROBLEMS)))

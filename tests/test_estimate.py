@@ -14,8 +14,9 @@ SPEC = SimpleNamespace(repeats=1, max_new_tokens=384)
 
 def readme_job(**over) -> TuneSettings:
     """The README's main job: humaneval, cactus and mentored, 8 problems, N = 4, 2 trials."""
-    return TuneSettings(**{"task": "humaneval", "methods": ["cactus", "mentored"], "limit": 8, "n_drafts": [4],
-                           "trials": 2} | over)
+    return TuneSettings(
+        **{"task": "humaneval", "methods": ["cactus", "mentored"], "limit": 8, "n_drafts": [4], "trials": 2} | over
+    )
 
 
 def test_samples_tokens_and_seconds_per_phase():
@@ -25,36 +26,49 @@ def test_samples_tokens_and_seconds_per_phase():
     est = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8, load=(0.5, 2))
     per_token = 0.4 / 3.4
     rows = {p.name: (p.least_samples, p.samples, p.tokens) for p in est.phases}
-    assert rows == {"strict N=4": (8, 8, 800), "cactus trials": (8, 16, 1600), "mentored trials": (8, 16, 1600),
-                    "confirmations": (0, 64, 6400)}  # 2 methods x 2 attempts x (8 relaxed + 8 strict)
+    assert rows == {
+        "strict N=4": (8, 8, 800),
+        "cactus trials": (8, 16, 1600),
+        "mentored trials": (8, 16, 1600),
+        "confirmations": (0, 64, 6400),
+    }  # 2 methods x 2 attempts x (8 relaxed + 8 strict)
     strict, cactus, _, confirm = est.phases
-    assert strict.seconds == pytest.approx(800 * per_token / 8 ** 0.66)  # 8 rows together
-    assert cactus.seconds == pytest.approx(1600 * per_token / 4 ** 0.66)  # stages of 4 problems: 4 rows
-    assert cactus.least_seconds == pytest.approx(800 * per_token / 4 ** 0.66)  # pruned after the first stage
-    assert confirm.seconds == pytest.approx(6400 * per_token / 8 ** 0.66) and confirm.least_seconds == 0
-    assert est.seconds == pytest.approx(800 * per_token / 8 ** 0.66 + 3200 * per_token / 4 ** 0.66)
-    assert est.least_seconds == pytest.approx(800 * per_token / 8 ** 0.66 + 1600 * per_token / 4 ** 0.66)
+    assert strict.seconds == pytest.approx(800 * per_token / 8**0.66)  # 8 rows together
+    assert cactus.seconds == pytest.approx(1600 * per_token / 4**0.66)  # stages of 4 problems: 4 rows
+    assert cactus.least_seconds == pytest.approx(800 * per_token / 4**0.66)  # pruned after the first stage
+    assert confirm.seconds == pytest.approx(6400 * per_token / 8**0.66) and confirm.least_seconds == 0
+    assert est.seconds == pytest.approx(800 * per_token / 8**0.66 + 3200 * per_token / 4**0.66)
+    assert est.least_seconds == pytest.approx(800 * per_token / 8**0.66 + 1600 * per_token / 4**0.66)
     assert est.confirm_seconds == confirm.seconds
     assert est.tokens_per_second == pytest.approx(3.4 / 0.4) and est.busy == []
     lines = est.lines()
     assert lines[0] == "plan: strict N=4: 8 samples, about 800 tokens (8 problems x 1)"
-    assert lines[1].startswith("plan: cactus trials: 8-16 samples, about 1,600 tokens (2 trials, each 8 samples in "
-                               "stages of 4 problems, 4 if pruned after the first)")
+    assert lines[1].startswith(
+        "plan: cactus trials: 8-16 samples, about 1,600 tokens (2 trials, each 8 samples in "
+        "stages of 4 problems, 4 if pruned after the first)"
+    )
     minutes, seconds = divmod(round(est.seconds), 60)
     assert lines[4].startswith(f"estimate: about {minutes}:{seconds:02d} for strict and the trials (")
     assert len(lines) == 5  # an idle machine: no busy line
     # llama.cpp on a CPU gains little from rows (its README table): the README job on it took 6:28 for
     # strict and the trials against 3:10 estimated with the transformers exponent, 6:53 with its own
-    llama = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8,
-                         device="llamacpp", load=(0.5, 2))
-    assert llama.phases[0].seconds == pytest.approx(800 * per_token / 8 ** 0.1)
-    assert llama.phases[1].seconds == pytest.approx(1600 * per_token / 4 ** 0.1)
+    llama = estimate_job(
+        readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8, device="llamacpp", load=(0.5, 2)
+    )
+    assert llama.phases[0].seconds == pytest.approx(800 * per_token / 8**0.1)
+    assert llama.phases[1].seconds == pytest.approx(1600 * per_token / 4**0.1)
     cuda = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), device="cuda:1", load=(0.5, 2))
-    assert cuda.phases[0].seconds == pytest.approx(800 * per_token / 8 ** 0.9)  # a device index prices as its kind
+    assert cuda.phases[0].seconds == pytest.approx(800 * per_token / 8**0.9)  # a device index prices as its kind
     done = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), strict_done=100, load=(0.5, 2))
     assert done.phases[0].samples == 0 and done.phases[0].seconds == 0.0  # more recorded than needed: none left
-    for bad in (dict(n_search=-3), dict(strict_done=-5), dict(batch_size=0), dict(length=(-10.0, "x")),
-                dict(length=(float("nan"), "x")), dict(length=(float("inf"), "x"))):
+    for bad in (
+        dict(n_search=-3),
+        dict(strict_done=-5),
+        dict(batch_size=0),
+        dict(length=(-10.0, "x")),
+        dict(length=(float("nan"), "x")),
+        dict(length=(float("inf"), "x")),
+    ):
         args = dict(n_search=8, n_confirm=8, length=(100.0, "given"), load=(0.5, 2)) | bad
         with pytest.raises(ValueError, match="estimate_job: "):
             estimate_job(readme_job(), SPEC, args.pop("n_search"), args.pop("n_confirm"), profile, **args)
@@ -68,19 +82,24 @@ def test_a_busy_machine_is_named_and_the_idle_time_given():
     idle = estimate_job(readme_job(), SPEC, 8, 8, saved, length=(100.0, "given"), load=(0.5, 2))
     assert est.seconds == pytest.approx(13 * idle.seconds)  # priced at the speed measured now
     busy = est.lines()[-1]
-    assert busy.startswith("machine looks busy: one forward step takes 13.0x the saved profile's (t_AR 2600 ms now, "
-                           "200 ms saved); load average 5.2 on 2 cores.")
+    assert busy.startswith(
+        "machine looks busy: one forward step takes 13.0x the saved profile's (t_AR 2600 ms now, "
+        "200 ms saved); load average 5.2 on 2 cores."
+    )
     minutes, seconds = divmod(round(idle.seconds), 60)
-    assert busy.endswith(f"at the saved profile's speed it would take about {minutes}:{seconds:02d}. For the "
-                         "README's timings run it on an idle machine.")
-    assert estimate_job(readme_job(), SPEC, 8, 8, saved, saved.__class__(0.22, 0.05, {5: 0.2}), saved,
-                        load=(1.0, 2)).busy == []  # 10 % off: within the margin
+    assert busy.endswith(
+        f"at the saved profile's speed it would take about {minutes}:{seconds:02d}. For the "
+        "README's timings run it on an idle machine."
+    )
+    assert (
+        estimate_job(readme_job(), SPEC, 8, 8, saved, saved.__class__(0.22, 0.05, {5: 0.2}), saved, load=(1.0, 2)).busy
+        == []
+    )  # 10 % off: within the margin
 
 
 def test_more_draft_lengths_a_resumed_strict_and_no_profile():
     s = readme_job(n_drafts=[2, 4, 8], trials=6, stage_size=3)
-    est = estimate_job(s, SimpleNamespace(repeats=2, max_new_tokens=100), 8, 4, 0.3, strict_done=6,
-                       load=(None, 2))
+    est = estimate_job(s, SimpleNamespace(repeats=2, max_new_tokens=100), 8, 4, 0.3, strict_done=6, load=(None, 2))
     strict, cactus, mentored, confirm = est.phases
     assert (strict.samples, strict.seconds) == (10, None) and "already recorded" in strict.detail
     assert "up to 2 other N" in strict.detail  # cactus: 6 trials, 4 on its grid: 2 sampled ones may move N

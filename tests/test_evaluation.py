@@ -17,9 +17,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def tiny_task(**over) -> TaskSpec:
     raw = dict(
-        name="tiny_math", version=3, dataset={"path": "json", "data_files": str(FIXTURES / "tiny_math.jsonl")},
-        fields={"question": "question", "answer": "answer"}, prompt={"template": "{question} = ?"},
-        grader={"kind": "math"}, sampling={"temperature": 0.8, "top_p": 1.0, "top_k": None}, max_new_tokens=12,
+        name="tiny_math",
+        version=3,
+        dataset={"path": "json", "data_files": str(FIXTURES / "tiny_math.jsonl")},
+        fields={"question": "question", "answer": "answer"},
+        prompt={"template": "{question} = ?"},
+        grader={"kind": "math"},
+        sampling={"temperature": 0.8, "top_p": 1.0, "top_k": None},
+        max_new_tokens=12,
     )
     raw.update(over)
     return TaskSpec(**raw)
@@ -33,8 +38,21 @@ def test_records_results_and_resume(tiny_backend, tmp_path):
     lines = first.path.read_text().splitlines()
     assert len(lines) == 4
     rec = next(r for r in map(json.loads, lines) if (r["problem_id"], r["repeat"]) == ("0", 0))
-    for key in ("task", "version", "problem_id", "repeat", "seed", "prompt_hash", "output", "extracted", "verdict",
-                "finish_reason", "prompt_tokens", "response_tokens", "stats"):
+    for key in (
+        "task",
+        "version",
+        "problem_id",
+        "repeat",
+        "seed",
+        "prompt_hash",
+        "output",
+        "extracted",
+        "verdict",
+        "finish_reason",
+        "prompt_tokens",
+        "response_tokens",
+        "stats",
+    ):
         assert key in rec, key
     assert rec["task"] == "tiny_math" and rec["version"] == 3 and rec["seed"] == sample_seed(5, "0", 0)
     assert rec["stats"]["emitted"] == rec["response_tokens"]
@@ -54,24 +72,34 @@ def test_an_edited_task_under_the_same_version_is_refused(tiny_backend, tmp_path
     evaluate(tiny_task(), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
     evaluate(tiny_task(description="reworded"), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
     with pytest.raises(ValueError, match=r"tiny_math v3 changed .*\(max_new_tokens, prompt\): bump `version:`"):
-        evaluate(tiny_task(max_new_tokens=20, prompt={"template": "{question}?"}), tiny_backend, config,
-                 output_dir=tmp_path, limit=1, progress=False)
-    bumped = evaluate(tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1,
-                      progress=False)
+        evaluate(
+            tiny_task(max_new_tokens=20, prompt={"template": "{question}?"}),
+            tiny_backend,
+            config,
+            output_dir=tmp_path,
+            limit=1,
+            progress=False,
+        )
+    bumped = evaluate(
+        tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False
+    )
     assert bumped.path.parts[-3] == "tiny_math-v4" and bumped.n == 1
     # a field added by a later relaxtune (absent from the stored spec, at its default) is no change
     stored = bumped.path.parent.parent / "spec.json"
     raw = json.loads(stored.read_text())
     del raw["shuffle_seed"]
     stored.write_text(json.dumps(raw))
-    evaluate(tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
+    evaluate(
+        tiny_task(version=4, max_new_tokens=20), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False
+    )
 
 
 def test_same_seeds_across_methods_are_paired(tiny_backend, tmp_path):
     spec = tiny_task()
     strict = evaluate(spec, tiny_backend, DecodeConfig("strict", None, 3), output_dir=tmp_path, limit=3, progress=False)
-    relaxed = evaluate(spec, tiny_backend, DecodeConfig("mentored", 0.0, 3), output_dir=tmp_path, limit=3,
-                       progress=False)
+    relaxed = evaluate(
+        spec, tiny_backend, DecodeConfig("mentored", 0.0, 3), output_dir=tmp_path, limit=3, progress=False
+    )
     # mentored at its strict point with the same seeds reproduces strict sample for sample
     assert [r["output"] for r in strict.records] == [r["output"] for r in relaxed.records]
     assert strict.path != relaxed.path
@@ -106,14 +134,21 @@ class FailingBackend:
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])
 def test_failed_generations_are_recorded_not_counted(tiny_backend, tmp_path, batched):
-    result = evaluate(tiny_task(), FailingBackend(tiny_backend, batched), DecodeConfig("strict"), output_dir=tmp_path,
-                      limit=4, progress=False)
+    result = evaluate(
+        tiny_task(),
+        FailingBackend(tiny_backend, batched),
+        DecodeConfig("strict"),
+        output_dir=tmp_path,
+        limit=4,
+        progress=False,
+    )
     assert result.n == 2 and result.failed == 2
     failed = [r for r in result.records if r["failed"]]
     assert all(r["verdict"] == "generation_error" and "server went away" in r["error"] for r in failed)
     # the batch went on around the failures: the samples that joined equal a run without them
-    clean = evaluate(tiny_task(), tiny_backend, DecodeConfig("strict"), output_dir=tmp_path / "clean", limit=4,
-                     progress=False)
+    clean = evaluate(
+        tiny_task(), tiny_backend, DecodeConfig("strict"), output_dir=tmp_path / "clean", limit=4, progress=False
+    )
     ok = {r["problem_id"]: r["output"] for r in result.records if not r["failed"]}
     assert ok == {r["problem_id"]: r["output"] for r in clean.records if r["problem_id"] in ok}
 
@@ -152,8 +187,13 @@ def test_length_cut_responses_are_graded_as_truncated(tiny_backend, tmp_path, mo
 
 def test_refuses_greedy_collapse_before_generating(tiny_backend, tmp_path):
     with pytest.raises(ValueError, match="collapses to strict"):
-        evaluate(tiny_task(sampling={"temperature": 0.0}), tiny_backend, DecodeConfig("cactus", 1.0),
-                 output_dir=tmp_path, progress=False)
+        evaluate(
+            tiny_task(sampling={"temperature": 0.0}),
+            tiny_backend,
+            DecodeConfig("cactus", 1.0),
+            output_dir=tmp_path,
+            progress=False,
+        )
 
 
 class _Tokens:
@@ -193,12 +233,22 @@ def test_batched_evaluation_equals_one_by_one(tiny_backend, tmp_path, config):
     # thinking with a budget: some responses get the forced answer and re-join the batch as continuations
     spec = tiny_task(repeats=3, thinking_budget=5, max_new_tokens=30, answer_now="\nnow.\n", stop=["e"])
     results = {}
-    for label, backend, size in [("threads", OneByOne(tiny_backend), None), ("batch1", tiny_backend, 1),
-                                 ("batch8", tiny_backend, 8)]:
-        result = evaluate(spec, backend, config, output_dir=tmp_path / label, limit=4, progress=False,
-                          batch_size=size)
-        results[label] = {(r["problem_id"], r["repeat"]): (r["output"], r["finish_reason"], r["response_tokens"],
-                          r["stats"]["rounds"], r["stats"]["accepted"]) for r in result.records}
+    for label, backend, size in [
+        ("threads", OneByOne(tiny_backend), None),
+        ("batch1", tiny_backend, 1),
+        ("batch8", tiny_backend, 8),
+    ]:
+        result = evaluate(spec, backend, config, output_dir=tmp_path / label, limit=4, progress=False, batch_size=size)
+        results[label] = {
+            (r["problem_id"], r["repeat"]): (
+                r["output"],
+                r["finish_reason"],
+                r["response_tokens"],
+                r["stats"]["rounds"],
+                r["stats"]["accepted"],
+            )
+            for r in result.records
+        }
     assert results["threads"] == results["batch1"] == results["batch8"] and len(results["batch8"]) == 12
     assert any("</think>" in out[0] for out in results["batch8"].values())  # the forced answer happened
 

@@ -26,16 +26,37 @@ def uri(tmp_path_factory) -> str:
 
 def settings(tmp_path: Path, uri: str, name: str, **over) -> TuneSettings:
     task = write_task(tmp_path / "task", 24, name)
-    return TuneSettings(**(dict(task=task, methods=["cactus", "mentored"], n_drafts=[4], trials=4, stage_size=24,
-                                c_rel=0.2, output_dir=str(tmp_path / "relaxtune-runs"), mlflow_uri=uri, confirm="seeds") | over))
+    return TuneSettings(
+        **(
+            dict(
+                task=task,
+                methods=["cactus", "mentored"],
+                n_drafts=[4],
+                trials=4,
+                stage_size=24,
+                c_rel=0.2,
+                output_dir=str(tmp_path / "relaxtune-runs"),
+                mlflow_uri=uri,
+                confirm="seeds",
+            )
+            | over
+        )
+    )
 
 
 def run(s: TuneSettings, new_trials: bool = True, track: bool = True):
     # every point is lossless (cliff 20) and cactus at delta 10 is the fastest; with 24 problems a lossless
     # point's drop bound is 1 - 0.1^(1/24) = 0.091 in the search and 0.145 in each of its four confirmations
     # (the 0.1 split four ways), so epsilon 0.2 takes cactus and 0.1 keeps strict
-    return run_tune_job(s, SyntheticPair(), progress=False, new_trials=new_trials, log=lambda m: None, track=track,
-                        evaluate_fn=Synthetic(cliff=20.0, delay=1e-4))
+    return run_tune_job(
+        s,
+        SyntheticPair(),
+        progress=False,
+        new_trials=new_trials,
+        log=lambda m: None,
+        track=track,
+        evaluate_fn=Synthetic(cliff=20.0, delay=1e-4),
+    )
 
 
 def snapshot(client: MlflowClient, experiment: str, job: str, where: Path) -> dict:
@@ -45,17 +66,32 @@ def snapshot(client: MlflowClient, experiment: str, job: str, where: Path) -> di
     for r in client.search_runs([experiment], filter_string=f"tags.`relaxtune.job` = '{job}'"):
         rid = r.info.run_id
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=r.info.artifact_uri, dst_path=str(where / rid)))
-        files = {str(p.relative_to(local)): hashlib.sha256(p.read_bytes()).hexdigest()
-                 for p in sorted(local.rglob("*")) if p.is_file()}
-        history = {k: [(m.value, m.step, m.timestamp) for m in client.get_metric_history(rid, k)] for k in r.data.metrics}
-        out[rid] = dict(status=r.info.status, end=r.info.end_time, name=r.info.run_name, params=r.data.params,
-                        metrics=history, tags=r.data.tags, files=files)
+        files = {
+            str(p.relative_to(local)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(local.rglob("*"))
+            if p.is_file()
+        }
+        history = {
+            k: [(m.value, m.step, m.timestamp) for m in client.get_metric_history(rid, k)] for k in r.data.metrics
+        }
+        out[rid] = dict(
+            status=r.info.status,
+            end=r.info.end_time,
+            name=r.info.run_name,
+            params=r.data.params,
+            metrics=history,
+            tags=r.data.tags,
+            files=files,
+        )
     return out
 
 
 def files_of(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and "optuna.db" not in p.name}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "optuna.db" not in p.name
+    }
 
 
 def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(tmp_path, monkeypatch, uri):
@@ -80,8 +116,11 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     after_files = files_of(tmp_path / "relaxtune-runs")
     assert {k: v for k, v in after_files.items() if k != path.name} == before_files  # records, job file, config
 
-    task_run = next(r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.job") == job
-                    and r.data.tags["relaxtune.kind"] == "task")
+    task_run = next(
+        r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("relaxtune.job") == job and r.data.tags["relaxtune.kind"] == "task"
+    )
     exports = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "export"]
     assert len(exports) == 1
     e = exports[0]
@@ -100,18 +139,31 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     assert task_run.data.params["recommended_search_drop_ucb"] == f"{chosen.search_drop_upper_bound:.4g}" == "0.09148"
     assert chosen.search_drop_upper_bound < chosen.drop_upper_bound <= 0.2
     assert e.info.run_name == "iso export eps 0.1: use strict N=4"
-    listed = {a.path for a in client.list_artifacts(e.info.run_id)} | \
-        {a.path for a in client.list_artifacts(e.info.run_id, "figures")}
-    assert {"pareto_fronts_by_method.png", "points.json", path.name, "settings.json", "figures/cactus_pareto_front.png",
-            "figures/cactus_speed_vs_delta.png", "figures/mentored_speed_vs_alpha.png"} <= listed
+    listed = {a.path for a in client.list_artifacts(e.info.run_id)} | {
+        a.path for a in client.list_artifacts(e.info.run_id, "figures")
+    }
+    assert {
+        "pareto_fronts_by_method.png",
+        "points.json",
+        path.name,
+        "settings.json",
+        "figures/cactus_pareto_front.png",
+        "figures/cactus_speed_vs_delta.png",
+        "figures/mentored_speed_vs_alpha.png",
+    } <= listed
     # the study runs an export names are the tuning job's (read, not written)
-    study_runs = {r.data.tags["relaxtune.method"]: r.info.run_id for r in client.search_runs([exp.experiment_id])
-                  if r.data.tags.get("relaxtune.kind") == "study" and r.data.tags.get("relaxtune.job") == job}
+    study_runs = {
+        r.data.tags["relaxtune.method"]: r.info.run_id
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("relaxtune.kind") == "study" and r.data.tags.get("relaxtune.job") == job
+    }
     assert {m: r.mlflow_run_id for m, r in exported.methods.items()} == study_runs
 
     again, same_path = run(tight, new_trials=False)  # a second export: another run, its own file replaced
     assert same_path == path and again.recommendation == exported.recommendation
-    assert len([r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "export"]) == 2
+    assert (
+        len([r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "export"]) == 2
+    )
     assert snapshot(client, exp.experiment_id, job, tmp_path / "again") == before
 
 
@@ -127,10 +179,14 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
         if kind not in ("study", "task"):
             continue
         name = "pareto_front.json" if kind == "study" else "points.json"
-        table = json.loads(Path(client.download_artifacts(r.info.run_id, name, str(tmp_path / r.info.run_id))).read_text())
+        table = json.loads(
+            Path(client.download_artifacts(r.info.run_id, name, str(tmp_path / r.info.run_id))).read_text()
+        )
         cols = table["columns"]
-        keys = [(row[cols.index("kind")], row[cols.index("method")], row[cols.index("trial")], row[cols.index("n_draft")])
-                for row in table["data"]]
+        keys = [
+            (row[cols.index("kind")], row[cols.index("method")], row[cols.index("trial")], row[cols.index("n_draft")])
+            for row in table["data"]
+        ]
         assert len(keys) == len(set(keys))  # each point once, never both feasible and infeasible
         trials = [k for k in keys if k[0] == "trial"]
         assert len(trials) == (4 if kind == "study" else 8) and ("ar", "ar", None, None) in keys
@@ -178,14 +234,20 @@ def test_an_export_with_nothing_to_read_names_what_is_missing(tmp_path, monkeypa
     s = settings(tmp_path / "tuned", uri, "synthetic", methods=["cactus"])
     run(s.model_copy(update={"mlflow_uri": None}), track=False)
     cases = [  # (settings, pair, what the refusal names)
-        (s.model_copy(update={"methods": ["cactus", "mentored"]}), "synthetic-pair",
-         r"mentored \(study synthetic__mentored__synthetic-pair does not exist\).*studies of synthetic there: "
-         "synthetic__cactus__synthetic-pair"),
+        (
+            s.model_copy(update={"methods": ["cactus", "mentored"]}),
+            "synthetic-pair",
+            r"mentored \(study synthetic__mentored__synthetic-pair does not exist\).*studies of synthetic there: "
+            "synthetic__cactus__synthetic-pair",
+        ),
         (s, "other-pair", "cactus \\(study synthetic__cactus__other-pair does not exist\\)"),
         (s.model_copy(update={"c_rel": "measured"}), "synthetic-pair", "no saved cost profile at .*cost_profile.json"),
         (s.model_copy(update={"seed": 7}), "synthetic-pair", "no complete strict records at N=4 .*seed 7"),
-        (s.model_copy(update={"export": str(Path(s.output_dir) / "synthetic.tuned.yaml")}), "synthetic-pair",
-         "is the tuning run's own config: an export never overwrites it"),
+        (
+            s.model_copy(update={"export": str(Path(s.output_dir) / "synthetic.tuned.yaml")}),
+            "synthetic-pair",
+            "is the tuning run's own config: an export never overwrites it",
+        ),
     ]
     for settings_, pair, message in cases:
         with pytest.raises(JobError, match=message):

@@ -8,22 +8,22 @@ import re
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import optuna  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
-from matplotlib.text import Annotation, Text  # noqa: E402
+import matplotlib.pyplot as plt
+import optuna
+import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.text import Annotation, Text
 
-from relaxtune.certify.stats import drop_bound, wilson_interval  # noqa: E402
-from relaxtune.report.decision import decide, study_summary  # noqa: E402
-from relaxtune.report.export import build_config  # noqa: E402
-from relaxtune.report.figures import combined_figure, knob_figure, method_figure  # noqa: E402
-from relaxtune.tune.confirm import confirm  # noqa: E402
-from relaxtune.tune.judge import drop_ucb_at  # noqa: E402
-from relaxtune.tune.pareto import Point, baseline_points, study_points  # noqa: E402
-from relaxtune.tune.tuning import Tuner, TuneSettings, choose  # noqa: E402
+from relaxtune.certify.stats import drop_bound, wilson_interval
+from relaxtune.report.decision import decide, study_summary
+from relaxtune.report.export import build_config
+from relaxtune.report.figures import combined_figure, knob_figure, method_figure
+from relaxtune.tune.confirm import confirm
+from relaxtune.tune.judge import drop_ucb_at
+from relaxtune.tune.pareto import Point, baseline_points, study_points
+from relaxtune.tune.tuning import Tuner, TuneSettings, choose
 
-from .synthetic import PROBLEMS, SPEC, Lucky, Synthetic  # noqa: E402
+from .synthetic import PROBLEMS, SPEC, Lucky, Synthetic
 
 
 class Pair:
@@ -33,8 +33,18 @@ class Pair:
 def tuned(tmp_path, cliff: float, epsilon: float = 0.05, confidence: float = 0.9):
     """A finished synthetic job on 40 problems (cactus, 5 trials at N=4, its point
     confirmed on fresh seeds) and its config."""
-    s = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=5, stage_size=40, c_rel=0.2,
-                     output_dir=str(tmp_path), epsilon=epsilon, confidence=confidence, confirm="seeds")
+    s = TuneSettings(
+        task="synthetic",
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=5,
+        stage_size=40,
+        c_rel=0.2,
+        output_dir=str(tmp_path),
+        epsilon=epsilon,
+        confidence=confidence,
+        confirm="seeds",
+    )
     tuner = Tuner(s, SPEC, PROBLEMS[:40], Pair(), 0.2, evaluate_fn=Synthetic(cliff=cliff, drop=0.25), progress=False)
     outcome = tuner.tune_method("cactus")
     tuner.baseline(4)
@@ -76,20 +86,39 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     assert d.label == "cactus delta=10 N=4" and rec.method == "cactus" and rec.knob == 10.0
     assert config.confirmation["planned"] == 2  # two candidates: the confidence split in halves, 0.95 each
     assert d.params | {"drafter": "-", "verifier": "-"} == {
-        "recommended_method": "cactus", "recommended_knob_name": "delta", "recommended_knob": "10",
-        "recommended_n_draft": "4", "recommended_drop_ucb": f"{r.drop_upper_bound:.4g}",
-        "recommended_search_drop_ucb": f"{r.search_drop_upper_bound:.4g}", "confirm_confidence": "0.95",
-        "epsilon": "0.2", "confidence": "0.9", "n": "40", "problems": "40", "repeats": "1", "task": "synthetic",
-        "task_version": "2", "drafter": "-", "verifier": "-", "c_rel": "0.2"}
+        "recommended_method": "cactus",
+        "recommended_knob_name": "delta",
+        "recommended_knob": "10",
+        "recommended_n_draft": "4",
+        "recommended_drop_ucb": f"{r.drop_upper_bound:.4g}",
+        "recommended_search_drop_ucb": f"{r.search_drop_upper_bound:.4g}",
+        "confirm_confidence": "0.95",
+        "epsilon": "0.2",
+        "confidence": "0.9",
+        "n": "40",
+        "problems": "40",
+        "repeats": "1",
+        "task": "synthetic",
+        "task_version": "2",
+        "drafter": "-",
+        "verifier": "-",
+        "c_rel": "0.2",
+    }
     assert d.metrics["recommended_search_drop_ucb"] == r.search_drop_upper_bound  # both bounds: search, confirmation
     assert d.metrics["recommended_speedup"] == rec.modeled_speedup == r.modeled_speedup
     assert d.metrics["recommended_drop_ucb"] == r.drop_upper_bound <= 0.2 and d.metrics["recommended_accuracy"] == 1.0
     assert d.metrics["strict_speedup"] == config.strict_by_n_draft[4]["modeled_speedup"] < rec.modeled_speedup
     assert (d.metrics["epsilon"], d.metrics["confidence"], d.metrics["n"]) == (0.2, 0.9, 40.0)
     assert d.metrics["cactus.feasible"] == 1.0 and d.metrics["cactus.drop_ucb"] == r.drop_upper_bound
-    assert d.tags == {"relaxtune.recommended": "cactus delta=10 N=4", "relaxtune.recommended_method": "cactus",
-                      "relaxtune.task": "synthetic", "relaxtune.feasible_methods": "cactus", "relaxtune.epsilon": "0.2",
-                      "relaxtune.confirm": "seeds", "relaxtune.promise": config.confirmation["promise"]}
+    assert d.tags == {
+        "relaxtune.recommended": "cactus delta=10 N=4",
+        "relaxtune.recommended_method": "cactus",
+        "relaxtune.task": "synthetic",
+        "relaxtune.feasible_methods": "cactus",
+        "relaxtune.epsilon": "0.2",
+        "relaxtune.confirm": "seeds",
+        "relaxtune.promise": config.confirmation["promise"],
+    }
     assert config.confirmation["promise"].startswith("about these 40 problems, not new ones")
     assert not re.search(r"[.;:!?]\s+[A-Z]", d.description) and d.description.endswith(".")  # one sentence
     assert d.description.startswith("Use cactus delta=10 N=4 on synthetic v2 (modeled ")
@@ -101,7 +130,9 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
 
     _, _, config = tuned(tmp_path / "none", cliff=-1.0)
     d, r = decide(config), config.methods["cactus"]
-    assert d.label == "strict N=4" and d.params["recommended_knob"] == "-" and d.params["recommended_method"] == "strict"
+    assert (
+        d.label == "strict N=4" and d.params["recommended_knob"] == "-" and d.params["recommended_method"] == "strict"
+    )
     assert d.metrics["recommended_drop_ucb"] == 0.0 and d.metrics["cactus.feasible"] == 0.0
     assert d.metrics["cactus.drop_ucb"] == r.closest["drop_upper_bound"] > 0.05
     assert d.tags["relaxtune.feasible_methods"] == "none"
@@ -109,8 +140,10 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     assert d.description.startswith("Use strict N=4 on synthetic v2 (modeled ") and d.description.endswith(".")
     assert not re.search(r"[.;:!?]\s+[A-Z]", d.description)
     assert "no relaxed point was confirmed within the capability-loss budget" in d.description
-    assert f"the closest tried point, {closest}, has a drop of at most {r.closest['drop_upper_bound']:.3f}" \
+    assert (
+        f"the closest tried point, {closest}, has a drop of at most {r.closest['drop_upper_bound']:.3f}"
         in d.description
+    )
     name, about = study_summary(r, 0.05)
     assert name == "cactus study: none within eps 0.05" and f"no point exported ({r.note})" in about
 
@@ -126,15 +159,40 @@ def point(label, kind, speedup, k, n=8, s_only=0, r_only=0, **kw) -> Point:
 
 def crowded() -> tuple[list[Point], list[Point]]:
     """Strict N=4, the chosen point and the closest infeasible one at the same place, AR beside them."""
-    trials = [point("cactus delta=0.25 N=4", "trial", 1.8, 7, chosen=True, knob=0.25, n_draft=4, method="cactus"),
-              point("cactus delta=1 N=4", "trial", 1.8, 7, s_only=1, r_only=1, feasible=False, closest=True, knob=1.0,
-                    n_draft=4, method="cactus"),
-              point("cactus delta=10 N=4", "trial", 2.2, 4, s_only=3, feasible=False, knob=10.0, n_draft=4,
-                    method="cactus", state="PRUNED"),
-              point("cactus delta=0.1 N=2", "trial", 1.5, 7, knob=0.1, n_draft=2, method="cactus")]
-    base = [point("strict N=2", "strict", 1.5, 7, n_draft=2, method="strict"),
-            point("strict N=4", "strict", 1.8, 7, n_draft=4, method="strict"),
-            point("AR", "ar", 1.0, 7, method="ar")]
+    trials = [
+        point("cactus delta=0.25 N=4", "trial", 1.8, 7, chosen=True, knob=0.25, n_draft=4, method="cactus"),
+        point(
+            "cactus delta=1 N=4",
+            "trial",
+            1.8,
+            7,
+            s_only=1,
+            r_only=1,
+            feasible=False,
+            closest=True,
+            knob=1.0,
+            n_draft=4,
+            method="cactus",
+        ),
+        point(
+            "cactus delta=10 N=4",
+            "trial",
+            2.2,
+            4,
+            s_only=3,
+            feasible=False,
+            knob=10.0,
+            n_draft=4,
+            method="cactus",
+            state="PRUNED",
+        ),
+        point("cactus delta=0.1 N=2", "trial", 1.5, 7, knob=0.1, n_draft=2, method="cactus"),
+    ]
+    base = [
+        point("strict N=2", "strict", 1.5, 7, n_draft=2, method="strict"),
+        point("strict N=4", "strict", 1.8, 7, n_draft=4, method="strict"),
+        point("AR", "ar", 1.0, 7, method="ar"),
+    ]
     return trials, base
 
 
@@ -142,8 +200,12 @@ def labels(fig) -> list[tuple[str, object]]:
     """The figure's point labels and their boxes (display coordinates), after drawing."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    return [(a.get_text(), Text.get_window_extent(a, renderer)) for ax in fig.axes for a in ax.texts
-            if isinstance(a, Annotation)]
+    return [
+        (a.get_text(), Text.get_window_extent(a, renderer))
+        for ax in fig.axes
+        for a in ax.texts
+        if isinstance(a, Annotation)
+    ]
 
 
 def test_coinciding_points_keep_distinct_legible_labels():
@@ -152,11 +214,12 @@ def test_coinciding_points_keep_distinct_legible_labels():
     found = labels(fig)
     texts = [t for t, _ in found]
     assert sorted(t.split("\n")[0] for t in texts) == sorted(
-        ["chosen: cactus delta=0.25 N=4", "closest (infeasible): cactus delta=1 N=4", "strict N=2", "strict N=4", "AR"])
+        ["chosen: cactus delta=0.25 N=4", "closest (infeasible): cactus delta=1 N=4", "strict N=2", "strict N=4", "AR"]
+    )
     top = fig.axes[0].get_window_extent()
     for i, (text, box) in enumerate(found):
         assert top.x0 <= box.x0 and box.x1 <= top.x1 and top.y0 <= box.y0 and box.y1 <= top.y1, text
-        for other, box2 in found[i + 1:]:
+        for other, box2 in found[i + 1 :]:
             assert not box.overlaps(box2), (text, other)
     chosen = next(t for t in texts if t.startswith("chosen"))
     assert f"drop <= {trials[0].drop_ucb:.3f}" in chosen
@@ -188,8 +251,14 @@ def test_every_point_has_its_interval_and_the_budget_is_drawn():
     dspans = sorted((round(seg[0][1], 6), round(seg[1][1], 6)) for c in drops for seg in c.get_segments())
     assert dspans == sorted((round(p.drop_lcb, 6), round(p.drop_ucb, 6)) for p in trials)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert {"chosen point", "closest point (none exported)", "strict (per N)", "AR (strict's distribution)",
-            "budget: strict N=4 - eps (0.25)", "drop = eps (0.25)"} <= set(legend)
+    assert {
+        "chosen point",
+        "closest point (none exported)",
+        "strict (per N)",
+        "AR (strict's distribution)",
+        "budget: strict N=4 - eps (0.25)",
+        "drop = eps (0.25)",
+    } <= set(legend)
     plt.close(fig)
 
     trials[0].confirm_drop_ucb = 0.11  # a confirmation run's bound, drawn beside the search's
@@ -198,9 +267,15 @@ def test_every_point_has_its_interval_and_the_budget_is_drawn():
     assert any("confirmed <= 0.110" in t for t, _ in labels(fig))
     plt.close(fig)
 
-    fig = combined_figure({"cactus": trials, "mentored": [point("mentored alpha=0.3 N=4", "trial", 1.2, 7,
-                                                                 knob=0.3, n_draft=4, method="mentored")]},
-                          base, 0.25, "t")
+    fig = combined_figure(
+        {
+            "cactus": trials,
+            "mentored": [point("mentored alpha=0.3 N=4", "trial", 1.2, 7, knob=0.3, n_draft=4, method="mentored")],
+        },
+        base,
+        0.25,
+        "t",
+    )
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "cactus (front)" in legend and "mentored (front)" in legend
     plt.close(fig)
@@ -209,8 +284,16 @@ def test_every_point_has_its_interval_and_the_budget_is_drawn():
 def test_a_point_that_failed_confirmation_shows_its_search_and_fresh_bounds(tmp_path):
     """The search prefers delta=10, lossless on its seed only (``Lucky``); its confirmation
     fails and delta=1's passes: both keep their confirmation bound beside the search's."""
-    s = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=500, c_rel=0.2,
-                     output_dir=str(tmp_path), epsilon=0.1)
+    s = TuneSettings(
+        task="synthetic",
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=4,
+        stage_size=500,
+        c_rel=0.2,
+        output_dir=str(tmp_path),
+        epsilon=0.1,
+    )
     tuner = Tuner(s, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Lucky(), progress=False)
     outcome = tuner.tune_method("cactus")
     result = build_config(tuner.result([outcome], confirm(tuner, [outcome], PROBLEMS))).methods["cactus"]
@@ -224,11 +307,17 @@ def test_a_point_that_failed_confirmation_shows_its_search_and_fresh_bounds(tmp_
 
     fig = method_figure(list(points.values()), baseline_points(tuner), 0.1, "t")
     texts = [t for t, _ in labels(fig)]
-    assert f"failed confirmation: cactus delta=10 N=4\ndrop <= {f.drop_ucb:.3f}, fresh <= {f.confirm_drop_ucb:.3f} " \
-           "> eps 0.1" in texts
+    assert (
+        f"failed confirmation: cactus delta=10 N=4\ndrop <= {f.drop_ucb:.3f}, fresh <= {f.confirm_drop_ucb:.3f} "
+        "> eps 0.1" in texts
+    )
     assert f"chosen: cactus delta=1 N=4\ndrop <= {c.drop_ucb:.3f}, confirmed <= {c.confirm_drop_ucb:.3f}" in texts
-    bars = {(round(float(x), 6), round(float(y), 6)): tuple(col.get_edgecolor()[0]) for col in fig.axes[1].collections
-            for x, y in col.get_offsets() if getattr(col, "get_paths", None) and col.get_offsets().size}
+    bars = {
+        (round(float(x), 6), round(float(y), 6)): tuple(col.get_edgecolor()[0])
+        for col in fig.axes[1].collections
+        for x, y in col.get_offsets()
+        if getattr(col, "get_paths", None) and col.get_offsets().size
+    }
     assert bars[round(f.speedup, 6), round(f.confirm_drop_ucb, 6)] == to_rgba("crimson")
     assert bars[round(c.speedup, 6), round(c.confirm_drop_ucb, 6)] == to_rgba("tab:green")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -241,8 +330,11 @@ def test_a_point_that_failed_confirmation_shows_its_search_and_fresh_bounds(tmp_
 
 @pytest.mark.parametrize("knobs, scale", [((0.1, 1.0, 10.0), "log"), ((0.0, 0.3, 0.9), "symlog")])
 def test_speed_against_the_knob(knobs, scale):
-    trials = [point(f"cactus delta={k} N=4", "trial", 1.2 + k / 10, 7, knob=k, n_draft=n, method="cactus")
-              for k in knobs for n in (2, 4)]
+    trials = [
+        point(f"cactus delta={k} N=4", "trial", 1.2 + k / 10, 7, knob=k, n_draft=n, method="cactus")
+        for k in knobs
+        for n in (2, 4)
+    ]
     trials[-1].chosen = True
     fig = knob_figure(trials, crowded()[1], 0.1, "delta", True, "t")
     top, bottom = fig.axes[:2]

@@ -26,9 +26,19 @@ def harness():
 
 def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
     drafter, verifier = tiny_pair_dirs
-    return {"drafter": drafter, "verifier": verifier, "dtype": "float32", "c_rel": 0.3, "stage_size": 4,
-            "output_dir": str(tmp_path / "runs"), "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "range_size": 2, "heartbeat": 5, "confirm": "seeds"} | over
+    return {
+        "drafter": drafter,
+        "verifier": verifier,
+        "dtype": "float32",
+        "c_rel": 0.3,
+        "stage_size": 4,
+        "output_dir": str(tmp_path / "runs"),
+        "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+        "range_size": 2,
+        "heartbeat": 5,
+        "confirm": "seeds",
+    } | over
 
 
 def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):
@@ -55,14 +65,20 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
                     both_ready.set()
             assert both_ready.wait(timeout=300), f"only {arrived} asked for a trial"
             return next_trial()
+
         return register(key, gated_next_trial)
 
     monkeypatch.setattr(relaxtune.flows.tune, "register", gated_register)
 
     def worker(label: str, lanes: int) -> None:  # what a Prefect worker on another host runs
         results[label] = tune_task.with_options(flow_run_name=label)(
-            task=task, methods=["cactus"], limit=4, trials=6, n_drafts=[2],
-            settings=settings | {"parallel_trials": lanes})
+            task=task,
+            methods=["cactus"],
+            limit=4,
+            trials=6,
+            n_drafts=[2],
+            settings=settings | {"parallel_trials": lanes},
+        )
 
     threads = [threading.Thread(target=worker, args=(label, lanes)) for label, lanes in (("first", 2), ("second", 1))]
     for t in threads:
@@ -85,15 +101,25 @@ def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness
 
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)
-    point = dict(task=task, method="cactus", alpha=0.1, n_draft=2, limit=4, drafter=drafter, verifier=verifier,
-                 dtype="float32", output_dir=str(tmp_path / "runs"))
+    point = dict(
+        task=task,
+        method="cactus",
+        alpha=0.1,
+        n_draft=2,
+        limit=4,
+        drafter=drafter,
+        verifier=verifier,
+        dtype="float32",
+        output_dir=str(tmp_path / "runs"),
+    )
     split = evaluate_point(**point, range_size=1)  # four task runs, merged
     whole = evaluate_point(**point)  # one task run: the records the ranges wrote
     assert split["n"] == whole["n"] == 4 and split == whole
     assert evaluate_point(**point) == whole  # the same inputs again: Prefect's cache
     assert "tiny_math-v1" in whole["path"]
-    Path(task).write_text(Path(task).read_text().replace("version: 1", "version: 2").replace(
-        "max_new_tokens: 10", "max_new_tokens: 6"))  # a new version of the task, under the same name
+    Path(task).write_text(
+        Path(task).read_text().replace("version: 1", "version: 2").replace("max_new_tokens: 10", "max_new_tokens: 6")
+    )  # a new version of the task, under the same name
     bumped = evaluate_point(**point)
     assert "tiny_math-v2" in bumped["path"] and bumped["mean_length"] <= 6  # evaluated anew, not v1's cached result
 
@@ -107,8 +133,9 @@ def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_
     extra.mkdir()
     task = write_tiny_task(extra)  # a new task in an extra folder; evals/ has none
     missing = extra / "no_data.yaml"  # a spec whose data file is not there: skipped before any model loads
-    missing.write_text(Path(task).read_text().replace("name: tiny_math", "name: no_data").replace(
-        "tiny_math.jsonl", "absent.jsonl"))
+    missing.write_text(
+        Path(task).read_text().replace("name: tiny_math", "name: no_data").replace("tiny_math.jsonl", "absent.jsonl")
+    )
     monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
     loaded, load = [], relaxtune.flows.tune.load_backend
     monkeypatch.setattr(relaxtune.flows.tune, "load_backend", lambda s: loaded.append(s.task) or load(s))
@@ -150,29 +177,40 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     generates a sample; both judge the same cells."""
     from typer.testing import CliRunner
 
-    from relaxtune.flows.transfer import transfer_matrix
     from relaxtune.certify.stats import drop_bound
     from relaxtune.cli import app
+    from relaxtune.flows.transfer import transfer_matrix
     from relaxtune.job import run_tune_job
     from relaxtune.report.export import load_config
 
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.9, methods=["cactus"], limit=4, trials=1, n_drafts=[2])
     tasks = [write_tiny_task(tmp_path, name=name) for name in ("tiny_math", "tiny_sums")]
     for task in tasks:
-        config, _ = run_tune_job(TuneSettings(**settings | {"task": task}), progress=False, track=False,
-                                 log=lambda message: None)
-        assert (config.methods["cactus"].feasible, config.methods["cactus"].knob) == (True, 10.0)  # the grid strongest first
+        config, _ = run_tune_job(
+            TuneSettings(**settings | {"task": task}), progress=False, track=False, log=lambda message: None
+        )
+        assert (config.methods["cactus"].feasible, config.methods["cactus"].knob) == (
+            True,
+            10.0,
+        )  # the grid strongest first
     runs = tmp_path / "runs"
     records = {p: p.read_text() for p in runs.rglob("*.jsonl")}
     result = transfer_matrix(tasks=tasks, output_dir=str(runs), mlflow_uri=settings["mlflow_uri"])
     assert {p: p.read_text() for p in runs.rglob("*.jsonl")} == records  # nothing generated
     cells = [(r["source"], r["target"], r["samples"], r["within_epsilon"]) for r in result["cells"]]
-    assert cells == [("tiny_math", "tiny_math", "confirmation", True), ("tiny_math", "tiny_sums", "search", True),
-                     ("tiny_sums", "tiny_math", "search", True), ("tiny_sums", "tiny_sums", "confirmation", True)]
+    assert cells == [
+        ("tiny_math", "tiny_math", "confirmation", True),
+        ("tiny_math", "tiny_sums", "search", True),
+        ("tiny_sums", "tiny_math", "search", True),
+        ("tiny_sums", "tiny_sums", "confirmation", True),
+    ]
     assert sorted(Path(p).name for p in result["written"]) == ["tiny_math.tuned.yaml", "tiny_sums.tuned.yaml"]
     assert load_config(runs / "tiny_sums.tuned.yaml").transfer.targets["tiny_math"]["cactus"].within_epsilon
-    out = CliRunner().invoke(app, ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs),
-                                   "--mlflow-uri", settings["mlflow_uri"]], env={"COLUMNS": "200"})
+    out = CliRunner().invoke(
+        app,
+        ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs), "--mlflow-uri", settings["mlflow_uri"]],
+        env={"COLUMNS": "200"},
+    )
     assert out.exit_code == 0, out.output
     assert {p: p.read_text() for p in runs.rglob("*.jsonl")} == records
     bounds = {round(r["drop_upper_bound"], 3) for r in result["cells"]}
@@ -180,8 +218,19 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     text = " ".join(out.output.split())
     assert text.count(f"\u2713 <= {bounds.pop():.3f} (eps 0.9)") == 4 and "tiny_sums (delta=10 N=2)" in text
     assert "each cell judged at 97.50% one-sided" in text and text.count("transfer section written to") == 2
-    out = CliRunner().invoke(app, ["transfer", "--tasks", ",".join(tasks), "--output-dir", str(runs),
-                                   "--mlflow-uri", settings["mlflow_uri"], "--json"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "transfer",
+            "--tasks",
+            ",".join(tasks),
+            "--output-dir",
+            str(runs),
+            "--mlflow-uri",
+            settings["mlflow_uri"],
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)  # every field of every cell, messages on stderr
     assert [(c["source"], c["target"], c["within_epsilon"]) for c in data["cells"]] == [c[:2] + c[3:] for c in cells]
@@ -198,8 +247,14 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     verifier_copy = shutil.copytree(verifier, tmp_path / "verifier")
     task = write_tiny_task(tmp_path)
     settings = {"task": task, "drafter": drafter, "verifier": str(verifier_copy), "dtype": "float32"}
-    params = {"settings": settings, "method": "cactus", "knob": 0.1, "n_draft": 2, "seed": 0,
-              "problem_ids": ("0", "1", "2", "3")}
+    params = {
+        "settings": settings,
+        "method": "cactus",
+        "knob": 0.1,
+        "n_draft": 2,
+        "seed": 0,
+        "problem_ids": ("0", "1", "2", "3"),
+    }
     key = evaluation_cache_key(None, params)
     assert evaluation_cache_key(None, params) == key
     assert evaluation_cache_key(None, params | {"problem_ids": ("0", "1")}) != key

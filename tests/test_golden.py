@@ -46,8 +46,9 @@ def test_every_methods_responses_equal_the_base_commits(tmp_path, one_thread):
 def test_a_tuning_jobs_records_trials_and_config_equal_the_base_commits(tmp_path, one_thread):
     _golden().job_run(tmp_path / "out", tmp_path / "work", batches=(4,))
     names = sorted(p.relative_to(FIXTURES).as_posix()[:-3] for p in (FIXTURES / "job-b4").rglob("*.gz"))
-    got = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out" / "job-b4").rglob("*")
-                 if p.is_file())
+    got = sorted(
+        p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out" / "job-b4").rglob("*") if p.is_file()
+    )
     assert got == names and len(names) == 7
     for name in names:
         golden = _golden()  # the base commit's file, cleaned as this code cleans (schema v3's additions dropped)

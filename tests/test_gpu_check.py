@@ -25,8 +25,11 @@ def test_server_cases_pass_against_the_stand_ins(tiny_pair_dirs, tmp_path):
     config = json.loads((verifier / "generation_config.json").read_text())
     (verifier / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": list(range(64))}))
     pair = load_pair(tiny_pair_dirs[0], str(verifier), dtype="float32")
-    servers = [StandInServer(pair.drafter).start(), StandInServer(pair.verifier).start(),
-               StandInSpecServer(pair.drafter, pair.verifier, 0.5, 3, tokenizer=pair.tokenizer).start()]
+    servers = [
+        StandInServer(pair.drafter).start(),
+        StandInServer(pair.verifier).start(),
+        StandInSpecServer(pair.drafter, pair.verifier, 0.5, 3, tokenizer=pair.tokenizer).start(),
+    ]
     try:
         urls = [s.url for s in servers]
         remote = SGLangBackend(urls[0], urls[1], str(verifier))

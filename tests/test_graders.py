@@ -97,11 +97,14 @@ def test_a_forked_process_grades_with_workers_of_its_own():
 
 def test_math_grading_in_a_process_with_many_open_descriptors():
     """A long-running job (MLflow, Prefect) holds many files: the worker's pipes pass FD_SETSIZE."""
-    script = ("import os, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (2048, 2048))\n"
-              "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
-              "from relaxtune.graders.math import grade_math\nprint(grade_math(r'\\boxed{5}', '5').verdict)\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parent.parent)
+    script = (
+        "import os, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (2048, 2048))\n"
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+        "from relaxtune.graders.math import grade_math\nprint(grade_math(r'\\boxed{5}', '5').verdict)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent
+    )
     assert run.stdout.strip() == "correct", run.stderr[-2000:]
 
 
@@ -156,18 +159,25 @@ def test_choice_extraction(text, expected):
     assert extract_choice(text) == expected
 
 
-@pytest.mark.parametrize("template, prefix", [
-    ("The last line of your response should be of the form 'ANSWER: $LETTER' (without quotes) where LETTER is one "
-     "of ABCD.", "ANSWER:"),
-    ("...of the following format: 'Answer: $LETTER' (without quotes) where LETTER is one of ABCD.", "Answer:"),
-    ('Your final line must be "FINAL: X" where X is A, B, C or D.', "FINAL:"),
-    ('End with "Final answer: <letter>".', "Final answer:"),
-    ('Reply in the format "Choice: [LETTER]".', "Choice: ["),
-    ('finish your answer with "the answer is (X)" where X is the correct letter choice.', "the answer is ("),
-    ('Use the tag "X-ray" if needed. Answer with the letter only.', None),
-    ('Let "x = X" denote the unknown.', None),
-    ("Put the letter in \\boxed{}.", None),
-])
+@pytest.mark.parametrize(
+    "template, prefix",
+    [
+        (
+            "The last line of your response should be of the form 'ANSWER: $LETTER' (without quotes) "
+            "where LETTER is one "
+            "of ABCD.",
+            "ANSWER:",
+        ),
+        ("...of the following format: 'Answer: $LETTER' (without quotes) where LETTER is one of ABCD.", "Answer:"),
+        ('Your final line must be "FINAL: X" where X is A, B, C or D.', "FINAL:"),
+        ('End with "Final answer: <letter>".', "Final answer:"),
+        ('Reply in the format "Choice: [LETTER]".', "Choice: ["),
+        ('finish your answer with "the answer is (X)" where X is the correct letter choice.', "the answer is ("),
+        ('Use the tag "X-ray" if needed. Answer with the letter only.', None),
+        ('Let "x = X" denote the unknown.', None),
+        ("Put the letter in \\boxed{}.", None),
+    ],
+)
 def test_the_prompts_own_answer_format_is_found(template, prefix):
     assert prompt_answer_format(template) == prefix
 
@@ -194,34 +204,40 @@ def test_fences_are_read_in_linear_time():
     assert extract_code(rambling) == "x = 1\n"  # the tilde fence never closed is text
 
 
-@pytest.mark.parametrize("statement", [
-    "If there are multiple solutions, print any of them.",
-    "If there are multiple possible strings, print any one.",
-    "If multiple solutions exist, any of them will be accepted.",
-    "You may return the answer in any order.",
-    "You can output the edges in any order.",
-    "Any valid answer will be accepted.",
-    "It is guaranteed that a solution exists. If there are multiple solutions, you may print any one of them.",
-    "Your output will be judged correct if the absolute or relative error from the true answer is at most 10^{-6}.",
-    "Your answer is considered correct if its absolute or relative error does not exceed 10^{-9}.",
-    "Your answer will be considered correct if the absolute error is at most 10^{-6}.",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "If there are multiple solutions, print any of them.",
+        "If there are multiple possible strings, print any one.",
+        "If multiple solutions exist, any of them will be accepted.",
+        "You may return the answer in any order.",
+        "You can output the edges in any order.",
+        "Any valid answer will be accepted.",
+        "It is guaranteed that a solution exists. If there are multiple solutions, you may print any one of them.",
+        "Your output will be judged correct if the absolute or relative error from the true answer is at most 10^{-6}.",
+        "Your answer is considered correct if its absolute or relative error does not exceed 10^{-9}.",
+        "Your answer will be considered correct if the absolute error is at most 10^{-6}.",
+    ],
+)
 def test_special_judge_statements_are_detected(statement):
     assert special_judge_reason(statement) is not None
 
 
-@pytest.mark.parametrize("statement", [
-    "If there are multiple answers, print the one with the smallest index.",
-    "If there are multiple such x, print the smallest one.",
-    "Print Yes if any of them is correct, and No otherwise.",
-    "Determine whether any of them is accepted by the machine.",
-    "Do not print any extra spaces.",
-    "If there is no solution, print -1.",
-    "Print the lexicographically smallest string among them.",
-    "Return the number of subarrays in which any element appears at least twice.",
-    "Print the answer rounded to exactly 6 decimal places.",
-    "The edges are given in any order. Print the number of components.",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "If there are multiple answers, print the one with the smallest index.",
+        "If there are multiple such x, print the smallest one.",
+        "Print Yes if any of them is correct, and No otherwise.",
+        "Determine whether any of them is accepted by the machine.",
+        "Do not print any extra spaces.",
+        "If there is no solution, print -1.",
+        "Print the lexicographically smallest string among them.",
+        "Return the number of subarrays in which any element appears at least twice.",
+        "Print the answer rounded to exactly 6 decimal places.",
+        "The edges are given in any order. Print the number of components.",
+    ],
+)
 def test_single_answer_statements_are_kept(statement):
     assert special_judge_reason(statement) is None
 
@@ -234,8 +250,10 @@ def test_sandbox_has_no_network():
         server.listen()
         server.settimeout(0.5)
         port = server.getsockname()[1]
-        body = (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-                "def add(xs, k):\n    return [x + k for x in xs]")
+        body = (
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "def add(xs, k):\n    return [x + k for x in xs]"
+        )
         v = grade_code(f"```python\n{body}\n```", HE, timeout=2)
         assert v.verdict == "runtime_error", v.detail
         with pytest.raises(socket.timeout):
@@ -254,8 +272,12 @@ def test_stdin_and_functional_tests():
 
 
 def test_code_verdicts_do_not_depend_on_parallelism():
-    bodies = ["def add(xs, k):\n    return [x + k for x in xs]", "def add(xs, k):\n    return xs",
-              "while True:\n    pass", "def add(xs, k):\n    raise ValueError"] * 2
+    bodies = [
+        "def add(xs, k):\n    return [x + k for x in xs]",
+        "def add(xs, k):\n    return xs",
+        "while True:\n    pass",
+        "def add(xs, k):\n    raise ValueError",
+    ] * 2
     responses = [f"```python\n{b}\n```" for b in bodies]
     serial = [grade_code(r, HE, timeout=1).verdict for r in responses]
     with ThreadPoolExecutor(8) as pool:

@@ -35,8 +35,9 @@ def test_the_source_digest_follows_behaviour_not_docstrings(tmp_path, monkeypatc
     (pkg / "rule.py").write_text('def grade(x):\n    """Right when positive."""\n    return x > 0\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     before = source_digest(("fakegrader",))
-    (pkg / "rule.py").write_text('def grade(x):\n    """Right when positive, now said otherwise."""\n\n'
-                                 '    return x > 0  # a comment\n')
+    (pkg / "rule.py").write_text(
+        'def grade(x):\n    """Right when positive, now said otherwise."""\n\n    return x > 0  # a comment\n'
+    )
     assert source_digest(("fakegrader",)) == before  # docs, comments, layout: the same code
     (pkg / "rule.py").write_text('def grade(x):\n    """Right when positive."""\n    return x >= 0\n')
     assert source_digest(("fakegrader",)) != before  # other behaviour
@@ -59,8 +60,10 @@ def test_workers_in_threads_never_parse_at_once(fresh_identity, monkeypatch):
 
     monkeypatch.setattr(identity.ast, "parse", slow_parse)
     got: list = []
-    threads = [threading.Thread(target=lambda: got.append((identity.grader_identity(),
-                                                           identity.decoding_identity()))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: got.append((identity.grader_identity(), identity.decoding_identity())))
+        for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -87,8 +90,9 @@ def _verdicts(path: Path) -> dict:
     return {(r["problem_id"], r["repeat"]): r for r in lines}, len(lines)
 
 
-def test_an_old_verdict_is_regraded_after_the_grader_changes(tiny_backend, tmp_path, monkeypatch, fresh_identity,
-                                                              caplog):
+def test_an_old_verdict_is_regraded_after_the_grader_changes(
+    tiny_backend, tmp_path, monkeypatch, fresh_identity, caplog
+):
     spec, config = tiny_task(repeats=2), DecodeConfig("strict", None, 2, seed=3)
     first = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=2, progress=False)
     records, lines = _verdicts(first.path)
@@ -119,8 +123,9 @@ def test_an_old_verdict_is_regraded_after_the_grader_changes(tiny_backend, tmp_p
     assert caplog.text == "" and _verdicts(first.path)[1] == 8  # once re-graded, served as they are
 
 
-def test_a_sample_of_another_decoding_core_is_generated_again(tiny_backend, tmp_path, monkeypatch, fresh_identity,
-                                                              caplog):
+def test_a_sample_of_another_decoding_core_is_generated_again(
+    tiny_backend, tmp_path, monkeypatch, fresh_identity, caplog
+):
     spec, config = tiny_task(), DecodeConfig("cactus", 1.0, 2, seed=1)
     first = evaluate(spec, tiny_backend, config, output_dir=tmp_path, limit=3, progress=False)
     monkeypatch.setattr(evaluation, "decoding_identity", lambda: "another-core")
@@ -143,8 +148,14 @@ def test_the_prefect_cache_key_changes_with_the_code_identity(tmp_path, monkeypa
 
     from .tiny_task import write_tiny_task
 
-    params = {"settings": {"task": write_tiny_task(tmp_path), "drafter": "d", "verifier": "v"}, "method": "cactus",
-              "knob": 0.1, "n_draft": 2, "seed": 0, "problem_ids": ("0", "1")}
+    params = {
+        "settings": {"task": write_tiny_task(tmp_path), "drafter": "d", "verifier": "v"},
+        "method": "cactus",
+        "knob": 0.1,
+        "n_draft": 2,
+        "seed": 0,
+        "problem_ids": ("0", "1"),
+    }
     key = evaluation_cache_key(None, params)
     real = identity._version
     monkeypatch.setattr(identity, "_version", lambda p: "0.9.1" if p == "math-verify" else real(p))

@@ -36,17 +36,32 @@ def _runs(mlflow_uri: str) -> dict[str, str]:
 
     client = MlflowClient(mlflow_uri)
     (exp,) = [e for e in client.search_experiments() if e.name == "relaxtune-synthetic"]
-    return {r.data.tags["relaxtune.kind"]: r.info.status for r in client.search_runs([exp.experiment_id])
-            if r.data.tags["relaxtune.kind"] in ("task", "study")}
+    return {
+        r.data.tags["relaxtune.kind"]: r.info.status
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags["relaxtune.kind"] in ("task", "study")
+    }
 
 
 @pytest.mark.interrupts
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, sig):
     runs = tmp_path / "runs"
-    settings = dict(task=write_task(tmp_path / "task", 8), methods=["cactus"], n_drafts=[4], trials=2, stage_size=4,
-                    confirm="seeds", c_rel=0.2, epsilon=0.2, heartbeat=30, grace_period=600, output_dir=str(runs),
-                    storage=f"sqlite:///{tmp_path / 'optuna.db'}", mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    settings = dict(
+        task=write_task(tmp_path / "task", 8),
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=2,
+        stage_size=4,
+        confirm="seeds",
+        c_rel=0.2,
+        epsilon=0.2,
+        heartbeat=30,
+        grace_period=600,
+        output_dir=str(runs),
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(tmp_path / "settings.json"), "--delay", "0.3"]
     with open(tmp_path / "first.log", "w") as out:
@@ -84,12 +99,16 @@ def test_a_stopped_job_says_what_it_kept_and_resumes_without_waiting(tmp_path, s
     assert time.time() - started < 400, resumed.stdout  # the grace period is 600 s: a stale wait would show
     assert "went stale" not in resumed.stdout and "stale" not in trials_attrs(settings["storage"], name)
     trials = optuna.load_study(study_name=name, storage=settings["storage"]).trials
-    assert [t.state.name for t in trials] in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"], ["PRUNED", "PRUNED"],
-                                              ["PRUNED", "COMPLETE"])
+    assert [t.state.name for t in trials] in (
+        ["COMPLETE", "COMPLETE"],
+        ["COMPLETE", "PRUNED"],
+        ["PRUNED", "PRUNED"],
+        ["PRUNED", "COMPLETE"],
+    )
     assert trials[0].params == trial.params  # the interrupted trial ran again, the same point
     after = _records(runs)
     for file, lines in kept.items():  # nothing lost: every record kept is still there, in place
-        assert after[file][:len(lines)] == lines
+        assert after[file][: len(lines)] == lines
     for file, lines in after.items():  # nothing generated twice
         ids = [json.loads(line)["problem_id"] for line in lines]
         assert len(ids) == len(set(ids)), file
@@ -115,15 +134,30 @@ def test_a_full_disk_ends_in_one_paragraph_and_a_logged_traceback(tmp_path):
     from relaxtune.job import run_tune_job
 
     runs = tmp_path / "runs"
-    settings = TuneSettings(task=write_task(tmp_path / "task", 8), methods=["cactus"], n_drafts=[4], trials=2,
-                            confirm="seeds",
-                            stage_size=4, c_rel=0.2, output_dir=str(runs), storage=f"sqlite:///{tmp_path / 'o.db'}")
+    settings = TuneSettings(
+        task=write_task(tmp_path / "task", 8),
+        methods=["cactus"],
+        n_drafts=[4],
+        trials=2,
+        confirm="seeds",
+        stage_size=4,
+        c_rel=0.2,
+        output_dir=str(runs),
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+    )
     said = []
     with pytest.raises(SystemExit) as stop:
-        with guarded(settings, "synthetic-v1", lambda: ["synthetic__cactus__synthetic-pair"], "relaxtune tune ...",
-                     said.append):
-            run_tune_job(settings, SyntheticPair(), progress=False, track=False, evaluate_fn=FullDisk(10),
-                         log=lambda message: None)
+        with guarded(
+            settings, "synthetic-v1", lambda: ["synthetic__cactus__synthetic-pair"], "relaxtune tune ...", said.append
+        ):
+            run_tune_job(
+                settings,
+                SyntheticPair(),
+                progress=False,
+                track=False,
+                evaluate_fn=FullDisk(10),
+                log=lambda message: None,
+            )
     assert stop.value.code == 1 and len(said) == 1
     text = said[0]
     full = f"the disk is full (no space left on device writing {runs / 'x.jsonl'})"

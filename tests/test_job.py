@@ -8,8 +8,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from relaxtune.cli import app
 from relaxtune.certify.stats import smallest_certifiable_drop
+from relaxtune.cli import app
 from relaxtune.report.export import load_config
 
 from .tiny_task import write_tiny_task
@@ -20,17 +20,47 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     task = write_tiny_task(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(yaml.safe_dump({"methods": ["cactus", "ens"], "trials": 2, "n_drafts": [2], "limit": 4,
-                                   "dtype": "float32", "c_rel": 0.3, "stage_size": 2}))
-    args = ["tune", "--config", str(cfg), "--task", task, "--drafter", drafter, "--verifier", verifier,
-            "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri, "--trials", "3", "--confirm", "seeds"]  # flag beats file
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "methods": ["cactus", "ens"],
+                "trials": 2,
+                "n_drafts": [2],
+                "limit": 4,
+                "dtype": "float32",
+                "c_rel": 0.3,
+                "stage_size": 2,
+            }
+        )
+    )
+    args = [
+        "tune",
+        "--config",
+        str(cfg),
+        "--task",
+        task,
+        "--drafter",
+        drafter,
+        "--verifier",
+        verifier,
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--mlflow-uri",
+        uri,
+        "--trials",
+        "3",
+        "--confirm",
+        "seeds",
+    ]  # flag beats file
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "recommendation" in out.output and "tuned config" in out.output
     text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the job and the summary say what would
     floor = smallest_certifiable_drop(4, 1, 0.975)  # 0.9 split over 2 methods x 2 confirmations
     assert "warning: no confirmation can pass: --confirm seeds confirms on the 4 problems, judged at 0.975" in text
-    assert f"with 4 problems x 1 a confirmation (4 problems, 97.5% one-sided) certifies no drop below {floor:.3f}" in text
+    assert (
+        f"with 4 problems x 1 a confirmation (4 problems, 97.5% one-sided) certifies no drop below {floor:.3f}" in text
+    )
     assert "problems x 1 (--limit) would certify 0.05" in text
     assert "promise: about these 4 problems, not new ones" in text
 
@@ -55,24 +85,35 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert {s.data.tags["mlflow.parentRunId"] for s in kinds["study"]} == {task_run.info.run_id}
     study_ids = {s.info.run_id for s in kinds["study"]}
     assert all(t.data.tags["mlflow.parentRunId"] in study_ids for t in kinds["trial"])
-    assert {"pareto_fronts_by_method.png", "tiny_math.tuned.yaml", "points.json", "figures"} <= \
-        {a.path for a in client.list_artifacts(task_run.info.run_id)}
+    assert {"pareto_fronts_by_method.png", "tiny_math.tuned.yaml", "points.json", "figures"} <= {
+        a.path for a in client.list_artifacts(task_run.info.run_id)
+    }
     rec = config.recommendation  # the decision, readable on the task run's page
-    assert task_run.data.params["recommended_method"] == rec.method == task_run.data.tags["relaxtune.recommended_method"]
+    assert (
+        task_run.data.params["recommended_method"] == rec.method == task_run.data.tags["relaxtune.recommended_method"]
+    )
     assert task_run.data.params["recommended_n_draft"] == str(rec.n_draft) and task_run.data.params["epsilon"] == "0.05"
     assert task_run.data.metrics["recommended_speedup"] == rec.modeled_speedup and task_run.data.params["n"] == "4"
-    assert task_run.data.tags["mlflow.note.content"].startswith(f"Use {task_run.data.tags['relaxtune.recommended']} on ")
+    assert task_run.data.tags["mlflow.note.content"].startswith(
+        f"Use {task_run.data.tags['relaxtune.recommended']} on "
+    )
     assert task_run.info.run_name == f"tiny_math: use {task_run.data.tags['relaxtune.recommended']}"
     for s in kinds["study"]:
         knob = {"cactus": "delta", "ens": "alpha"}[s.data.tags["relaxtune.method"]]
-        assert {"pareto_front.png", "pareto_front.json", f"speed_vs_{knob}.png"} <= \
-            {a.path for a in client.list_artifacts(s.info.run_id)}
+        assert {"pareto_front.png", "pareto_front.json", f"speed_vs_{knob}.png"} <= {
+            a.path for a in client.list_artifacts(s.info.run_id)
+        }
         assert s.info.run_name.startswith(f"{s.data.tags['relaxtune.method']} study: ")
     trial = kinds["trial"][0]
     assert {"method", "knob", "n_draft", "trial", "task_version"} <= set(trial.data.params)
-    assert trial.info.run_name == f"{trial.data.params['method']} " \
-        f"{ {'cactus': 'delta', 'ens': 'alpha'}[trial.data.params['method']]}={float(trial.data.params['knob']):.3g} N=2"
-    assert {"accuracy", "drop_ucb", "l_accept", "speedup", "speedup_c0.05", "length_ratio", "loop_rate"} <= set(trial.data.metrics)
+    assert (
+        trial.info.run_name == f"{trial.data.params['method']} "
+        f"{ {'cactus': 'delta', 'ens': 'alpha'}[trial.data.params['method']] }="
+        f"{float(trial.data.params['knob']):.3g} N=2"
+    )
+    assert {"accuracy", "drop_ucb", "l_accept", "speedup", "speedup_c0.05", "length_ratio", "loop_rate"} <= set(
+        trial.data.metrics
+    )
     assert task_run.inputs.dataset_inputs[0].dataset.name == "tiny_math-v1"
 
     assert set(config.strict_by_n_draft) == {2} and config.recommendation.modeled_speedup > 0
@@ -89,14 +130,19 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     assert printed == resumed.model_dump(mode="json") and "resuming" in out.stderr
     assert resumed.strict_by_n_draft == config.strict_by_n_draft and resumed.methods == config.methods
     study_run = next(r for r in again if r.data.tags.get("relaxtune.kind") == "study")
-    table = json.loads(Path(client.download_artifacts(study_run.info.run_id, "pareto_front.json", str(tmp_path))).read_text())
+    table = json.loads(
+        Path(client.download_artifacts(study_run.info.run_id, "pareto_front.json", str(tmp_path))).read_text()
+    )
     kinds = [row[table["columns"].index("kind")] for row in table["data"]]
     assert "strict" in kinds and "ar" in kinds  # the resumed study's front keeps its references
 
     # export starts from the tuning run's settings: only the new epsilon is given; its own file and run
     tuned = (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes()
-    out = CliRunner().invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri,
-                                   "--epsilon", "0.5"], env={"COLUMNS": "250"})
+    out = CliRunner().invoke(
+        app,
+        ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri, "--epsilon", "0.5"],
+        env={"COLUMNS": "250"},
+    )
     assert out.exit_code == 0, out.output
     assert "reading the study of cactus" in out.output
     assert (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes() == tuned
@@ -109,11 +155,13 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
 
     # export re-judges, never re-runs: other problems, other prices or a method never tuned are refused
     base = ["export", "--task", task, "--output-dir", str(tmp_path / "runs"), "--mlflow-uri", uri]
-    for extra, message in [(["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
-                           (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
-                           (["--c-rel", "0.5"], "an export cannot re-price trials"),
-                           (["--methods", "mentored"], "mentored (study tiny_math__mentored__"),
-                           (["--n-drafts", "8"], "trials ran at N=2, which --n-drafts 8 leaves out")]:
+    for extra, message in [
+        (["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
+        (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
+        (["--c-rel", "0.5"], "an export cannot re-price trials"),
+        (["--methods", "mentored"], "mentored (study tiny_math__mentored__"),
+        (["--n-drafts", "8"], "trials ran at N=2, which --n-drafts 8 leaves out"),
+    ]:
         out = CliRunner().invoke(app, base + extra, env={"COLUMNS": "250"})
         assert out.exit_code != 0 and message in " ".join(out.output.split()), (extra, out.output)
     assert load_config(tmp_path / "runs" / "tiny_math.tuned.eps0.5.yaml") == exported  # nothing overwritten

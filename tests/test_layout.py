@@ -77,14 +77,24 @@ def test_the_may_import_lines_say_what_the_contracts_say():
     layers = [set(layer.replace("relaxtune.", "").split(" | ")) for layer in contracts()["layers"]["layers"]]
     order = [m for layer in reversed(layers) for m in sorted(layer)]
     assert set(order) == set(WINGS + FACES) and len(order) == len(WINGS + FACES)
-    assert contracts()["acyclic"] == {"id": "acyclic", "name": contracts()["acyclic"]["name"],
-                                      "type": "acyclic_siblings", "ancestors": ["relaxtune"]}
+    assert contracts()["acyclic"] == {
+        "id": "acyclic",
+        "name": contracts()["acyclic"]["name"],
+        "type": "acyclic_siblings",
+        "ancestors": ["relaxtune"],
+    }
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([LINT_IMPORTS, "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_contracts_hold_on_the_tree():

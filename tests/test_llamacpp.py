@@ -11,17 +11,17 @@ import torch
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'relaxtune[llamacpp]')")
 pytest.importorskip("gguf", reason="the gguf package writes the tiny GGUF models (pip install 'relaxtune[llamacpp]')")
 
-from relaxtune.backends.llamacpp import LlamaCppBackend, load_gguf_pair  # noqa: E402
-from relaxtune.backends.naming import gguf_pair_name  # noqa: E402
-from relaxtune.backends.llamacpp_model import LlamaModel  # noqa: E402
-from relaxtune.decoding.sampling import SamplingParams  # noqa: E402
-from relaxtune.engine.batch import Request, generate_batch  # noqa: E402
-from relaxtune.engine.sequence import generate  # noqa: E402
+from relaxtune.backends.llamacpp import LlamaCppBackend, load_gguf_pair
+from relaxtune.backends.llamacpp_model import LlamaModel
+from relaxtune.backends.naming import gguf_pair_name
+from relaxtune.decoding.sampling import SamplingParams
+from relaxtune.engine.batch import Request, generate_batch
+from relaxtune.engine.sequence import generate
 
-from .conftest import P_FLOOR, chi2_pvalue  # noqa: E402
-from .test_batch import EOS, LENGTHS  # noqa: E402
-from .tiny_gguf import write_tiny_gguf  # noqa: E402
-from .tiny_models import VOCAB, tiny_tokenizer  # noqa: E402
+from .conftest import P_FLOOR, chi2_pvalue
+from .test_batch import EOS, LENGTHS
+from .tiny_gguf import write_tiny_gguf
+from .tiny_models import VOCAB, tiny_tokenizer
 
 SAMPLING = SamplingParams(temperature=0.8)
 SIX = list("abcdef")  # the chi-square pair's vocabulary: 36 cells for two tokens
@@ -43,8 +43,12 @@ def files(tmp_path_factory):
 
 def _pair(files, key: str, slots: int = 8, eos=frozenset()) -> LlamaCppBackend:
     tok = tiny_tokenizer() if key == "64" else None
-    backend = LlamaCppBackend(LlamaModel(files["d" + key], slots, 256, threads=1),
-                              LlamaModel(files["v" + key], slots, 256, threads=1), tok, name=f"tiny-{key}")
+    backend = LlamaCppBackend(
+        LlamaModel(files["d" + key], slots, 256, threads=1),
+        LlamaModel(files["v" + key], slots, 256, threads=1),
+        tok,
+        name=f"tiny-{key}",
+    )
     backend.eos_token_ids = frozenset(eos)
     return backend
 
@@ -91,8 +95,19 @@ def _requests() -> list[Request]:
 
 def _view(g):
     s = g.stats
-    return (g.token_ids, g.text, s.finish_reason, s.rounds, s.drafted, s.accepted, s.emitted, s.discarded,
-            s.response_tokens, s.draft_forwards, s.verify_forwards)
+    return (
+        g.token_ids,
+        g.text,
+        s.finish_reason,
+        s.rounds,
+        s.drafted,
+        s.accepted,
+        s.emitted,
+        s.discarded,
+        s.response_tokens,
+        s.draft_forwards,
+        s.verify_forwards,
+    )
 
 
 @pytest.mark.parametrize("method, knob", [("strict", None), ("r_fuzzy", 0.3), ("ar", None)])
@@ -102,8 +117,10 @@ def test_a_response_does_not_depend_on_its_batch(files, method, knob):
     backend = _pair(files, "64", eos={EOS})
     kw = dict(method=method, knob=knob, n_draft=3, sampling=SAMPLING)
     requests = _requests()
-    alone = {r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, stop=r.stop, **kw)
-             for r in requests}
+    alone = {
+        r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, stop=r.stop, **kw)
+        for r in requests
+    }
     for size in (1, 8):
         got = {r.key: g for r, g in generate_batch(backend, requests, batch_size=size, **kw)}
         assert not [g for g in got.values() if isinstance(g, Exception)]
@@ -138,8 +155,10 @@ def test_strict_is_lossless(files):
     prompts = {"short": [1, 2, 3], "long": [5, 0, 4, 4, 1, 2, 3, 5, 5]}
     joint = {k: _ar_joint(backend.verifier, p, v) for k, p in prompts.items()}
     q_joint = {k: _ar_joint(backend.drafter, p, v) for k, p in prompts.items()}
-    codes = [generate(backend, prompts["short"], method="strict", n_draft=3, max_new_tokens=2, seed=s).token_ids
-             for s in range(1500)]
+    codes = [
+        generate(backend, prompts["short"], method="strict", n_draft=3, max_new_tokens=2, seed=s).token_ids
+        for s in range(1500)
+    ]
     codes = torch.tensor([a * v + b for a, b in codes])
     assert chi2_pvalue(codes, joint["short"]) > P_FLOOR
     assert chi2_pvalue(codes, q_joint["short"]) < 1e-6
@@ -205,20 +224,46 @@ def test_eval_and_generate_run_on_llamacpp(files, tiny_pair_dirs, tmp_path):
     from .tiny_task import write_tiny_task
 
     runner, task = CliRunner(), write_tiny_task(tmp_path)
-    pair = ["--runtime", "llamacpp", "--drafter", str(files["d64"]), "--verifier", str(files["v64"]),
-            "--tokenizer", tiny_pair_dirs[1]]
+    pair = [
+        "--runtime",
+        "llamacpp",
+        "--drafter",
+        str(files["d64"]),
+        "--verifier",
+        str(files["v64"]),
+        "--tokenizer",
+        tiny_pair_dirs[1],
+    ]
     outputs = {}
     for size in ("1", "3"):
-        out = runner.invoke(app, ["eval", "--task", task, "--limit", "4", *pair, "--batch-size", size,
-                                  "--output-dir", str(tmp_path / size)], env={"COLUMNS": "200"})
+        out = runner.invoke(
+            app,
+            ["eval", "--task", task, "--limit", "4", *pair, "--batch-size", size, "--output-dir", str(tmp_path / size)],
+            env={"COLUMNS": "200"},
+        )
         assert out.exit_code == 0, out.output
         (records,) = (tmp_path / size).rglob("*.jsonl")
         assert "llamacpp" in str(records)
         rows = map(json.loads, records.read_text().splitlines())
         outputs[size] = sorted((r["problem_id"], r["output"]) for r in rows)
     assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 4
-    out = runner.invoke(app, ["generate", "abc", "--max-new-tokens", "12", "--method", "cactus", "--alpha", "1",
-                              "--temperature", "0.8", *pair], env={"COLUMNS": "200"})
+    out = runner.invoke(
+        app,
+        [
+            "generate",
+            "abc",
+            "--max-new-tokens",
+            "12",
+            "--method",
+            "cactus",
+            "--alpha",
+            "1",
+            "--temperature",
+            "0.8",
+            *pair,
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert out.exit_code == 0, out.output
     assert "decoding statistics" in out.output and "measured wall-clock speed-up over AR" in out.output
     settings = settings_from(None, {"task": "humaneval", "runtime": "llamacpp"})
@@ -249,14 +294,24 @@ def test_prompt_lookup_drafts_on_llamacpp(files, method, knob):
     from relaxtune.backends.load import load_backend
     from relaxtune.backends.lookup import PromptLookupBackend
 
-    backend = load_backend("prompt-lookup", str(files["v64"]), runtime="llamacpp", batch_size=4, tokenizer=tiny_tokenizer())
+    backend = load_backend(
+        "prompt-lookup", str(files["v64"]), runtime="llamacpp", batch_size=4, tokenizer=tiny_tokenizer()
+    )
     assert isinstance(backend, PromptLookupBackend) and backend.inner.drafter is None and backend.batch_size == 4
     assert backend.name == f"prompt-lookup->{files['v64'].resolve()}@llamacpp"
     kw = dict(method=method, knob=knob, n_draft=4, sampling=SAMPLING)
-    requests = [Request([(5 * i + 3 * (j % (2 + i))) % 60 + 3 for j in range(6 + 5 * i)], seed=40 + i,
-                        max_new_tokens=20 + 4 * i, key=i) for i in range(6)]
-    alone = {r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, **kw)
-             for r in requests}
+    requests = [
+        Request(
+            [(5 * i + 3 * (j % (2 + i))) % 60 + 3 for j in range(6 + 5 * i)],
+            seed=40 + i,
+            max_new_tokens=20 + 4 * i,
+            key=i,
+        )
+        for i in range(6)
+    ]
+    alone = {
+        r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, **kw) for r in requests
+    }
     got = {r.key: g for r, g in generate_batch(backend, requests, batch_size=4, **kw)}
     assert {k: _view(g) for k, g in got.items()} == {k: _view(g) for k, g in alone.items()}
     assert sum(g.stats.accepted for g in alone.values()) > 0
@@ -289,7 +344,9 @@ def test_extra_buffer_types_are_probed_once_and_a_crash_loads_without_them(files
     crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
     crash.chmod(0o755)
     assert llamacpp_check.extra_buffers_run(files["d64"], python=str(crash)) == (
-        False, "its probe decode died by signal 11")
+        False,
+        "its probe decode died by signal 11",
+    )
     # kept per model content, build and CPU: asked again, the verdict is read, not probed
     assert llamacpp_check.extra_buffers_run(files["d64"]) == (False, "its probe decode died by signal 11")
     assert llamacpp_check.extra_buffers_run(files["v64"], python=str(crash)) == (True, "decoded")
@@ -297,7 +354,9 @@ def test_extra_buffer_types_are_probed_once_and_a_crash_loads_without_them(files
     hang.write_text("#!/bin/sh\nsleep 30\n")
     hang.chmod(0o755)
     assert llamacpp_check.extra_buffers_run(files["v6"], python=str(hang), timeout=1) == (
-        False, "its probe decode took over 1 s")
+        False,
+        "its probe decode took over 1 s",
+    )
     assert llamacpp_check.extra_buffers_run(files["v6"]) == (True, "decoded")  # a timeout is not kept
     # a model whose probe crashed loads without the extra buffer types, says so once, and decodes
     with pytest.warns(RuntimeWarning, match=r"extra buffer types .* crashed on this CPU .*d64\.gguf"):

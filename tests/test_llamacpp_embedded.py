@@ -14,14 +14,14 @@ import torch
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'relaxtune[llamacpp]')")
 pytest.importorskip("gguf", reason="the gguf package writes the tiny drafter (pip install 'relaxtune[llamacpp]')")
 
-from relaxtune.backends.embedded import DRAFTER, cache_dir  # noqa: E402
-from relaxtune.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from relaxtune.backends.llamacpp_model import LlamaModel  # noqa: E402
-from relaxtune.decoding.sampling import SamplingParams, transform_logits  # noqa: E402
-from relaxtune.engine.batch import Request, generate_batch  # noqa: E402
+from relaxtune.backends.embedded import DRAFTER, cache_dir
+from relaxtune.backends.llamacpp import LlamaCppBackend
+from relaxtune.backends.llamacpp_model import LlamaModel
+from relaxtune.decoding.sampling import SamplingParams, transform_logits
+from relaxtune.engine.batch import Request, generate_batch
 
-from .conftest import P_FLOOR, chi2_pvalue  # noqa: E402
-from .tiny_gguf import vocab_of, write_tiny_gguf  # noqa: E402
+from .conftest import P_FLOOR, chi2_pvalue
+from .tiny_gguf import vocab_of, write_tiny_gguf
 
 GGUF = cache_dir() / DRAFTER.name / "model.gguf"
 PAPER = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
@@ -30,8 +30,10 @@ PROMPT = [8420, 1075, 63, 198, 750, 15801, 1445, 982]  # "...def fib(n):" as ids
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("RELAXTUNE_SLOW_TESTS") != "1", reason="slow: set RELAXTUNE_SLOW_TESTS=1 to run it")
-@pytest.mark.skipif(not (GGUF.is_file() and GGUF.stat().st_size == DRAFTER.size),
-                    reason=f"the embedded GGUF {GGUF} is not assembled (relaxtune info --models, or any run on it)")
+@pytest.mark.skipif(
+    not (GGUF.is_file() and GGUF.stat().st_size == DRAFTER.size),
+    reason=f"the embedded GGUF {GGUF} is not assembled (relaxtune info --models, or any run on it)",
+)
 def test_strict_is_lossless_on_the_embedded_gguf(tmp_path):
     drafter = write_tiny_gguf(tmp_path / "drafter.gguf", **vocab_of(GGUF), n_embd=32, out_scale=3.0)
     backend = LlamaCppBackend(LlamaModel(drafter, 16, 256), LlamaModel(GGUF, 16, 256), name="0.5b-strict")

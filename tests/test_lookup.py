@@ -64,6 +64,7 @@ def test_ngram_sizes_and_errors():
 
 # ---------------------------------------------------- what a one-hot q means, rule by rule
 
+
 def _point_mass_accept(method, knob, p, x, z_p):
     """The module doc's accept probability of draft x under q = e_x (``PromptLookupBackend``)."""
     px, top = float(p[x]), float(p.max())
@@ -108,6 +109,7 @@ def test_every_rule_under_a_point_mass_drafter(method):
 
 # ---------------------------------------------------------------- lossless with strict
 
+
 def _lookup_backend(verifier, **kw) -> PromptLookupBackend:
     return PromptLookupBackend(HFBackend(None, verifier, name="tiny"), **kw)
 
@@ -118,17 +120,25 @@ def test_strict_with_prompt_lookup_is_lossless():
     backend = _lookup_backend(verifier)
     prompt = [1, 2, 3, 1, 2]  # the lookup drafts 3 1 ...: accepted or not, the output follows p
     joint = _ar_joint(verifier, prompt, v)
-    codes = [(lambda t: t[0] * v + t[1])(generate(backend, prompt, method="strict", n_draft=3, max_new_tokens=2,
-                                                 seed=s).token_ids) for s in range(600)]
+    codes = [
+        (lambda t: t[0] * v + t[1])(
+            generate(backend, prompt, method="strict", n_draft=3, max_new_tokens=2, seed=s).token_ids
+        )
+        for s in range(600)
+    ]
     assert chi2_pvalue(torch.tensor(codes), joint) > P_FLOOR
     requests = [Request(prompt, seed=s, max_new_tokens=2) for s in range(2000)]
-    batched = [g.token_ids[0] * v + g.token_ids[1] for _, g in generate_batch(backend, requests, method="strict",
-                                                                              n_draft=3, batch_size=32)]
+    batched = [
+        g.token_ids[0] * v + g.token_ids[1]
+        for _, g in generate_batch(backend, requests, method="strict", n_draft=3, batch_size=32)
+    ]
     assert chi2_pvalue(torch.tensor(batched), joint) > P_FLOOR
     assert chi2_pvalue(torch.tensor(batched), torch.full((v * v,), 1.0 / (v * v))) < 1e-6  # the test has power
     # always_accept copies the context: the output is the lookup's drafts
-    aa = [generate(backend, prompt, method="always_accept", n_draft=3, max_new_tokens=2, seed=s).token_ids
-          for s in range(20)]
+    aa = [
+        generate(backend, prompt, method="always_accept", n_draft=3, max_new_tokens=2, seed=s).token_ids
+        for s in range(20)
+    ]
     assert all(t == [3, 1] for t in aa)
 
 
@@ -150,7 +160,9 @@ def test_prompt_lookup_over_sglang_equals_in_process():
         local = _lookup_backend(verifier)
         for method, knob in (("strict", None), ("ears", 0.5), ("typical", 0.09)):
             for seed in range(3):  # strict here is lossless as in-process (test above): the same tokens
-                kw = dict(method=method, knob=knob, n_draft=3, max_new_tokens=12, seed=seed, sampling=SamplingParams(0.8))
+                kw = dict(
+                    method=method, knob=knob, n_draft=3, max_new_tokens=12, seed=seed, sampling=SamplingParams(0.8)
+                )
                 remote, here = generate(backend, prompt, **kw), generate(local, prompt, **kw)
                 assert remote.token_ids == here.token_ids and remote.stats.accepted == here.stats.accepted
     finally:
@@ -159,17 +171,28 @@ def test_prompt_lookup_over_sglang_equals_in_process():
 
 # -------------------------------------------------- batched = one sequence, float32
 
-@pytest.mark.parametrize("method, knob", [("strict", None), ("ears", 0.3), ("typical", 0.09), ("spec_cont_dec", 0.5),
-                                          ("sglang_threshold", 0.5)])
+
+@pytest.mark.parametrize(
+    "method, knob",
+    [("strict", None), ("ears", 0.3), ("typical", 0.09), ("spec_cont_dec", 0.5), ("sglang_threshold", 0.5)],
+)
 def test_batched_equals_one_sequence(tiny_pair_dirs, method, knob):
     backend = load_pair("prompt-lookup", tiny_pair_dirs[1], dtype="float32")
     assert isinstance(backend, PromptLookupBackend) and backend.inner.drafter is None and backend.batch_size >= 1
     assert backend.name == "prompt-lookup->" + tiny_pair_dirs[1] + "@float32"
     kw = dict(method=method, knob=knob, n_draft=4, sampling=SamplingParams(0.8))
-    requests = [Request([(5 * i + 3 * (j % (2 + i))) % 60 + 3 for j in range(6 + 5 * i)], seed=40 + i,
-                        max_new_tokens=20 + 4 * i, key=i) for i in range(6)]
-    alone = {r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, **kw)
-             for r in requests}
+    requests = [
+        Request(
+            [(5 * i + 3 * (j % (2 + i))) % 60 + 3 for j in range(6 + 5 * i)],
+            seed=40 + i,
+            max_new_tokens=20 + 4 * i,
+            key=i,
+        )
+        for i in range(6)
+    ]
+    alone = {
+        r.key: generate(backend, r.prompt_ids, max_new_tokens=r.max_new_tokens, seed=r.seed, **kw) for r in requests
+    }
     got = {r.key: g for r, g in generate_batch(backend, requests, batch_size=4, **kw)}
     assert {k: g.token_ids for k, g in got.items()} == {k: g.token_ids for k, g in alone.items()}
     assert [g.stats.accepted for g in got.values()] == [alone[k].stats.accepted for k in got]
@@ -209,9 +232,23 @@ def test_tune_with_prompt_lookup_and_the_new_rules(tmp_path, tiny_pair_dirs):
     task = write_tiny_task(tmp_path)
     cfg = tmp_path / "job.yaml"
     cfg.write_text(yaml.safe_dump({"trials": 2, "n_drafts": [2], "limit": 4, "dtype": "float32", "stage_size": 2}))
-    args = ["tune", "--config", str(cfg), "--task", task, "--drafter", "prompt-lookup", "--verifier", tiny_pair_dirs[1],
-            "--methods", "typical,ears", "--output-dir", str(tmp_path / "runs"),
-            "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    args = [
+        "tune",
+        "--config",
+        str(cfg),
+        "--task",
+        task,
+        "--drafter",
+        "prompt-lookup",
+        "--verifier",
+        tiny_pair_dirs[1],
+        "--methods",
+        "typical,ears",
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--mlflow-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")

@@ -11,30 +11,45 @@ from relaxtune.graders.math import final_boxes, scan_boxes
 from relaxtune.graders.mathnorm import normalise_latex, normalise_plain, repeating_decimal
 
 
-@pytest.mark.parametrize("text, out", [
-    (r"4\sqrt(2)", r"4\sqrt{2}"),
-    (r"\sqrt(\sqrt(2)+1)", r"\sqrt{\sqrt{2}+1}"),
-    (r"\sqrt(2", r"\sqrt(2"),  # unmatched: left alone
-    (r"0.\overline{3}", r"\frac{1}{3}"),
-    (r"1.2\overline{45}", r"\frac{137}{110}"),
-    (r"-0.\overline{142857}", r"-\frac{1}{7}"),
-    (r"0.\dot{6}", r"\frac{2}{3}"),
-    (r"2.\overline{9}", "3"),
-    (r"\sin 30^\circ", r"\sin\left(\frac{30\pi}{180}\right)"),
-    (r"\cos(60°)", r"\cos\left(\frac{60\pi}{180}\right)"),
-    (r"\tan\left(45^{\circ}\right)", r"\tan\left(\frac{45\pi}{180}\right)"),
-    (r"\sin x + 30^\circ", r"\sin x + 30^\circ"),  # a symbolic angle is not converted
-    ("The answer is 3.5.", "The answer is 3.5."),
-])
+@pytest.mark.parametrize(
+    "text, out",
+    [
+        (r"4\sqrt(2)", r"4\sqrt{2}"),
+        (r"\sqrt(\sqrt(2)+1)", r"\sqrt{\sqrt{2}+1}"),
+        (r"\sqrt(2", r"\sqrt(2"),  # unmatched: left alone
+        (r"0.\overline{3}", r"\frac{1}{3}"),
+        (r"1.2\overline{45}", r"\frac{137}{110}"),
+        (r"-0.\overline{142857}", r"-\frac{1}{7}"),
+        (r"0.\dot{6}", r"\frac{2}{3}"),
+        (r"2.\overline{9}", "3"),
+        (r"\sin 30^\circ", r"\sin\left(\frac{30\pi}{180}\right)"),
+        (r"\cos(60°)", r"\cos\left(\frac{60\pi}{180}\right)"),
+        (r"\tan\left(45^{\circ}\right)", r"\tan\left(\frac{45\pi}{180}\right)"),
+        (r"\sin x + 30^\circ", r"\sin x + 30^\circ"),  # a symbolic angle is not converted
+        ("The answer is 3.5.", "The answer is 3.5."),
+    ],
+)
 def test_normalise_latex_rewrites_exactly(text, out):
     assert normalise_latex(text) == out
 
 
-@pytest.mark.parametrize("text, out", [
-    ("pi/2", r"\pi /2"), ("2pi", r"2\pi "), ("exp(16)-1", r"\exp(16)-1"), ("sqrt(2)/2", r"\sqrt{2}/2"),
-    ("arcsin(1)", r"\arcsin(1)"), ("1.5e3", r"1.5\times10^{3}"), ("2E-4", r"2\times10^{-4}"),
-    ("spin", "spin"), ("epic", "epic"), (r"\pi/2", r"\pi/2"), ("3e", "3e"), ("x_1e3", "x_1e3"),
-])
+@pytest.mark.parametrize(
+    "text, out",
+    [
+        ("pi/2", r"\pi /2"),
+        ("2pi", r"2\pi "),
+        ("exp(16)-1", r"\exp(16)-1"),
+        ("sqrt(2)/2", r"\sqrt{2}/2"),
+        ("arcsin(1)", r"\arcsin(1)"),
+        ("1.5e3", r"1.5\times10^{3}"),
+        ("2E-4", r"2\times10^{-4}"),
+        ("spin", "spin"),
+        ("epic", "epic"),
+        (r"\pi/2", r"\pi/2"),
+        ("3e", "3e"),
+        ("x_1e3", "x_1e3"),
+    ],
+)
 def test_normalise_plain_rewrites_answer_forms_only(text, out):
     assert normalise_plain(text) == out
 
@@ -46,14 +61,17 @@ def test_repeating_decimal_values():
     assert repeating_decimal("0", "", "9") == 1
 
 
-@pytest.mark.parametrize("text, chain", [
-    (r"\boxed{3} and \boxed{5}", ["3", "5"]),
-    (r"$x = \boxed{3}$ or $x = \boxed{5}$.", ["3", "5"]),
-    (r"\boxed{1}, \boxed{2}, and \boxed{3}", ["1", "2", "3"]),
-    (r"\boxed{3}. Wait: \boxed{4}", ["4"]),
-    (r"First \boxed{2}. Then \boxed{3} and \boxed{5}", ["3", "5"]),
-    (r"\boxed{\frac{1}{2}} and \boxed{x}", [r"\frac{1}{2}", "x"]),
-])
+@pytest.mark.parametrize(
+    "text, chain",
+    [
+        (r"\boxed{3} and \boxed{5}", ["3", "5"]),
+        (r"$x = \boxed{3}$ or $x = \boxed{5}$.", ["3", "5"]),
+        (r"\boxed{1}, \boxed{2}, and \boxed{3}", ["1", "2", "3"]),
+        (r"\boxed{3}. Wait: \boxed{4}", ["4"]),
+        (r"First \boxed{2}. Then \boxed{3} and \boxed{5}", ["3", "5"]),
+        (r"\boxed{\frac{1}{2}} and \boxed{x}", [r"\frac{1}{2}", "x"]),
+    ],
+)
 def test_final_boxes_joins_a_list_only(text, chain):
     assert final_boxes(text, scan_boxes(text)[0]) == chain
 

@@ -6,11 +6,16 @@ from scipy.spatial.distance import jensenshannon
 
 from relaxtune.decoding.methods import METHODS, Needs, Rows, get_method, js_divergence
 
-from .conftest import random_rows
-
 PAPER_IDS = [
-    "strict", "always_accept", "ens", "mentored", "cactus",
-    "r_fuzzy", "spec_casc_opt", "spec_casc_tok", "spec_cont_dec",
+    "strict",
+    "always_accept",
+    "ens",
+    "mentored",
+    "cactus",
+    "r_fuzzy",
+    "spec_casc_opt",
+    "spec_casc_tok",
+    "spec_cont_dec",
 ]
 
 

@@ -19,7 +19,7 @@ def test_the_latest_schema_revision_is_what_a_new_store_holds(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).search_experiments(max_results=1)  # MLflow creates and migrates it
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
-        (version,), = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        ((version,),) = db.execute("SELECT version_num FROM alembic_version").fetchall()
     revision = latest_schema_revision()
     assert isinstance(revision, str) and revision == version, VERSION
     assert mlflow_state(uri)["complete"]

@@ -21,8 +21,9 @@ def _math_verify_says(response: str, gold: str) -> bool:
     from math_verify import parse, verify
 
     gold_text = gold if ("$" in gold or "\\boxed" in gold) else f"\\boxed{{{gold}}}"
-    return bool(verify(parse(gold_text, parsing_timeout=None), parse(response, parsing_timeout=None),
-                       timeout_seconds=None))
+    return bool(
+        verify(parse(gold_text, parsing_timeout=None), parse(response, parsing_timeout=None), timeout_seconds=None)
+    )
 
 
 # (form, response a power of ten off, gold, the same value in another notation)
@@ -37,8 +38,12 @@ FORMS = [
     ("fraction with a power", r"\boxed{0.000000012}", r"\frac{12}{10^{8}}", r"\boxed{0.00000012}"),
     ("unboxed math span", r"The answer is $0.00000012$.", r"1.2\times 10^{-8}", r"The answer is $0.000000012$."),
     ("large plain integer", r"\boxed{120000}", "1200000", r"\boxed{1,200,000}"),
-    ("an equation's right side", r"\boxed{x = 1.2\times10^{-20}}", r"1.2\times10^{-21}",
-     r"\boxed{x = 1.2\times10^{-21}}"),
+    (
+        "an equation's right side",
+        r"\boxed{x = 1.2\times10^{-20}}",
+        r"1.2\times10^{-21}",
+        r"\boxed{x = 1.2\times10^{-21}}",
+    ),
     ("percentage", r"\boxed{0.000001\%}", "0.0000001", r"\boxed{0.000001\%}"),
 ]
 
@@ -52,8 +57,12 @@ def test_a_power_of_ten_apart_is_wrong_in_every_notation(form, off, gold, same):
 
 
 # where math-verify itself says equal: each such override names its policy in the detail
-OVERRIDES = [(r"\boxed{0.00000001}", "0.00000002"), (r"\boxed{1.2\times10^{-20}}", r"1.2\times10^{-21}"),
-             (r"\boxed{1.2\times10^{-7}}", "0.000000012"), (r"\boxed{0.000001\%}", "0.0000001")]
+OVERRIDES = [
+    (r"\boxed{0.00000001}", "0.00000002"),
+    (r"\boxed{1.2\times10^{-20}}", r"1.2\times10^{-21}"),
+    (r"\boxed{1.2\times10^{-7}}", "0.000000012"),
+    (r"\boxed{0.000001\%}", "0.0000001"),
+]
 
 
 @pytest.mark.parametrize("response, gold", OVERRIDES)
@@ -70,24 +79,27 @@ def _parsed(text: str):
     return parse(f"\\boxed{{{text}}}", parsing_timeout=None)
 
 
-@pytest.mark.parametrize("a, b, differ", [
-    ("1", "1.00009", False),  # within the relative bound
-    ("1", "1.00011", True),
-    ("1000000", "1000100", False),  # 100 apart, within 1e-4 of the larger (100.01)
-    ("1000000", "1000101", True),
-    ("0", "0.0000000000009", False),  # within the absolute bound, against an exact zero only
-    ("0", "0.0000000000011", True),
-    ("1.2\\times10^{-30}", "1.2\\times10^{-31}", True),  # no absolute bound away from zero
-    ("1.2\\times10^{-30}", "1.20001\\times10^{-30}", False),
-    ("-5", "5", True),
-    ("10\\%", "0.1", False),  # a percentage reads as p/100 ...
-    ("10\\%", "10", False),  # ... or as p (math-verify's two readings)
-    ("10\\%", "1", True),
-    ("10\\%", "1000\\%", True),  # two percentages compare p with q
-    ("2\\%", "2\\%", False),
-    ("x", "1", False),  # not a number: not ours to decide
-    ("\\{1, 2\\}", "1", False),
-])
+@pytest.mark.parametrize(
+    "a, b, differ",
+    [
+        ("1", "1.00009", False),  # within the relative bound
+        ("1", "1.00011", True),
+        ("1000000", "1000100", False),  # 100 apart, within 1e-4 of the larger (100.01)
+        ("1000000", "1000101", True),
+        ("0", "0.0000000000009", False),  # within the absolute bound, against an exact zero only
+        ("0", "0.0000000000011", True),
+        ("1.2\\times10^{-30}", "1.2\\times10^{-31}", True),  # no absolute bound away from zero
+        ("1.2\\times10^{-30}", "1.20001\\times10^{-30}", False),
+        ("-5", "5", True),
+        ("10\\%", "0.1", False),  # a percentage reads as p/100 ...
+        ("10\\%", "10", False),  # ... or as p (math-verify's two readings)
+        ("10\\%", "1", True),
+        ("10\\%", "1000\\%", True),  # two percentages compare p with q
+        ("2\\%", "2\\%", False),
+        ("x", "1", False),  # not a number: not ours to decide
+        ("\\{1, 2\\}", "1", False),
+    ],
+)
 def test_numbers_differ_bounds_and_percentages(a, b, differ):
     why = numbers_differ(_parsed(a), _parsed(b), TOL.relative, TOL.absolute)
     assert bool(why) == differ, why

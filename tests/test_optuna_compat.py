@@ -35,7 +35,11 @@ def test_the_rdb_models_are_where_we_import_them_and_name_every_table_the_storag
 
 def test_a_running_trial_goes_back_to_waiting_keeping_its_number_and_parameters_and_is_popped_first(storage):
     assert list(inspect.signature(RDBStorage.set_trial_state_values).parameters) == [
-        "self", "trial_id", "state", "values"], VERSION
+        "self",
+        "trial_id",
+        "state",
+        "values",
+    ], VERSION
     cached = optuna.storages.get_storage(storage)
     study = optuna.create_study(storage=cached, study_name="s")
     study.enqueue_trial({"x": 1.5})
@@ -48,7 +52,11 @@ def test_a_running_trial_goes_back_to_waiting_keeping_its_number_and_parameters_
     requeue(cached, first)
     again = cached.get_trial(first)
     assert (again.state, again.number, again.system_attrs["fixed_params"], again.user_attrs) == (
-        TrialState.WAITING, 0, {"x": 1.5}, {"worker": "w1"}), VERSION
+        TrialState.WAITING,
+        0,
+        {"x": 1.5},
+        {"worker": "w1"},
+    ), VERSION
     # Optuna's own ask takes it first (the lowest-numbered WAITING trial), with its parameters
     trial = study.ask()
     assert (trial.number, trial.suggest_float("x", 0, 3)) == (0, 1.5), VERSION

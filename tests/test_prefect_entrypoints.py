@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_entrypoint_of_prefect_yaml_loads_its_flow(monkeypatch):
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     entrypoints = sorted({d["entrypoint"] for d in spec["deployments"]})
-    assert entrypoints == ["relaxtune/flows/transfer.py:transfer_matrix", "relaxtune/flows/tune.py:tune_new",
-                           "relaxtune/flows/tune.py:tune_task"]
+    assert entrypoints == [
+        "relaxtune/flows/transfer.py:transfer_matrix",
+        "relaxtune/flows/tune.py:tune_new",
+        "relaxtune/flows/tune.py:tune_task",
+    ]
     monkeypatch.chdir(ROOT)
     for entrypoint in entrypoints:
         flow = load_flow_from_entrypoint(entrypoint)

@@ -11,9 +11,18 @@ from relaxtune.tune.recommend import cost_spread, speed_margin
 
 def result(accepted_per_problem: list[int], tokens: int = 100, rounds: int = 10):
     """An evaluation with one sample per problem ``p0, p1, ...`` and the given accepted drafts."""
-    records = [dict(problem_id=f"p{i}", repeat=0, failed=False, correct=True, finish_reason="stop",
-                    response_tokens=tokens, stats={"rounds": rounds, "accepted": a, "wall_seconds": 1.0})
-               for i, a in enumerate(accepted_per_problem)]
+    records = [
+        dict(
+            problem_id=f"p{i}",
+            repeat=0,
+            failed=False,
+            correct=True,
+            finish_reason="stop",
+            response_tokens=tokens,
+            stats={"rounds": rounds, "accepted": a, "wall_seconds": 1.0},
+        )
+        for i, a in enumerate(accepted_per_problem)
+    ]
     return summarize(records, Path("unused.jsonl"))
 
 
@@ -53,5 +62,5 @@ def test_cost_spread_widens_the_margin_only_across_draft_lengths():
     assert same_n.margin == 0.0 and "spread" not in same_n.how  # constant data: no sampling noise, costs cancel
     s_relax = profile.speedup(3.0, 4)
     s_strict = profile.speedup(2.0, 2)
-    assert across.margin == pytest.approx(0.05 * (s_relax ** 2 + s_strict ** 2) ** 0.5)
+    assert across.margin == pytest.approx(0.05 * (s_relax**2 + s_strict**2) ** 0.5)
     assert "5.0% spread" in across.how

@@ -16,15 +16,32 @@ import yaml
 from relaxtune.report.export import load_config, upgrade_config
 from relaxtune.tune import evaluation
 from relaxtune.tune.evaluation import DecodeConfig, _read_done
-from relaxtune.tune.records import (PointMetrics, RecordError, SampleRecord, knob_of, knobs_of, load_metrics,
-                                    load_record, metrics_attr, point_values, trial_metrics)
+from relaxtune.tune.records import (
+    PointMetrics,
+    RecordError,
+    SampleRecord,
+    knob_of,
+    knobs_of,
+    load_metrics,
+    load_record,
+    metrics_attr,
+    point_values,
+    trial_metrics,
+)
 
 from . import golden_run
 
 V2 = Path(__file__).parent / "fixtures" / "v2_run"
 RUNS = "relaxtune-runs"
-TIMINGS = {"draft_seconds", "verify_seconds", "prefill_seconds", "wall_seconds", "latency_seconds",
-           "overhead_seconds", "tokens_per_second"}
+TIMINGS = {
+    "draft_seconds",
+    "verify_seconds",
+    "prefill_seconds",
+    "wall_seconds",
+    "latency_seconds",
+    "overhead_seconds",
+    "tokens_per_second",
+}
 V3_RECORD = ("schema", "knobs", "scope")
 V3_METRICS = ("schema", "knobs", "scope", "batch_size")
 
@@ -59,8 +76,9 @@ def v2_copy(tmp_path, monkeypatch):
     """The v2 run copied into a fresh folder, with this code's identity that of the code that wrote it
     (the decoding core's source may have changed since: the records would then be generated again)."""
     shutil.copytree(V2, tmp_path / "run")
-    rec = json.loads((tmp_path / "run" / RUNS / "golden-v1" / "golden-pair" / "strict__N2__seed0.jsonl")
-                     .read_text().splitlines()[0])
+    rec = json.loads(
+        (tmp_path / "run" / RUNS / "golden-v1" / "golden-pair" / "strict__N2__seed0.jsonl").read_text().splitlines()[0]
+    )
     monkeypatch.setattr(evaluation, "record_identity", lambda: {"grader": rec["grader"], "decoder": rec["decoder"]})
     monkeypatch.chdir(tmp_path)
     return tmp_path / "run"
@@ -90,9 +108,15 @@ def test_the_golden_run_is_identical_but_for_the_v3_fields(tmp_path, monkeypatch
         m_new, m_old = attrs.pop("metrics"), a_old[key].pop("metrics")
         assert attrs == a_old[key]  # stage bounds, constraints
         assert list(m_new)[:4] == list(V3_METRICS) and m_new["batch_size"] == 1
-        assert m_new["knobs"] == {"delta": optuna.load_study(study_name=key[0], storage=f"sqlite:///{now / 'optuna.db'}")
-                                  .trials[key[1]].params["knob"]}
-        strip = lambda m: json.dumps({k: v for k, v in m.items() if k not in V3_METRICS + ("tokens_per_second",)})
+        assert m_new["knobs"] == {
+            "delta": optuna.load_study(study_name=key[0], storage=f"sqlite:///{now / 'optuna.db'}")
+            .trials[key[1]]
+            .params["knob"]
+        }
+
+        def strip(m):
+            return json.dumps({k: v for k, v in m.items() if k not in V3_METRICS + ("tokens_per_second",)})
+
         assert strip(m_new) == strip(m_old)
 
     y_new = yaml.safe_load((now / "golden.tuned.yaml").read_text())
@@ -101,6 +125,16 @@ def test_the_golden_run_is_identical_but_for_the_v3_fields(tmp_path, monkeypatch
     assert y_new.pop("serving_batch_sizes") == [1]
     assert [y_new["methods"]["cactus"].pop(k) for k in ("knobs", "scope")] == [{"delta": 10.0}, "all"]
     assert [y_new["recommendation"].pop(k) for k in ("knobs", "scope", "batch_size")] == [{}, "all", 1]
+    # what each point's deployment adds (relaxtune.report.deploy, issue 34): what ran, each engine's block
+    # (the job names the embedded pair and runs a tiny stand-in backend: its auto runtime resolves as the embedded
+    # pair's on this machine, llamacpp where llama-cpp-python is installed)
+    from relaxtune.backends.load import resolve_runtime
+
+    assert y_new.pop("runtime") == resolve_runtime("auto", y_new["drafter"], y_new["verifier"])
+    assert set(y_new.pop("weights")) == {"drafter", "verifier"}
+    y_new["methods"]["cactus"].pop("deploy")
+    assert y_new["recommendation"].pop("decoding") in ("speculative", "plain")
+    assert set(y_new["recommendation"].pop("deploy")) == {"vllm", "sglang", "trtllm", "transformers"}
     for y in (y_new, y_old):
         y.pop("created")
     assert yaml.safe_dump(y_new, sort_keys=False) == yaml.safe_dump(y_old, sort_keys=False)
@@ -189,10 +223,16 @@ def test_a_v2_tuned_config_loads_as_v3():
     config = load_config(V2 / RUNS / "golden.tuned.yaml")
     assert config.schema_version == 3 and config.serving_batch_sizes == [1]
     assert config.methods["cactus"].knobs == {"delta": 10.0} and config.methods["cactus"].scope == "all"
-    assert (config.recommendation.knobs, config.recommendation.scope, config.recommendation.batch_size) == ({}, "all", 1)
-    assert config.model_dump(exclude={"schema_version", "serving_batch_sizes", "methods", "recommendation"}) == \
-        {k: v for k, v in load_config(V2 / RUNS / "golden.tuned.yaml").model_dump().items()
-         if k not in ("schema_version", "serving_batch_sizes", "methods", "recommendation")}
+    assert (config.recommendation.knobs, config.recommendation.scope, config.recommendation.batch_size) == (
+        {},
+        "all",
+        1,
+    )
+    assert config.model_dump(exclude={"schema_version", "serving_batch_sizes", "methods", "recommendation"}) == {
+        k: v
+        for k, v in load_config(V2 / RUNS / "golden.tuned.yaml").model_dump().items()
+        if k not in ("schema_version", "serving_batch_sizes", "methods", "recommendation")
+    }
     assert upgrade_config(upgrade_config(data)) == upgrade_config(data)
     with pytest.raises(ValueError, match="schema_version 1"):
         upgrade_config(data | {"schema_version": 1})
@@ -216,11 +256,16 @@ def test_a_v2_run_resumes_appending_v3(v2_copy, backend):
     assert config.methods["cactus"].trials == 3
     for p, data in files.items():
         assert p.read_bytes().startswith(data)  # v2 lines stay as they were
-    new = [json.loads(x) for p in (v2_copy / RUNS).rglob("*.jsonl") for x in p.read_text().splitlines()
-           if p not in files or len(x) and x.encode() not in files[p]]
+    new = [
+        json.loads(x)
+        for p in (v2_copy / RUNS).rglob("*.jsonl")
+        for x in p.read_text().splitlines()
+        if p not in files or len(x) and x.encode() not in files[p]
+    ]
     assert new and all(r["schema"] == 3 and "knobs" in r for r in new)
-    study = optuna.load_study(study_name=config.methods["cactus"].study_name,
-                              storage=f"sqlite:///{v2_copy / RUNS / 'optuna.db'}")
+    study = optuna.load_study(
+        study_name=config.methods["cactus"].study_name, storage=f"sqlite:///{v2_copy / RUNS / 'optuna.db'}"
+    )
     schemas = sorted(trial_metrics(t, "cactus").schema_ for t in study.trials)
     assert schemas == [2, 2, 3]
 

@@ -21,7 +21,11 @@ def test_the_result_is_frozen_and_keeps_what_the_job_had_when_it_was_taken(tmp_p
     result = tuner.result([outcome], confirm_problems=7)
     assert isinstance(result, JobResult)
     assert (result.problems, result.confirm_problems, result.outcomes, dict(result.confirmations)) == (
-        len(PROBLEMS), 7, (outcome,), {})
+        len(PROBLEMS),
+        7,
+        (outcome,),
+        {},
+    )
     assert list(result.baselines) == sorted(tuner.baselines) and result.pinned == frozenset()
     for n, b in result.baselines.items():  # strict's modeled speed-up at N: length ratio 1, l_accept capped at N
         assert result.strict_speedup(n) == pytest.approx(speedup(min(b.l_accept, n), n, 0.2))

@@ -54,8 +54,14 @@ def vllm_fly_random(P, Q, d, u, w, theta, k, no_draft_probs):
 
     orig = u.clone()
     for i in range(K):
-        can = (not native(i, orig) and qd(i) > 0 and float(P[i, d[i]]) > 0 and i + w < K
-               and float(H[i]) >= theta and all(native(i + o, orig) for o in range(1, w + 1)))
+        can = (
+            not native(i, orig)
+            and qd(i) > 0
+            and float(P[i, d[i]]) > 0
+            and i + w < K
+            and float(H[i]) >= theta
+            and all(native(i + o, orig) for o in range(1, w + 1))
+        )
         if can:
             u[i] = 0.0
     n = 0
@@ -71,8 +77,13 @@ def vllm_fly_greedy(logits, d, w, theta, k):
     a = logits.argmax(-1).tolist()
     H = fly_entropy(logits[:K].softmax(-1), k)
     for i in range(K):
-        can = (d[i] != a[i] and i + w < K and float(H[i]) >= theta and float(logits[i, d[i]]) > -math.inf
-               and all(d[i + o] == a[i + o] for o in range(1, w + 1)))
+        can = (
+            d[i] != a[i]
+            and i + w < K
+            and float(H[i]) >= theta
+            and float(logits[i, d[i]]) > -math.inf
+            and all(d[i + o] == a[i + o] for o in range(1, w + 1))
+        )
         if can:
             a[i] = d[i]
     out = []
@@ -119,8 +130,9 @@ def test_fly_greedy_path_matches_the_vllm_kernels_round_for_round(w, theta, k):
     x = torch.where(torch.rand(b, n, generator=g) < 0.1, V - 1, z_q.argmax(-1))
     q = torch.nn.functional.one_hot(x, V).float()
     p = transform_logits(z_p, SamplingParams(0.0))
-    out = verify_rounds(p, q, x, "fly", _fly_knobs(w, theta, k), z_p=z_p, temperature=0.0,
-                        generator=torch.Generator().manual_seed(0))
+    out = verify_rounds(
+        p, q, x, "fly", _fly_knobs(w, theta, k), z_p=z_p, temperature=0.0, generator=torch.Generator().manual_seed(0)
+    )
     flipped = 0
     for i in range(b):
         ref = vllm_fly_greedy(z_p[i], x[i].tolist(), w, theta, k)
@@ -220,8 +232,17 @@ def test_trtllm_matches_the_kernel_across_rounds_with_the_thinking_state(topk, d
         x = z_p[:, :n].argsort(-1, descending=True).gather(-1, ranks.unsqueeze(-1)).squeeze(-1)
         q = torch.nn.functional.one_hot(x, V).float()
         p = transform_logits(z_p, SamplingParams(0.0))
-        out = verify_rounds(p, q, x, "trtllm_relaxed", knobs, z_p=z_p, temperature=0.0, state=state,
-                            generator=torch.Generator().manual_seed(r))
+        out = verify_rounds(
+            p,
+            q,
+            x,
+            "trtllm_relaxed",
+            knobs,
+            z_p=z_p,
+            temperature=0.0,
+            state=state,
+            generator=torch.Generator().manual_seed(r),
+        )
         for i in range(b):
             tokens, ref_delta[i] = trt_kernel(z_p[i], x[i].tolist(), ref_delta[i], topk, delta)
             assert out.tokens[i, : int(out.num_emitted[i])].tolist() == tokens, (r, i)
@@ -242,11 +263,22 @@ def test_trtllm_outside_thinking_and_at_its_strict_points_is_strict_greedy():
     strict = verify_rounds(p, q, x, "strict", temperature=0.0, generator=torch.Generator().manual_seed(0))
     outside = ThinkingState(torch.zeros(b, dtype=torch.bool), BEGIN, END)
     inside = ThinkingState(torch.ones(b, dtype=torch.bool), BEGIN, END)
-    for knobs, state in [({"relaxed_topk": 10, "relaxed_delta": 0.9}, outside),
-                         ({"relaxed_topk": 1, "relaxed_delta": 0.9}, inside),
-                         ({"relaxed_topk": 10, "relaxed_delta": 0.0}, inside)]:
-        out = verify_rounds(p, q, x, "trtllm_relaxed", knobs, z_p=z_p, temperature=0.0, state=state,
-                            generator=torch.Generator().manual_seed(0))
+    for knobs, state in [
+        ({"relaxed_topk": 10, "relaxed_delta": 0.9}, outside),
+        ({"relaxed_topk": 1, "relaxed_delta": 0.9}, inside),
+        ({"relaxed_topk": 10, "relaxed_delta": 0.0}, inside),
+    ]:
+        out = verify_rounds(
+            p,
+            q,
+            x,
+            "trtllm_relaxed",
+            knobs,
+            z_p=z_p,
+            temperature=0.0,
+            state=state,
+            generator=torch.Generator().manual_seed(0),
+        )
         assert torch.equal(out.tokens, strict.tokens) and torch.equal(out.accepted, strict.accepted)
     spec = get_method("trtllm_relaxed")
     assert spec.is_strict({"relaxed_topk": 1, "relaxed_delta": 0.9}) and spec.is_strict(0.0)
@@ -268,6 +300,14 @@ def test_trtllm_refuses_sampling_missing_state_and_missing_logits():
         verify_rounds(p, q, x, "trtllm_relaxed", 0.6, z_p=z_p, temperature=0.0)
     with pytest.raises(ValueError, match="raw verifier logits"):
         verify_rounds(p, q, x, "trtllm_relaxed", 0.6, temperature=0.0, state=st)
-    one = verify_round(p[0], q[0], x[0], "trtllm_relaxed", 0.6, z_p=z_p[0], temperature=0.0,
-                       state=ThinkingState(torch.tensor([True]), BEGIN, END))
+    one = verify_round(
+        p[0],
+        q[0],
+        x[0],
+        "trtllm_relaxed",
+        0.6,
+        z_p=z_p[0],
+        temperature=0.0,
+        state=ThinkingState(torch.tensor([True]), BEGIN, END),
+    )
     assert isinstance(one.state, ThinkingState) and one.accepted == 2

@@ -17,8 +17,11 @@ from relaxtune.graders.code import grade_code
 from relaxtune.graders.sandbox import launcher, read_capped, sandbox_info
 from relaxtune.graders.sandbox.checks import same_lines, same_value, trusted_dirs, untrusted
 
-HE = {"prompt": "def add(a, b):\n    \"\"\"a + b\"\"\"\n", "entry_point": "add",
-      "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}
+HE = {
+    "prompt": 'def add(a, b):\n    """a + b"""\n',
+    "entry_point": "add",
+    "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+}
 GOOD, BAD = "```python\n    return a + b\n```", "```python\n    return a - b\n```"
 
 
@@ -49,8 +52,9 @@ def test_read_capped_stops_a_flood_and_keeps_little():
 
 def test_read_capped_keeps_only_the_stderr_tail_and_stops_at_the_deadline():
     script = "import sys, time\nsys.stderr.write('e' * 100000 + 'END')\nsys.stderr.flush()\ntime.sleep(60)\n"
-    proc = subprocess.Popen(["python3", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["python3", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     start = time.monotonic()
     try:
         out, err, ended = read_capped(proc, b"x" * 300000, start + 2, stderr_keep=1000)
@@ -63,8 +67,10 @@ def test_read_capped_keeps_only_the_stderr_tail_and_stops_at_the_deadline():
 
 def test_backstop_ends_every_run_in_time():
     token = str(secrets.randbelow(10**9) + 10**9)
-    code = (f"import posix, time\nif posix.fork() == 0:\n    posix.setsid()\n"
-            f"    posix.execv('/bin/sleep', ['sleep', '90.{token}'])\ntime.sleep(90)\n")
+    code = (
+        f"import posix, time\nif posix.fork() == 0:\n    posix.setsid()\n"
+        f"    posix.execv('/bin/sleep', ['sleep', '90.{token}'])\ntime.sleep(90)\n"
+    )
     start = time.monotonic()
     verdict = grade_code(_fence(code), HE, timeout=30, backstop=2)
     assert verdict.verdict == "time_limit" and "backstop" in verdict.detail
@@ -74,8 +80,11 @@ def test_backstop_ends_every_run_in_time():
 
 
 def test_the_graders_own_memory_stays_small_whatever_the_solution_prints():
-    floods = ["while True:\n    print('x' * 4096)\n", "import os\nwhile True:\n    os.write(2, b'e' * 65536)\n",
-              "print('y' * (200 << 20))\n"]
+    floods = [
+        "while True:\n    print('x' * 4096)\n",
+        "import os\nwhile True:\n    os.write(2, b'e' * 65536)\n",
+        "print('y' * (200 << 20))\n",
+    ]
     tracemalloc.start()
     try:
         for code in floods:
@@ -114,13 +123,19 @@ def test_fallback_without_namespaces_still_grades_and_says_so(monkeypatch, caplo
         good, bad = grade_code(GOOD, HE), grade_code(BAD, HE)
         early = grade_code(_fence("def add(a, b):\n    return 0\nimport os\nos._exit(0)\n"), HE)
         loop = grade_code(_fence("while True:\n    pass\n"), HE, timeout=1)
-        lcb = grade_code(_fence("print(sum(map(int, input().split())))\n"),
-                         {"tests": [{"input": "1 2", "output": "3"}]})
+        lcb = grade_code(
+            _fence("print(sum(map(int, input().split())))\n"), {"tests": [{"input": "1 2", "output": "3"}]}
+        )
     finally:
         monkeypatch.delenv("RELAXTUNE_SANDBOX")
         sandbox_info.cache_clear()
-    assert [v.verdict for v in (good, bad, early, loop, lcb)] == ["pass", "wrong_answer", "wrong_answer", "time_limit",
-                                                                  "pass"]
+    assert [v.verdict for v in (good, bad, early, loop, lcb)] == [
+        "pass",
+        "wrong_answer",
+        "wrong_answer",
+        "time_limit",
+        "pass",
+    ]
     assert all("process group only" in v.detail for v in (good, bad, early, loop, lcb))
     assert "process group only" in caplog.text
 
@@ -141,8 +156,10 @@ print(json.dumps({"kind": sandbox.sandbox_info().kind, "results": results}))
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser") or not os.path.exists("/usr/bin/python3"),
-                    reason="needs root (to become nobody), runuser and /usr/bin/python3")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser") or not os.path.exists("/usr/bin/python3"),
+    reason="needs root (to become nobody), runuser and /usr/bin/python3",
+)
 @pytest.mark.parametrize("mode", ["bubblewrap", "process-group"])
 def test_a_non_root_user(mode):
     """As nobody, the launcher runs bubblewrap in a user namespace (the same containment
@@ -158,19 +175,38 @@ def test_a_non_root_user(mode):
     escape = f"/tmp/relaxtune-nobody-{token}"
     codes = [HE["prompt"] + "    return a + b\n", HE["prompt"] + "    return a - b\n"]
     if mode == "bubblewrap":
-        codes += [HE["prompt"] + f"    return a + b\nopen('{escape}', 'w').write('x')\nimport os\n"
-                  f"import posix\nif posix.fork() == 0:\n    posix.setsid()\n"
-                  f"    posix.execv('/bin/sleep', ['sleep', '70.{token}'])\n",
-                  HE["prompt"] + "    return a + b\n"
-                  "assert 'CapEff:\\t0000000000000000' in open('/proc/self/status').read()\n"]
-    job = {"kind": "humaneval", "prompt": HE["prompt"], "test": HE["test"], "entry_point": "add", "tests": [],
-           "timeout": 3.0, "cpu": None, "wall": 8.0, "memory": 1 << 30, "output_limit": 1 << 20, "tmpfs_mb": 16,
-           "private_mb": 16, "codes": codes}
+        codes += [
+            HE["prompt"] + f"    return a + b\nopen('{escape}', 'w').write('x')\nimport os\n"
+            f"import posix\nif posix.fork() == 0:\n    posix.setsid()\n"
+            f"    posix.execv('/bin/sleep', ['sleep', '70.{token}'])\n",
+            HE["prompt"] + "    return a + b\n"
+            "assert 'CapEff:\\t0000000000000000' in open('/proc/self/status').read()\n",
+        ]
+    job = {
+        "kind": "humaneval",
+        "prompt": HE["prompt"],
+        "test": HE["test"],
+        "entry_point": "add",
+        "tests": [],
+        "timeout": 3.0,
+        "cpu": None,
+        "wall": 8.0,
+        "memory": 1 << 30,
+        "output_limit": 1 << 20,
+        "tmpfs_mb": 16,
+        "private_mb": 16,
+        "codes": codes,
+    }
     env = ["env", "RELAXTUNE_SANDBOX=process-group"] if mode == "process-group" else []
     try:
-        run = subprocess.run(["runuser", "-u", "nobody", "--", *env, "/usr/bin/python3", "-c", NOBODY_SCRIPT,
-                              str(package)], input=json.dumps(job), capture_output=True, text=True, timeout=120,
-                             cwd="/")
+        run = subprocess.run(
+            ["runuser", "-u", "nobody", "--", *env, "/usr/bin/python3", "-c", NOBODY_SCRIPT, str(package)],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
     if mode == "bubblewrap" and '"kind": "process-group"' in run.stdout:
@@ -178,16 +214,30 @@ def test_a_non_root_user(mode):
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["kind"] == mode
-    assert [r[0] for r in result["results"]] == ["pass", "wrong_answer", "pass", "pass"][:len(codes)], result
+    assert [r[0] for r in result["results"]] == ["pass", "wrong_answer", "pass", "pass"][: len(codes)], result
     assert not Path(escape).exists() and _processes_with(token) == []
 
 
 @pytest.mark.parametrize(
     "got, want, same",
-    [("3\n", "3", True), ("  3  \n\n", "3\n", True), ("1 2\n", "1  2", True), ("2.50", "2.5", True),
-     ("1e3", "1000", True), ("0.333333", "0.333333333333", False), ("-0", "0", True), ("YES", "Yes", False),
-     ("1\n2", "1 2", False), ("3\n\n4", "3\n4", False), ("nan", "nan", True), ("NaN", "nan", False),
-     ("1,000", "1000", False), ("", "", True), ("\n", "", True), ("3\r\n", "3\n", True)],
+    [
+        ("3\n", "3", True),
+        ("  3  \n\n", "3\n", True),
+        ("1 2\n", "1  2", True),
+        ("2.50", "2.5", True),
+        ("1e3", "1000", True),
+        ("0.333333", "0.333333333333", False),
+        ("-0", "0", True),
+        ("YES", "Yes", False),
+        ("1\n2", "1 2", False),
+        ("3\n\n4", "3\n4", False),
+        ("nan", "nan", True),
+        ("NaN", "nan", False),
+        ("1,000", "1000", False),
+        ("", "", True),
+        ("\n", "", True),
+        ("3\r\n", "3\n", True),
+    ],
 )
 def test_stdout_comparison_follows_livecodebench(got, want, same):
     assert same_lines(got, want)[0] is same
@@ -201,14 +251,35 @@ def test_trusted_values_and_call_comparison():
 
     dirs = trusted_dirs()
     point = collections.namedtuple("Point", "x y")
-    plain = [1, 2.5, "a", None, True, (1,), {"k": {1, 2}}, frozenset(), collections.Counter("aab"),
-             collections.defaultdict(list, {1: [2]}), collections.OrderedDict(a=1), collections.deque([1]),
-             fractions.Fraction(1, 3), point(1, 2), (x for x in [])]
+    plain = [
+        1,
+        2.5,
+        "a",
+        None,
+        True,
+        (1,),
+        {"k": {1, 2}},
+        frozenset(),
+        collections.Counter("aab"),
+        collections.defaultdict(list, {1: [2]}),
+        collections.OrderedDict(a=1),
+        collections.deque([1]),
+        fractions.Fraction(1, 3),
+        point(1, 2),
+        (x for x in []),
+    ]
     assert [untrusted(v, dirs) for v in plain] == [None] * len(plain)
     namespace: dict = {}
-    exec(compile("class Any:\n    def __eq__(self, other):\n        return True\n"
-                 "class I(int):\n    def __sub__(self, other):\n        return 0\n"
-                 "class L(list):\n    __eq__ = list.__ne__\n", "solution.py", "exec"), namespace)
+    exec(
+        compile(
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+            "class I(int):\n    def __sub__(self, other):\n        return 0\n"
+            "class L(list):\n    __eq__ = list.__ne__\n",
+            "solution.py",
+            "exec",
+        ),
+        namespace,
+    )
     assert untrusted([[1], [namespace["Any"]()]], dirs) == "Any.__eq__"
     assert untrusted({"k": namespace["I"](3)}, dirs) == "I.__sub__"
     assert untrusted(namespace["L"](), dirs) == "L.__eq__"  # a native method under another name

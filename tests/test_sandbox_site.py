@@ -20,15 +20,17 @@ from pathlib import Path
 import pytest
 
 from relaxtune.graders.code import grade_code
-from relaxtune.graders.sandbox import launcher, sandbox_info
-from relaxtune.graders.sandbox import packages
+from relaxtune.graders.sandbox import launcher, packages, sandbox_info
 
 HAVE_BWRAP = shutil.which("bwrap", path="/usr/bin:/bin:/usr/sbin:/sbin") is not None
 HAVE_NUMPY = packages._package_dirs() != []
 SUM_CALL = {"tests": [{"input": "[1, 2, 3]", "output": "6"}, {"input": "[]", "output": "0"}], "fn_name": "total"}
 SUM_STDIN = {"tests": [{"input": "1 2 3\n", "output": "6\n"}]}
-HE = {"prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "entry_point": "add",
-      "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
+HE = {
+    "prompt": 'def add(a, b):\n    """Sum."""\n',
+    "entry_point": "add",
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+}
 
 
 def _fence(code: str) -> str:
@@ -37,19 +39,42 @@ def _fence(code: str) -> str:
 
 # (name, response, gold, verdict with numpy available)
 CASES = [
-    ("numpy call-based",
-     _fence("import numpy as np\ndef total(xs):\n    return int(np.sum(np.array(xs, dtype=np.int64)))\n"), SUM_CALL,
-     "pass"),
-    ("numpy scalar returned", _fence("import numpy as np\ndef total(xs):\n    return np.int64(sum(xs))\n"), SUM_CALL,
-     "pass"),
-    ("numpy array returned", _fence("import numpy as np\ndef total(xs):\n    return np.array([sum(xs), 1])\n"),
-     SUM_CALL, "wrong_answer"),
-    ("numpy stdin", _fence("import numpy as np\nprint(int(np.array(input().split(), dtype=int).sum()))\n"), SUM_STDIN,
-     "pass"),
-    ("numpy wrong", _fence("import numpy as np\ndef total(xs):\n    return int(np.prod(np.array(xs)))\n"), SUM_CALL,
-     "wrong_answer"),
-    ("venv-only package", _fence("import math_verify\ndef total(xs):\n    return sum(xs)\n"), SUM_CALL,
-     "runtime_error"),
+    (
+        "numpy call-based",
+        _fence("import numpy as np\ndef total(xs):\n    return int(np.sum(np.array(xs, dtype=np.int64)))\n"),
+        SUM_CALL,
+        "pass",
+    ),
+    (
+        "numpy scalar returned",
+        _fence("import numpy as np\ndef total(xs):\n    return np.int64(sum(xs))\n"),
+        SUM_CALL,
+        "pass",
+    ),
+    (
+        "numpy array returned",
+        _fence("import numpy as np\ndef total(xs):\n    return np.array([sum(xs), 1])\n"),
+        SUM_CALL,
+        "wrong_answer",
+    ),
+    (
+        "numpy stdin",
+        _fence("import numpy as np\nprint(int(np.array(input().split(), dtype=int).sum()))\n"),
+        SUM_STDIN,
+        "pass",
+    ),
+    (
+        "numpy wrong",
+        _fence("import numpy as np\ndef total(xs):\n    return int(np.prod(np.array(xs)))\n"),
+        SUM_CALL,
+        "wrong_answer",
+    ),
+    (
+        "venv-only package",
+        _fence("import math_verify\ndef total(xs):\n    return sum(xs)\n"),
+        SUM_CALL,
+        "runtime_error",
+    ),
     ("plain pass", _fence("def total(xs):\n    return sum(xs)\n"), SUM_CALL, "pass"),
     ("humaneval pass", _fence("def add(a, b):\n    return a + b\n"), HE, "pass"),
     ("humaneval wrong", _fence("def add(a, b):\n    return a - b\n"), HE, "wrong_answer"),
@@ -85,8 +110,9 @@ def _modes() -> list[str]:
 def _run(python: str, cwd: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RELAXTUNE_SANDBOX", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    run = subprocess.run([python, "-c", SCRIPT, *_modes()], capture_output=True, text=True, timeout=600, env=env,
-                         cwd=cwd)
+    run = subprocess.run(
+        [python, "-c", SCRIPT, *_modes()], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -120,8 +146,9 @@ def test_a_venv_through_a_symlink_under_a_closed_home(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(venv)
     python = str(link / "bin" / "python")
-    check = subprocess.run([python, "-c", "import numpy; print(numpy.__file__)"], capture_output=True, text=True,
-                           timeout=120)
+    check = subprocess.run(
+        [python, "-c", "import numpy; print(numpy.__file__)"], capture_output=True, text=True, timeout=120
+    )
     assert check.stdout.startswith(str(link)), check  # the interpreter reports the path through the link
     result = _run(python, str(tmp_path))
     _check(result)

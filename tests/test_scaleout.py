@@ -21,9 +21,14 @@ from relaxtune.tune.settings import TuneSettings
 from .synthetic import Synthetic, SyntheticPair, write_task
 
 ROOT = Path(__file__).parents[1]
-ENV = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-GRID = {"cactus": [0.25, 1.0, 10.0], "mentored": [0.3, 0.7, 0.95]}  # the first three of each paper grid, strongest first
+ENV = os.environ | {
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+}
+GRID = {
+    "cactus": [0.25, 1.0, 10.0],
+    "mentored": [0.3, 0.7, 0.95],
+}  # the first three of each paper grid, strongest first
 
 
 def _free_port() -> int:
@@ -37,10 +42,29 @@ def mlflow_server(pg_database, tmp_path):
     """``mlflow server`` on a PostgreSQL backend store (what many workers share); its URL."""
     port = _free_port()
     log = open(tmp_path / "mlflow-server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", pg_database("mlflow"),
-                             "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            pg_database("mlflow"),
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=ENV,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -76,27 +100,54 @@ def _running(storage, names: list[str]) -> list[tuple[str, optuna.trial.FrozenTr
 def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database, mlflow_server, tmp_path):
     storage = pg_database("optuna")
     task = write_task(tmp_path / "task", 24)
-    settings = dict(task=task, methods=["cactus", "mentored"], n_drafts=[4], trials=3, stage_size=8, range_size=8,
-                    c_rel=0.2, epsilon=0.2, heartbeat=1, grace_period=3, output_dir=str(tmp_path / "runs"),
-                    storage=storage, mlflow_uri=mlflow_server, confirm="seeds")
+    settings = dict(
+        task=task,
+        methods=["cactus", "mentored"],
+        n_drafts=[4],
+        trials=3,
+        stage_size=8,
+        range_size=8,
+        c_rel=0.2,
+        epsilon=0.2,
+        heartbeat=1,
+        grace_period=3,
+        output_dir=str(tmp_path / "runs"),
+        storage=storage,
+        mlflow_uri=mlflow_server,
+        confirm="seeds",
+    )
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     names = [f"synthetic__{m}__synthetic-pair" for m in settings["methods"]]
     workers = {}
     for label in ("w0", "w1", "w2"):
         out = open(tmp_path / f"{label}.log", "w")
-        cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(tmp_path / "settings.json"), "--delay", "0.2",
-               "--cliff", "0.8", "--strict-accept", "0.1", "--worker", label]
-        workers[label] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT,
-                                           start_new_session=True), out)
+        cmd = [
+            sys.executable,
+            "-m",
+            "relaxtune.testing.synthetic",
+            str(tmp_path / "settings.json"),
+            "--delay",
+            "0.2",
+            "--cliff",
+            "0.8",
+            "--strict-accept",
+            "0.1",
+            "--worker",
+            label,
+        ]
+        workers[label] = (
+            subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT, start_new_session=True),
+            out,
+        )
     watch = optuna.storages.RDBStorage(storage)  # one engine for every look (each URL load would open a pool)
     try:
         deadline = time.time() + 180
         victim = None
         while victim is None:  # the first long trial seen running for half a second: kill its worker
             ended = [label for label, (p, _) in workers.items() if p.poll() is not None]
-            assert time.time() < deadline and not ended, (
-                f"no long trial seen running; ended: {ended}; " + " | ".join(
-                    (tmp_path / f"{label}.log").read_text()[-1500:] for label in ended))
+            assert time.time() < deadline and not ended, f"no long trial seen running; ended: {ended}; " + " | ".join(
+                (tmp_path / f"{label}.log").read_text()[-1500:] for label in ended
+            )
             for name, t in _running(watch, names):
                 # feasible: all 24 problems, about 4.8 s, long enough for a watcher on a busy machine
                 long = t.params.get("knob") in (0.25, 0.3, 0.7)
@@ -138,8 +189,11 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     # MLflow: one run per trial (the killed one logged as failed by who found it stale), one job
     client = MlflowClient(mlflow_server)
     runs = client.search_runs([client.get_experiment_by_name("relaxtune-synthetic").experiment_id])
-    trial_runs = [(r.data.tags["relaxtune.study"], int(r.data.tags["relaxtune.trial"]), r.data.tags["relaxtune.state"])
-                  for r in runs if r.data.tags.get("relaxtune.kind") == "trial"]
+    trial_runs = [
+        (r.data.tags["relaxtune.study"], int(r.data.tags["relaxtune.trial"]), r.data.tags["relaxtune.state"])
+        for r in runs
+        if r.data.tags.get("relaxtune.kind") == "trial"
+    ]
     assert sorted(trial_runs) == sorted((n, t.number, t.state.name) for n in names for t in trials[n])
     assert len({r.data.tags["relaxtune.job"] for r in runs}) == 1
     assert sorted(r.data.tags["relaxtune.kind"] for r in runs).count("study") == 2
@@ -148,9 +202,16 @@ def test_three_workers_share_a_study_on_postgresql_and_one_is_killed(pg_database
     configs = [{k: v for k, v in r["config"].items() if k != "created"} for r in reports.values()]
     assert configs[0] == configs[1]
     alone = TuneSettings(**settings | {"storage": None, "output_dir": str(tmp_path / "alone"), "mlflow_uri": None})
-    single, _ = run_tune_job(alone, SyntheticPair(), progress=False, track=False, log=lambda m: None,
-                             evaluate_fn=Synthetic(cliff=0.8, strict_accept=0.1))
+    single, _ = run_tune_job(
+        alone,
+        SyntheticPair(),
+        progress=False,
+        track=False,
+        log=lambda m: None,
+        evaluate_fn=Synthetic(cliff=0.8, strict_accept=0.1),
+    )
     single = single.model_dump(mode="json")
+
     def same_points(result: dict) -> dict:
         """A method's result without what a retry renumbers (the killed trial's retry is a new trial)."""
         out = {k: v for k, v in result.items() if k not in ("failed", "mlflow_run_id", "trial")}

@@ -50,8 +50,14 @@ def _convert(tmp_path: Path, wait: float) -> subprocess.Popen:
     gguf.parent.mkdir(parents=True, exist_ok=True)
     gguf.write_bytes(b"GGUF")
     env = {**os.environ, "RELAXTUNE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(gguf), str(wait)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(gguf), str(wait)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _written(proc: subprocess.Popen) -> Path:
@@ -81,8 +87,9 @@ def test_a_killed_conversion_is_swept_at_the_next_start(tmp_path, monkeypatch):
     proc.wait(timeout=60)
     assert _leftovers(tmp_path) == [folder.name]
 
-    from tests.tiny_models import tiny_lm, tiny_tokenizer
     import transformers
+
+    from tests.tiny_models import tiny_lm, tiny_tokenizer
 
     monkeypatch.setenv("RELAXTUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(embedded, "assemble_gguf", lambda model: tmp_path / "cache" / "tiny" / "model.gguf")
@@ -106,8 +113,9 @@ def test_sweep_keeps_what_live_processes_write(tmp_path):
         os.utime(old, (time.time() - 7200, time.time() - 7200))
         gone = sweep(tmp_path, "hf-")
         assert sorted(p.name for p in gone) == sorted([f"hf-{int(dead.stdout)}-dead", "hf-old"])
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"hf-{live.pid}-abc", f"hf-{os.getpid()}-mine",
-                                                                     "hf-legacy"])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"hf-{live.pid}-abc", f"hf-{os.getpid()}-mine", "hf-legacy"]
+        )
     finally:
         live.kill()
         live.wait()

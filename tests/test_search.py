@@ -28,8 +28,10 @@ from .synthetic import PROBLEMS, SPEC, Lucky
 N_DRAFTS = [3, 5, 10, 20]
 
 
-@pytest.mark.parametrize("method, strict, strongest", [("cactus", 0.01, 100.0), ("mentored", 0.0, 0.99),
-                                                       ("ens", 0.0, 0.5), ("sglang_threshold", 1.0, None)])
+@pytest.mark.parametrize(
+    "method, strict, strongest",
+    [("cactus", 0.01, 100.0), ("mentored", 0.0, 0.99), ("ens", 0.0, 0.5), ("sglang_threshold", 1.0, None)],
+)
 def test_strength_runs_from_the_strict_end_and_knob_at_inverts_it(method, strict, strongest):
     assert strength(method, strict) == 0.0
     if strongest is not None:
@@ -47,22 +49,38 @@ def test_per_token_acceptance_inverts_accepted_per_round():
     assert per_token_acceptance(5.0, 5) == 1.0
 
 
-def _trial(number: int, knob: float, n: int, *, speed: float = 0.0, l_accept: float = 1.0, ok: bool = True,
-           state: TrialState = TrialState.COMPLETE, pruned_by: str | None = None):
+def _trial(
+    number: int,
+    knob: float,
+    n: int,
+    *,
+    speed: float = 0.0,
+    l_accept: float = 1.0,
+    ok: bool = True,
+    state: TrialState = TrialState.COMPLETE,
+    pruned_by: str | None = None,
+):
     attrs = {"metrics": {"l_accept": l_accept, "length_ratio": 1.0}, "constraints": [-0.01 if ok else 0.05]}
     if pruned_by:
         attrs[PRUNED_BY] = pruned_by
-    t = create_trial(params={"n_draft": n, "knob": knob}, state=state, user_attrs=attrs,
-                     values=[speed, 0.5] if state == TrialState.COMPLETE else None,
-                     distributions={"n_draft": CategoricalDistribution(N_DRAFTS),
-                                    "knob": FloatDistribution(0.01, 100.0, log=True)})
+    t = create_trial(
+        params={"n_draft": n, "knob": knob},
+        state=state,
+        user_attrs=attrs,
+        values=[speed, 0.5] if state == TrialState.COMPLETE else None,
+        distributions={"n_draft": CategoricalDistribution(N_DRAFTS), "knob": FloatDistribution(0.01, 100.0, log=True)},
+    )
     t.number = number
     return t
 
 
 def _sampler(c_rel: float = 0.05, n_drafts: list[int] = N_DRAFTS) -> RelaxationSampler:
-    return RelaxationSampler("cactus", n_drafts, lambda l, n, r: speedup(min(l, n), n, c_rel, 1.0, r),
-                             optuna.samplers.RandomSampler(seed=0))
+    return RelaxationSampler(
+        "cactus",
+        n_drafts,
+        lambda acc, n, r: speedup(min(acc, n), n, c_rel, 1.0, r),
+        optuna.samplers.RandomSampler(seed=0),
+    )
 
 
 def test_a_feasible_point_moves_to_the_draft_length_its_acceptance_predicts_fastest():
@@ -112,8 +130,10 @@ def test_a_proposal_the_trial_cannot_take_is_left_to_the_fallback():
 
 def test_nothing_left_to_propose_falls_back():
     l_ok = accepted_per_round(0.5, 5)
-    trials = [_trial(i, knob_at("cactus", s), n, speed=speedup(l_ok, 5, 0.5) - 1, l_accept=l_ok, ok=s < 0.5)
-              for i, (s, n) in enumerate((s, n) for s in np.arange(0, 1.0001, 0.0125) for n in N_DRAFTS)]
+    trials = [
+        _trial(i, knob_at("cactus", s), n, speed=speedup(l_ok, 5, 0.5) - 1, l_accept=l_ok, ok=s < 0.5)
+        for i, (s, n) in enumerate((s, n) for s in np.arange(0, 1.0001, 0.0125) for n in N_DRAFTS)
+    ]
     assert _sampler(0.5).propose(trials) is None
 
 
@@ -122,9 +142,16 @@ def test_speedup_upper_is_the_jackknife_over_problems():
     strict, relaxed = (task._samples(m, k, 5, 0) for m, k in ((None, None), ("cactus", 1.0)))
     flat = lambda rows: [r for p in rows for r in p]  # noqa: E731
     m = point_metrics(summarize(flat(strict), None), summarize(flat(relaxed), None), 5, 0.2, 0.9)
-    loo = [point_metrics(summarize(flat(strict[:j] + strict[j + 1:]), None),
-                         summarize(flat(relaxed[:j] + relaxed[j + 1:]), None), 5, 0.2, 0.9)["speedup"]
-           for j in range(len(strict))]
+    loo = [
+        point_metrics(
+            summarize(flat(strict[:j] + strict[j + 1 :]), None),
+            summarize(flat(relaxed[:j] + relaxed[j + 1 :]), None),
+            5,
+            0.2,
+            0.9,
+        )["speedup"]
+        for j in range(len(strict))
+    ]
     k = len(loo)
     se = math.sqrt((k - 1) / k * sum((x - np.mean(loo)) ** 2 for x in loo))
     assert m["speedup_ucb"] == pytest.approx(m["speedup"] + 1.2815515655446004 * se, rel=1e-9)
@@ -134,10 +161,28 @@ def test_speedup_upper_is_the_jackknife_over_problems():
 
 
 def _tuner(tmp_path, evaluate_fn, **over) -> Tuner:
-    fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=4, stage_size=50,
-                  output_dir=str(tmp_path), c_rel=0.2, epsilon=0.1) | over
-    return Tuner(TuneSettings(**fields), SPEC, PROBLEMS, type("Pair", (), {"name": "pair"})(), 0.2,
-                 evaluate_fn=evaluate_fn, progress=False)
+    fields = (
+        dict(
+            task="synthetic",
+            methods=["cactus"],
+            n_drafts=[4],
+            trials=4,
+            stage_size=50,
+            output_dir=str(tmp_path),
+            c_rel=0.2,
+            epsilon=0.1,
+        )
+        | over
+    )
+    return Tuner(
+        TuneSettings(**fields),
+        SPEC,
+        PROBLEMS,
+        type("Pair", (), {"name": "pair"})(),
+        0.2,
+        evaluate_fn=evaluate_fn,
+        progress=False,
+    )
 
 
 # strict accepts as much as 0.25: never a candidate, so with 3 to confirm no bar is ever set

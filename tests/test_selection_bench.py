@@ -9,8 +9,11 @@ from relaxtune.bench.selection import harm_sets, one_job
 
 def test_harm_sets_keep_each_problems_rate_and_share_as_named():
     rng, ids, knobs, rate = np.random.default_rng(0), [str(i) for i in range(20000)], [1.0, 2.0], 0.1
-    for structure, overlap in (("independent", rate * rate), ("half", rate / 2 + (rate / 2) ** 2 / (1 - rate / 2) ** 2
-                                                                   * (1 - rate / 2)), ("shared", rate)):
+    for structure, overlap in (
+        ("independent", rate * rate),
+        ("half", rate / 2 + (rate / 2) ** 2 / (1 - rate / 2) ** 2 * (1 - rate / 2)),
+        ("shared", rate),
+    ):
         sets = harm_sets(rng, ids, knobs, rate, structure)
         for k in knobs:
             assert abs(len(sets[k]) / len(ids) - rate) < 4 * (rate * (1 - rate) / len(ids)) ** 0.5, structure

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
 
@@ -99,8 +98,9 @@ def test_groups_given_whole_and_flat_keys_on_top():
         s.model_copy(update={"confidence": 2.0})  # a copy is validated again
 
 
-@pytest.mark.parametrize("name", [n for n, f in flat_fields().items()
-                                  if f.annotation in (float, float | None) or n == "c_rel"])
+@pytest.mark.parametrize(
+    "name", [n for n, f in flat_fields().items() if f.annotation in (float, float | None) or n == "c_rel"]
+)
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_no_number_field_takes_nan_or_infinity(name, value):
     with pytest.raises(pydantic.ValidationError) as err:
@@ -145,9 +145,24 @@ def _shown(name, default) -> str:
 
 
 SHARED = {  # the settings each command takes (tune and export: all of them)
-    "tune": list(flat_fields()), "export": list(flat_fields()),
-    "eval": ["task", "limit", "seed", "drafter", "verifier", "dtype", "runtime", "drafter_url", "verifier_url",
-             "tokenizer", "native_url", "concurrency", "batch_size", "output_dir"],
+    "tune": list(flat_fields()),
+    "export": list(flat_fields()),
+    "eval": [
+        "task",
+        "limit",
+        "seed",
+        "drafter",
+        "verifier",
+        "dtype",
+        "runtime",
+        "drafter_url",
+        "verifier_url",
+        "tokenizer",
+        "native_url",
+        "concurrency",
+        "batch_size",
+        "output_dir",
+    ],
     "generate": ["drafter", "verifier", "seed", "dtype", "runtime", "tokenizer"],
     "plan": ["task", "epsilon", "confidence", "confirmations", "confirm", "output_dir"],
     "serve": ["drafter", "verifier"],
@@ -180,11 +195,15 @@ def test_flow_parameters_carry_the_settings_defaults_and_descriptions():
     from prefect.utilities.callables import parameter_schema
 
     import relaxtune.flows.tune as tune
-
     from relaxtune.flows.transfer import transfer_matrix
 
-    flows = {tune.tune_task: "*", tune.tune_all: "*", tune.tune_new: "*", tune.evaluate_point: "*",
-             transfer_matrix: ["output_dir", "mlflow_uri"]}  # transfer's methods: the ones judged, not tuned
+    flows = {
+        tune.tune_task: "*",
+        tune.tune_all: "*",
+        tune.tune_new: "*",
+        tune.evaluate_point: "*",
+        transfer_matrix: ["output_dir", "mlflow_uri"],
+    }  # transfer's methods: the ones judged, not tuned
     for flow, names in flows.items():
         props = parameter_schema(flow.fn).model_dump()["properties"]
         shared = [n for n in props if n in flat_fields() and (names == "*" or n in names)]
@@ -215,18 +234,26 @@ def sandbox(tmp_path, monkeypatch):
     def loaded(*args, **kwargs):
         raise AssertionError(f"a model loaded or a server started: {args}")
 
-    for module, name in ((load, "load_backend"), (job, "load_backend"), (hf, "load_pair"),
-                         (embedded, "ensure_converted"), (embedded, "assemble_gguf"), (launch, "launch")):
+    for module, name in (
+        (load, "load_backend"),
+        (job, "load_backend"),
+        (hf, "load_pair"),
+        (embedded, "ensure_converted"),
+        (embedded, "assemble_gguf"),
+        (launch, "launch"),
+    ):
         monkeypatch.setattr(module, name, loaded)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "afile").write_text("x")
-    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)})
-                                                for i in range(60)))
+    (tmp_path / "p.jsonl").write_text(
+        "\n".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) for i in range(60))
+    )
     (tmp_path / "many.yaml").write_text(
         f"name: many\nversion: 1\ndataset: {{path: json, data_files: {tmp_path / 'p.jsonl'}}}\n"
         "fields: {question: question, answer: answer}\nprompt: {template: '{question} = ?'}\n"
-        "grader: {kind: math}\nsampling: {temperature: 0.8, top_p: 1.0, top_k: null}\nmax_new_tokens: 10\n")
+        "grader: {kind: math}\nsampling: {temperature: 0.8, top_p: 1.0, top_k: null}\nmax_new_tokens: 10\n"
+    )
     (tmp_path / "list.yaml").write_text("- epsilon: 0.1\n")
     (tmp_path / "typo.yaml").write_text(f"task: many.yaml\ndrafter: {tmp_path / 'm'}\nverifier: m\nepsilonn: 0.1\n")
     (tmp_path / "nan.yaml").write_text(f"task: many.yaml\ndrafter: {tmp_path / 'm'}\nverifier: m\nepsilon: .nan\n")
@@ -267,10 +294,14 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--storage", "sqlite://"], "--storage: 'sqlite://' is an in-memory"),
     ([*TUNE, "--mlflow-uri", "file:///tmp/mlruns"], "--mlflow-uri: 'file:///tmp/mlruns': MLflow 3"),
     ([*TUNE, "--mlflow-uri", "http://:5000"], "--mlflow-uri: 'http://:5000' names no host"),
-    ([*TUNE, "--drafter-url", "localhost:30000", "--verifier-url", "localhost:30001"],
-     "--drafter-url: 'localhost:30000' is not a server URL"),
-    ([*TUNE, "--drafter-url", "http://h:1", "--verifier-url", "http://h:port"],
-     "--verifier-url: 'http://h:port': the port"),
+    (
+        [*TUNE, "--drafter-url", "localhost:30000", "--verifier-url", "localhost:30001"],
+        "--drafter-url: 'localhost:30000' is not a server URL",
+    ),
+    (
+        [*TUNE, "--drafter-url", "http://h:1", "--verifier-url", "http://h:port"],
+        "--verifier-url: 'http://h:port': the port",
+    ),
     ([*TUNE, "--runtime", "llamacpp"], "--verifier m: no such GGUF file"),
     ([*TUNE, "--runtime", "llamacpp", "--verifier", "missing.gguf"], "--verifier missing.gguf"),
     ([*TUNE, "--runtime", "gpu"], ("'--runtime'", "'gpu'")),
@@ -285,8 +316,10 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--config", "missing.yaml"], "--config missing.yaml"),
     ([*TUNE, "--drafter-url", "http://127.0.0.1:1"], "--drafter-url http://127.0.0.1:1: the SGLang backend needs both"),
     ([*TUNE, "--native-url", "http://127.0.0.1:1"], "--native-url http://127.0.0.1:1: needs --drafter-url"),
-    ([*TUNE, "--drafter", "prompt-lookup", "--drafter-url", "http://h:1", "--verifier-url", "http://h:2"],
-     "--drafter-url http://h:1: --drafter prompt-lookup drafts without a model"),
+    (
+        [*TUNE, "--drafter", "prompt-lookup", "--drafter-url", "http://h:1", "--verifier-url", "http://h:2"],
+        "--drafter-url http://h:1: --drafter prompt-lookup drafts without a model",
+    ),
     ([*TUNE, "--output-dir", "/proc/relaxtune"], "--output-dir /proc/relaxtune: nothing can be written in /proc"),
     ([*TUNE, "--export", "/proc/x/y.yaml"], "--export /proc/x/y.yaml: nothing can be written in /proc"),
     ([*TUNE, "--job-id", " "], "--job-id: ' ': give an id without spaces"),
@@ -300,8 +333,10 @@ BAD = [  # (arguments, what the message must name)
     ([*EVAL, "--drafter", "./typo"], "--drafter ./typo"),
     ([*EVAL, "--dtype", "fp16"], ("'--dtype'", "'fp16'")),
     ([*EVAL, "--alpha", "nan"], ("'--alpha'", "nan is not a finite number")),
-    ([*EVAL, "--verifier-url", "127.0.0.1:30001", "--drafter-url", "http://127.0.0.1:30000"],
-     "--verifier-url: '127.0.0.1:30001' is not a server URL"),
+    (
+        [*EVAL, "--verifier-url", "127.0.0.1:30001", "--drafter-url", "http://127.0.0.1:30000"],
+        "--verifier-url: '127.0.0.1:30001' is not a server URL",
+    ),
     (["generate", "hi", "--verifier", "./typo"], "--verifier ./typo"),
     (["generate", "hi", "--temperature", "nan"], ("'--temperature'", "nan is not a finite number")),
     (["generate", "hi", "--dtype", "half"], ("'--dtype'", "'half'")),

@@ -13,7 +13,7 @@ import torch
 from relaxtune.backends.sglang_cpu import KERNEL_DIR
 
 sys.path.insert(0, str(KERNEL_DIR))
-import sgl_kernel  # noqa: E402
+import sgl_kernel
 
 sys.path.remove(str(KERNEL_DIR))
 
@@ -25,7 +25,7 @@ def murmur3_x86_32(data: bytes, seed: int = 0) -> int:
     rotl = lambda x, r: ((x << r) | (x >> (32 - r))) & mask  # noqa: E731
     n = len(data) // 4 * 4
     for i in range(0, n, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+        k = int.from_bytes(data[i : i + 4], "little")
         k = rotl(k * c1 & mask, 15) * c2 & mask
         h = (rotl(h ^ k, 13) * 5 + 0xE6546B64) & mask
     tail = data[n:]
@@ -40,24 +40,39 @@ def murmur3_x86_32(data: bytes, seed: int = 0) -> int:
     return h ^ (h >> 16)
 
 
-@pytest.mark.parametrize("data, seed, expected", [
-    (b"", 0, 0x00000000), (b"", 1, 0x514E28B7), (b"", 0xFFFFFFFF, 0x81F16F39),
-    (b"\xff\xff\xff\xff", 0, 0x76293B50), (b"\x21\x43\x65\x87", 0, 0xF55B516B),
-    (b"\x21\x43\x65\x87", 0x5082EDEE, 0x2362F9DE), (b"\x21\x43\x65", 0, 0x7E4A8634),
-    (b"\x21\x43", 0, 0xA0F7B07A), (b"\x21", 0, 0x72661CF4), (b"\x00\x00\x00\x00", 0, 0x2362F9DE),
-    (b"aaaa", 0x9747B28C, 0x5A97808A), (b"Hello, world!", 0x9747B28C, 0x24884CBA),
-    (b"The quick brown fox jumps over the lazy dog", 0x9747B28C, 0x2FA826CD),
-])
+@pytest.mark.parametrize(
+    "data, seed, expected",
+    [
+        (b"", 0, 0x00000000),
+        (b"", 1, 0x514E28B7),
+        (b"", 0xFFFFFFFF, 0x81F16F39),
+        (b"\xff\xff\xff\xff", 0, 0x76293B50),
+        (b"\x21\x43\x65\x87", 0, 0xF55B516B),
+        (b"\x21\x43\x65\x87", 0x5082EDEE, 0x2362F9DE),
+        (b"\x21\x43\x65", 0, 0x7E4A8634),
+        (b"\x21\x43", 0, 0xA0F7B07A),
+        (b"\x21", 0, 0x72661CF4),
+        (b"\x00\x00\x00\x00", 0, 0x2362F9DE),
+        (b"aaaa", 0x9747B28C, 0x5A97808A),
+        (b"Hello, world!", 0x9747B28C, 0x24884CBA),
+        (b"The quick brown fox jumps over the lazy dog", 0x9747B28C, 0x2FA826CD),
+    ],
+)
 def test_reference_murmur3_matches_published_vectors(data, seed, expected):
     assert murmur3_x86_32(data, seed) == expected
 
 
 def test_murmur_op_equals_murmur3_of_the_four_blocks():
     g = torch.Generator().manual_seed(0)
-    seeds = torch.cat([torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 2**32, 2**32 - 1]),
-                       torch.randint(-(2**62), 2**62, (9,), generator=g)])
-    positions = torch.cat([torch.tensor([0, 1, 2**31 - 1, 7, 4095, 123456, 2**31 - 2]),
-                           torch.randint(0, 2**31 - 1, (9,), generator=g)])
+    seeds = torch.cat(
+        [
+            torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 2**32, 2**32 - 1]),
+            torch.randint(-(2**62), 2**62, (9,), generator=g),
+        ]
+    )
+    positions = torch.cat(
+        [torch.tensor([0, 1, 2**31 - 1, 7, 4095, 123456, 2**31 - 2]), torch.randint(0, 2**31 - 1, (9,), generator=g)]
+    )
     cols = torch.cat([torch.tensor([0, 1, 151935, 2**31 - 1]), torch.randint(0, 2**20, (12,), generator=g)])
     out = torch.ops.sgl_kernel.murmur_hash32_cpu.default(seeds, positions, cols)
     assert out.dtype == torch.uint32 and out.shape == (16, 16)

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from relaxtune.backends.hf import HFBackend
 from relaxtune.backends.sglang import SGLangBackend, SGLangError, parse_next, parse_score
 from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.engine.sequence import generate
@@ -24,9 +23,12 @@ GREEDY = SamplingParams(temperature=0.0)
 # for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2 (each row's probabilities sum to at
 # most 1, as log-probabilities must: a row above 1 is refused).
 LAYOUT = {
-    "text": "", "output_ids": [2],
+    "text": "",
+    "output_ids": [2],
     "meta_info": {
-        "cached_tokens": 2, "prompt_tokens": 5, "completion_tokens": 1,
+        "cached_tokens": 2,
+        "prompt_tokens": 5,
+        "completion_tokens": 1,
         "input_token_logprobs": [[None, 7, None], [-0.5, 3, None], [-3.0, 4, None]],
         "input_top_logprobs": [None, [[-0.5, 3, None], [-1.2, 1, None]], [[-0.3, 2, None], [-2.5, 0, None]]],
         "output_token_logprobs": [[-0.3, 2, None]],
@@ -65,8 +67,12 @@ def test_malformed_responses_name_the_field(mutate, match):
 
 @pytest.mark.parametrize(
     "value, match",
-    [(0.0, r"probabilities sum to 2 \(at most 1\)"), (0.7, "impossible logprob 0.7"), (float("nan"), "impossible logprob nan"),
-     (float("inf"), "impossible logprob inf")],
+    [
+        (0.0, r"probabilities sum to 2 \(at most 1\)"),
+        (0.7, "impossible logprob 0.7"),
+        (float("nan"), "impossible logprob nan"),
+        (float("inf"), "impossible logprob inf"),
+    ],
 )
 def test_rows_that_are_not_log_probabilities_are_refused(value, match):
     # a server whose top-K logprobs are all 0.0 (total probability K) or positive: refused, never renormalised
@@ -179,15 +185,19 @@ def test_server_down_mid_run_records_failures(servers, tiny_backend, tmp_path):
     assert len(Path(result.path).read_text().splitlines()) == 4
 
 
-@pytest.mark.parametrize("side, fault, match", [("verifier", "zero-logprobs", "probabilities sum to"),
-                                               ("drafter", "positive-logprobs", "impossible logprob 0.5")])
-def test_a_server_returning_impossible_rows_fails_the_sample_never_grades_it(servers, tiny_backend, tmp_path, side,
-                                                                            fault, match):
+@pytest.mark.parametrize(
+    "side, fault, match",
+    [("verifier", "zero-logprobs", "probabilities sum to"), ("drafter", "positive-logprobs", "impossible logprob 0.5")],
+)
+def test_a_server_returning_impossible_rows_fails_the_sample_never_grades_it(
+    servers, tiny_backend, tmp_path, side, fault, match
+):
     d, v = servers
     backend = sglang(servers, tiny_backend.tokenizer, retries=1, max_concurrency=1)
     (v if side == "verifier" else d).faults = [fault]  # the first request of that server
-    result = evaluate(tiny_task(), backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=2,
-                      progress=False)
+    result = evaluate(
+        tiny_task(), backend, DecodeConfig("strict", None, 2), output_dir=tmp_path, limit=2, progress=False
+    )
     assert result.failed == 1 and result.n == 1  # a failed sample, not a wrong answer
     failed = [r for r in result.records if r["failed"]]
     assert len(failed) == 1 and failed[0]["verdict"] == "generation_error"
@@ -207,8 +217,17 @@ def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
     from .tiny_task import write_tiny_task
 
     backend = sglang(servers, tiny_backend.tokenizer)
-    settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["cactus"], n_drafts=[2], trials=2, limit=4,
-                            c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4, confirm="seeds")
+    settings = TuneSettings(
+        task=write_tiny_task(tmp_path),
+        methods=["cactus"],
+        n_drafts=[2],
+        trials=2,
+        limit=4,
+        c_rel=0.3,
+        output_dir=str(tmp_path / "runs"),
+        stage_size=4,
+        confirm="seeds",
+    )
     config, path = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
     assert config.methods["cactus"].trials == 2 and path.exists()
 
@@ -239,8 +258,11 @@ def test_a_draft_at_vocab_size_minus_one_is_read_back_from_id_zero():
 
 def test_asked_ids_join_the_rows_and_must_be_there():
     body = json.loads(json.dumps(LAYOUT))
-    body["meta_info"]["input_token_ids_logprobs"] = [None, [[-4.0, 5, None], [-0.5, 3, None]],
-                                                     [[-6.0, 5, None], [-2.5, 3, None]]]
+    body["meta_info"]["input_token_ids_logprobs"] = [
+        None,
+        [[-4.0, 5, None], [-0.5, 3, None]],
+        [[-6.0, 5, None], [-2.5, 3, None]],
+    ]
     body["meta_info"]["output_token_ids_logprobs"] = [[[-7.0, 5, None], [-3.0, 3, None]]]
     rows, missing, _ = parse_score(body, [3, 4], vocab=6, asked=True)
     assert rows[:, 5].tolist() == [-4.0, -6.0, -7.0] and rows[1, 3] == -2.5 and rows[2, 3] == -3.0
@@ -285,15 +307,35 @@ def test_a_draft_and_a_prompt_token_at_vocab_size_minus_one_score_normally(serve
     assert torch.allclose(rows, truth, atol=1e-5)
 
 
-@pytest.mark.parametrize("method, knob", [("strict", None), ("ens", 0.2), ("mentored", 0.7), ("cactus", 1.0),
-                                          ("r_fuzzy", 0.3), ("spec_casc_opt", 0.05), ("spec_casc_tok", 0.8),
-                                          ("spec_cont_dec", 1.0), ("sglang_threshold", 0.5), ("always_accept", None)])
+@pytest.mark.parametrize(
+    "method, knob",
+    [
+        ("strict", None),
+        ("ens", 0.2),
+        ("mentored", 0.7),
+        ("cactus", 1.0),
+        ("r_fuzzy", 0.3),
+        ("spec_casc_opt", 0.05),
+        ("spec_casc_tok", 0.8),
+        ("spec_cont_dec", 1.0),
+        ("sglang_threshold", 0.5),
+        ("always_accept", None),
+    ],
+)
 def test_every_method_runs_on_top_k_rows(servers, tiny_backend, method, knob):
     backend = sglang(servers, tiny_backend.tokenizer)
     backend.top_logprobs = 6  # no top-k cut in the sampling: rows are truncated, the missing mass recorded
     prompt = tiny_backend.tokenizer.encode("def f(x):")
-    out = generate(backend, prompt, method=method, knob=knob, n_draft=3, sampling=SamplingParams(temperature=1.0),
-                   max_new_tokens=10, seed=3)
+    out = generate(
+        backend,
+        prompt,
+        method=method,
+        knob=knob,
+        n_draft=3,
+        sampling=SamplingParams(temperature=1.0),
+        max_new_tokens=10,
+        seed=3,
+    )
     assert 1 <= len(out.token_ids) <= 10 and all(0 <= t < 64 for t in out.token_ids)
     assert 0.0 < max(out.extra["missing_mass"]) < 1.0
 
@@ -308,8 +350,10 @@ def test_stop_tokens_are_the_union_sglang_stops_on(tiny_pair_dirs, tmp_path, ser
     prompt = tiny_backend.tokenizer.encode("def f(x): return x")
     greedy = generate(tiny_backend, prompt, method="ar", sampling=GREEDY, max_new_tokens=12).token_ids
     stop_at = next(i for i in range(2, 12) if greedy[i] not in greedy[:i])  # a first occurrence
-    for name, key, value in (("config.json", "eos_token_id", 3), ("generation_config.json", "eos_token_id",
-                                                                   [0, greedy[stop_at]])):
+    for name, key, value in (
+        ("config.json", "eos_token_id", 3),
+        ("generation_config.json", "eos_token_id", [0, greedy[stop_at]]),
+    ):
         cfg = json.loads((path / name).read_text())
         cfg[key] = value
         (path / name).write_text(json.dumps(cfg))
@@ -332,8 +376,14 @@ def test_max_new_tokens_zero_keeps_the_bonus_row_as_the_live_server_does(tiny_ba
     """Seen on a live SGLang 0.5.23 server (tests/test_sglang_live.py checks it there):
     max_new_tokens = 0 keeps output_top_logprobs (the bonus row), not as sglang-protocol.md says."""
     server = StandInServer(tiny_backend.verifier)
-    payload = {"input_ids": [5, 9, 7, 3], "return_logprob": True, "logprob_start_len": 2, "top_logprobs_num": 64,
-               "token_ids_logprob": [1, 63], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    payload = {
+        "input_ids": [5, 9, 7, 3],
+        "return_logprob": True,
+        "logprob_start_len": 2,
+        "top_logprobs_num": 64,
+        "token_ids_logprob": [1, 63],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    }
     one = server.answer(payload)
     zero = server.answer({**payload, "sampling_params": {"max_new_tokens": 0, "temperature": 0}})
     meta = zero["meta_info"]

@@ -45,60 +45,115 @@ from relaxtune.testing.sglang_standin import StandInServer
 
 from .sglang_source import load
 
-COMMON = {"dataclasses": dataclasses, "dataclass": dataclasses.dataclass, "logging": logging, "torch": torch, "np": np,
-          "logger": logging.getLogger("sglang-contract"), "asyncio": asyncio,
-          **{n: getattr(typing, n) for n in ("Any", "Dict", "List", "Optional", "Set", "Tuple", "Union", "Iterable")}}
+COMMON = {
+    "dataclasses": dataclasses,
+    "dataclass": dataclasses.dataclass,
+    "logging": logging,
+    "torch": torch,
+    "np": np,
+    "logger": logging.getLogger("sglang-contract"),
+    "asyncio": asyncio,
+    **{n: getattr(typing, n) for n in ("Any", "Dict", "List", "Optional", "Set", "Tuple", "Union", "Iterable")},
+}
 SPEC = NS(speculative_algorithm="STANDALONE", speculative_num_draft_tokens=5)  # what get_spec() answers
 
 
 @pytest.fixture(scope="module")
 def sgl():
     """SGLang 0.5.23's response builders, loaded from its source."""
-    batch = load("sglang/srt/managers/schedule_batch.py",
-                 {"BaseFinishReason": None, "FINISH_MATCHED_TOKEN": None, "FINISH_LENGTH": None, "ReqLogprob": None,
-                  "Req": ["_compute_max_prefix_len"], "compute_extend_logprob_start_len": None}, dict(COMMON))
-    lp = load("sglang/srt/layers/logprob_processor.py",
-              {"LogprobStage": None, "get_top_logprobs_raw": None, "get_top_logprobs": None,
-               "get_token_ids_logprobs_raw": None, "get_token_ids_logprobs": None},
-              {**COMMON, "Enum": enum.Enum, "auto": enum.auto, "is_pin_memory_available": lambda device: False})
-    proc = load("sglang/srt/managers/scheduler_components/logprob_result_processor.py",
-                {"SchedulerLogprobResultProcessor": None},
-                {**COMMON, "get_exec": lambda: NS(features=NS(enable_mis=False))})
-    tm = load("sglang/srt/managers/tokenizer_manager.py",
-              {"ReqState": None, "TokenizerManager": ["convert_logprob_style", "add_logprob_to_meta_info",
-                                                      "detokenize_logprob_tokens", "detokenize_top_logprobs_tokens",
-                                                      "_calculate_spec_decoding_metrics"]},
-              {**COMMON, "get_spec": lambda: SPEC, "_ragged_verify_cap_accept": lambda: False})
+    batch = load(
+        "sglang/srt/managers/schedule_batch.py",
+        {
+            "BaseFinishReason": None,
+            "FINISH_MATCHED_TOKEN": None,
+            "FINISH_LENGTH": None,
+            "ReqLogprob": None,
+            "Req": ["_compute_max_prefix_len"],
+            "compute_extend_logprob_start_len": None,
+        },
+        dict(COMMON),
+    )
+    lp = load(
+        "sglang/srt/layers/logprob_processor.py",
+        {
+            "LogprobStage": None,
+            "get_top_logprobs_raw": None,
+            "get_top_logprobs": None,
+            "get_token_ids_logprobs_raw": None,
+            "get_token_ids_logprobs": None,
+        },
+        {**COMMON, "Enum": enum.Enum, "auto": enum.auto, "is_pin_memory_available": lambda device: False},
+    )
+    proc = load(
+        "sglang/srt/managers/scheduler_components/logprob_result_processor.py",
+        {"SchedulerLogprobResultProcessor": None},
+        {**COMMON, "get_exec": lambda: NS(features=NS(enable_mis=False))},
+    )
+    tm = load(
+        "sglang/srt/managers/tokenizer_manager.py",
+        {
+            "ReqState": None,
+            "TokenizerManager": [
+                "convert_logprob_style",
+                "add_logprob_to_meta_info",
+                "detokenize_logprob_tokens",
+                "detokenize_top_logprobs_tokens",
+                "_calculate_spec_decoding_metrics",
+            ],
+        },
+        {**COMMON, "get_spec": lambda: SPEC, "_ragged_verify_cap_accept": lambda: False},
+    )
     return NS(**{k: v for ns in (batch, lp, proc, tm) for k, v in ns.items() if not k.startswith("__")})
 
 
-def sglang_generate(sgl, model, input_ids: list[int], logprob_start_len: int, top_k: int,
-                    token_ids: list[int] | None, radix_match: int) -> dict:
+def sglang_generate(
+    sgl, model, input_ids: list[int], logprob_start_len: int, top_k: int, token_ids: list[int] | None, radix_match: int
+) -> dict:
     """The body SGLang 0.5.23 answers to a one-token greedy ``/generate`` with
     ``return_logprob`` (no stream), the prompt matching ``radix_match`` cached tokens."""
     vocab = int(model.config.vocab_size)
     req = object.__new__(sgl.Req)  # the fields _compute_max_prefix_len and the processor read
-    req.__dict__.update(origin_input_ids=list(input_ids), logprob_start_len=logprob_start_len, return_logprob=True,
-                        dllm_config=None, is_dllm=lambda: False, is_prefill_only=False, token_indices_to_pool=None,
-                        multi_item_delimiter_indices=None, return_flat_raw_top_logprobs=False,
-                        input_token_logprobs=None, temp_input_top_logprobs_val=None,
-                        temp_input_top_logprobs_idx=None, temp_input_token_ids_logprobs_val=None,
-                        temp_input_token_ids_logprobs_idx=None,
-                        logprob=sgl.ReqLogprob(top_logprobs_num=top_k, token_ids_logprob=token_ids,
-                                               output_token_logprobs_val=[], output_token_logprobs_idx=[],
-                                               output_top_logprobs_val=[], output_top_logprobs_idx=[],
-                                               output_token_ids_logprobs_val=[], output_token_ids_logprobs_idx=[]))
+    req.__dict__.update(
+        origin_input_ids=list(input_ids),
+        logprob_start_len=logprob_start_len,
+        return_logprob=True,
+        dllm_config=None,
+        is_dllm=lambda: False,
+        is_prefill_only=False,
+        token_indices_to_pool=None,
+        multi_item_delimiter_indices=None,
+        return_flat_raw_top_logprobs=False,
+        input_token_logprobs=None,
+        temp_input_top_logprobs_val=None,
+        temp_input_top_logprobs_idx=None,
+        temp_input_token_ids_logprobs_val=None,
+        temp_input_token_ids_logprobs_idx=None,
+        logprob=sgl.ReqLogprob(
+            top_logprobs_num=top_k,
+            token_ids_logprob=token_ids,
+            output_token_logprobs_val=[],
+            output_token_logprobs_idx=[],
+            output_top_logprobs_val=[],
+            output_top_logprobs_idx=[],
+            output_token_ids_logprobs_val=[],
+            output_token_ids_logprobs_idx=[],
+        ),
+    )
     prefix = min(radix_match, req._compute_max_prefix_len(len(input_ids)))
     extend = len(input_ids) - prefix
-    start = sgl.compute_extend_logprob_start_len(logprob_start_len=logprob_start_len, prefix_len=prefix,
-                                                 extend_len=extend, full_untruncated_fill_len=len(input_ids))
+    start = sgl.compute_extend_logprob_start_len(
+        logprob_start_len=logprob_start_len,
+        prefix_len=prefix,
+        extend_len=extend,
+        full_untruncated_fill_len=len(input_ids),
+    )
     processor = sgl.SchedulerLogprobResultProcessor(model_config=NS(vocab_size=vocab))
     pruned = processor.calculate_num_input_logprobs(req, extend, start)
     # mirror: the logits processor's input logprobs over the pruned positions (next ids clamped, 0-padded)
     first = prefix + start
     with torch.inference_mode():
         rows = model(input_ids=torch.tensor([input_ids])).logits[0].float().log_softmax(-1)[first:]
-    next_ids = torch.tensor(input_ids[first + 1:] + [0]).clamp(0, vocab - 1)
+    next_ids = torch.tensor(input_ids[first + 1 :] + [0]).clamp(0, vocab - 1)
     stage = sgl.LogprobStage.PREFILL
     top_val, top_idx = sgl.get_top_logprobs_raw(rows, [top_k], stage, [pruned])
     ids_val, ids_idx = sgl.get_token_ids_logprobs_raw(rows, [token_ids], stage, [pruned])
@@ -106,31 +161,51 @@ def sglang_generate(sgl, model, input_ids: list[int], logprob_start_len: int, to
     nxt = int(last.argmax())
     out_top_val, out_top_idx = sgl.get_top_logprobs(last, [top_k])
     out_ids_val, out_ids_idx = sgl.get_token_ids_logprobs(last, [token_ids])
-    output = NS(input_token_logprobs=tuple(rows[torch.arange(pruned), next_ids].tolist()),
-                input_top_logprobs_val=top_val, input_top_logprobs_idx=top_idx,
-                input_token_ids_logprobs_val=ids_val, input_token_ids_logprobs_idx=ids_idx,
-                next_token_logprobs=[float(last[0, nxt])], next_token_top_logprobs_val=out_top_val,
-                next_token_top_logprobs_idx=out_top_idx, next_token_token_ids_logprobs_val=out_ids_val,
-                next_token_token_ids_logprobs_idx=out_ids_idx)
+    output = NS(
+        input_token_logprobs=tuple(rows[torch.arange(pruned), next_ids].tolist()),
+        input_top_logprobs_val=top_val,
+        input_top_logprobs_idx=top_idx,
+        input_token_ids_logprobs_val=ids_val,
+        input_token_ids_logprobs_idx=ids_idx,
+        next_token_logprobs=[float(last[0, nxt])],
+        next_token_top_logprobs_val=out_top_val,
+        next_token_top_logprobs_idx=out_top_idx,
+        next_token_token_ids_logprobs_val=out_ids_val,
+        next_token_token_ids_logprobs_idx=out_ids_idx,
+    )
     processor.add_logprob_return_values(0, req, 0, [nxt], pruned, output)
     lg = req.logprob  # mirror: the output streamer's hand-off of one finished request (OutputStreamer.accept)
-    recv = NS(input_token_logprobs_val=[lg.input_token_logprobs_val],
-              input_token_logprobs_idx=[lg.input_token_logprobs_idx],
-              input_top_logprobs_val=[lg.input_top_logprobs_val], input_top_logprobs_idx=[lg.input_top_logprobs_idx],
-              input_top_logprobs_val_flat=[None], input_token_ids_logprobs_val=[lg.input_token_ids_logprobs_val],
-              input_token_ids_logprobs_idx=[lg.input_token_ids_logprobs_idx],
-              output_token_logprobs_val=[lg.output_token_logprobs_val[:1]],
-              output_token_logprobs_idx=[lg.output_token_logprobs_idx[:1]],
-              output_top_logprobs_val=[lg.output_top_logprobs_val[:1]],
-              output_top_logprobs_idx=[lg.output_top_logprobs_idx[:1]],
-              output_token_ids_logprobs_val=[lg.output_token_ids_logprobs_val[:1]],
-              output_token_ids_logprobs_idx=[lg.output_token_ids_logprobs_idx[:1]])
-    obj = NS(top_logprobs_num=top_k, token_ids_logprob=token_ids, return_flat_raw_top_logprobs=False,
-             return_flat_raw_output_top_logprobs=False, return_flat_raw_top_logprobs_b64=False)
+    recv = NS(
+        input_token_logprobs_val=[lg.input_token_logprobs_val],
+        input_token_logprobs_idx=[lg.input_token_logprobs_idx],
+        input_top_logprobs_val=[lg.input_top_logprobs_val],
+        input_top_logprobs_idx=[lg.input_top_logprobs_idx],
+        input_top_logprobs_val_flat=[None],
+        input_token_ids_logprobs_val=[lg.input_token_ids_logprobs_val],
+        input_token_ids_logprobs_idx=[lg.input_token_ids_logprobs_idx],
+        output_token_logprobs_val=[lg.output_token_logprobs_val[:1]],
+        output_token_logprobs_idx=[lg.output_token_logprobs_idx[:1]],
+        output_top_logprobs_val=[lg.output_top_logprobs_val[:1]],
+        output_top_logprobs_idx=[lg.output_top_logprobs_idx[:1]],
+        output_token_ids_logprobs_val=[lg.output_token_ids_logprobs_val[:1]],
+        output_token_ids_logprobs_idx=[lg.output_token_ids_logprobs_idx[:1]],
+    )
+    obj = NS(
+        top_logprobs_num=top_k,
+        token_ids_logprob=token_ids,
+        return_flat_raw_top_logprobs=False,
+        return_flat_raw_output_top_logprobs=False,
+        return_flat_raw_top_logprobs_b64=False,
+    )
     state = sgl.ReqState(out_list=[], finished=True, event=None, obj=obj, time_stats=None)
     # mirror: the literal base meta_info of TokenizerManager._handle_batch_output
-    meta = {"id": "req", "finish_reason": sgl.FINISH_LENGTH(length=1).to_json(), "prompt_tokens": len(input_ids),
-            "weight_version": "default", "num_retractions": 0}
+    meta = {
+        "id": "req",
+        "finish_reason": sgl.FINISH_LENGTH(length=1).to_json(),
+        "prompt_tokens": len(input_ids),
+        "weight_version": "default",
+        "num_retractions": 0,
+    }
     manager = object.__new__(sgl.TokenizerManager)
     manager.tokenizer = None
     manager.convert_logprob_style(meta, state, top_k, token_ids, False, recv, 0, finished=True)
@@ -153,7 +228,7 @@ def test_a_scoring_response_with_a_draft_at_vocab_size_minus_one(sgl, tiny_backe
     assert meta["input_top_logprobs"][0] is None and meta["input_token_ids_logprobs"][0] is None
     assert all(e[2] is None for e in meta["input_top_logprobs"][1] + meta["output_top_logprobs"][0])  # null text
     rows, missing, cached = parse_score(body, drafts, 64, asked=True)
-    truth = _truth(model, ids)[len(prefix) - 1:]
+    truth = _truth(model, ids)[len(prefix) - 1 :]
     for j, row in enumerate(rows):
         known = torch.isfinite(row)
         expected = set(truth[j].topk(4).indices.tolist()) | set(asked) | ({drafts[j]} if j < 3 else set())
@@ -170,13 +245,18 @@ def test_a_prefix_cache_hit_is_capped_at_logprob_start_len(sgl, tiny_backend):
     body = sglang_generate(sgl, model, now, len(prefix) - 1, 64, [11], radix_match=len(prefix) + 1)
     assert body["meta_info"]["cached_tokens"] == len(prefix) - 1  # capped: every draft still gets its logprob
     rows, _, cached = parse_score(body, [3, 11, 1], 64, asked=True)
-    assert cached == len(prefix) - 1 and torch.allclose(rows, _truth(model, now)[len(prefix) - 1:], atol=1e-6)
+    assert cached == len(prefix) - 1 and torch.allclose(rows, _truth(model, now)[len(prefix) - 1 :], atol=1e-6)
     # the stand-in answers the same two requests with the same bodies (ids aside)
     server = StandInServer(model)
     for ids in (earlier, now):
-        payload = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-                   "return_logprob": True, "logprob_start_len": len(prefix) - 1, "top_logprobs_num": 64,
-                   "token_ids_logprob": [11]}
+        payload = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": len(prefix) - 1,
+            "top_logprobs_num": 64,
+            "token_ids_logprob": [11],
+        }
         standin = json.loads(json.dumps(server.answer(payload)))
     body["meta_info"].pop("id"), standin["meta_info"].pop("id")
     assert standin == body
@@ -187,8 +267,14 @@ def test_the_stand_in_answers_like_sglang(sgl, tiny_backend, asked):
     model = tiny_backend.verifier
     ids = [1, 63, 7, 63, 4]  # V - 1 in the prompt, at the boundary and as a draft
     body = sglang_generate(sgl, model, ids, 1, 5, asked, radix_match=0)
-    payload = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "return_logprob": True,
-               "logprob_start_len": 1, "top_logprobs_num": 5, **({"token_ids_logprob": asked} if asked else {})}
+    payload = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 1,
+        "top_logprobs_num": 5,
+        **({"token_ids_logprob": asked} if asked else {}),
+    }
     standin = json.loads(json.dumps(StandInServer(model).answer(payload)))
     body["meta_info"].pop("id"), standin["meta_info"].pop("id")
     assert standin == body
@@ -211,9 +297,15 @@ def test_an_ar_step_has_only_the_boundary_and_the_bonus_row(sgl, tiny_backend):
 
 @pytest.mark.parametrize("verify_ct, correct, completion", [(0, 0, 1), (3, 5, 9)])
 def test_speculative_counters_as_sglang_writes_them(sgl, verify_ct, correct, completion):
-    recv = NS(spec_verify_ct=[verify_ct], spec_num_correct_drafts=[correct], completion_tokens=[completion],
-              spec_correct_drafts_histogram=[[1, 1, 0, 1, 0]], spec_num_cap_tokens=None,
-              spec_num_block_accept_tokens=None, spec_cap_lens_histogram=None)
+    recv = NS(
+        spec_verify_ct=[verify_ct],
+        spec_num_correct_drafts=[correct],
+        completion_tokens=[completion],
+        spec_correct_drafts_histogram=[[1, 1, 0, 1, 0]],
+        spec_num_cap_tokens=None,
+        spec_num_block_accept_tokens=None,
+        spec_cap_lens_histogram=None,
+    )
     meta = {"completion_tokens": completion, "finish_reason": sgl.FINISH_MATCHED_TOKEN(matched=2).to_json()}
     manager = object.__new__(sgl.TokenizerManager)
     manager._calculate_spec_decoding_metrics(meta, recv, 0)
@@ -236,23 +328,43 @@ def sglang_server_info():
     runtime = load("sglang/srt/runtime_context.py", {"RuntimeContext": ["resolved_server_args_dict"]}, dict(COMMON))
     context = object.__new__(runtime["RuntimeContext"])
     stubs = {
-        **COMMON, "get_context": lambda: context, "get_exec": lambda: NS(moe=NS(elastic_ep_backend=None)),
-        "get_parallel": lambda: NS(dp_size=1, tp_size=1, pp_size=1), "compute_world_size": lambda **kw: 1,
-        "build_memory_usage": lambda **kw: {}, "msgspec_to_builtins": lambda x: x, "exportable_env_vars": dict,
-        "envs": NS(SGLANG_EXPOSE_OWN_ENV_VARS=NS(get=lambda: False)), "Callable": typing.Callable,
+        **COMMON,
+        "get_context": lambda: context,
+        "get_exec": lambda: NS(moe=NS(elastic_ep_backend=None)),
+        "get_parallel": lambda: NS(dp_size=1, tp_size=1, pp_size=1),
+        "compute_world_size": lambda **kw: 1,
+        "build_memory_usage": lambda **kw: {},
+        "msgspec_to_builtins": lambda x: x,
+        "exportable_env_vars": dict,
+        "envs": NS(SGLANG_EXPOSE_OWN_ENV_VARS=NS(get=lambda: False)),
+        "Callable": typing.Callable,
         "GetInternalStateReqOutput": lambda internal_state: NS(internal_state=internal_state),
         "SetInternalStateReqOutput": lambda updated: NS(updated=updated),
     }
-    state = load("sglang/srt/managers/scheduler_components/internal_state.py",
-                 {"_DECODE_GRAPH_PHASES": None, "UpdateRejected": None, "SchedulerInternalStateController": None,
-                  "_UpdateHandler": None, "_override": None}, stubs)
-    scheduler = NS(spec_algorithm=NS(is_none=lambda: False, is_dspark=lambda: False, is_dflash=lambda: False),
-                   metrics_reporter=NS(last_gen_throughput=0.0, spec_total_num_accept_tokens=30,
-                                       spec_total_num_forward_ct=10),
-                   startup_time=0.0, max_running_requests=8, draft_worker=None, rust_server=None,
-                   tp_worker=NS(model_runner=NS(weight_load_mem_usage=1.0), graph_memory_usage=0.0),
-                   token_to_kv_pool_allocator=NS(get_kvcache=lambda: NS(mem_usage=1.0)),
-                   startup_available_gpu_memory_gb=10.0, max_total_num_tokens=1000, swa_tokens_per_layer=None)
+    state = load(
+        "sglang/srt/managers/scheduler_components/internal_state.py",
+        {
+            "_DECODE_GRAPH_PHASES": None,
+            "UpdateRejected": None,
+            "SchedulerInternalStateController": None,
+            "_UpdateHandler": None,
+            "_override": None,
+        },
+        stubs,
+    )
+    scheduler = NS(
+        spec_algorithm=NS(is_none=lambda: False, is_dspark=lambda: False, is_dflash=lambda: False),
+        metrics_reporter=NS(last_gen_throughput=0.0, spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10),
+        startup_time=0.0,
+        max_running_requests=8,
+        draft_worker=None,
+        rust_server=None,
+        tp_worker=NS(model_runner=NS(weight_load_mem_usage=1.0), graph_memory_usage=0.0),
+        token_to_kv_pool_allocator=NS(get_kvcache=lambda: NS(mem_usage=1.0)),
+        startup_available_gpu_memory_gb=10.0,
+        max_total_num_tokens=1000,
+        swa_tokens_per_layer=None,
+    )
     controller = state["SchedulerInternalStateController"](scheduler, record_step_time=False)
 
     async def get_internal_state():  # TokenizerControlMixin.get_internal_state: one answer per rank
@@ -262,12 +374,21 @@ def sglang_server_info():
         context.server_args = NS(resolved_dict=lambda: dict(flags))
         context._overrides_log = []  # what RuntimeContext.override records (and resolved_server_args_dict reads)
         context.override = lambda source, **fields: context._overrides_log.append((source, dict(fields)))
-        http = load("sglang/srt/entrypoints/http_server.py", {"server_info": None}, {
-            **COMMON, "__version__": "0.5.23", "msgspec_to_builtins": lambda x: x,
-            "redact_watermark_secrets": lambda x: x,
-            "build_server_info": lambda server_args, scheduler_info: dict(flags),
-            "_global_state": NS(tokenizer_manager=NS(get_internal_state=get_internal_state, server_args=None,
-                                                     startup_time=0.0), scheduler_info={})})
+        http = load(
+            "sglang/srt/entrypoints/http_server.py",
+            {"server_info": None},
+            {
+                **COMMON,
+                "__version__": "0.5.23",
+                "msgspec_to_builtins": lambda x: x,
+                "redact_watermark_secrets": lambda x: x,
+                "build_server_info": lambda server_args, scheduler_info: dict(flags),
+                "_global_state": NS(
+                    tokenizer_manager=NS(get_internal_state=get_internal_state, server_args=None, startup_time=0.0),
+                    scheduler_info={},
+                ),
+            },
+        )
         info = lambda: json.loads(json.dumps(asyncio.run(http["server_info"]())))  # noqa: E731
         update = lambda **values: controller.set_internal_state(NS(server_args=values)).updated  # noqa: E731
         return info, update
@@ -275,9 +396,15 @@ def sglang_server_info():
     return start
 
 
-LAUNCH = {"speculative_algorithm": "STANDALONE", "speculative_eagle_topk": 1, "speculative_num_steps": 4,
-          "speculative_num_draft_tokens": 5, "speculative_accept_threshold_single": 0.5,
-          "speculative_accept_threshold_acc": 0.5, "enable_deterministic_inference": True}
+LAUNCH = {
+    "speculative_algorithm": "STANDALONE",
+    "speculative_eagle_topk": 1,
+    "speculative_num_steps": 4,
+    "speculative_num_draft_tokens": 5,
+    "speculative_accept_threshold_single": 0.5,
+    "speculative_accept_threshold_acc": 0.5,
+    "enable_deterministic_inference": True,
+}
 
 
 def test_live_thresholds_come_from_internal_states(sglang_server_info):

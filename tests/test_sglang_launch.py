@@ -74,8 +74,11 @@ def test_the_pinned_version_passes_and_another_is_refused_by_name(fake_sglang):
     fake_sglang(SGLANG_VERSION)
     assert check_sglang(sys.executable) == SGLANG_VERSION
     fake_sglang("0.5.24")
-    with pytest.raises(RuntimeError, match=rf"SGLang 0.5.24 is installed .* sglang=={SGLANG_VERSION} .* pip install "
-                                           rf"'sglang=={SGLANG_VERSION}', or pass --allow-other-sglang"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"SGLang 0.5.24 is installed .* sglang=={SGLANG_VERSION} .* pip install "
+        rf"'sglang=={SGLANG_VERSION}', or pass --allow-other-sglang",
+    ):
         check_sglang(sys.executable)
     with pytest.warns(UserWarning, match="SGLang 0.5.24 is installed"):
         assert check_sglang(sys.executable, allow_other_version=True) == "0.5.24"
@@ -100,8 +103,24 @@ def test_launch_waits_for_health_and_stops_the_servers(fake_sglang):
 def test_serve_launches_the_speculative_server_deterministic(fake_sglang):
     root = fake_sglang(exit_code=3)  # each fake server records its flags and exits: serve reports it
     port = _free_port()
-    out = CliRunner().invoke(app, ["serve", "--drafter", "d/m", "--verifier", "v/m", "--port", str(port),
-                                   "--native-threshold", "0.4", "-n", "3", "--device", "cuda"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "--drafter",
+            "d/m",
+            "--verifier",
+            "v/m",
+            "--port",
+            str(port),
+            "--native-threshold",
+            "0.4",
+            "-n",
+            "3",
+            "--device",
+            "cuda",
+        ],
+    )
     assert out.exit_code == 1 and "exited with code 3" in out.output
     argv = json.loads((root / f"argv-{port + 2}.json").read_text())["argv"]
     assert DETERMINISTIC in argv and argv[argv.index("--speculative-accept-threshold-acc") + 1] == "0.4"
@@ -132,7 +151,7 @@ def test_cpu_servers_get_the_cpu_engine_the_flags_and_the_kernel_stand_in_withou
 
     cmd = ServerSpec("m", 31000).command("/env/bin/python", "cpu")
     assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
-    assert cmd[-len(CPU_FLAGS):] == list(CPU_FLAGS) and "--mem-fraction-static" not in cmd
+    assert cmd[-len(CPU_FLAGS) :] == list(CPU_FLAGS) and "--mem-fraction-static" not in cmd
     assert "--context-length" in cmd and "--disable-overlap-schedule" in cmd
     gpu = ServerSpec("m", 31000, 0.3).command("/env/bin/python", "cuda")
     assert gpu[gpu.index("--mem-fraction-static") + 1] == "0.3" and "--disable-overlap-schedule" not in gpu
@@ -145,15 +164,21 @@ def test_cpu_servers_get_the_cpu_engine_the_flags_and_the_kernel_stand_in_withou
     assert server_env("cuda", {"PYTHONPATH": "/a"}) == {"PYTHONPATH": "/a"}
 
 
-@pytest.mark.parametrize("package, real", [
-    (None, False),  # no sgl_kernel at all (scripts/sglang_env.sh's environment)
-    ("raise ImportError('libcuda.so.1: cannot open shared object file')", False),  # the CUDA build on a CPU host
-    ("import torch", False),  # imports, but without SGLang's AMX op (as the stand-in)
-    ("import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
-     "lib.define('convert_weight_packed(Tensor weight) -> Tensor')", True),  # a compiled CPU build registers it
-    ("import sys\nsys.exit(0)", False),  # exits 0 before the op is looked up: no yes without the probe's mark
-    ("import os\nos._exit(0)", False),
-])
+@pytest.mark.parametrize(
+    "package, real",
+    [
+        (None, False),  # no sgl_kernel at all (scripts/sglang_env.sh's environment)
+        ("raise ImportError('libcuda.so.1: cannot open shared object file')", False),  # the CUDA build on a CPU host
+        ("import torch", False),  # imports, but without SGLang's AMX op (as the stand-in)
+        (
+            "import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
+            "lib.define('convert_weight_packed(Tensor weight) -> Tensor')",
+            True,
+        ),  # a compiled CPU build registers it
+        ("import sys\nsys.exit(0)", False),  # exits 0 before the op is looked up: no yes without the probe's mark
+        ("import os\nos._exit(0)", False),
+    ],
+)
 def test_a_compiled_cpu_kernel_is_told_from_none_a_cuda_build_and_a_stand_in(tmp_path, package, real):
     from relaxtune.backends.sglang_cpu import has_cpu_kernel
 
@@ -170,7 +195,8 @@ def test_the_kernel_probe_needs_its_mark_and_never_reads_the_terminal(tmp_path, 
     (tmp_path / "sgl_kernel").mkdir()
     (tmp_path / "sgl_kernel" / "__init__.py").write_text(
         "import torch\nlib = torch.library.Library('sgl_kernel', 'DEF')\n"
-        "lib.define('convert_weight_packed(Tensor weight) -> Tensor')\n")
+        "lib.define('convert_weight_packed(Tensor weight) -> Tensor')\n"
+    )
     monkeypatch.setenv("PYTHONINSPECT", "1")  # after -c, a >>> prompt on whatever stdin the probe has
     read, write = os.pipe()  # this process's stdin: open, never written (as a terminal nobody types into)
     saved = os.dup(0)
@@ -183,14 +209,17 @@ def test_the_kernel_probe_needs_its_mark_and_never_reads_the_terminal(tmp_path, 
             os.close(fd)
 
 
-@pytest.mark.parametrize("flags, amx", [
-    ("flags\t\t: fpu vme amx_bf16 amx_tile amx_int8\n", True),
-    ("flags\t\t: amx_tile fpu\n", True),  # first in the list
-    ("flags\t\t:fpu\tamx_tile\n", True),  # no space after the colon, a tab between flags
-    ("flags\t\t: fpu amx_tile_ext amx_bf16\n", False),  # another flag that starts with it
-    ("model name\t: Intel(R) Xeon(R) amx_tile\n", False),  # not the flags line
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "flags, amx",
+    [
+        ("flags\t\t: fpu vme amx_bf16 amx_tile amx_int8\n", True),
+        ("flags\t\t: amx_tile fpu\n", True),  # first in the list
+        ("flags\t\t:fpu\tamx_tile\n", True),  # no space after the colon, a tab between flags
+        ("flags\t\t: fpu amx_tile_ext amx_bf16\n", False),  # another flag that starts with it
+        ("model name\t: Intel(R) Xeon(R) amx_tile\n", False),  # not the flags line
+        ("", False),
+    ],
+)
 def test_amx_is_read_from_the_flags_line_alone(tmp_path, flags, amx):
     from relaxtune.backends.sglang_cpu import cpu_has_amx
 
@@ -213,8 +242,11 @@ def test_launch_on_cpu_puts_the_stand_in_first_and_stops_every_process_of_the_gr
 
 def test_a_server_that_dies_is_reported_with_its_last_log_lines(fake_sglang):
     fake_sglang(exit_code=3)
-    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 before it was ready; its last log lines .*"
-                                           r"the model folder has no config.json"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)exited with code 3 before it was ready; its last log lines .*"
+        r"the model folder has no config.json",
+    ):
         with launch([ServerSpec("some/model", _free_port())], timeout=60, device="cpu"):
             pass
 
@@ -245,10 +277,15 @@ def test_a_port_already_taken_is_refused_before_starting(fake_sglang):
 
 def test_serve_refuses_native_threshold_on_a_cpu_host(fake_sglang):
     fake_sglang()
-    out = CliRunner().invoke(app, ["serve", "--drafter", "d/m", "--verifier", "v/m", "--native-threshold", "0.5",
-                                   "--device", "cpu"], env={"COLUMNS": "300"})
+    out = CliRunner().invoke(
+        app,
+        ["serve", "--drafter", "d/m", "--verifier", "v/m", "--native-threshold", "0.5", "--device", "cpu"],
+        env={"COLUMNS": "300"},
+    )
     assert out.exit_code == 1
-    assert "cannot run on a CPU host" in out.output and "EAGLE is not supported in decode attention backend" in out.output
+    assert (
+        "cannot run on a CPU host" in out.output and "EAGLE is not supported in decode attention backend" in out.output
+    )
 
 
 def test_serve_stops_its_servers_on_sigterm(fake_sglang):
@@ -259,10 +296,27 @@ def test_serve_stops_its_servers_on_sigterm(fake_sglang):
 
     root = fake_sglang()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "relaxtune.cli", "serve", "--drafter", "d/m", "--verifier", "v/m",
-                             "--port", str(port), "--device", "cpu"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relaxtune.cli",
+            "serve",
+            "--drafter",
+            "d/m",
+            "--verifier",
+            "v/m",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        start_new_session=True,
+    )
     try:
         lines = []
         for line in proc.stdout:

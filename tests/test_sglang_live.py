@@ -47,8 +47,14 @@ def _logprobs(model, ids: list[int]) -> torch.Tensor:
 
 
 def _payload(ids, start, **extra) -> dict:
-    return {"input_ids": ids, "sampling_params": dict(GREEDY_ONE), "return_logprob": True,
-            "logprob_start_len": start, "top_logprobs_num": V, **extra}
+    return {
+        "input_ids": ids,
+        "sampling_params": dict(GREEDY_ONE),
+        "return_logprob": True,
+        "logprob_start_len": start,
+        "top_logprobs_num": V,
+        **extra,
+    }
 
 
 def _post(url: str, payload) -> dict | list:
@@ -67,7 +73,7 @@ def test_scoring_rows_equal_the_verifier_in_process_with_asked_ids_stops_and_the
     state = remote.start(prompt)
     state.extra["drafter_ids"] = [1, 2, 3, V - 1]  # token_ids_logprob
     rows = remote.score(state, drafts)
-    want = _logprobs(local.verifier, prompt + drafts)[len(prompt) - 1:]
+    want = _logprobs(local.verifier, prompt + drafts)[len(prompt) - 1 :]
     assert rows.shape == (len(drafts) + 1, V)
     torch.testing.assert_close(rows, want, atol=ATOL, rtol=0)
     assert max(state.extra["missing_mass"]) < 1e-4  # K = V: complete rows
@@ -79,7 +85,7 @@ def test_drafting_rows_equal_the_drafter_in_process(local, remote):
     state = remote.start(prompt)
     out = remote.draft(state, 3, pick=lambda row: int(row.argmax()), extra_step=True)
     seq = prompt + out.ids
-    want = _logprobs(local.drafter, seq)[len(prompt) - 1:]
+    want = _logprobs(local.drafter, seq)[len(prompt) - 1 :]
     assert out.logits.shape == (4, V) and state.draft_forwards == 4
     torch.testing.assert_close(out.logits.log_softmax(-1), want, atol=ATOL, rtol=0)
     assert len(state.extra["drafter_ids"]) == V  # K ids of the drafter's rows, kept for the next score
@@ -89,8 +95,9 @@ def test_max_new_tokens_zero_still_returns_the_bonus_row(live_pair, local):
     """sglang-protocol.md says max_new_tokens = 0 drops output_top_logprobs; SGLang 0.5.23 keeps it."""
     prompt = _prompt(local)
     one = _post(live_pair.urls[1], _payload(prompt, len(prompt) - 1))
-    zero = _post(live_pair.urls[1], _payload(prompt, len(prompt) - 1,
-                                             sampling_params={**GREEDY_ONE, "max_new_tokens": 0}))
+    zero = _post(
+        live_pair.urls[1], _payload(prompt, len(prompt) - 1, sampling_params={**GREEDY_ONE, "max_new_tokens": 0})
+    )
     assert zero["meta_info"]["output_token_logprobs"] == [] and len(zero["meta_info"]["output_top_logprobs"]) == 1
     torch.testing.assert_close(parse_next(zero, V)[0], parse_next(one, V)[0], atol=ATOL, rtol=0)
 
@@ -98,13 +105,21 @@ def test_max_new_tokens_zero_still_returns_the_bonus_row(live_pair, local):
 def test_a_batch_list_returns_one_body_per_item_equal_to_single_requests(live_pair, local):
     a, b = _prompt(local, "xy"), _prompt(local, "hello world")
     asked_ids = [[1, 2], [V - 1, 2]]
-    items = [_payload(a + [3, 4], len(a) - 1, token_ids_logprob=asked_ids[0]),
-             _payload(b + [9], len(b) - 1, token_ids_logprob=asked_ids[1])]
-    payload = {"input_ids": [a + [3, 4], b + [9]], "sampling_params": [dict(GREEDY_ONE)] * 2, "return_logprob": True,
-               "logprob_start_len": [len(a) - 1, len(b) - 1], "top_logprobs_num": [V, V],
-               "token_ids_logprob": asked_ids}
-    refused = httpx.post(f"{live_pair.urls[1]}/generate", json={**payload, "token_ids_logprob": [None, [2]]},
-                         timeout=120)
+    items = [
+        _payload(a + [3, 4], len(a) - 1, token_ids_logprob=asked_ids[0]),
+        _payload(b + [9], len(b) - 1, token_ids_logprob=asked_ids[1]),
+    ]
+    payload = {
+        "input_ids": [a + [3, 4], b + [9]],
+        "sampling_params": [dict(GREEDY_ONE)] * 2,
+        "return_logprob": True,
+        "logprob_start_len": [len(a) - 1, len(b) - 1],
+        "top_logprobs_num": [V, V],
+        "token_ids_logprob": asked_ids,
+    }
+    refused = httpx.post(
+        f"{live_pair.urls[1]}/generate", json={**payload, "token_ids_logprob": [None, [2]]}, timeout=120
+    )
     assert refused.status_code == 400  # per item, a list for every item: null is refused
     batch = _post(live_pair.urls[1], payload)
     assert isinstance(batch, list) and len(batch) == 2
@@ -119,7 +134,7 @@ def test_a_long_prompt_is_scored_whole_and_its_prefix_cached(live_pair, local, r
     prompt = torch.randint(1, V, (3000,), generator=g).tolist()
     state = remote.start(prompt)
     rows = remote.score(state, [4, 5])
-    want = _logprobs(local.verifier, prompt + [4, 5])[len(prompt) - 1:]
+    want = _logprobs(local.verifier, prompt + [4, 5])[len(prompt) - 1 :]
     torch.testing.assert_close(rows, want, atol=ATOL, rtol=0)
     remote.commit(state, [4, 5, int(rows[2].argmax())])
     remote.score(state, [6])  # the next round: everything before the new start is cached
@@ -153,8 +168,16 @@ def test_relaxed_rules_through_the_servers_accept_as_in_process(local, remote, m
     sampling = SamplingParams(temperature=1.0)
 
     def run(backend, i):
-        return generate(backend, prompts[i % 4], method=method, knob=knob, n_draft=3, sampling=sampling,
-                        max_new_tokens=12, seed=100 + i)
+        return generate(
+            backend,
+            prompts[i % 4],
+            method=method,
+            knob=knob,
+            n_draft=3,
+            sampling=sampling,
+            max_new_tokens=12,
+            seed=100 + i,
+        )
 
     with ThreadPoolExecutor(4) as pool:
         far = list(pool.map(lambda i: run(remote, i), range(12)))
@@ -190,12 +213,26 @@ def test_the_prefect_flow_tunes_through_the_servers(live_pair, tmp_path):
     from .tiny_task import write_tiny_task
 
     d_url, v_url = live_pair.urls
-    settings = {"drafter": live_pair.drafter, "verifier": live_pair.verifier, "drafter_url": d_url,
-                "verifier_url": v_url, "c_rel": 0.3, "stage_size": 2, "output_dir": str(tmp_path / "runs"),
-                "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}
+    settings = {
+        "drafter": live_pair.drafter,
+        "verifier": live_pair.verifier,
+        "drafter_url": d_url,
+        "verifier_url": v_url,
+        "c_rel": 0.3,
+        "stage_size": 2,
+        "output_dir": str(tmp_path / "runs"),
+        "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+    }
     with prefect_test_harness(server_startup_timeout=180):
-        result = tune_task(task=write_tiny_task(tmp_path, max_new_tokens=8), methods=["cactus"], limit=2, trials=1,
-                           n_drafts=[2], settings=settings)
+        result = tune_task(
+            task=write_tiny_task(tmp_path, max_new_tokens=8),
+            methods=["cactus"],
+            limit=2,
+            trials=1,
+            n_drafts=[2],
+            settings=settings,
+        )
     assert result["methods"]["cactus"]["trials"] == 1
     tuned = yaml.safe_load((tmp_path / "runs" / "tiny_math.tuned.yaml").read_text())
     assert tuned["task"] == "tiny_math"

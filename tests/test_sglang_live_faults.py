@@ -28,11 +28,13 @@ def test_a_server_killed_mid_evaluation_fails_its_samples_and_the_job_resumes_af
 
     spec = tiny_task(repeats=3)  # 6 problems x 3 = 18 samples
     config = DecodeConfig("cactus", 1.0, 2, seed=7)
-    backend = SGLangBackend(*live_pair.urls, live_pair.verifier, top_logprobs=64, retries=1, backoff=0.2,
-                            max_concurrency=2)
+    backend = SGLangBackend(
+        *live_pair.urls, live_pair.verifier, top_logprobs=64, retries=1, backoff=0.2, max_concurrency=2
+    )
     out: dict = {}
-    run = threading.Thread(target=lambda: out.update(first=evaluate(spec, backend, config, output_dir=tmp_path,
-                                                                    progress=False)))
+    run = threading.Thread(
+        target=lambda: out.update(first=evaluate(spec, backend, config, output_dir=tmp_path, progress=False))
+    )
     run.start()
     verifier = live_pair.processes[1]
     deadline = time.monotonic() + 300
@@ -55,8 +57,13 @@ def test_a_server_killed_mid_evaluation_fails_its_samples_and_the_job_resumes_af
     kept = {(r["problem_id"], r["repeat"]): r for r in first.records if not r["failed"]}
     again = {(r["problem_id"], r["repeat"]): r for r in resumed.records}
     assert all(again[k] == r for k, r in kept.items())  # the finished ones were read back as they were
-    local = evaluate(spec, load_pair(live_pair.drafter, live_pair.verifier, dtype="float32"), config,
-                     output_dir=tmp_path / "local", progress=False)
+    local = evaluate(
+        spec,
+        load_pair(live_pair.drafter, live_pair.verifier, dtype="float32"),
+        config,
+        output_dir=tmp_path / "local",
+        progress=False,
+    )
     # never wrong: the samples equal the in-process ones for the same seeds, but where a coin lands between
     # the server's and the in-process row's thresholds (rows differ by up to about 3e-3 in logprob)
     same = sum(again[(r["problem_id"], r["repeat"])]["output"] == r["output"] for r in local.records)
@@ -67,8 +74,7 @@ def test_a_server_that_never_becomes_ready_is_stopped_with_its_log(tmp_path):
     python = sglang_python()
     procs: list = []
     with pytest.raises(RuntimeError, match=r"(?s)did not become ready within 4 s; its last log lines"):
-        with launch([ServerSpec(str(tmp_path), free_port())], python=python, timeout=4, device="cpu",
-                    processes=procs):
+        with launch([ServerSpec(str(tmp_path), free_port())], python=python, timeout=4, device="cpu", processes=procs):
             pass
     assert procs and not procs[0].alive()  # nothing of it is left running
 
@@ -83,14 +89,18 @@ def test_a_server_that_dies_is_reported_with_its_last_log_lines(tmp_path):
 
 def test_a_wrong_port_or_another_model_is_refused_by_name(live_pair):
     d_url, v_url = live_pair.urls
-    with pytest.raises(SGLangError, match=rf"drafter server at {v_url} serves '{live_pair.verifier}' .* not "
-                                          rf"'{live_pair.drafter}' as --drafter names it"):
+    with pytest.raises(
+        SGLangError,
+        match=rf"drafter server at {v_url} serves '{live_pair.verifier}' .* not "
+        rf"'{live_pair.drafter}' as --drafter names it",
+    ):
         load_backend(live_pair.drafter, live_pair.verifier, drafter_url=v_url, verifier_url=d_url)
     with pytest.raises(SGLangError, match=rf"drafter server at {d_url} serves '{live_pair.drafter}'"):
         load_backend(live_pair.verifier, live_pair.verifier, drafter_url=d_url, verifier_url=v_url)
     with pytest.raises(SGLangError, match=r"verifier server at http://127.0.0.1:\d+ is unreachable"):
-        load_backend(live_pair.drafter, live_pair.verifier, drafter_url=d_url,
-                     verifier_url=f"http://127.0.0.1:{free_port()}")
+        load_backend(
+            live_pair.drafter, live_pair.verifier, drafter_url=d_url, verifier_url=f"http://127.0.0.1:{free_port()}"
+        )
     backend = load_backend(live_pair.drafter, live_pair.verifier, drafter_url=d_url, verifier_url=v_url)
     assert backend.name == f"sglang-{live_pair.drafter}->{live_pair.verifier}"
     backend.close()

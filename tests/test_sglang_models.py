@@ -10,17 +10,20 @@ from relaxtune.backends.sglang_models import serves
 from relaxtune.testing.sglang_standin import StandInServer
 
 
-@pytest.mark.parametrize("named, info, ok", [
-    ("/m/verifier", {"model_path": "/m/verifier"}, True),
-    ("/m/verifier/", {"model_path": "/m/verifier"}, True),
-    ("/m/drafter", {"model_path": "/m/verifier"}, False),
-    ("Qwen/Qwen3-0.6B", {"model_path": "Qwen/Qwen3-0.6B"}, True),
-    ("Qwen/Qwen3-0.6B", {"model_path": "/models/qwen3-0.6b"}, True),  # a local copy of the hub id
-    ("Qwen/Qwen3-0.6B", {"model_path": "/models/Qwen3-32B"}, False),
-    ("Qwen/Qwen3-0.6B", {"model_path": "/x", "served_model_name": "Qwen/Qwen3-0.6B"}, True),
-    ("qwen2.5-coder-0.5b-instruct", {"model_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, True),
-    ("qwen2.5-coder-1.5b-instruct", {"model_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, False),
-])
+@pytest.mark.parametrize(
+    "named, info, ok",
+    [
+        ("/m/verifier", {"model_path": "/m/verifier"}, True),
+        ("/m/verifier/", {"model_path": "/m/verifier"}, True),
+        ("/m/drafter", {"model_path": "/m/verifier"}, False),
+        ("Qwen/Qwen3-0.6B", {"model_path": "Qwen/Qwen3-0.6B"}, True),
+        ("Qwen/Qwen3-0.6B", {"model_path": "/models/qwen3-0.6b"}, True),  # a local copy of the hub id
+        ("Qwen/Qwen3-0.6B", {"model_path": "/models/Qwen3-32B"}, False),
+        ("Qwen/Qwen3-0.6B", {"model_path": "/x", "served_model_name": "Qwen/Qwen3-0.6B"}, True),
+        ("qwen2.5-coder-0.5b-instruct", {"model_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, True),
+        ("qwen2.5-coder-1.5b-instruct", {"model_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, False),
+    ],
+)
 def test_serves_compares_names_paths_and_hub_ids(named, info, ok):
     assert serves(named, info) is ok
 
@@ -37,8 +40,11 @@ def test_load_backend_refuses_a_server_of_another_model_by_name(tiny_backend, ti
     d = StandInServer(tiny_backend.drafter, model_path=drafter).start()
     v = StandInServer(tiny_backend.verifier, model_path=drafter).start()  # serves the drafter again
     try:
-        with pytest.raises(SGLangError, match=rf"verifier server at {v.url} serves '{drafter}' .* not '{verifier}' "
-                                              "as --verifier names it"):
+        with pytest.raises(
+            SGLangError,
+            match=rf"verifier server at {v.url} serves '{drafter}' .* not '{verifier}' "
+            "as --verifier names it",
+        ):
             load_backend(drafter, verifier, drafter_url=d.url, verifier_url=v.url)
         v.model_path = verifier
         backend = load_backend(drafter, verifier, drafter_url=d.url, verifier_url=v.url)

@@ -27,9 +27,15 @@ def test_every_known_key_generation_is_read(keys):
     assert (tel.rounds, tel.accepted, tel.proposed, tel.keys) == (7, 12, 28, keys)
 
 
-@pytest.mark.parametrize("meta, tokens", [({"completion_tokens": 1}, None), ({"completion_tokens": 0}, None),
-                                          ({"finish_reason": {"type": "stop", "matched": 2}}, 1),
-                                          ({"spec_verify_ct": 0, "completion_tokens": 1}, None)])
+@pytest.mark.parametrize(
+    "meta, tokens",
+    [
+        ({"completion_tokens": 1}, None),
+        ({"completion_tokens": 0}, None),
+        ({"finish_reason": {"type": "stop", "matched": 2}}, 1),
+        ({"spec_verify_ct": 0, "completion_tokens": 1}, None),
+    ],
+)
 def test_a_response_without_a_verify_round_is_a_valid_sample(meta, tokens):
     # SGLang 0.5.23 writes no spec_* key at all when spec_verify_ct is 0
     tel = parse_spec_telemetry(meta, n_draft=4, tokens=tokens)
@@ -41,10 +47,15 @@ def test_a_response_without_a_verify_round_is_a_valid_sample(meta, tokens):
     [
         ({"completion_tokens": 5}, "spec_verify_ct' missing from a response of 5 tokens .* is the server speculative"),
         ({"completion_tokens": 1, "spec_accept_rate": 0.5}, "spec_verify_ct' missing"),  # a partial rename
-        ({"spec_verify_ct": 3, "spec_accept_len": 1.5}, r"no known .* \(known: spec_num_correct_drafts.*got \['spec_accept_len"),
+        (
+            {"spec_verify_ct": 3, "spec_accept_len": 1.5},
+            r"no known .* \(known: spec_num_correct_drafts.*got \['spec_accept_len",
+        ),
         ({"spec_verify_ct": 3, "spec_num_correct_drafts": 5, "spec_num_proposed_drafts": 4}, "impossible"),
-        ({"spec_verify_ct": 2, "spec_num_correct_drafts": 9, "spec_num_proposed_drafts": 12},
-         r"above rounds x N = 2 x 4; refused, not clamped"),
+        (
+            {"spec_verify_ct": 2, "spec_num_correct_drafts": 9, "spec_num_proposed_drafts": 12},
+            r"above rounds x N = 2 x 4; refused, not clamped",
+        ),
         ({"spec_verify_ct": -1, "spec_num_correct_drafts": 0, "spec_num_proposed_drafts": 0}, "negative"),
         ({"spec_verify_ct": 3, "spec_accept_token_num": -2, "spec_draft_token_num": 12}, "impossible"),
         ({"spec_verify_ct": "x", "spec_num_correct_drafts": 1, "spec_num_proposed_drafts": 4}, "non-integer"),
@@ -62,11 +73,20 @@ def native(tiny_backend):
     def start(threshold=0.5, n_draft=3, keys=TELEMETRY_KEYS[0], deterministic=True):
         d = StandInServer(tiny_backend.drafter).start()
         v = StandInServer(tiny_backend.verifier).start()
-        s = StandInSpecServer(tiny_backend.drafter, tiny_backend.verifier, threshold, n_draft, keys,
-                              deterministic=deterministic).start()
+        s = StandInSpecServer(
+            tiny_backend.drafter, tiny_backend.verifier, threshold, n_draft, keys, deterministic=deterministic
+        ).start()
         started.extend([d, v, s])
-        backend = SGLangBackend(d.url, v.url, tiny_backend.tokenizer, vocab_size=64, top_logprobs=64, backoff=0.01,
-                                retries=1, native_url=s.url)
+        backend = SGLangBackend(
+            d.url,
+            v.url,
+            tiny_backend.tokenizer,
+            vocab_size=64,
+            top_logprobs=64,
+            backoff=0.01,
+            retries=1,
+            native_url=s.url,
+        )
         return backend, s
 
     yield start
@@ -78,8 +98,9 @@ def native(tiny_backend):
 def test_native_generation_reads_the_servers_counters(native, tiny_backend, keys):
     backend, server = native(keys=keys)
     prompt = tiny_backend.tokenizer.encode("def f(x): return x")
-    out = generate(backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED,
-                   max_new_tokens=20, seed=4)
+    out = generate(
+        backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED, max_new_tokens=20, seed=4
+    )
     again = server.answer(server.payloads[-1])  # deterministic: the same seed gives the same response
     meta = again["meta_info"]
     s = out.stats
@@ -97,11 +118,22 @@ def test_explicit_parameters_leave_no_room_for_preferred_sampling_params(tiny_ba
     prompt = tiny_backend.tokenizer.encode("def f(x): return x")
     outputs = []
     for preferred in (None, {"temperature": 0.05, "top_k": 1, "max_new_tokens": 2}):
-        server = StandInSpecServer(tiny_backend.drafter, tiny_backend.verifier, 0.5, 3,
-                                   preferred_sampling_params=preferred).start()
+        server = StandInSpecServer(
+            tiny_backend.drafter, tiny_backend.verifier, 0.5, 3, preferred_sampling_params=preferred
+        ).start()
         backend = SGLangBackend(server.url, server.url, tiny_backend.tokenizer, vocab_size=64, native_url=server.url)
-        outputs.append(generate(backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED,
-                                max_new_tokens=12, seed=5).token_ids)
+        outputs.append(
+            generate(
+                backend,
+                prompt,
+                method="sglang_threshold",
+                knob=0.5,
+                n_draft=3,
+                sampling=SAMPLED,
+                max_new_tokens=12,
+                seed=5,
+            ).token_ids
+        )
         backend.close()
         server.stop()
     assert outputs[0] == outputs[1] and len(outputs[0]) == 12
@@ -112,17 +144,20 @@ def test_explicit_parameters_leave_no_room_for_preferred_sampling_params(tiny_ba
 def test_zero_round_responses_are_samples_not_failures(native, tiny_backend, tmp_path):
     backend, server = native()
     prompt = tiny_backend.tokenizer.encode("abc")
-    one = generate(backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED,
-                   max_new_tokens=1, seed=2)
+    one = generate(
+        backend, prompt, method="sglang_threshold", knob=0.5, n_draft=3, sampling=SAMPLED, max_new_tokens=1, seed=2
+    )
     assert len(one.token_ids) == 1 and (one.stats.rounds, one.stats.accepted, one.stats.drafted) == (0, 0, 0)
     assert one.stats.emitted == 1 and one.stats.finish_reason == "length"
     assert not any(k.startswith("spec_") for k in server.answer(server.payloads[-1])["meta_info"])
     server.pair.eos_token_ids = frozenset(range(64))  # every first token is EOS: no verify round anywhere
-    result = evaluate(tiny_task(), backend, DecodeConfig("sglang_threshold", 0.5, 3), output_dir=tmp_path, limit=3,
-                      progress=False)
+    result = evaluate(
+        tiny_task(), backend, DecodeConfig("sglang_threshold", 0.5, 3), output_dir=tmp_path, limit=3, progress=False
+    )
     assert result.failed == 0 and result.n == 3
-    assert all(r["stats"]["rounds"] == 0 and r["response_tokens"] == 1 and r["finish_reason"] == "stop"
-               for r in result.records)
+    assert all(
+        r["stats"]["rounds"] == 0 and r["response_tokens"] == 1 and r["finish_reason"] == "stop" for r in result.records
+    )
 
 
 def test_a_point_the_server_does_not_serve_names_the_flags(native, tiny_backend):
@@ -131,8 +166,13 @@ def test_a_point_the_server_does_not_serve_names_the_flags(native, tiny_backend)
     with pytest.raises(SGLangError, match="serves sglang_threshold at threshold 0.5, N 3, not 0.3, 3: relaunch") as err:
         generate(backend, prompt, method="sglang_threshold", knob=0.3, n_draft=3, sampling=SAMPLED, max_new_tokens=4)
     assert " ".join(native_flags(0.3, 3)) in str(err.value)
-    assert native_flags(0.3, 3)[-5:] == ["--speculative-accept-threshold-single", "0.3",
-                                         "--speculative-accept-threshold-acc", "0.3", DETERMINISTIC]
+    assert native_flags(0.3, 3)[-5:] == [
+        "--speculative-accept-threshold-single",
+        "0.3",
+        "--speculative-accept-threshold-acc",
+        "0.3",
+        DETERMINISTIC,
+    ]
 
 
 def _set(server, **values):
@@ -160,12 +200,20 @@ def test_live_thresholds_are_read_not_the_launch_flags(native, tiny_backend):
 def test_thresholds_changed_during_a_request_discard_the_sample(native, tiny_backend):
     backend, server = native(threshold=0.5, n_draft=3)
     server.delay = 0.6
-    timer = threading.Timer(0.3, _set, (server,), dict(speculative_accept_threshold_single=0.2,
-                                                      speculative_accept_threshold_acc=0.2))
+    timer = threading.Timer(
+        0.3, _set, (server,), dict(speculative_accept_threshold_single=0.2, speculative_accept_threshold_acc=0.2)
+    )
     timer.start()
     with pytest.raises(SGLangError, match="thresholds changed during the request"):
-        generate(backend, tiny_backend.tokenizer.encode("abc"), method="sglang_threshold", knob=0.5, n_draft=3,
-                 sampling=SAMPLED, max_new_tokens=4)
+        generate(
+            backend,
+            tiny_backend.tokenizer.encode("abc"),
+            method="sglang_threshold",
+            knob=0.5,
+            n_draft=3,
+            sampling=SAMPLED,
+            max_new_tokens=4,
+        )
     timer.join()
 
 
@@ -173,8 +221,10 @@ def test_seeds_count_only_under_deterministic_inference(native, tiny_backend):
     backend, server = native(deterministic=False)
     with pytest.raises(SGLangError, match=f"ignores sampling_seed .* relaunch it with .*{DETERMINISTIC}"):
         backend.native.point()
-    payload = {"input_ids": tiny_backend.tokenizer.encode("abc"),
-               "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "sampling_seed": 7}}
+    payload = {
+        "input_ids": tiny_backend.tokenizer.encode("abc"),
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "sampling_seed": 7},
+    }
     outputs = {tuple(server.answer(payload)["output_ids"]) for _ in range(6)}
     assert len(outputs) > 1  # the stand-in, like SGLang, ignores the seed
     server.launch["enable_deterministic_inference"] = True
@@ -186,8 +236,18 @@ def test_seeds_count_only_under_deterministic_inference(native, tiny_backend):
     [
         ({"speculative_algorithm": "STANDALONE"}, "no internal_states"),
         ({"internal_states": [{"speculative_algorithm": None}]}, "not a chain speculative server"),
-        ({"internal_states": [{"speculative_algorithm": "STANDALONE", "speculative_eagle_topk": 1,
-                               "speculative_num_draft_tokens": 4}]}, "lacks speculative_accept_threshold_single"),
+        (
+            {
+                "internal_states": [
+                    {
+                        "speculative_algorithm": "STANDALONE",
+                        "speculative_eagle_topk": 1,
+                        "speculative_num_draft_tokens": 4,
+                    }
+                ]
+            },
+            "lacks speculative_accept_threshold_single",
+        ),
     ],
 )
 def test_server_info_without_live_values_is_refused(native, info, match):
@@ -200,8 +260,9 @@ def test_server_info_without_live_values_is_refused(native, info, match):
 def test_ranks_that_disagree_are_refused(native):
     backend, server = native()
     real = server.server_info()
-    rank = dict(real["internal_states"][0], speculative_accept_threshold_acc=0.1,
-                speculative_accept_threshold_single=0.1)
+    rank = dict(
+        real["internal_states"][0], speculative_accept_threshold_acc=0.1, speculative_accept_threshold_single=0.1
+    )
     server.server_info = lambda: {**real, "internal_states": real["internal_states"] + [rank]}
     with pytest.raises(SGLangError, match="data-parallel ranks run different speculative settings"):
         backend.native.point()
@@ -209,8 +270,9 @@ def test_ranks_that_disagree_are_refused(native):
 
 def test_a_new_key_rename_is_a_failed_sample_not_a_wrong_one(native, tmp_path):
     backend, _ = native(keys=("spec_good_drafts", "spec_all_drafts"))
-    result = evaluate(tiny_task(), backend, DecodeConfig("sglang_threshold", 0.5, 3), output_dir=tmp_path, limit=2,
-                      progress=False)
+    result = evaluate(
+        tiny_task(), backend, DecodeConfig("sglang_threshold", 0.5, 3), output_dir=tmp_path, limit=2, progress=False
+    )
     assert result.failed == 2 and result.n == 0
     assert all("no known accepted/proposed draft counters" in r["error"] for r in result.records)
 
@@ -222,8 +284,17 @@ def test_tuner_pins_the_servers_point(native, tmp_path):
     from .tiny_task import write_tiny_task
 
     backend, server = native(threshold=0.5, n_draft=3)
-    settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["sglang_threshold"], n_drafts=[2, 3], trials=3,
-                            limit=4, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=4, confirm="seeds")
+    settings = TuneSettings(
+        task=write_tiny_task(tmp_path),
+        methods=["sglang_threshold"],
+        n_drafts=[2, 3],
+        trials=3,
+        limit=4,
+        c_rel=0.3,
+        output_dir=str(tmp_path / "runs"),
+        stage_size=4,
+        confirm="seeds",
+    )
     config, _ = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
     result = config.methods["sglang_threshold"]
     assert result.trials == 1  # the launch flags fix (t, N): one point, one trial
@@ -237,8 +308,9 @@ def test_tuner_pins_the_servers_point(native, tmp_path):
 
 def test_native_and_client_loop_samples_are_kept_apart(native, tiny_backend, tmp_path):
     backend, server = native(threshold=0.5, n_draft=3)
-    plain = SGLangBackend(backend.drafter.url, backend.verifier.url, tiny_backend.tokenizer, vocab_size=64,
-                          top_logprobs=64)
+    plain = SGLangBackend(
+        backend.drafter.url, backend.verifier.url, tiny_backend.tokenizer, vocab_size=64, top_logprobs=64
+    )
     config = DecodeConfig("sglang_threshold", 0.5, 3)
     emulated = evaluate(tiny_task(), plain, config, output_dir=tmp_path, limit=2, progress=False)
     native_result = evaluate(tiny_task(), backend, config, output_dir=tmp_path, limit=2, progress=False)
@@ -261,8 +333,17 @@ def test_a_pinned_trial_that_fails_once_is_run_again(native, tmp_path):
             raise RuntimeError("server blip")
         return evaluate(spec, backend, config, **kw)
 
-    settings = TuneSettings(task=write_tiny_task(tmp_path), methods=["sglang_threshold"], n_drafts=[3], trials=3,
-                            limit=2, c_rel=0.3, output_dir=str(tmp_path / "runs"), stage_size=2, confirm="seeds")
+    settings = TuneSettings(
+        task=write_tiny_task(tmp_path),
+        methods=["sglang_threshold"],
+        n_drafts=[3],
+        trials=3,
+        limit=2,
+        c_rel=0.3,
+        output_dir=str(tmp_path / "runs"),
+        stage_size=2,
+        confirm="seeds",
+    )
     config, _ = run_tune_job(settings, backend, evaluate_fn=flaky, progress=False, track=False, log=lambda m: None)
     result = config.methods["sglang_threshold"]
     assert blips and result.failed == 1 and result.trials == 1

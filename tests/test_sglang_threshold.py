@@ -86,7 +86,9 @@ def test_threshold_one_is_lossless_and_bit_identical_to_strict_on_greedy_drafts(
     # one fixed position: the emitted distribution is p although the draft is deterministic
     p1, x1 = p[:1, :2].expand(B, 2, -1), x[:1, :1].expand(B, 1)
     q1 = torch.nn.functional.one_hot(x1, p.shape[-1]).float()
-    first = verify_rounds(p1, q1, x1, "sglang_threshold", 1.0, torch.Generator().manual_seed(4), temperature=0.7).tokens[:, 0]
+    first = verify_rounds(
+        p1, q1, x1, "sglang_threshold", 1.0, torch.Generator().manual_seed(4), temperature=0.7
+    ).tokens[:, 0]
     assert chi2_pvalue(first, p[0, 0]) > P_FLOOR
 
 

@@ -6,13 +6,13 @@ from relaxtune.decoding.speed import PAPER_C_REL, CostProfile, speedup
 
 
 @pytest.mark.parametrize(
-    "l, n, c, expected",
+    "l_accept, n, c, expected",
     [(2.5, 3, 0.2, 3.5 / 1.6), (5, 8, 0.2, 6 / 2.6), (5, 8, 0.5, 1.2)],
 )
-def test_spec_sanity_values(l, n, c, expected):
+def test_spec_sanity_values(l_accept, n, c, expected):
     # the sanity values of relaxed-methods.md: 2.19, 2.31, 1.2
-    assert speedup(l, n, c) == pytest.approx(expected, rel=1e-12)
-    assert round(speedup(l, n, c), 2) == {3.5 / 1.6: 2.19, 6 / 2.6: 2.31, 1.2: 1.2}[expected]
+    assert speedup(l_accept, n, c) == pytest.approx(expected, rel=1e-12)
+    assert round(speedup(l_accept, n, c), 2) == {3.5 / 1.6: 2.19, 6 / 2.6: 2.31, 1.2: 1.2}[expected]
 
 
 def test_length_ratio_penalises_rambling():

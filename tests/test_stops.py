@@ -16,8 +16,15 @@ SAMPLING = SamplingParams(temperature=0.8)
 
 def run(path: str, backend: ScriptedBackend, n_draft: int = 4, max_new_tokens: int = 30, stop=(), stop_after=None):
     if path == "one":
-        return generate(backend, [0], n_draft=n_draft, sampling=SAMPLING, max_new_tokens=max_new_tokens, stop=stop,
-                        stop_after=stop_after)
+        return generate(
+            backend,
+            [0],
+            n_draft=n_draft,
+            sampling=SAMPLING,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            stop_after=stop_after,
+        )
     # batched: three copies in one batch, with a longer-budget neighbour, must agree
     requests = [Request([0], 7, max_new_tokens, tuple(stop), stop_after, key=k) for k in range(3)]
     requests.append(Request([0, 0], 8, max_new_tokens + 5, key="neighbour"))
@@ -147,10 +154,20 @@ def test_a_native_server_never_gets_stops_it_would_fire_inside_the_reasoning():
     script = ["<think>", "a", "|", "b", "</think>", "c", "|", "d"]
     backend = ScriptedBackend(script)
     backend.native = server = _Server(backend, script)
-    g = generate(backend, [0], method="sglang_threshold", knob=1.0, n_draft=3, sampling=SAMPLING, max_new_tokens=8,
-                 stop=["|"], stop_after="</think>")
+    g = generate(
+        backend,
+        [0],
+        method="sglang_threshold",
+        knob=1.0,
+        n_draft=3,
+        sampling=SAMPLING,
+        max_new_tokens=8,
+        stop=["|"],
+        stop_after="</think>",
+    )
     assert server.sent == [] and g.text == "<think>a|b</think>c" and g.token_ids == ids_of(backend, *script[:7])
     assert g.stats.finish_reason == "stop" and g.stats.response_tokens == 7 and g.stats.rounds == 3
-    generate(backend, [0], method="sglang_threshold", knob=1.0, n_draft=3, sampling=SAMPLING, max_new_tokens=8,
-             stop=["|"])
+    generate(
+        backend, [0], method="sglang_threshold", knob=1.0, n_draft=3, sampling=SAMPLING, max_new_tokens=8, stop=["|"]
+    )
     assert server.sent == ["|"]  # without thinking the server applies them itself

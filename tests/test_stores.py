@@ -36,8 +36,17 @@ def _start_together(tmp_path: Path, mlflow_uri: str, storage: str, n: int = 3) -
     """``n`` processes that, once all are imported, prepare and use the stores at the same instant."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), mlflow_uri, storage, str(i)], cwd=ROOT, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path), mlflow_uri, storage, str(i)],
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(n)
+    ]
     try:
         deadline = time.time() + 120
         while not all((tmp_path / f"ready{i}").exists() for i in range(n)):
@@ -96,8 +105,12 @@ def _half_migrated(path: Path, runs: int) -> str:
 
 def test_a_half_created_store_with_no_runs_is_moved_aside_and_created_anew(tmp_path):
     uri = _half_migrated(tmp_path / "mlflow.db", runs=0)
-    plain = subprocess.run([sys.executable, "-c", f"from mlflow.tracking import MlflowClient; "
-                            f"MlflowClient({uri!r}).search_experiments()"], capture_output=True, text=True, cwd=ROOT)
+    plain = subprocess.run(
+        [sys.executable, "-c", f"from mlflow.tracking import MlflowClient; MlflowClient({uri!r}).search_experiments()"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert plain.returncode != 0 and "already exists" in plain.stderr  # MLflow alone cannot open it
     said = []
     prepare_mlflow(uri, said.append)
@@ -138,7 +151,9 @@ def test_an_optuna_storage_is_made_once_in_write_ahead_log_mode_and_its_schema_c
     monkeypatch.setattr(studies, "_CHECKED", set())
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     prepare_stores(url, None, track=False, log=lambda m: None)
-    with sqlite3.connect(tmp_path / "optuna.db") as db:  # kept in the file: every later connection reads beside a writer
+    with sqlite3.connect(
+        tmp_path / "optuna.db"
+    ) as db:  # kept in the file: every later connection reads beside a writer
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert checks == [1]
     studies.open_rdb(url).engine.dispose()  # the job's later openings (its checks, its trial queue) skip it

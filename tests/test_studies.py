@@ -18,11 +18,31 @@ NAME = "synthetic-v2__cactus__synthetic-pair"
 
 
 def make(tmp_path, worker: str, synthetic=None, **over) -> Tuner:
-    fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=6, stage_size=20, output_dir=str(tmp_path),
-                  c_rel=0.2, heartbeat=1, grace_period=3,
-                  epsilon=0.1) | over  # 40 problems certify no smaller drop (1 - 0.1 ** (1 / 40) = 0.056)
-    return Tuner(TuneSettings(**fields), SPEC, PROBLEMS[:40], SyntheticPair(), 0.2, progress=False, worker=worker,
-                 evaluate_fn=synthetic or Synthetic(cliff=1.0, delay=0.01))
+    fields = (
+        dict(
+            task="synthetic",
+            methods=["cactus"],
+            n_drafts=[4],
+            trials=6,
+            stage_size=20,
+            output_dir=str(tmp_path),
+            c_rel=0.2,
+            heartbeat=1,
+            grace_period=3,
+            epsilon=0.1,
+        )
+        | over
+    )  # 40 problems certify no smaller drop (1 - 0.1 ** (1 / 40) = 0.056)
+    return Tuner(
+        TuneSettings(**fields),
+        SPEC,
+        PROBLEMS[:40],
+        SyntheticPair(),
+        0.2,
+        progress=False,
+        worker=worker,
+        evaluate_fn=synthetic or Synthetic(cliff=1.0, delay=0.01),
+    )
 
 
 def run_together(tuners: list[Tuner], method: str = "cactus") -> list:
@@ -35,7 +55,7 @@ def run_together(tuners: list[Tuner], method: str = "cactus") -> list:
         try:
             all_started.wait()
             outcomes[i] = tuners[i].tune_method(method)
-        except Exception as err:  # noqa: BLE001 - re-raised in the test's thread
+        except Exception as err:
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(tuners))]
@@ -185,8 +205,12 @@ def test_ranges_split_merge_and_spread():
     assert len({o[0].start for o in orders}) > 1  # workers start in different places
     config = type("C", (), {"method": "cactus", "knob": 2.0, "n_draft": 4, "seed": 0, "label": "r"})()
     whole = Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[:30], progress=False)
-    parts = [Synthetic(cliff=1.0)(SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[r.start:r.stop],
-                                  progress=False) for r in split(30, 7)]
+    parts = [
+        Synthetic(cliff=1.0)(
+            SPEC, None, config, output_dir="/nonexistent", problems=PROBLEMS[r.start : r.stop], progress=False
+        )
+        for r in split(30, 7)
+    ]
     assert merge(parts).summary() == whole.summary() and merge(parts).records == whole.records
 
 
@@ -222,7 +246,7 @@ def test_an_idle_worker_generates_free_ranges_of_a_running_trials_stage_and_noth
     _, trial = owner.queue.claim(studies, owner.sampler)  # the only trial: RUNNING, the owner's
     config = DecodeConfig("cactus", trial.params["knob"], trial.params["n_draft"], 0)
     records = records_path(tmp_path, SPEC, config, "synthetic-pair")
-    ids = lambda r: [p.id for p in PROBLEMS[r.start:r.stop]]  # noqa: E731
+    ids = lambda r: [p.id for p in PROBLEMS[r.start : r.stop]]  # noqa: E731
     held, release = threading.Event(), threading.Event()
 
     def owner_generating(r: range) -> None:  # the owner holds [4, 8) as while it generates it

@@ -15,8 +15,9 @@ SHIPPED = {"aime24", "aime25", "gpqa_diamond", "gsm8k", "gsm8k_mini", "humaneval
 def _spec(folder: Path, name: str, version: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
-    path.write_text(f"name: {name}\nversion: {version}\ndataset: {{path: json, data_files: x.jsonl}}\n"
-                    "grader: {kind: math}\n")
+    path.write_text(
+        f"name: {name}\nversion: {version}\ndataset: {{path: json, data_files: x.jsonl}}\ngrader: {{kind: math}}\n"
+    )
     return path
 
 

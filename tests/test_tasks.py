@@ -15,8 +15,12 @@ from relaxtune.tasks.spec import TaskSpec, list_tasks, load_problems, load_task
 FIXTURES = Path(__file__).parent / "fixtures"
 SHIPPED = ["aime24", "aime25", "gpqa_diamond", "gsm8k", "humaneval", "lcb_lite_v6", "math500"]
 LOCAL = {
-    "aime24": "aime.jsonl", "aime25": "aime.jsonl", "math500": "math500.jsonl", "gsm8k": "gsm8k.jsonl",
-    "gpqa_diamond": "gpqa.jsonl", "lcb_lite_v6": "lcb.jsonl",
+    "aime24": "aime.jsonl",
+    "aime25": "aime.jsonl",
+    "math500": "math500.jsonl",
+    "gsm8k": "gsm8k.jsonl",
+    "gpqa_diamond": "gpqa.jsonl",
+    "lcb_lite_v6": "lcb.jsonl",
 }
 
 
@@ -61,8 +65,17 @@ def test_humaneval_comes_from_the_package_offline():
 
 
 def test_gpqa_shuffle_is_fixed_and_uniform(tmp_path):
-    rows = [{"Record ID": f"q{i}", "Question": "?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
-             "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"} for i in range(800)]
+    rows = [
+        {
+            "Record ID": f"q{i}",
+            "Question": "?",
+            "Correct Answer": "right",
+            "Incorrect Answer 1": "w1",
+            "Incorrect Answer 2": "w2",
+            "Incorrect Answer 3": "w3",
+        }
+        for i in range(800)
+    ]
     data = tmp_path / "g.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     raw = yaml.safe_load(Path(load_task("gpqa_diamond").source_file).read_text())
@@ -133,17 +146,26 @@ def test_cli_lists_and_validates(tmp_path):
 def test_special_judge_problems_are_excluded_and_listed(tmp_path, caplog):
     """LiveCodeBench problems that accept several outputs are left out for every method, by
     statement or by the ERRATA list (id or title), and reported."""
-    def row(qid, title, statement):
-        return {"question_id": qid, "question_title": title, "question_content": statement, "starter_code": "",
-                "public_test_cases": json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}]),
-                "private_test_cases": "", "metadata": "{}"}
 
-    rows = [row("p1", "Plain", "Print the sum."),
-            row("p2", "Any", "Print a valid coloring. If there are multiple solutions, print any of them."),
-            row("p3", "Order", "Return the indices. You may return the answer in any order."),
-            row("abc311_c", "Find it!", "Print the cycle."),
-            row("3194", "Find Words Containing Character", "Return an array of indices."),
-            row("p6", "Edges", "The edges are given in any order. Print the number of components.")]
+    def row(qid, title, statement):
+        return {
+            "question_id": qid,
+            "question_title": title,
+            "question_content": statement,
+            "starter_code": "",
+            "public_test_cases": json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}]),
+            "private_test_cases": "",
+            "metadata": "{}",
+        }
+
+    rows = [
+        row("p1", "Plain", "Print the sum."),
+        row("p2", "Any", "Print a valid coloring. If there are multiple solutions, print any of them."),
+        row("p3", "Order", "Return the indices. You may return the answer in any order."),
+        row("abc311_c", "Find it!", "Print the cycle."),
+        row("3194", "Find Words Containing Character", "Return an array of indices."),
+        row("p6", "Edges", "The edges are given in any order. Print the number of components."),
+    ]
     data = tmp_path / "lcb.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     spec = _local("lcb_lite_v6")
@@ -162,9 +184,14 @@ def test_choice_gold_carries_the_letters_and_the_prompts_answer_format(tmp_path)
     rows = [{"id": "q0", "q": "?", **{f"c{i}": f"choice {i}" for i in range(6)}}]
     data = tmp_path / "mc.jsonl"
     data.write_text(json.dumps(rows[0]))
-    spec = TaskSpec(name="mc6", version=1, dataset={"path": "json", "data_files": str(data)},
-                    fields={"id": "id", "question": "q", "answer": None, "choices": [f"c{i}" for i in range(6)]},
-                    prompt={"template": "{q}\n{choices}\nEnd with 'Final choice: $LETTER'."}, grader={"kind": "choice"})
+    spec = TaskSpec(
+        name="mc6",
+        version=1,
+        dataset={"path": "json", "data_files": str(data)},
+        fields={"id": "id", "question": "q", "answer": None, "choices": [f"c{i}" for i in range(6)]},
+        prompt={"template": "{q}\n{choices}\nEnd with 'Final choice: $LETTER'."},
+        grader={"kind": "choice"},
+    )
     gold = load_problems(spec)[0].gold
     assert gold["letters"] == "ABCDEF" and gold["format"] == "Final choice:"
     from relaxtune.graders import grade
@@ -173,15 +200,20 @@ def test_choice_gold_carries_the_letters_and_the_prompts_answer_format(tmp_path)
     spec.grader.answer_format = "Pick:"
     assert load_problems(spec)[0].gold["format"] == "Pick:"
     with pytest.raises(ValueError, match="at most 10 choices"):
-        TaskSpec(**{**spec.model_dump(), "fields": {"question": "q", "answer": None,
-                                                    "choices": [f"c{i}" for i in range(11)]}})
+        TaskSpec(
+            **{
+                **spec.model_dump(),
+                "fields": {"question": "q", "answer": None, "choices": [f"c{i}" for i in range(11)]},
+            }
+        )
 
 
 def test_thinking_tasks_keep_their_stops_for_the_answer():
     raw = yaml.safe_load(Path(load_task("gsm8k").source_file).read_text())
     spec = TaskSpec(**raw | {"stop": ["\n\nQuestion:"]})  # a thinking task: the stop waits for </think>
     assert spec.thinks and spec.stop == ["\n\nQuestion:"]
-    plain = TaskSpec(**raw | {"stop": ["</think>"], "prompt": {"template": "{question}", "thinking": False},
-                              "thinking_budget": None})
+    plain = TaskSpec(
+        **raw | {"stop": ["</think>"], "prompt": {"template": "{question}", "thinking": False}, "thinking_budget": None}
+    )
     assert not plain.thinks  # without thinking, </think> is an ordinary stop string
     assert TaskSpec(**raw | {"prompt": {"template": "{question}", "thinking": False}}).thinks  # a budget thinks

@@ -64,8 +64,11 @@ def test_the_tune_summary_fits(tmp_path, monkeypatch, capsys, width):
     lines = table_lines(text)
     assert lines and all(len(line) <= width for line in lines)
     row = next(line for line in lines if "cactus" in line)
-    for cell in ("delta=10", f"{config.methods['cactus'].modeled_speedup:.2f}",
-                 f"{config.methods['cactus'].drop_upper_bound:.3f}"):
+    for cell in (
+        "delta=10",
+        f"{config.methods['cactus'].modeled_speedup:.2f}",
+        f"{config.methods['cactus'].drop_upper_bound:.3f}",
+    ):
         assert cell in row  # the decision's columns are never the ones left out
     assert ("not shown at" in text) == (width < 250) and "recommendation: cactus alpha=10 N=4" in text
 
@@ -99,8 +102,9 @@ def test_help_texts_have_no_source_line_breaks():
 
 def test_schema_errors_show_one_line_per_field(tmp_path, monkeypatch, user_tasks_only):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nversion: 0\ndataset: {path: json}\nprompt: {templat: '{q}'}\n"
-                   "sampling: {temperature: hot}\n")
+    bad.write_text(
+        "name: bad\nversion: 0\ndataset: {path: json}\nprompt: {templat: '{q}'}\nsampling: {temperature: hot}\n"
+    )
     out = runner.invoke(app, ["tasks", "validate", str(bad)], env={"COLUMNS": "100"})
     assert out.exit_code == 1
     assert out.output.splitlines() == [
@@ -118,20 +122,34 @@ def test_schema_errors_show_one_line_per_field(tmp_path, monkeypatch, user_tasks
         load_task(bad)
     monkeypatch.setenv("RELAXTUNE_EVALS", str(tmp_path))
     listing = json.loads(runner.invoke(app, ["tasks", "--json"]).output)
-    assert listing == [{"task": "bad", "version": "-", "grader": "invalid", "repeats": "-", "max tokens": "-",
-                        "data": "(spec): a choice task needs fields.choices (first = correct answer)"}]
+    assert listing == [
+        {
+            "task": "bad",
+            "version": "-",
+            "grader": "invalid",
+            "repeats": "-",
+            "max tokens": "-",
+            "data": "(spec): a choice task needs fields.choices (first = correct answer)",
+        }
+    ]
 
 
 def test_ui_prints_the_mlflow_and_optuna_dashboard_recipes():
     out = runner.invoke(app, ["ui", "--storage", "sqlite:///runs/optuna.db", "--port", "5001"], env={"COLUMNS": "100"})
     assert out.exit_code == 0
     lines = out.output.splitlines()
-    assert ("  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001 "
-            "--workers 1") in lines
+    assert (
+        "  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5001 "
+        "--workers 1"
+    ) in lines
     assert "  open http://127.0.0.1:5001/#/experiments?workflowType=machine_learning" in lines
-    assert "  pip install optuna-dashboard" in lines and "  optuna-dashboard sqlite:///runs/optuna.db --port 5081" in lines
+    assert (
+        "  pip install optuna-dashboard" in lines and "  optuna-dashboard sqlite:///runs/optuna.db --port 5081" in lines
+    )
     served = runner.invoke(app, ["ui", "--mlflow-uri", "http://tracking:5000/"]).output
-    assert "mlflow ui" not in served and "open http://tracking:5000/#/experiments?workflowType=machine_learning" in served
+    assert (
+        "mlflow ui" not in served and "open http://tracking:5000/#/experiments?workflowType=machine_learning" in served
+    )
 
 
 def test_line_progress_prints_plain_timed_lines():
@@ -191,8 +209,14 @@ def test_a_piped_evaluation_prints_lines_while_one_batch_decodes(tmp_path, tiny_
     err = io.StringIO()  # not a terminal: plain lines
     monkeypatch.setattr(sys, "stderr", err)
     spec = load_task(write_tiny_task(tmp_path, max_new_tokens=60))
-    result = evaluate(spec, SlowRounds(tiny_backend), DecodeConfig("strict", None, 2), output_dir=tmp_path / "runs",
-                      limit=3, batch_size=3)
+    result = evaluate(
+        spec,
+        SlowRounds(tiny_backend),
+        DecodeConfig("strict", None, 2),
+        output_dir=tmp_path / "runs",
+        limit=3,
+        batch_size=3,
+    )
     assert result.n == 3 and {r["response_tokens"] for r in result.records} == {60}
     lines = [line.split(": ", 1)[1] for line in err.getvalue().splitlines() if line.startswith("tiny_math strict")]
     assert lines[0] == "3 samples to do", err.getvalue() and lines[-1].startswith("3/3 samples done in ")
@@ -206,10 +230,36 @@ def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RELAXTUNE_PROGRESS_SECONDS": "0"}
-    proc = subprocess.run([sys.executable, "-m", "relaxtune.cli", "eval", "--task", task, "--limit", "3", "--method",
-                           "cactus", "--alpha", "1", "-n", "2", "--drafter", drafter, "--verifier", verifier, "--dtype",
-                           "float32", "--output-dir", str(tmp_path / "runs")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relaxtune.cli",
+            "eval",
+            "--task",
+            task,
+            "--limit",
+            "3",
+            "--method",
+            "cactus",
+            "--alpha",
+            "1",
+            "-n",
+            "2",
+            "--drafter",
+            drafter,
+            "--verifier",
+            verifier,
+            "--dtype",
+            "float32",
+            "--output-dir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     progress = [line for line in proc.stderr.splitlines() if line.startswith("tiny_math cactus-1__N2__seed0: ")]
     said = [line.split(": ", 1)[1] for line in progress]
@@ -223,17 +273,32 @@ def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_
 
 def test_export_in_an_empty_folder_refuses_before_loading_models(tmp_path):
     task = write_tiny_task(tmp_path)
-    out = runner.invoke(app, ["export", "--task", task, "--output-dir", str(tmp_path / "empty"), "--drafter",
-                              str(tmp_path / "no-drafter"), "--verifier", str(tmp_path / "no-verifier"),
-                              "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], env={"COLUMNS": "300"})
+    out = runner.invoke(
+        app,
+        [
+            "export",
+            "--task",
+            task,
+            "--output-dir",
+            str(tmp_path / "empty"),
+            "--drafter",
+            str(tmp_path / "no-drafter"),
+            "--verifier",
+            str(tmp_path / "no-verifier"),
+            "--mlflow-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+        ],
+        env={"COLUMNS": "300"},
+    )
     text = " ".join(out.output.split())
     assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text, text
     assert "no model folder" not in text and not (tmp_path / "mlflow.db").exists()
 
     unread = Path(task).with_name("unread.yaml")  # a dataset that cannot load: the storage is checked first
     unread.write_text(Path(task).read_text().replace("tiny_math.jsonl", "absent.jsonl"))
-    out = runner.invoke(app, ["export", "--task", str(unread), "--output-dir", str(tmp_path / "empty")],
-                        env={"COLUMNS": "300"})
+    out = runner.invoke(
+        app, ["export", "--task", str(unread), "--output-dir", str(tmp_path / "empty")], env={"COLUMNS": "300"}
+    )
     text = " ".join(out.output.split())
     assert out.exit_code != 0 and "nothing to export: no Optuna storage at" in text and "absent" not in text, text
 
@@ -257,8 +322,11 @@ def test_the_runtime_defaults_to_llamacpp_for_the_embedded_pair_when_installed(i
     from relaxtune.tune.settings import TuneSettings
 
     find_spec = util.find_spec
-    monkeypatch.setattr(load.util, "find_spec", lambda name: (find_spec("json") if installed else None)
-                        if name == "llama_cpp" else find_spec(name))
+    monkeypatch.setattr(
+        load.util,
+        "find_spec",
+        lambda name: (find_spec("json") if installed else None) if name == "llama_cpp" else find_spec(name),
+    )
     embedded = "llamacpp" if installed else "hf"
     d, v = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
     assert load.resolve_runtime("auto", d, v) == embedded
@@ -290,13 +358,17 @@ def test_a_check_across_fields_is_reported_without_an_empty_flag():
 
     from relaxtune.cli import app
 
-    out = CliRunner().invoke(app, ["tune", "--task", "humaneval", "--drafter", "prompt-lookup:0", "--runtime",
-                                   "llamacpp"], env={"COLUMNS": "250"})
+    out = CliRunner().invoke(
+        app,
+        ["tune", "--task", "humaneval", "--drafter", "prompt-lookup:0", "--runtime", "llamacpp"],
+        env={"COLUMNS": "250"},
+    )
     assert out.exit_code == 2
     text = " ".join(out.output.split())
     assert "Invalid value: --drafter: drafter 'prompt-lookup:0': give prompt-lookup" in text and "--:" not in text
-    out = CliRunner().invoke(app, ["tune", "--task", "humaneval", "--heartbeat", "30", "--grace-period", "10"],
-                             env={"COLUMNS": "250"})  # a check across fields: its message names them
+    out = CliRunner().invoke(
+        app, ["tune", "--task", "humaneval", "--heartbeat", "30", "--grace-period", "10"], env={"COLUMNS": "250"}
+    )  # a check across fields: its message names them
     text = " ".join(out.output.split())
     assert out.exit_code == 2 and "Invalid value: grace_period (10 s) must exceed heartbeat (30 s)" in text
 
@@ -327,9 +399,24 @@ def test_commands_that_only_read_records_load_no_model(tmp_path, tiny_pair_dirs,
     task = write_tiny_task(tmp_path)
     runs, mlflow = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
     pair = ["--drafter", drafter, "--verifier", verifier, "--dtype", "float32", "--output-dir", str(runs)]
-    run_tune_job(TuneSettings(task=task, methods=["cactus"], drafter=drafter, verifier=verifier, dtype="float32",
-                              c_rel=0.3, limit=4, trials=1, n_drafts=[2], epsilon=0.5, output_dir=str(runs),
-                              mlflow_uri=mlflow), progress=False, log=lambda message: None)
+    run_tune_job(
+        TuneSettings(
+            task=task,
+            methods=["cactus"],
+            drafter=drafter,
+            verifier=verifier,
+            dtype="float32",
+            c_rel=0.3,
+            limit=4,
+            trials=1,
+            n_drafts=[2],
+            epsilon=0.5,
+            output_dir=str(runs),
+            mlflow_uri=mlflow,
+        ),
+        progress=False,
+        log=lambda message: None,
+    )
     point = ["eval", "--task", task, "--limit", "2", "--method", "cactus", "--alpha", "1", "-n", "2", *pair]
     assert runner.invoke(app, point, env={"COLUMNS": "200"}).exit_code == 0  # generates: loads the pair
 
@@ -338,8 +425,9 @@ def test_commands_that_only_read_records_load_no_model(tmp_path, tiny_pair_dirs,
 
     monkeypatch.setattr(relaxtune.backends.hf, "load_pair", refuse)
     monkeypatch.setattr(relaxtune.backends.load, "load_backend", refuse)
-    out = runner.invoke(app, ["export", "--task", task, "--epsilon", "0.9", "--mlflow-uri", mlflow, *pair],
-                        env={"COLUMNS": "200"})
+    out = runner.invoke(
+        app, ["export", "--task", task, "--epsilon", "0.9", "--mlflow-uri", mlflow, *pair], env={"COLUMNS": "200"}
+    )
     assert out.exit_code == 0, out.output
     assert (runs / "tiny_math.tuned.eps0.9.yaml").exists() and "loading" in out.output
     out = runner.invoke(app, point, env={"COLUMNS": "200"})

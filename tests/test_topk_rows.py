@@ -51,8 +51,17 @@ def _first_tokens(method, knob, p, q, z_p, z_q, seed=1):
 
 @pytest.mark.parametrize(
     "method, knob",
-    [("strict", None), ("ens", 0.2), ("r_fuzzy", 0.69), ("spec_casc_opt", 0.05), ("spec_casc_tok", 0.35),
-     ("spec_casc_tok", 1.0), ("spec_cont_dec", 0.5), ("spec_cont_dec", 1.0), ("always_accept", None)],
+    [
+        ("strict", None),
+        ("ens", 0.2),
+        ("r_fuzzy", 0.69),
+        ("spec_casc_opt", 0.05),
+        ("spec_casc_tok", 0.35),
+        ("spec_casc_tok", 1.0),
+        ("spec_cont_dec", 0.5),
+        ("spec_cont_dec", 1.0),
+        ("always_accept", None),
+    ],
 )
 def test_methods_whose_target_is_a_distribution_emit_it_on_top_k_rows(method, knob):
     p, q, z_p, z_q, unknown = server_rows(3)
@@ -107,8 +116,9 @@ def _nan_round(method, knob, accept: bool, where="p"):
     u = torch.zeros(1, 2) if accept else torch.tensor([[0.9999, 0.5]])
     if accept:
         q = p.clone() if where == "p" else q  # ratio 1: the draft is accepted
-    return verify_rounds(p[None], q[None], x, method, knob, uniforms=u, z_p=z_p[None], z_q=z_q[None],
-                         temperature=T, validate=False)
+    return verify_rounds(
+        p[None], q[None], x, method, knob, uniforms=u, z_p=z_p[None], z_q=z_q[None], temperature=T, validate=False
+    )
 
 
 @pytest.mark.parametrize("accept, what", [(False, "residual"), (True, "bonus")])
@@ -124,5 +134,15 @@ def test_nan_drafter_logits_are_refused_not_emitted():
     z_q[:] = math.nan
     x = torch.tensor([[int(q[0].argmax())]])
     with pytest.raises(ValueError, match="spec_cont_dec: the (residual|bonus) row"):
-        verify_rounds(p[None], q[None], x, "spec_cont_dec", 0.5, uniforms=torch.tensor([[0.5, 0.5]]),
-                      z_p=z_p[None], z_q=z_q[None], temperature=T, validate=False)
+        verify_rounds(
+            p[None],
+            q[None],
+            x,
+            "spec_cont_dec",
+            0.5,
+            uniforms=torch.tensor([[0.5, 0.5]]),
+            z_p=z_p[None],
+            z_q=z_q[None],
+            temperature=T,
+            validate=False,
+        )

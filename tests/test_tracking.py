@@ -7,16 +7,16 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import mlflow  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+import matplotlib.pyplot as plt
+import mlflow
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
 
-from relaxtune.report.tracking import Tracker, filter_literal  # noqa: E402
-from relaxtune.tune.settings import TuneSettings, job_id  # noqa: E402
+from relaxtune.report.tracking import Tracker, filter_literal
+from relaxtune.tune.settings import TuneSettings, job_id
 
-from .synthetic import PROBLEMS, SPEC  # noqa: E402
+from .synthetic import PROBLEMS, SPEC
 
 
 class Study:
@@ -40,12 +40,23 @@ def runs_of(t: Tracker, kind: str):
 
 def test_job_ids_follow_the_settings_that_shape_trials():
     base = TuneSettings(task="x", storage="postgresql+psycopg://rt:secret@db.example/rt", n_drafts=[4])
-    same = base.model_copy(update={"storage": "postgresql+psycopg://rt:other@db.example/rt", "trials": 30,
-                                   "output_dir": "elsewhere", "verifier_url": None, "parallel_trials": 4})
+    same = base.model_copy(
+        update={
+            "storage": "postgresql+psycopg://rt:other@db.example/rt",
+            "trials": 30,
+            "output_dir": "elsewhere",
+            "verifier_url": None,
+            "parallel_trials": 4,
+        }
+    )
     assert job_id(base, SPEC, "pair") == job_id(same, SPEC, "pair")  # password, trials, folder, workers: same job
     assert job_id(base, SPEC, "pair").startswith("synthetic-")
-    others = [base.model_copy(update={"n_drafts": [2]}), base.model_copy(update={"epsilon": 0.1}),
-              base.model_copy(update={"limit": 10}), base.model_copy(update={"storage": "sqlite:///other.db"})]
+    others = [
+        base.model_copy(update={"n_drafts": [2]}),
+        base.model_copy(update={"epsilon": 0.1}),
+        base.model_copy(update={"limit": 10}),
+        base.model_copy(update={"storage": "sqlite:///other.db"}),
+    ]
     assert len({job_id(s, SPEC, "pair") for s in others} | {job_id(base, SPEC, "pair")}) == 5
     assert job_id(base, SPEC, "other-pair") != job_id(base, SPEC, "pair")
     assert job_id(base, SPEC.model_copy(update={"max_new_tokens": 32}), "pair") != job_id(base, SPEC, "pair")
@@ -107,8 +118,11 @@ def test_relogging_a_table_or_figure_replaces_it(uri, tmp_path):
     path = t.client.download_artifacts(t.task_run_id, "pareto_front.json", str(tmp_path))
     table = json.loads(Path(path).read_text())
     assert table["columns"] == ["label", "speedup"] and [r[0] for r in table["data"]] == ["a", "b", "c", "c"]
-    assert sorted(a.path for a in t.client.list_artifacts(t.task_run_id)) == \
-        ["pareto_front.json", "pareto_front.png", "settings.json"]
+    assert sorted(a.path for a in t.client.list_artifacts(t.task_run_id)) == [
+        "pareto_front.json",
+        "pareto_front.png",
+        "settings.json",
+    ]
     logged = json.loads(t.client.get_run(t.task_run_id).data.tags["mlflow.loggedArtifacts"])
     assert logged == [{"path": "pareto_front.json", "type": "table"}]  # the UI shows it as a table, once
     other = t.client.create_run(t.experiment_id).info.run_id  # MLflow's own log_table, once: the same file and tag
@@ -158,8 +172,10 @@ def test_every_write_of_params_or_tags_to_a_run_holds_the_jobs_lock(uri, monkeyp
             writes.append((sorted(p.key for p in params), getattr(held, "depth", 0) > 0))
         return real(self, run_id, metrics=metrics, params=params, tags=tags, **kwargs)
 
-    workers = [Tracker(uri, SPEC.model_copy(update={"name": "clash"}), "pair", {"x": 1}, PROBLEMS[:3], "job-c", lock)
-               for _ in range(2)]
+    workers = [
+        Tracker(uri, SPEC.model_copy(update={"name": "clash"}), "pair", {"x": 1}, PROBLEMS[:3], "job-c", lock)
+        for _ in range(2)
+    ]
     monkeypatch.setattr(MlflowClient, "log_batch", spy)
     errors = []
 
@@ -167,7 +183,7 @@ def test_every_write_of_params_or_tags_to_a_run_holds_the_jobs_lock(uri, monkeyp
         try:
             t.start_study("cactus", Study("c__cactus__pair"))
             t.log_trial("cactus", 0, {"knob": 1.0, "n_draft": 4}, {"l_accept": 3.0}, "COMPLETE", None)
-        except Exception as err:  # noqa: BLE001 - what the test looks for
+        except Exception as err:
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in workers]
@@ -193,11 +209,22 @@ def test_workers_finishing_together_split_the_figures_and_draw_each_once(uri, tm
 
     from relaxtune.tune.claims import claim
 
-    keys = ["pareto_fronts_by_method.png"] + [f"{m}_{f}" for m in ("cactus", "mentored")
-                                              for f in ("pareto_front.png", "speed_vs_knob.png")]
+    keys = ["pareto_fronts_by_method.png"] + [
+        f"{m}_{f}" for m in ("cactus", "mentored") for f in ("pareto_front.png", "speed_vs_knob.png")
+    ]
     shared = threading.RLock()  # the job's MLflow lock (storage_lock(storage, "mlflow")), shared by the workers
-    workers = [Tracker(uri, SPEC.model_copy(update={"name": "split"}), "pair", {"output_dir": str(tmp_path)},
-                       PROBLEMS[:3], "job-s", lambda: shared) for _ in range(2)]
+    workers = [
+        Tracker(
+            uri,
+            SPEC.model_copy(update={"name": "split"}),
+            "pair",
+            {"output_dir": str(tmp_path)},
+            PROBLEMS[:3],
+            "job-s",
+            lambda: shared,
+        )
+        for _ in range(2)
+    ]
     drawn, first, meet = [], threading.local(), threading.Barrier(2, timeout=30)
 
     def draw(key: str):
@@ -207,13 +234,16 @@ def test_workers_finishing_together_split_the_figures_and_draw_each_once(uri, tm
                 first.done = True
                 meet.wait()
             return Figure()
+
         return f
 
     def jobs(t: Tracker):
         return [(k, draw(k), [(t.task_run_id, f"figures/{k}")]) for k in keys]
 
-    threads = [threading.Thread(target=t._share_figures, args=(jobs(t), "d1", False), name=f"w{i}")
-               for i, t in enumerate(workers)]
+    threads = [
+        threading.Thread(target=t._share_figures, args=(jobs(t), "d1", False), name=f"w{i}")
+        for i, t in enumerate(workers)
+    ]
     for th in threads:
         th.start()
     for th in threads:

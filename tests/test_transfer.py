@@ -30,8 +30,10 @@ class PerTask:
 
     def __init__(self, fail_above: dict[str, float] | None = None):
         fail = fail_above or {}
-        self.by_task = {"safe": Synthetic(cliff=100.0, delay=1e-4, fail_above=fail.get("safe")),
-                        "fragile": Synthetic(cliff=1.0, delay=1e-4, fail_above=fail.get("fragile"))}
+        self.by_task = {
+            "safe": Synthetic(cliff=100.0, delay=1e-4, fail_above=fail.get("safe")),
+            "fragile": Synthetic(cliff=1.0, delay=1e-4, fail_above=fail.get("fragile")),
+        }
 
     def __call__(self, spec, backend, config, **kw):
         return self.by_task[spec.name](spec, backend, config, **kw)
@@ -48,8 +50,17 @@ def tuned_dir(tmp_path_factory) -> Path:
     fn = PerTask()
     for name, epsilon, confirm in (("safe", 0.15, "seeds"), ("fragile", 0.2, "holdout")):
         task = write_task(root / "evals", PROBLEMS, name)
-        settings = TuneSettings(task=task, methods=["cactus"], n_drafts=[4], trials=4, stage_size=10, c_rel=0.2,
-                                epsilon=epsilon, confirm=confirm, output_dir=str(root / "runs"))
+        settings = TuneSettings(
+            task=task,
+            methods=["cactus"],
+            n_drafts=[4],
+            trials=4,
+            stage_size=10,
+            c_rel=0.2,
+            epsilon=epsilon,
+            confirm=confirm,
+            output_dir=str(root / "runs"),
+        )
         run_tune_job(settings, SyntheticPair(), progress=False, evaluate_fn=fn, track=False, log=lambda message: None)
     return root
 
@@ -69,8 +80,16 @@ def tuned(tuned_dir, tmp_path):
 
 def transfer(tuned, fn=None, **kw):
     tasks, output_dir, uri = tuned
-    return run_transfer(kw.pop("tasks", tasks), output_dir=output_dir, mlflow_uri=uri, backend=SyntheticPair(),
-                        evaluate_fn=fn or PerTask(), progress=False, log=lambda message: None, **kw)
+    return run_transfer(
+        kw.pop("tasks", tasks),
+        output_dir=output_dir,
+        mlflow_uri=uri,
+        backend=SyntheticPair(),
+        evaluate_fn=fn or PerTask(),
+        progress=False,
+        log=lambda message: None,
+        **kw,
+    )
 
 
 def test_a_setting_safe_on_its_task_is_flagged_on_a_task_it_breaks(tuned):
@@ -81,12 +100,18 @@ def test_a_setting_safe_on_its_task_is_flagged_on_a_task_it_breaks(tuned):
     assert matrix.confidence == 0.9 and matrix.confidence_each == pytest.approx(level)
     cell = {(c.source, c.target): c for c in matrix.cells}
     assert {k: (c.knob, c.within) for k, c in cell.items()} == {
-        ("safe", "safe"): (10.0, True), ("safe", "fragile"): (10.0, False),
-        ("fragile", "safe"): (1.0, True), ("fragile", "fragile"): (1.0, True)}
+        ("safe", "safe"): (10.0, True),
+        ("safe", "fragile"): (10.0, False),
+        ("fragile", "safe"): (1.0, True),
+        ("fragile", "fragile"): (1.0, True),
+    }
     search, held = holdout_split(load_problems(load_task(tuned[0][1]), PROBLEMS), 0)
     # the diagonal: each task's own point on its confirmation samples (fresh seeds; fragile's held-out half)
-    assert (cell["safe", "safe"].samples, cell["safe", "safe"].seed, cell["safe", "safe"].problems) == \
-        ("confirmation", confirmation_seed(0, 1), PROBLEMS)
+    assert (cell["safe", "safe"].samples, cell["safe", "safe"].seed, cell["safe", "safe"].problems) == (
+        "confirmation",
+        confirmation_seed(0, 1),
+        PROBLEMS,
+    )
     assert (cell["fragile", "fragile"].seed, cell["fragile", "fragile"].problems) == (confirmation_seed(0, 1), 20)
     for key, n in ((("safe", "safe"), PROBLEMS), (("fragile", "fragile"), 20), (("fragile", "safe"), PROBLEMS)):
         assert cell[key].metrics["drop"] == 0 and cell[key].metrics["n"] == n
@@ -96,13 +121,15 @@ def test_a_setting_safe_on_its_task_is_flagged_on_a_task_it_breaks(tuned):
     wrong = sum(int(p.id) % 2 == 0 for p in search)  # delta = 10 gets every even-numbered problem wrong there
     assert (broken.samples, broken.seed, broken.problems, broken.metrics["n"]) == ("search", 0, 20, 20)
     assert broken.metrics["drop"] == pytest.approx(wrong / 20) and wrong >= 5
-    assert broken.metrics["drop_ucb"] == pytest.approx(drop_bound([(1, 1, 0)] * wrong + [(1, 0, 0)] * (20 - wrong),
-                                                                   level).upper)
+    assert broken.metrics["drop_ucb"] == pytest.approx(
+        drop_bound([(1, 1, 0)] * wrong + [(1, 0, 0)] * (20 - wrong), level).upper
+    )
     assert broken.metrics["drop_ucb"] > broken.epsilon == 0.2
     assert [c.epsilon for c in matrix.cells] == [0.15, 0.2, 0.15, 0.2]  # each target's own budget
     own = load_config(Path(tuned[1]) / "safe.tuned.yaml").methods["cactus"]  # the diagonal replays the confirmation
-    assert (own.n, own.accuracy, own.modeled_speedup) == tuple(cell["safe", "safe"].metrics[k]
-                                                               for k in ("n", "accuracy", "speedup"))
+    assert (own.n, own.accuracy, own.modeled_speedup) == tuple(
+        cell["safe", "safe"].metrics[k] for k in ("n", "accuracy", "speedup")
+    )
     assert len(written) == 2
 
 
@@ -114,7 +141,8 @@ def test_records_are_reused_and_nothing_is_generated_twice(tuned):
     fn = PerTask()
     first, _ = transfer(tuned, fn)
     assert len(fn.generated) == 10 and {(t, label) for t, label, _ in fn.generated} == {
-        ("fragile", "cactus-10__N4__seed0")}
+        ("fragile", "cactus-10__N4__seed0")
+    }
     assert len({pid for _, _, pid in fn.generated}) == 10
     again = PerTask()
     second, _ = transfer(tuned, again)
@@ -133,8 +161,13 @@ def test_the_tuned_configs_gain_a_transfer_section_that_round_trips(tuned, tmp_p
     assert part.tasks == ["safe", "fragile"] and part.cells == 4 and part.confidence_each == pytest.approx(0.975)
     assert "Bonferroni" in part.rule and set(part.sources) == {"safe", "fragile"} and set(part.targets) == {"safe"}
     theirs, mine = part.sources["safe"]["cactus"], part.sources["fragile"]["cactus"]
-    assert (theirs.knob, theirs.within_epsilon, theirs.n, theirs.samples, theirs.epsilon) == \
-        (10.0, False, 20, "search", 0.2)
+    assert (theirs.knob, theirs.within_epsilon, theirs.n, theirs.samples, theirs.epsilon) == (
+        10.0,
+        False,
+        20,
+        "search",
+        0.2,
+    )
     assert theirs.drop_upper_bound == pytest.approx(matrix.cell("cactus", "safe", "fragile").metrics["drop_ucb"])
     assert (mine.knob, mine.within_epsilon, mine.samples, mine.n) == (1.0, True, "confirmation", 20)
     assert part.targets["safe"]["cactus"].within_epsilon and part.targets["safe"]["cactus"].epsilon == 0.15
@@ -150,13 +183,22 @@ def test_the_figure_and_table_are_logged_in_each_task_and_across_tasks(tuned, tm
     for experiment in ("relaxtune-safe", "relaxtune-fragile", "relaxtune-transfer"):
         exp = client.get_experiment_by_name(experiment)
         (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("relaxtune.kind") == "transfer"]
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"transfer_matrix.png",
-                                                                            "transfer_matrix.json"}
-        table = json.loads(Path(client.download_artifacts(run.info.run_id, "transfer_matrix.json",
-                                                          str(tmp_path / experiment))).read_text())
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+            "transfer_matrix.png",
+            "transfer_matrix.json",
+        }
+        table = json.loads(
+            Path(
+                client.download_artifacts(run.info.run_id, "transfer_matrix.json", str(tmp_path / experiment))
+            ).read_text()
+        )
         rows = [dict(zip(table["columns"], r)) for r in table["data"]]
         assert [(r["source"], r["target"], r["within_epsilon"]) for r in rows] == [
-            ("safe", "safe", True), ("safe", "fragile", False), ("fragile", "safe", True), ("fragile", "fragile", True)]
+            ("safe", "safe", True),
+            ("safe", "fragile", False),
+            ("fragile", "safe", True),
+            ("fragile", "fragile", True),
+        ]
         assert run.data.params["cells"] == "4" and run.data.params["tasks"] == "safe,fragile"
     fragile = client.get_experiment_by_name("relaxtune-fragile")
     (run,) = [r for r in client.search_runs([fragile.experiment_id]) if r.data.tags.get("relaxtune.kind") == "transfer"]
@@ -221,9 +263,14 @@ def test_the_figure_marks_every_cell_by_its_verdict():
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    cells = [_cell("cactus", "a", "a", 0.02, True), _cell("cactus", "a", "b", 0.3),
-             _cell("cactus", "a", "c", 0.05, True), _cell("cactus", "b", "a", 0.09, True),
-             _cell("cactus", "b", "b", 0.01, True), _cell("cactus", "b", "c", error="RuntimeError: boom")]
+    cells = [
+        _cell("cactus", "a", "a", 0.02, True),
+        _cell("cactus", "a", "b", 0.3),
+        _cell("cactus", "a", "c", 0.05, True),
+        _cell("cactus", "b", "a", 0.09, True),
+        _cell("cactus", "b", "b", 0.01, True),
+        _cell("cactus", "b", "c", error="RuntimeError: boom"),
+    ]
     fig = matrix_figure(TransferMatrix(["a", "b", "c"], ["cactus"], 0.9, 0.9833, cells, "pair", "key"))
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]

@@ -59,7 +59,7 @@ def test_alpha_and_the_ensemble_weight_map_onto_each_other():
 def _rows():
     g = torch.Generator().manual_seed(7)
     p = random_rows(g, K + 1, V, scale=1.2, dtype=torch.float64)
-    q = (0.5 * p[:K] + 0.5 * random_rows(g, K, V, scale=1.2, dtype=torch.float64))
+    q = 0.5 * p[:K] + 0.5 * random_rows(g, K, V, scale=1.2, dtype=torch.float64)
     x = torch.multinomial(q, ROUNDS, replacement=True, generator=g).T.contiguous()  # [ROUNDS, K], x_i ~ q_i
     return p, q, x
 

@@ -18,8 +18,18 @@ class Pair:
 
 
 def make(tmp_path, synthetic, **over):
-    fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=6, stage_size=50,
-                  output_dir=str(tmp_path), c_rel=0.2) | over
+    fields = (
+        dict(
+            task="synthetic",
+            methods=["cactus"],
+            n_drafts=[4],
+            trials=6,
+            stage_size=50,
+            output_dir=str(tmp_path),
+            c_rel=0.2,
+        )
+        | over
+    )
     settings = TuneSettings(**fields)
     return Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=synthetic, progress=False)
 
@@ -40,7 +50,11 @@ def test_finds_the_fastest_feasible_point(tmp_path):
     assert all(t.params["knob"] > 1.0 for t in outcome.study.trials if t.state.name == "PRUNED")
     # strict ran once, on every problem, and every trial was paired against it
     assert [c for c in synthetic.calls if c[0] == "strict"] == [("strict", None, 4, 200, 0)]
-    assert outcome.study.study_name == study_name("synthetic", "cactus", "synthetic-pair", 2) == "synthetic-v2__cactus__synthetic-pair"
+    assert (
+        outcome.study.study_name
+        == study_name("synthetic", "cactus", "synthetic-pair", 2)
+        == "synthetic-v2__cactus__synthetic-pair"
+    )
 
 
 def test_pruning_stops_bad_trials_after_the_first_stage(tmp_path):
@@ -110,7 +124,9 @@ def test_killed_study_resumes_without_repeating_trials(tmp_path):
     first = Synthetic()
     tuner = make(tmp_path, first, trials=3)
     tuner.tune_method("cactus")
-    study = optuna.load_study(study_name=study_name("synthetic", "cactus", "synthetic-pair", 2), storage=tuner.settings.storage_url)
+    study = optuna.load_study(
+        study_name=study_name("synthetic", "cactus", "synthetic-pair", 2), storage=tuner.settings.storage_url
+    )
     stale = study.ask()  # a trial that was running when the job was killed
     stale.suggest_categorical("n_draft", [4])
     stale.suggest_float("knob", 0.01, 100.0, log=True)
@@ -129,9 +145,12 @@ def test_killed_study_resumes_without_repeating_trials(tmp_path):
 
 def test_point_metrics_never_nan(tmp_path):
     synthetic = Synthetic()
-    strict = synthetic(SPEC, None, DecodeConfig("strict", None, 4), output_dir=tmp_path, problems=PROBLEMS, progress=False)
-    relaxed = synthetic(SPEC, None, DecodeConfig("cactus", 2.0, 4), output_dir=tmp_path, problems=PROBLEMS,
-                        progress=False)
+    strict = synthetic(
+        SPEC, None, DecodeConfig("strict", None, 4), output_dir=tmp_path, problems=PROBLEMS, progress=False
+    )
+    relaxed = synthetic(
+        SPEC, None, DecodeConfig("cactus", 2.0, 4), output_dir=tmp_path, problems=PROBLEMS, progress=False
+    )
     m = point_metrics(strict, relaxed, 4, 0.2, 0.9)
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
     assert m["drop"] == pytest.approx(0.5) and m["drop_lcb"] > 0.05

@@ -20,16 +20,36 @@ def vocab_of(path: str | Path) -> dict:
 
     fields = gguf.GGUFReader(str(path)).fields
     get = lambda key: fields[key].contents() if key in fields else None  # noqa: E731
-    return dict(vocab=get("tokenizer.ggml.tokens"), token_types=get("tokenizer.ggml.token_type"),
-                merges=get("tokenizer.ggml.merges") or [], pre=get("tokenizer.ggml.pre") or "default",
-                eos=get("tokenizer.ggml.eos_token_id"))
+    return dict(
+        vocab=get("tokenizer.ggml.tokens"),
+        token_types=get("tokenizer.ggml.token_type"),
+        merges=get("tokenizer.ggml.merges") or [],
+        pre=get("tokenizer.ggml.pre") or "default",
+        eos=get("tokenizer.ggml.eos_token_id"),
+    )
 
 
-def write_tiny_gguf(path: str | Path, vocab: list[str], *, seed: int = 0, noise: float = 0.0, noise_seed: int = 1,
-                    control: int = 0, token_types: list[int] | None = None, merges: list[str] = (),
-                    pre: str = "qwen2", eos: int | None = None, scale: float = 0.3, out_scale: float = 1.0,
-                    n_embd: int = 32, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 64,
-                    n_ctx: int = 1024) -> Path:
+def write_tiny_gguf(
+    path: str | Path,
+    vocab: list[str],
+    *,
+    seed: int = 0,
+    noise: float = 0.0,
+    noise_seed: int = 1,
+    control: int = 0,
+    token_types: list[int] | None = None,
+    merges: list[str] = (),
+    pre: str = "qwen2",
+    eos: int | None = None,
+    scale: float = 0.3,
+    out_scale: float = 1.0,
+    n_embd: int = 32,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 64,
+    n_ctx: int = 1024,
+) -> Path:
     """Write a tiny random Qwen2 GGUF (float32) to ``path`` and return it.
 
     Args:
@@ -66,8 +86,11 @@ def write_tiny_gguf(path: str | Path, vocab: list[str], *, seed: int = 0, noise:
     out.add_tokenizer_model("gpt2")
     out.add_tokenizer_pre(pre)
     out.add_token_list(vocab)
-    out.add_token_types(list(token_types) if token_types is not None
-                        else [gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (v - control))
+    out.add_token_types(
+        list(token_types)
+        if token_types is not None
+        else [gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (v - control)
+    )
     out.add_token_merges(list(merges) or [f"{vocab[-2]} {vocab[-1]}"])  # llama.cpp needs at least one merge
     if eos is not None:
         out.add_eos_token_id(eos)
@@ -77,11 +100,18 @@ def write_tiny_gguf(path: str | Path, vocab: list[str], *, seed: int = 0, noise:
     out.add_tensor("output_norm.weight", ones)
     out.add_tensor("output.weight", w(v, n_embd, factor=out_scale))
     for i in range(n_layer):
-        for name, shape in (("attn_q.weight", (n_embd, n_embd)), ("attn_q.bias", (n_embd,)),
-                            ("attn_k.weight", (kv, n_embd)), ("attn_k.bias", (kv,)),
-                            ("attn_v.weight", (kv, n_embd)), ("attn_v.bias", (kv,)),
-                            ("attn_output.weight", (n_embd, n_embd)), ("ffn_gate.weight", (n_ff, n_embd)),
-                            ("ffn_up.weight", (n_ff, n_embd)), ("ffn_down.weight", (n_embd, n_ff))):
+        for name, shape in (
+            ("attn_q.weight", (n_embd, n_embd)),
+            ("attn_q.bias", (n_embd,)),
+            ("attn_k.weight", (kv, n_embd)),
+            ("attn_k.bias", (kv,)),
+            ("attn_v.weight", (kv, n_embd)),
+            ("attn_v.bias", (kv,)),
+            ("attn_output.weight", (n_embd, n_embd)),
+            ("ffn_gate.weight", (n_ff, n_embd)),
+            ("ffn_up.weight", (n_ff, n_embd)),
+            ("ffn_down.weight", (n_embd, n_ff)),
+        ):
             out.add_tensor(f"blk.{i}.{name}", w(*shape))
         out.add_tensor(f"blk.{i}.attn_norm.weight", ones)
         out.add_tensor(f"blk.{i}.ffn_norm.weight", ones)

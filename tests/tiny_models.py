@@ -15,9 +15,17 @@ def tiny_lm(vocab: int = 64, seed: int = 0, scale: float = 1.0) -> Qwen2ForCausa
     """A 2-layer Qwen2 model in float32, with output logits scaled by ``scale``."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -35,7 +43,7 @@ def noisy_copy(model, noise: float, seed: int = 1):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_pair(vocab: int = 64, noise: float = 0.5, scale: float = 30.0) -> HFBackend:
     """A verifier and a noisy-copy drafter sharing a vocabulary."""
     verifier = tiny_lm(vocab, scale=scale)
@@ -46,8 +54,7 @@ SPECIALS = ["<eos>", "<user>", "<assistant>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789") + ["\u0120", "\u010a"] + list(".,:;!?()[]{}=+-*/_'\"#<>")
 VOCAB = SPECIALS + CHARS  # 64 ids; byte-level characters (\u0120 is a space, \u010a a newline)
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
+    "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
 

@@ -11,7 +11,7 @@ def write_tiny_task(directory: Path, max_new_tokens: int = 10, name: str = "tiny
     path.write_text(f"""
 name: {name}
 version: 1
-dataset: {{path: json, data_files: {FIXTURES / 'tiny_math.jsonl'}}}
+dataset: {{path: json, data_files: {FIXTURES / "tiny_math.jsonl"}}}
 fields: {{question: question, answer: answer}}
 prompt: {{template: "{{question}} = ?"}}
 grader: {{kind: math}}

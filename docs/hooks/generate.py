@@ -43,8 +43,9 @@ def prose(doc: str | None) -> str:
     """A docstring as Markdown prose: its text before any Google-style section (``Raises:``...), reST
     literals as Markdown code."""
     text = inspect.cleandoc(doc or "")
-    text = re.split(r"^(?:Args|Arguments|Attributes|Raises|Returns|Yields|Example|Examples):\s*$", text,
-                    maxsplit=1, flags=re.M)[0]
+    text = re.split(
+        r"^(?:Args|Arguments|Attributes|Raises|Returns|Yields|Example|Examples):\s*$", text, maxsplit=1, flags=re.M
+    )[0]
     return text.replace("``", "`").strip()
 
 
@@ -87,9 +88,16 @@ def cli() -> str:
     group = typer.main.get_command(app)
     ctx = group.make_context("relaxtune", ["--help"], resilient_parsing=True)
     names = group.list_commands(ctx)
-    parts = [f"{group.help}\n", table(["command", "what it does"],
-                                       [[f"[`relaxtune {n}`](#relaxtune-{n})",
-                                         (group.get_command(ctx, n).help or "").split("\n\n")[0]] for n in names])]
+    parts = [
+        f"{group.help}\n",
+        table(
+            ["command", "what it does"],
+            [
+                [f"[`relaxtune {n}`](#relaxtune-{n})", (group.get_command(ctx, n).help or "").split("\n\n")[0]]
+                for n in names
+            ],
+        ),
+    ]
     parts += [_command_md(group.get_command(ctx, n), f"relaxtune {n}") for n in names]
     return "\n".join(parts)
 
@@ -196,12 +204,24 @@ def _method_rows(registry: dict) -> tuple[list[str], list[list]]:
     rows = []
     for m in specs:
         needs = ", ".join(f.name.lower().replace("_", " ") for f in type(m.needs) if f and f in m.needs) or "p(x), q(x)"
-        row = [code(m.id), code(m.knob) or "-", "-" if m.knob is None else _range(m.low, m.high, m.high_open),
-               "-" if m.strict_point is None else f"{m.strict_point:g}", ", ".join(f"{g:g}" for g in m.grid) or "-",
-               needs, m.description]
+        row = [
+            code(m.id),
+            code(m.knob) or "-",
+            "-" if m.knob is None else _range(m.low, m.high, m.high_open),
+            "-" if m.strict_point is None else f"{m.strict_point:g}",
+            ", ".join(f"{g:g}" for g in m.grid) or "-",
+            needs,
+            m.description,
+        ]
         if named:
-            row.insert(2, "; ".join(f"`{k.name}` {_range(k.low, k.high, k.high_open)}" + (f": {k.doc}" if k.doc else "")
-                                    for k in getattr(m, "knobs", ())) or "-")
+            row.insert(
+                2,
+                "; ".join(
+                    f"`{k.name}` {_range(k.low, k.high, k.high_open)}" + (f": {k.doc}" if k.doc else "")
+                    for k in getattr(m, "knobs", ())
+                )
+                or "-",
+            )
         if engine:
             row.append(getattr(m, "engine", "") or "-")
         rows.append(row)
@@ -221,9 +241,11 @@ def methods() -> str:
     out = [table(*_method_rows(registry.METHODS))]
     extra = getattr(registry, "ENGINE_METHODS", None)
     if extra:
-        out.append("### The serving engines' round-level rules\n\n`relaxtune.decoding.methods.ENGINE_METHODS`: "
-                   "resolved by `get_method`, not listed by `relaxtune methods` nor taken by `--methods`.\n\n"
-                   + table(*_method_rows(extra)))
+        out.append(
+            "### The serving engines' round-level rules\n\n`relaxtune.decoding.methods.ENGINE_METHODS`: "
+            "resolved by `get_method`, not listed by `relaxtune methods` nor taken by `--methods`.\n\n"
+            + table(*_method_rows(extra))
+        )
     return "\n".join(out)
 
 
@@ -255,21 +277,29 @@ def grading_policy(path: Path = POLICY) -> str:
     import yaml
 
     if not path.exists():
-        return ('!!! warning "Grading policy data file not found"\n'
-                f"    This page renders `{path.relative_to(ROOT)}`, which this checkout does not have. "
-                "The table of deliberate deviations from the official graders appears here once the file exists; "
-                "until then the cases in `tests/conformance/` (their `policy` field) are the reference.\n")
+        return (
+            '!!! warning "Grading policy data file not found"\n'
+            f"    This page renders `{path.relative_to(ROOT)}`, which this checkout does not have. "
+            "The table of deliberate deviations from the official graders appears here once the file exists; "
+            "until then the cases in `tests/conformance/` (their `policy` field) are the reference.\n"
+        )
     data = yaml.safe_load(path.read_text())
     rows = policy_rows(data)
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns and not isinstance(row[k], (dict, list))]
     columns.sort(key=lambda k: k not in ("policy", "id", "name"))  # the policy's name first (stable otherwise)
-    out = [table([HEADINGS.get(c, c.replace("_", " ")) for c in columns],
-                 [[code(r.get(c)) if i == 0 else r.get(c, "") for i, c in enumerate(columns)] for r in rows])]
-    for key, value in (data.items() if isinstance(data, dict) else []):
+    out = [
+        table(
+            [HEADINGS.get(c, c.replace("_", " ")) for c in columns],
+            [[code(r.get(c)) if i == 0 else r.get(c, "") for i, c in enumerate(columns)] for r in rows],
+        )
+    ]
+    for key, value in data.items() if isinstance(data, dict) else []:
         if key not in ROWS_KEYS and isinstance(value, dict):
-            out.append(f"`{key}` (`{path.name}`):\n\n" + table(["key", "value"], [[code(k), v] for k, v in value.items()]))
+            out.append(
+                f"`{key}` (`{path.name}`):\n\n" + table(["key", "value"], [[code(k), v] for k, v in value.items()])
+            )
     return "\n".join(out)
 
 
@@ -285,13 +315,15 @@ def benchmark_results(folder: Path = RESULTS) -> str:
     for f in files:
         r = json.loads(f.read_text())
         m = r["machine"]
-        out += [f"## {r['title']}\n",
-                f"- command: `{r['command']}`",
-                f"- machine: {m['cpu']}, {m['cores']} cores, {m['system']}; Python {m['python']}"
-                + (f", load average {m['load_before']:.2f} before" if m.get("load_before") is not None else ""),
-                f"- run: {r['started']} ({r['seconds']:.0f} s); relaxtune {r['relaxtune_version']}"
-                + (f" at `{r['commit']}`" if r.get("commit") else ""),
-                f"- file: `docs/benchmarks/results/{f.name}`\n"]
+        out += [
+            f"## {r['title']}\n",
+            f"- command: `{r['command']}`",
+            f"- machine: {m['cpu']}, {m['cores']} cores, {m['system']}; Python {m['python']}"
+            + (f", load average {m['load_before']:.2f} before" if m.get("load_before") is not None else ""),
+            f"- run: {r['started']} ({r['seconds']:.0f} s); relaxtune {r['relaxtune_version']}"
+            + (f" at `{r['commit']}`" if r.get("commit") else ""),
+            f"- file: `docs/benchmarks/results/{f.name}`\n",
+        ]
         for t in r["tables"]:
             out += [f"**{t['caption']}**\n", table(t["columns"], t["rows"])]
             out += [f"{n}\n" for n in t.get("notes", [])]
@@ -309,14 +341,25 @@ def markers() -> str:
         import tomli as tomllib
 
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    rows = [[code(m.split(":", 1)[0].strip()), m.split(":", 1)[1].strip() if ":" in m else ""]
-            for m in options.get("markers", [])]
-    return (table(["marker", "what it marks, and when it runs"], rows)
-            + f"\nDefault options (`addopts`): {code(options.get('addopts', ''))}.\n")
+    rows = [
+        [code(m.split(":", 1)[0].strip()), m.split(":", 1)[1].strip() if ":" in m else ""]
+        for m in options.get("markers", [])
+    ]
+    return (
+        table(["marker", "what it marks, and when it runs"], rows)
+        + f"\nDefault options (`addopts`): {code(options.get('addopts', ''))}.\n"
+    )
 
 
-PARTS = {"cli": cli, "settings": settings, "tuned-config": tuned_config, "methods": methods,
-         "grading-policy": grading_policy, "benchmarks": benchmark_results, "markers": markers}
+PARTS = {
+    "cli": cli,
+    "settings": settings,
+    "tuned-config": tuned_config,
+    "methods": methods,
+    "grading-policy": grading_policy,
+    "benchmarks": benchmark_results,
+    "markers": markers,
+}
 
 
 def render(markdown: str) -> str:
@@ -324,5 +367,5 @@ def render(markdown: str) -> str:
     return MARKER.sub(lambda m: PARTS[m.group("name")](), markdown)
 
 
-def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 (MkDocs hook signature)
+def on_page_markdown(markdown, page, config, files):
     return render(markdown)

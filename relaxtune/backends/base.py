@@ -30,8 +30,9 @@ id ``pick`` returns (its argmax), without running the sampling transform on the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -150,7 +151,9 @@ class Backend(Protocol):
         """Remove ``rows`` (indices) from the batch; later rows move up."""
         ...
 
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_batch(
+        self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ``n`` tokens for every row, calling ``pick(logits [R, V], step) -> ids [R]``
         once per step. Returns the drafted ids ``[R, n]`` and the raw drafter logits
         ``[R, n, V]`` (``[R, n+1, V]`` with ``extra_step``: the row after the last draft)."""

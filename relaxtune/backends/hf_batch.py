@@ -11,7 +11,7 @@ row by row on ``HFBackend``'s one-sequence caches (``relaxtune.backends.rows``).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -112,9 +112,11 @@ class BatchedForwards(RowByRow):
 
     def _lacking(self, batch: Batch, key: str) -> list[list[int]]:
         """Per row, the committed tokens the ``key`` cache lacks (at least one)."""
-        return [s.tokens[len(fed):] for s, fed in zip(batch.states, batch.extra[key].fed)]
+        return [s.tokens[len(fed) :] for s, fed in zip(batch.states, batch.extra[key].fed)]
 
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_batch(
+        self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ``n`` tokens for every row, one drafter forward per step (the first
         feeds the one or two committed tokens each row's cache lacks, left-padded).
         Returns ids ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""

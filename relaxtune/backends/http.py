@@ -21,6 +21,7 @@ import httpx
 
 __all__ = ["SGLangError", "AsyncHTTP", "ServerClient"]
 
+
 class SGLangError(RuntimeError):
     """A request to an SGLang server failed for good (after retries) or returned
     something we cannot read; the message names the server and the field."""
@@ -125,8 +126,10 @@ class ServerClient:
         try:
             r = self.http.run(self.http.request("GET", f"{self.url}/health", timeout=10))
         except httpx.HTTPError as err:
-            raise SGLangError(f"{self} is unreachable: {type(err).__name__}: {err}; check the URL, or start the "
-                              "servers (`relaxtune serve`, see the README's SGLang section)") from None
+            raise SGLangError(
+                f"{self} is unreachable: {type(err).__name__}: {err}; check the URL, or start the "
+                "servers (`relaxtune serve`, see the README's SGLang section)"
+            ) from None
         if r.status_code != 200:
             raise SGLangError(f"{self} is not healthy: HTTP {r.status_code}")
 

@@ -33,8 +33,8 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -71,13 +71,21 @@ class LlamaCppBackend:
 
     runtime = RUNTIME  # what the job's time estimate prices batches with (relaxtune.tune.estimate)
 
-    def __init__(self, drafter: LlamaModel | None, verifier: LlamaModel, tokenizer=None, name: str = RUNTIME,
-                 batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        drafter: LlamaModel | None,
+        verifier: LlamaModel,
+        tokenizer=None,
+        name: str = RUNTIME,
+        batch_size: int | None = None,
+    ) -> None:
         self.drafter, self.verifier, self.tokenizer, self.name = drafter, verifier, tokenizer, name
         self.vocab_size = verifier.n_vocab
         if drafter is not None and drafter.token_texts() != verifier.token_texts():
-            raise ValueError(f"drafter {drafter.path.name} and verifier {verifier.path.name} have different "
-                             "vocabularies; speculative decoding needs the same token ids")
+            raise ValueError(
+                f"drafter {drafter.path.name} and verifier {verifier.path.name} have different "
+                "vocabularies; speculative decoding needs the same token ids"
+            )
         self.eos_token_ids = verifier.end_ids()
         slots = min(m.slots for m in self.models.values())
         self.batch_size = int(batch_size or slots)
@@ -121,8 +129,9 @@ class LlamaCppBackend:
         Each row is charged an equal share of the seconds."""
         model = self.models[key]
         t0 = time.perf_counter()
-        out = model.decode([(s.extra["slots"][key], len(s.extra[f"{key}_fed"]), f, keep)
-                            for s, f in zip(states, feeds)])
+        out = model.decode(
+            [(s.extra["slots"][key], len(s.extra[f"{key}_fed"]), f, keep) for s, f in zip(states, feeds)]
+        )
         share = (time.perf_counter() - t0) / len(states)
         for s, f in zip(states, feeds):
             s.extra[f"{key}_fed"].extend(f)
@@ -149,7 +158,7 @@ class LlamaCppBackend:
                     keep = len(s.tokens) - most
                     self.models[key].rollback(s.extra["slots"][key], keep)
                     del f[keep:]
-        return [s.tokens[len(f):] for s, f in zip(states, fed)]
+        return [s.tokens[len(f) :] for s, f in zip(states, fed)]
 
     def _draft(self, states: list[SequenceState], n: int, pick, extra_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if self.drafter is None:
@@ -245,8 +254,9 @@ class LlamaCppBackend:
             batch.states[i].extra["release"]()
         batch.states = [s for i, s in enumerate(batch.states) if i not in gone]
 
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_batch(
+        self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ``n`` tokens for every row, one drafter decode per step. Returns ids
         ``[R, n]`` and raw logits ``[R, n(+1), V]`` (float32)."""
         return self._draft(batch.states, n, pick, extra_step)
@@ -262,8 +272,13 @@ class LlamaCppBackend:
 
     # ---------------------------------------------------------------- costs, text
 
-    def cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
-                     max_passes: int = MAX_PASSES) -> CostProfile:
+    def cost_profile(
+        self,
+        prompt_ids: Sequence[int],
+        n_drafts: Sequence[int],
+        min_passes: int = MIN_PASSES,
+        max_passes: int = MAX_PASSES,
+    ) -> CostProfile:
         """Forward costs on this machine, one sequence at a time, as every in-process
         backend measures them (``relaxtune.backends.costs.measure_profile``): decodes
         in a slot holding the prompt plus 64 tokens, rolled back after each."""
@@ -282,11 +297,17 @@ class LlamaCppBackend:
                 def run() -> None:
                     model.decode([(slot, base, ctx[-k:], k)])
                     model.rollback(slot, base)
+
                 return run
 
-            return measure_profile(job, n_drafts, "draft" in models, f"{self.name} on "
-                                   f"{platform.processor() or platform.machine()}, {self.verifier.threads} threads",
-                                   min_passes, max_passes)
+            return measure_profile(
+                job,
+                n_drafts,
+                "draft" in models,
+                f"{self.name} on {platform.processor() or platform.machine()}, {self.verifier.threads} threads",
+                min_passes,
+                max_passes,
+            )
         finally:
             state.extra["release"]()
 
@@ -324,8 +345,10 @@ def resolve_gguf(model: str) -> Path:
         return assemble_gguf(EMBEDDED[model])
     path = Path(os.path.expanduser(model)).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"the llama.cpp backend loads GGUF files: no file {model!r} (give a .gguf path or an "
-                                f"embedded name: {', '.join(EMBEDDED)})")
+        raise FileNotFoundError(
+            f"the llama.cpp backend loads GGUF files: no file {model!r} (give a .gguf path or an "
+            f"embedded name: {', '.join(EMBEDDED)})"
+        )
     return path
 
 
@@ -357,8 +380,15 @@ def _tokenizer(path: str, tokenizer: str | None):
     return tok
 
 
-def load_gguf_pair(drafter: str | None, verifier: str, batch_size: int | None = None, *, tokenizer=None,
-                   n_ctx_seq: int = 4096, threads: int | None = None) -> LlamaCppBackend:
+def load_gguf_pair(
+    drafter: str | None,
+    verifier: str,
+    batch_size: int | None = None,
+    *,
+    tokenizer=None,
+    n_ctx_seq: int = 4096,
+    threads: int | None = None,
+) -> LlamaCppBackend:
     """Load a GGUF drafter/verifier pair into a ``LlamaCppBackend``.
 
     Args:
@@ -387,6 +417,6 @@ def load_gguf_pair(drafter: str | None, verifier: str, batch_size: int | None = 
     if tok is None or isinstance(tok, str):
         try:
             tok = _tokenizer(str(v_path), tok)
-        except Exception as err:  # noqa: BLE001 - the source is named in the error
+        except Exception as err:
             raise ValueError(f"cannot read a tokenizer from {tokenizer or v_path} ({err}); give --tokenizer") from err
     return LlamaCppBackend(d_model, v_model, tok, name=gguf_pair_name(drafter, verifier), batch_size=size)

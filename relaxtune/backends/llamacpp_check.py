@@ -88,13 +88,20 @@ def extra_buffers_run(path: str | Path, python: str = sys.executable, timeout: f
     if isinstance(known.get(key), list):
         return tuple(known[key])
     try:
-        done = subprocess.run([python, "-c", _PROBE, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, timeout=timeout)
+        done = subprocess.run(
+            [python, "-c", _PROBE, str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return False, f"its probe decode took over {timeout:g} s"
     if done.returncode >= 0 and _MARK.encode() not in done.stdout:
         return True, "its probe did not decode (no crash; not kept)"
-    verdict = (True, "decoded") if done.returncode >= 0 else (False, f"its probe decode died by signal {-done.returncode}")
+    verdict = (
+        (True, "decoded") if done.returncode >= 0 else (False, f"its probe decode died by signal {-done.returncode}")
+    )
     known[key] = list(verdict)
     try:
         checks.parent.mkdir(parents=True, exist_ok=True)

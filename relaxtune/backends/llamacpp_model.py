@@ -20,8 +20,8 @@ import ctypes
 import logging
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -81,8 +81,9 @@ class LlamaModel:
         LlamaCppMissing: llama-cpp-python is not installed.
     """
 
-    def __init__(self, path: str | Path, slots: int = 1, n_ctx_seq: int = 4096, threads: int | None = None,
-                 n_batch: int = 512) -> None:
+    def __init__(
+        self, path: str | Path, slots: int = 1, n_ctx_seq: int = 4096, threads: int | None = None, n_batch: int = 512
+    ) -> None:
         self.L = L = require_llama_cpp()
         self.path = Path(path)
         if not self.path.is_file():
@@ -93,14 +94,18 @@ class LlamaModel:
             runs, why = extra_buffers_run(self.path)
             if not runs:
                 mp.use_extra_bufts = False
-                _warn_once(f"llama.cpp's extra buffer types (repacked weights, Intel AMX tiles) crashed on this CPU "
-                           f"({self.path}: {why}), so it loads without them, slower: the CPU advertises kernels its "
-                           "machine does not run (AMX in a VM), or the wheel was built for another CPU. --runtime hf "
-                           "avoids llama.cpp")
+                _warn_once(
+                    f"llama.cpp's extra buffer types (repacked weights, Intel AMX tiles) crashed on this CPU "
+                    f"({self.path}: {why}), so it loads without them, slower: the CPU advertises kernels its "
+                    "machine does not run (AMX in a VM), or the wheel was built for another CPU. --runtime hf "
+                    "avoids llama.cpp"
+                )
         self.model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
-            raise ValueError(f"llama.cpp cannot load {self.path} (not a GGUF model, or an architecture this "
-                             "llama-cpp-python build does not know)")
+            raise ValueError(
+                f"llama.cpp cannot load {self.path} (not a GGUF model, or an architecture this "
+                "llama-cpp-python build does not know)"
+            )
         cp = L.llama_context_default_params()
         cp.n_seq_max, cp.n_ctx = int(slots), int(slots) * int(n_ctx_seq)
         cp.n_batch = cp.n_ubatch = int(n_batch)
@@ -109,8 +114,10 @@ class LlamaModel:
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)
-            raise ValueError(f"llama.cpp cannot make a context for {self.path} ({slots} sequences of {n_ctx_seq} "
-                             "tokens: too little memory?)")
+            raise ValueError(
+                f"llama.cpp cannot make a context for {self.path} ({slots} sequences of {n_ctx_seq} "
+                "tokens: too little memory?)"
+            )
         self.mem = L.llama_get_memory(self.ctx)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
@@ -130,8 +137,9 @@ class LlamaModel:
         """
         with self.lock:
             if not self.free:
-                raise RuntimeError(f"{self.path.name}: all {self.slots} sequence slots are in use (a larger "
-                                   "batch_size gives more)")
+                raise RuntimeError(
+                    f"{self.path.name}: all {self.slots} sequence slots are in use (a larger batch_size gives more)"
+                )
             self.free.sort()
             return self.free.pop(0)
 
@@ -173,8 +181,10 @@ class LlamaModel:
             if not ids or not 0 <= keep <= len(ids):
                 raise ValueError(f"a feed needs tokens and 0 <= keep <= their count (got {len(ids)}, keep {keep})")
             if pos + len(ids) > self.n_ctx_seq:
-                raise ValueError(f"{self.path.name}: a sequence of {pos + len(ids)} tokens exceeds the "
-                                 f"{self.n_ctx_seq} cells per sequence (raise n_ctx_seq)")
+                raise ValueError(
+                    f"{self.path.name}: a sequence of {pos + len(ids)} tokens exceeds the "
+                    f"{self.n_ctx_seq} cells per sequence (raise n_ctx_seq)"
+                )
             if min(ids) < 0 or max(ids) >= self.n_vocab:
                 raise ValueError(f"token ids must lie in [0, {self.n_vocab})")
         # pieces of at most n_batch tokens, in slot order; a call never holds two pieces of one slot
@@ -183,7 +193,7 @@ class LlamaModel:
         for i in order:
             slot, pos, ids, keep = feeds[i]
             for s in range(0, len(ids), self.n_batch):
-                part = list(ids[s:s + self.n_batch])
+                part = list(ids[s : s + self.n_batch])
                 out_from = len(ids) - keep  # positions >= out_from return logits
                 pending.append((i, slot, pos + s, part, max(0, s + len(part) - max(out_from, s))))
         rows: dict[int, list[np.ndarray]] = {i: [] for i in range(len(feeds))}
@@ -228,7 +238,7 @@ class LlamaModel:
         at = 0
         for i, *_, keep in pieces:
             if keep:
-                rows[i].append(block[at:at + keep].copy())
+                rows[i].append(block[at : at + keep].copy())
                 at += keep
 
     # ------------------------------------------------------------ vocabulary

@@ -14,8 +14,9 @@ RUNTIMES = ("hf", "llamacpp")  # the in-process backends: transformers, llama.cp
 AUTO = "auto"  # llama.cpp for the embedded pair when installed, else transformers (resolve_runtime)
 
 
-def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_url: str | None = None,
-                    verifier_url: str | None = None) -> str:
+def resolve_runtime(
+    runtime: str, drafter: str | None, verifier: str, drafter_url: str | None = None, verifier_url: str | None = None
+) -> str:
     """The in-process runtime a job runs on: ``runtime`` itself, or for ``"auto"``
     llama.cpp (``"llamacpp"``) when the models are the embedded pair's (the drafter may
     be None, AR, or prompt lookup, no model), no SGLang server is named and
@@ -33,8 +34,10 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {AUTO}, {', '.join(RUNTIMES)}")
         if runtime == "llamacpp" and (drafter_url or verifier_url):
-            raise ValueError("--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
-                             "them on SGLang servers: give one or the other")
+            raise ValueError(
+                "--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
+                "them on SGLang servers: give one or the other"
+            )
         return runtime
     from .embedded import EMBEDDED
 
@@ -44,8 +47,15 @@ def resolve_runtime(runtime: str, drafter: str | None, verifier: str, drafter_ur
     return "hf"
 
 
-def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_url: str | None = None,
-                 verifier_url: str | None = None, runtime: str = "hf", **loading) -> str:
+def backend_name(
+    drafter: str,
+    verifier: str,
+    dtype: str = "bfloat16",
+    drafter_url: str | None = None,
+    verifier_url: str | None = None,
+    runtime: str = "hf",
+    **loading,
+) -> str:
     """The name ``load_backend`` gives its backend (records and study names carry it),
     without loading anything: ``sglang-<drafter>-><verifier>`` for servers, else the
     in-process pair's ``pair_name`` (on llama.cpp ``gguf_pair_name``, ending ``@llamacpp``).
@@ -58,9 +68,19 @@ def backend_name(drafter: str, verifier: str, dtype: str = "bfloat16", drafter_u
     return pair_name(drafter, verifier, dtype)
 
 
-def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_size: int | None = None,
-                 drafter_url: str | None = None, verifier_url: str | None = None, tokenizer: str | None = None,
-                 concurrency: int = 8, native_url: str | None = None, runtime: str = "hf"):
+def load_backend(
+    drafter: str,
+    verifier: str,
+    *,
+    dtype: str = "bfloat16",
+    batch_size: int | None = None,
+    drafter_url: str | None = None,
+    verifier_url: str | None = None,
+    tokenizer: str | None = None,
+    concurrency: int = 8,
+    native_url: str | None = None,
+    runtime: str = "hf",
+):
     """The SGLang backend when both server URLs are set, else the in-process pair:
     ``hf.load_pair`` (``runtime="hf"``), or ``llamacpp.load_gguf_pair`` on GGUF files
     (``runtime="llamacpp"``; ``tokenizer`` overrides the GGUF's), ``batch_size``
@@ -84,7 +104,9 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
     if native_url and not verifier_url:
         raise ValueError("--native-url needs --drafter-url and --verifier-url too (strict, the baseline, runs on them)")
     if native_url and max_ngram is not None:
-        raise ValueError("--native-url serves SGLang's speculative server with its own drafter model, not prompt lookup")
+        raise ValueError(
+            "--native-url serves SGLang's speculative server with its own drafter model, not prompt lookup"
+        )
     if verifier_url:
         from .embedded import EMBEDDED
         from .hf import resolve_model_path
@@ -94,17 +116,24 @@ def load_backend(drafter: str, verifier: str, *, dtype: str = "bfloat16", batch_
         if tokenizer in EMBEDDED:  # its converted folder holds the tokenizer and configs
             tokenizer = resolve_model_path(tokenizer)
         name = backend_name(drafter, verifier, dtype, drafter_url, verifier_url)
-        backend = SGLangBackend(drafter_url, verifier_url, tokenizer, max_concurrency=concurrency,
-                                native_url=native_url, name=name,
-                                models=(drafter if max_ngram is None else None, verifier))
+        backend = SGLangBackend(
+            drafter_url,
+            verifier_url,
+            tokenizer,
+            max_concurrency=concurrency,
+            native_url=native_url,
+            name=name,
+            models=(drafter if max_ngram is None else None, verifier),
+        )
         return backend if max_ngram is None else PromptLookupBackend(backend, max_ngram=max_ngram, name=name)
     if runtime == "llamacpp":
         from .llamacpp import load_gguf_pair
 
         if max_ngram is not None:  # a drafter without a model: the verifier's GGUF alone, wrapped
             verifier_only = load_gguf_pair(None, verifier, batch_size, tokenizer=tokenizer)
-            return PromptLookupBackend(verifier_only, max_ngram=max_ngram, name=backend_name(drafter, verifier,
-                                                                                          runtime=runtime))
+            return PromptLookupBackend(
+                verifier_only, max_ngram=max_ngram, name=backend_name(drafter, verifier, runtime=runtime)
+            )
         return load_gguf_pair(drafter, verifier, batch_size, tokenizer=tokenizer)
     from .hf import load_pair
 
@@ -157,8 +186,10 @@ class LazyBackend:
     tokenizer = property(lambda self: self.backend.tokenizer, doc="The loaded backend's ``tokenizer``.")
     device = property(lambda self: getattr(self.backend, "device", "cpu"), doc="The loaded backend's ``device``.")
     runtime = property(lambda self: getattr(self.backend, "runtime", None), doc="The loaded backend's ``runtime``.")
-    max_concurrency = property(lambda self: getattr(self.backend, "max_concurrency", None),
-                               doc="The loaded backend's ``max_concurrency`` (SGLang), else None.")
+    max_concurrency = property(
+        lambda self: getattr(self.backend, "max_concurrency", None),
+        doc="The loaded backend's ``max_concurrency`` (SGLang), else None.",
+    )
 
     def start_batch(self):
         """The loaded backend's ``start_batch``."""
@@ -198,5 +229,9 @@ def lazy_backend(**kwargs) -> LazyBackend:
     """``LazyBackend`` of ``load_backend(**kwargs)``, named by ``backend_name(**kwargs)``."""
     from . import load as module  # looked up at load time (tests replace load_backend)
 
-    return LazyBackend(lambda: module.load_backend(**kwargs), backend_name(**kwargs),
-                       native=bool(kwargs.get("native_url")), measures=not kwargs.get("verifier_url"))
+    return LazyBackend(
+        lambda: module.load_backend(**kwargs),
+        backend_name(**kwargs),
+        native=bool(kwargs.get("native_url")),
+        measures=not kwargs.get("verifier_url"),
+    )

@@ -48,8 +48,8 @@ without ``x``):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import torch
 
@@ -63,8 +63,14 @@ __all__ = ["NAME", "lookup_drafts", "point_mass_rows", "parse_lookup", "PromptLo
 MIN_NGRAM = 1
 
 
-def lookup_drafts(context: Sequence[int], n: int, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                  eos: frozenset[int] = frozenset()) -> tuple[list[int], int]:
+def lookup_drafts(
+    context: Sequence[int],
+    n: int,
+    *,
+    max_ngram: int = MAX_NGRAM,
+    min_ngram: int = MIN_NGRAM,
+    eos: frozenset[int] = frozenset(),
+) -> tuple[list[int], int]:
     """Draft ``n`` tokens by prompt lookup.
 
     Args:
@@ -85,13 +91,15 @@ def lookup_drafts(context: Sequence[int], n: int, *, max_ngram: int = MAX_NGRAM,
     ctx = list(context)
     length = len(ctx)
     if not ctx or n < 1 or not 1 <= min_ngram <= max_ngram:
-        raise ValueError(f"lookup needs a context, n >= 1 and 1 <= min_ngram <= max_ngram; got {length} tokens, "
-                         f"n = {n}, n-grams {min_ngram}..{max_ngram}")
+        raise ValueError(
+            f"lookup needs a context, n >= 1 and 1 <= min_ngram <= max_ngram; got {length} tokens, "
+            f"n = {n}, n-grams {min_ngram}..{max_ngram}"
+        )
     for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        tail = ctx[length - size:]
+        tail = ctx[length - size :]
         last = tail[-1]
         for end in range(length - 2, size - 2, -1):  # the occurrence ctx[end - size + 1 : end + 1], before the tail
-            if ctx[end] == last and ctx[end - size + 1:end + 1] == tail:
+            if ctx[end] == last and ctx[end - size + 1 : end + 1] == tail:
                 return _copy(ctx, end + 1, n, eos), size
     return [ctx[-1]] * n, 0
 
@@ -137,8 +145,9 @@ class PromptLookupBackend:
     drafter = None  # no drafter model
     native = None  # a native speculative server drafts with its own model: never used here
 
-    def __init__(self, verifier, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, verifier, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM, name: str | None = None
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}..{max_ngram}")
         self.inner = verifier
@@ -161,8 +170,9 @@ class PromptLookupBackend:
 
     def _lookup(self, state: SequenceState, n: int) -> list[int]:
         t0 = time.perf_counter()
-        ids, _ = lookup_drafts(state.tokens, n, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                               eos=self.eos_token_ids)
+        ids, _ = lookup_drafts(
+            state.tokens, n, max_ngram=self.max_ngram, min_ngram=self.min_ngram, eos=self.eos_token_ids
+        )
         state.draft_seconds += time.perf_counter() - t0
         return ids
 
@@ -184,8 +194,9 @@ class PromptLookupBackend:
         """The verifier backend's ``leave``."""
         self.inner.leave(batch, rows)
 
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick,
-                    extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_batch(
+        self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ``n`` tokens for every row by lookup: ids ``[R, n]`` (``pick`` called
         once per step on the rows ``[R, V]``) and point-mass logit rows ``[R, n(+1), V]``."""
         k = n + int(extra_step)
@@ -203,13 +214,15 @@ class PromptLookupBackend:
 
     # ------------------------------------------------------------------- costs
 
-    def draft_seconds(self, prompt_ids: Sequence[int], min_passes: int = MIN_PASSES,
-                      max_passes: int = MAX_PASSES) -> tuple[float, float, int]:
+    def draft_seconds(
+        self, prompt_ids: Sequence[int], min_passes: int = MIN_PASSES, max_passes: int = MAX_PASSES
+    ) -> tuple[float, float, int]:
         """Seconds per drafted token: one lookup and its logit row on the prompt plus
         64 tokens, timed over 100 calls per pass in interleaved passes
         (``measure_interleaved``). Returns ``(seconds, spread, passes)``."""
-        state = SequenceState(tokens=[int(t) for t in prompt_ids] + [t % self.vocab_size for t in range(64)],
-                              prompt_len=len(prompt_ids))
+        state = SequenceState(
+            tokens=[int(t) for t in prompt_ids] + [t % self.vocab_size for t in range(64)], prompt_len=len(prompt_ids)
+        )
         calls = 100
 
         def job() -> None:
@@ -219,11 +232,20 @@ class PromptLookupBackend:
         fastest, spread, passes = measure_interleaved({"t_draft": job}, min_passes=min_passes, max_passes=max_passes)
         return fastest["t_draft"] / calls, spread["t_draft"], passes
 
-    def _cost_profile(self, prompt_ids: Sequence[int], n_drafts: Sequence[int], min_passes: int = MIN_PASSES,
-                      max_passes: int = MAX_PASSES) -> CostProfile:
+    def _cost_profile(
+        self,
+        prompt_ids: Sequence[int],
+        n_drafts: Sequence[int],
+        min_passes: int = MIN_PASSES,
+        max_passes: int = MAX_PASSES,
+    ) -> CostProfile:
         """The verifier backend's profile with ``t_draft`` measured for lookup
         (``draft_seconds``)."""
         profile = self.inner.cost_profile(prompt_ids, n_drafts, min_passes=min_passes, max_passes=max_passes)
         seconds, spread, _ = self.draft_seconds(prompt_ids, min_passes, max_passes)
-        return replace(profile, t_draft=seconds, spread=profile.spread | {"t_draft": spread},
-                       source=f"{profile.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram})")
+        return replace(
+            profile,
+            t_draft=seconds,
+            spread=profile.spread | {"t_draft": spread},
+            source=f"{profile.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram})",
+        )

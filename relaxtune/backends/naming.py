@@ -38,7 +38,7 @@ def parse_lookup(drafter: str | None) -> int | None:
         return None
     if drafter == NAME:
         return MAX_NGRAM
-    size = drafter[len(NAME) + 1:]
+    size = drafter[len(NAME) + 1 :]
     if not size.isdigit() or int(size) < 1:
         raise ValueError(f"drafter {drafter!r}: give {NAME} or {NAME}:<largest n-gram, an integer >= 1>")
     return int(size)
@@ -63,6 +63,7 @@ def pair_name(drafter: str | None, verifier: str, dtype: str = "bfloat16") -> st
 
 def gguf_pair_name(drafter: str | None, verifier: str) -> str:
     """The llama.cpp pair's name (``relaxtune.backends.llamacpp.load_gguf_pair``'s)."""
+
     def short(model: str | None) -> str:
         if _embedded(model) or parse_lookup(model) is not None:  # prompt lookup: no file
             return str(model)

@@ -95,7 +95,7 @@ class RaggedCache:
         store: prompt prefills of this model kept for reuse (optional).
     """
 
-    def __init__(self, model, device: torch.device | str, store: "PrefillStore | None" = None) -> None:
+    def __init__(self, model, device: torch.device | str, store: PrefillStore | None = None) -> None:
         from transformers import DynamicCache
 
         self.model, self.device, self.store = model, torch.device(device), store
@@ -175,14 +175,14 @@ class RaggedCache:
             for j, name in enumerate(("keys", "values")):
                 out = like.new_zeros(old_r + len(prefills), like.shape[1], width, like.shape[3])
                 for at, kv in sources:
-                    out[at, :, width - kv[j].shape[2]:] = kv[j][0] if isinstance(at, int) else kv[j]
+                    out[at, :, width - kv[j].shape[2] :] = kv[j][0] if isinstance(at, int) else kv[j]
                 setattr(layer, name, out)
         shift = width - old_s
         valid = torch.zeros(old_r + len(prefix_ids), width, dtype=torch.bool)
         valid[:old_r, shift:] = self.valid
         self.cols = [[c + shift for c in cols] for cols in self.cols]
         for k, ids in enumerate(prefix_ids):
-            valid[old_r + k, width - len(ids):] = True
+            valid[old_r + k, width - len(ids) :] = True
             self.cols.append(list(range(width - len(ids), width)))
             self.fed.append(list(ids))
         self.valid = valid
@@ -223,16 +223,22 @@ class RaggedCache:
         pos = torch.zeros(r, q, dtype=torch.long)
         for b, feed in enumerate(feeds):
             n = len(feed)
-            ids[b, q - n:] = torch.tensor(feed)
-            new[b, q - n:] = True
+            ids[b, q - n :] = torch.tensor(feed)
+            new[b, q - n :] = True
             pos[b] = len(self.fed[b]) + (torch.arange(q) - (q - n)).clamp_min(0)
         causal = torch.ones(q, q, dtype=torch.bool).tril()
         allowed = torch.cat([self.valid[:, None, :].expand(r, q, s), causal[None] & new[:, None, :]], -1)
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         with torch.inference_mode():
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask[:, None].to(self.device),
-                             position_ids=pos.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=keep)
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask[:, None].to(self.device),
+                position_ids=pos.to(self.device),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
         for b, feed in enumerate(feeds):
             self.cols[b].extend(range(s + q - len(feed), s + q))
             self.fed[b].extend(feed)
@@ -279,7 +285,7 @@ class RaggedCache:
         index = torch.full((self.rows, width), -1, dtype=torch.long)
         for b, cols in enumerate(self.cols):
             if cols:
-                index[b, width - len(cols):] = b * self.width + torch.tensor(cols)
+                index[b, width - len(cols) :] = b * self.width + torch.tensor(cols)
         self._regather(index)
         self.cols = [list(range(width - len(cols), width)) for cols in self.cols]
         self.valid = index >= 0

@@ -18,8 +18,8 @@ its own random numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import torch
 
@@ -63,19 +63,22 @@ class RowByRow:
         gone = set(rows)
         batch.states[:] = [s for i, s in enumerate(batch.states) if i not in gone]
 
-    def draft_batch(self, batch: Batch, n: int, pick: BatchPick,
-                    extra_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_batch(
+        self, batch: Batch, n: int, pick: BatchPick, extra_step: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``draft`` per row; the row's sampler is ``pick(row [1, V], step, [r])``.
         Returns ids ``[R, n]`` and raw drafter logits ``[R, n(+1), V]``."""
 
         def one(r: int):
             steps = iter(range(n))
-            return self.draft(batch.states[r], n, lambda z: int(pick(z[None], next(steps), [r])[0]),
-                              extra_step=extra_step)
+            return self.draft(
+                batch.states[r], n, lambda z: int(pick(z[None], next(steps), [r])[0]), extra_step=extra_step
+            )
 
         out = self._each(one, range(batch.rows))
-        return torch.tensor([d.ids for d in out], dtype=torch.long).reshape(batch.rows, n), \
-            torch.stack([d.logits for d in out])
+        return torch.tensor([d.ids for d in out], dtype=torch.long).reshape(batch.rows, n), torch.stack(
+            [d.logits for d in out]
+        )
 
     def score_batch(self, batch: Batch, draft_ids: torch.Tensor) -> torch.Tensor:
         """``score`` per row: verifier raw logits ``[R, N+1, V]``."""

@@ -25,9 +25,9 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["scratch", "sweep", "Terminated"]
 
@@ -75,8 +75,10 @@ def _sigterm_raises() -> Iterator[list[int]]:
     """In the main thread with SIGTERM's default action: SIGTERM raises ``Terminated``
     while the block runs; the list yielded receives the signal's number."""
     got: list[int] = []
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield got
         return
 

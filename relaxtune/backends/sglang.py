@@ -52,24 +52,40 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .base import DraftResult, Pick, SequenceState
-from .http import AsyncHTTP, SGLangError, ServerClient
+from .http import AsyncHTTP, ServerClient, SGLangError
 from .rows import RowByRow
 
-__all__ = ["SGLangBackend", "SGLangError", "ServerClient", "AsyncHTTP", "parse_score", "parse_next", "stop_token_ids",
-           "GREEDY_ONE"]
+__all__ = [
+    "SGLangBackend",
+    "SGLangError",
+    "ServerClient",
+    "AsyncHTTP",
+    "parse_score",
+    "parse_next",
+    "stop_token_ids",
+    "GREEDY_ONE",
+]
 
 # float32 log-softmax rounding: a logprob may exceed 0, and a row's probabilities may sum above 1, by this much
 LOGPROB_SLACK = 1e-4
 MASS_SLACK = 1e-3
 
 GREEDY_ONE = {  # every sampling parameter, explicitly: one raw (greedy) step
-    "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "stop": [], "ignore_eos": True,
+    "max_new_tokens": 1,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "stop": [],
+    "ignore_eos": True,
 }
 
 
@@ -99,8 +115,10 @@ def _entries(entries, vocab: int, server: str, where: str, known: dict[int, floa
             raise SGLangError(f"{server}: token id {tid} in '{where}' is outside the vocabulary [0, {vocab})")
         lp = float(e[0])
         if math.isnan(lp) or lp > LOGPROB_SLACK:
-            raise SGLangError(f"{server}: impossible logprob {lp!r} for token {tid} in '{where}' (a log-probability "
-                              "is at most 0): the server's rows are not log-probabilities")
+            raise SGLangError(
+                f"{server}: impossible logprob {lp!r} for token {tid} in '{where}' (a log-probability "
+                "is at most 0): the server's rows are not log-probabilities"
+            )
         known.setdefault(tid, lp)
     return known
 
@@ -119,8 +137,10 @@ def _row(known: dict[int, float], vocab: int, server: str = "server", where: str
     lps = torch.tensor(list(known.values()), dtype=torch.float64)
     total = float(lps.exp().sum())
     if total > 1.0 + MASS_SLACK:
-        raise SGLangError(f"{server}: impossible row '{where}': its {len(known)} returned probabilities sum to "
-                          f"{total:.4g} (at most 1): the server's rows are not log-probabilities")
+        raise SGLangError(
+            f"{server}: impossible row '{where}': its {len(known)} returned probabilities sum to "
+            f"{total:.4g} (at most 1): the server's rows are not log-probabilities"
+        )
     row[torch.tensor(list(known))] = lps.float()
     return row, max(0.0, 1.0 - total)
 
@@ -150,8 +170,9 @@ def parse_next(body: dict, vocab: int, server: str = "server", asked: bool = Fal
     return _row(known, vocab, server, "output_top_logprobs[0]")
 
 
-def parse_score(body: dict, drafts: Sequence[int], vocab: int, server: str = "server",
-                asked: bool = False) -> tuple[torch.Tensor, list[float], int]:
+def parse_score(
+    body: dict, drafts: Sequence[int], vocab: int, server: str = "server", asked: bool = False
+) -> tuple[torch.Tensor, list[float], int]:
     """Rows of a scoring request over ``prefix + drafts`` (``logprob_start_len =
     len(prefix) - 1``): ``([N+1, V]`` log-prob rows, missing mass per row,
     ``cached_tokens``). Row j holds the top-K, the exact ``log p(d_j)`` from
@@ -254,10 +275,24 @@ class SGLangBackend(RowByRow):
         SGLangError: a server is unreachable, or serves another model than named (with ``check``).
     """
 
-    def __init__(self, drafter_url: str, verifier_url: str, tokenizer, *, vocab_size: int | None = None,
-                 top_logprobs: int = 64, asked_ids: int | None = None, timeout: float = 120.0, retries: int = 3,
-                 backoff: float = 0.5, max_concurrency: int = 8, name: str | None = None,
-                 native_url: str | None = None, check: bool = True, models: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        drafter_url: str,
+        verifier_url: str,
+        tokenizer,
+        *,
+        vocab_size: int | None = None,
+        top_logprobs: int = 64,
+        asked_ids: int | None = None,
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_concurrency: int = 8,
+        name: str | None = None,
+        native_url: str | None = None,
+        check: bool = True,
+        models: tuple[str, str] | None = None,
+    ) -> None:
         from .sglang_native import NativeSpecServer
 
         self.http = AsyncHTTP(timeout, max_concurrency)
@@ -306,8 +341,13 @@ class SGLangBackend(RowByRow):
         return state
 
     def _request(self, ids: list[int], start: int, score_ids: list[int] | None = None) -> dict:
-        payload = {"input_ids": ids, "sampling_params": dict(GREEDY_ONE), "return_logprob": True,
-                   "logprob_start_len": start, "top_logprobs_num": self.top_logprobs}
+        payload = {
+            "input_ids": ids,
+            "sampling_params": dict(GREEDY_ONE),
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "top_logprobs_num": self.top_logprobs,
+        }
         if score_ids:
             payload["token_ids_logprob"] = score_ids
         return payload

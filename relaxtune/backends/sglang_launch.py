@@ -34,8 +34,18 @@ import httpx
 
 from .sglang_cpu import KERNEL_DIR, cpu_has_amx, has_cpu_kernel
 
-__all__ = ["ServerSpec", "ServerProcess", "launch", "wait_healthy", "check_sglang", "server_env", "host_device",
-           "SGLANG_VERSION", "CPU_FLAGS", "port_in_use"]
+__all__ = [
+    "ServerSpec",
+    "ServerProcess",
+    "launch",
+    "wait_healthy",
+    "check_sglang",
+    "server_env",
+    "host_device",
+    "SGLANG_VERSION",
+    "CPU_FLAGS",
+    "port_in_use",
+]
 
 SGLANG_VERSION = "0.5.23"
 # sglang-cpu.md's launch flags: no overlap scheduler, a KV pool and context that fit a small host
@@ -55,8 +65,19 @@ class ServerSpec:
         """The ``python -m sglang.launch_server`` command line (no speculative flags
         unless ``extra`` has them): ``CPU_FLAGS`` on ``device == "cpu"``, else
         ``--mem-fraction-static``."""
-        base = [python, "-m", "sglang.launch_server", "--model-path", self.model, "--host", "127.0.0.1",
-                "--port", str(self.port), "--sampling-defaults", "openai"]
+        base = [
+            python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--sampling-defaults",
+            "openai",
+        ]
         if device == "cpu":
             return [*base, *CPU_FLAGS, *self.extra]
         return [*base, "--mem-fraction-static", str(self.mem_fraction), *self.extra]
@@ -67,8 +88,13 @@ def host_device() -> str:
     return "cuda" if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") else "cpu"
 
 
-def server_env(device: str, base: dict | None = None, amx: bool | None = None, python: str = sys.executable,
-               kernel: bool | None = None) -> dict[str, str]:
+def server_env(
+    device: str,
+    base: dict | None = None,
+    amx: bool | None = None,
+    python: str = sys.executable,
+    kernel: bool | None = None,
+) -> dict[str, str]:
     """The environment of a server process: ``base`` (default ``os.environ``), plus on a
     CPU host ``SGLANG_USE_CPU_ENGINE=1`` and ``KERNEL_DIR`` first on ``PYTHONPATH``, unless
     the CPU has AMX (``amx`` default: this CPU's ``cpu_has_amx()``) and SGLang's
@@ -79,7 +105,8 @@ def server_env(device: str, base: dict | None = None, amx: bool | None = None, p
     if device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         real = (cpu_has_amx() if amx is None else amx) and (
-            has_cpu_kernel(python, env.get("PYTHONPATH")) if kernel is None else kernel)
+            has_cpu_kernel(python, env.get("PYTHONPATH")) if kernel is None else kernel
+        )
         if not real:
             env["PYTHONPATH"] = os.pathsep.join([str(KERNEL_DIR), *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -132,8 +159,9 @@ class ServerProcess:
             self.proc.wait(5)
 
 
-def wait_healthy(url: str, timeout: float = 600.0, proc: subprocess.Popen | None = None,
-                 server: ServerProcess | None = None) -> None:
+def wait_healthy(
+    url: str, timeout: float = 600.0, proc: subprocess.Popen | None = None, server: ServerProcess | None = None
+) -> None:
     """Poll ``GET /health`` until 200.
 
     Raises:
@@ -185,16 +213,21 @@ def check_sglang(python: str = sys.executable, allow_other_version: bool = False
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"cannot run {python} to find SGLang: {err}") from None
     if found.returncode != 0:
-        raise RuntimeError(f"SGLang is not installed for {python}: pip install 'relaxtune[sglang]' "
-                           f"(sglang=={SGLANG_VERSION}, in its own environment; on a CPU host "
-                           "scripts/sglang_env.sh builds one), then pass its python with --python")
+        raise RuntimeError(
+            f"SGLang is not installed for {python}: pip install 'relaxtune[sglang]' "
+            f"(sglang=={SGLANG_VERSION}, in its own environment; on a CPU host "
+            "scripts/sglang_env.sh builds one), then pass its python with --python"
+        )
     version = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else "unknown"
     if version != SGLANG_VERSION:
-        message = (f"SGLang {version} is installed for {python}, but relaxtune is built and tested against "
-                   f"sglang=={SGLANG_VERSION} (response layouts change between versions)")
+        message = (
+            f"SGLang {version} is installed for {python}, but relaxtune is built and tested against "
+            f"sglang=={SGLANG_VERSION} (response layouts change between versions)"
+        )
         if not allow_other_version:
-            raise RuntimeError(f"{message}: pip install 'sglang=={SGLANG_VERSION}', or pass --allow-other-sglang "
-                               "to run it anyway")
+            raise RuntimeError(
+                f"{message}: pip install 'sglang=={SGLANG_VERSION}', or pass --allow-other-sglang to run it anyway"
+            )
         warnings.warn(message, stacklevel=2)
     return version
 
@@ -206,17 +239,32 @@ def start_server(spec: ServerSpec, python: str, device: str, log: Path, env: dic
         RuntimeError: something already listens on the spec's port.
     """
     if port_in_use(spec.port):
-        raise RuntimeError(f"port {spec.port} is already in use on 127.0.0.1: stop what listens there or "
-                           "choose another --port (relaxtune would otherwise talk to that server)")
+        raise RuntimeError(
+            f"port {spec.port} is already in use on 127.0.0.1: stop what listens there or "
+            "choose another --port (relaxtune would otherwise talk to that server)"
+        )
     with open(log, "ab") as out:
-        proc = subprocess.Popen(spec.command(python, device), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            spec.command(python, device),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     return ServerProcess(spec, proc, log)
 
 
 @contextlib.contextmanager
-def launch(servers: list[ServerSpec], python: str = sys.executable, timeout: float = 600.0, log_dir: str | None = None,
-           allow_other_version: bool = False, device: str = "auto", processes: list | None = None):
+def launch(
+    servers: list[ServerSpec],
+    python: str = sys.executable,
+    timeout: float = 600.0,
+    log_dir: str | None = None,
+    allow_other_version: bool = False,
+    device: str = "auto",
+    processes: list | None = None,
+):
     """Start ``servers``, wait until every one is ready, yield their URLs, stop them on exit
     (also on an exception or KeyboardInterrupt: every process group is stopped).
 

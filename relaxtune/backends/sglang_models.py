@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .http import SGLangError, ServerClient
+from .http import ServerClient, SGLangError
 
 __all__ = ["model_info", "name_forms", "serves", "check_serves"]
 
@@ -77,6 +77,8 @@ def check_serves(server: ServerClient, named: str, flag: str) -> dict:
     info = model_info(server)
     if not serves(named, info):
         served = info.get("served_model_name") or info["model_path"]
-        raise SGLangError(f"{server} serves {served!r} (model_path {info['model_path']!r}), not {named!r} as "
-                          f"{flag} names it: point {flag}'s URL at a server of that model, or name the model it serves")
+        raise SGLangError(
+            f"{server} serves {served!r} (model_path {info['model_path']!r}), not {named!r} as "
+            f"{flag} names it: point {flag}'s URL at a server of that model, or name the model it serves"
+        )
     return info

@@ -24,7 +24,11 @@ __all__ = ["TRANSFORMERS_VERSION", "SPECULATIVE_SAMPLING_PARAMS", "speculative_s
 
 TRANSFORMERS_VERSION = transformers.__version__
 SPECULATIVE_SAMPLING_PARAMS = (
-    "candidate_input_ids", "candidate_logits", "candidate_length", "new_logits", "assistant_ensemble_weight",
+    "candidate_input_ids",
+    "candidate_logits",
+    "candidate_length",
+    "new_logits",
+    "assistant_ensemble_weight",
 )
 
 
@@ -103,7 +107,9 @@ def record_assisted_rounds():
 
     original = getattr(AssistedCandidateGenerator, "update_candidate_strategy", None)
     if original is None:
-        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION} has no AssistedCandidateGenerator.update_candidate_strategy")
+        raise RuntimeError(
+            f"transformers {TRANSFORMERS_VERSION} has no AssistedCandidateGenerator.update_candidate_strategy"
+        )
     rounds: list[tuple[int, int]] = []
 
     def hook(self, input_ids, scores, num_matches):

@@ -52,8 +52,15 @@ def true_drop(delta: float) -> float:
     return min(0.05, delta / 2)
 
 
-def simulate(rng: np.random.Generator, datasets: int, problems: int, repeats: int, delta: float, drop: float,
-             concentration: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def simulate(
+    rng: np.random.Generator,
+    datasets: int,
+    problems: int,
+    repeats: int,
+    delta: float,
+    drop: float,
+    concentration: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Strict-only and relaxed-only counts per problem, ``[datasets, problems]`` each (module doc)."""
     theta = (1.0 + drop / delta) / 2.0
     d_j = rng.beta(concentration * delta, concentration * (1.0 - delta), size=(datasets, problems))
@@ -70,7 +77,7 @@ def old_t_upper(b: np.ndarray, c: np.ndarray, n: int, confidence: float) -> np.n
     from scipy import stats
 
     mean = (b - c) / n
-    var = (b + c - n * mean ** 2) / (n - 1) if n > 1 else np.zeros_like(mean)
+    var = (b + c - n * mean**2) / (n - 1) if n > 1 else np.zeros_like(mean)
     z = stats.norm.ppf(confidence)
     t = mean + stats.t.ppf(confidence, max(n - 1, 1)) * np.sqrt(np.maximum(var, 0) / n)
     # Wilson bounds of the discordant share k / n at k = 0 (upper) and k = n (lower)
@@ -86,15 +93,20 @@ def cluster_t_upper(d: np.ndarray, confidence: float) -> np.ndarray:
     return d.mean(1) + stats.t.ppf(confidence, k - 1) * d.std(1, ddof=1) / math.sqrt(k)
 
 
-def cell(rng, datasets: int, problems: int, repeats: int, delta: float, confidence: float, concentration: float,
-         check: int) -> dict:
+def cell(
+    rng, datasets: int, problems: int, repeats: int, delta: float, confidence: float, concentration: float, check: int
+) -> dict:
     """Coverage of the three bounds in one cell, and how many direct checks disagreed."""
     drop = true_drop(delta)
     b, c = simulate(rng, datasets, problems, repeats, delta, drop, concentration)
     n = problems * repeats
     bt, ct = b.sum(1), c.sum(1)
-    out = {"old_t": float(np.mean(old_t_upper(bt, ct, n, confidence) >= drop)), "cluster_t": None, "mismatch": 0,
-           "betting": None}
+    out = {
+        "old_t": float(np.mean(old_t_upper(bt, ct, n, confidence) >= drop)),
+        "cluster_t": None,
+        "mismatch": 0,
+        "betting": None,
+    }
     tb, tc, p = exact_pvalue_table(problems, drop, confidence)
     lookup = np.zeros((problems + 1, problems + 1))
     lookup[tb, tc] = p
@@ -135,10 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     for confidence in (float(x) for x in args.confidence.split(",")):
         se = math.sqrt(confidence * (1 - confidence) / datasets)
         start, low, mismatches = time.perf_counter(), {"product": 0, "old_t": 0, "cluster_t": 0, "betting": 0}, 0
-        print(f"\none-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, Monte Carlo SE "
-              f"{se:.4f}; ! = below nominal - 3 SE)\n")
-        print("| problems | repeats | discordance | true drop = epsilon | product bound | old t bound | cluster t "
-              "| betting |")
+        print(
+            f"\none-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, Monte Carlo SE "
+            f"{se:.4f}; ! = below nominal - 3 SE)\n"
+        )
+        print(
+            "| problems | repeats | discordance | true drop = epsilon | product bound | old t bound | cluster t "
+            "| betting |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         rows = []
         for problems, repeats in grid:
@@ -147,21 +163,44 @@ def main(argv: list[str] | None = None) -> int:
                 mismatches += res["mismatch"]
                 for key in low:
                     low[key] += res[key] is not None and res[key] < confidence - 3 * se
-                rows.append([problems, repeats, f"{delta:.2f}", f"{true_drop(delta):.3f}",
-                             *(mark(res[k], confidence, se) for k in ("product", "old_t", "cluster_t", "betting"))])
+                rows.append(
+                    [
+                        problems,
+                        repeats,
+                        f"{delta:.2f}",
+                        f"{true_drop(delta):.3f}",
+                        *(mark(res[k], confidence, se) for k in ("product", "old_t", "cluster_t", "betting")),
+                    ]
+                )
                 print("| " + " | ".join(str(v) for v in rows[-1]) + " |")
-        summary = (f"cells below nominal - 3 SE: product {low['product']}, old t {low['old_t']}, cluster t "
-                   f"{low['cluster_t']}, betting {low['betting']}; direct checks disagreeing with the table: "
-                   f"{mismatches} ({time.perf_counter() - start:.0f} s)")
+        summary = (
+            f"cells below nominal - 3 SE: product {low['product']}, old t {low['old_t']}, cluster t "
+            f"{low['cluster_t']}, betting {low['betting']}; direct checks disagreeing with the table: "
+            f"{mismatches} ({time.perf_counter() - start:.0f} s)"
+        )
         print(f"\n{summary}")
-        tables.append({"caption": f"one-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, "
-                                  f"Monte Carlo SE {se:.4f}; ! = below nominal - 3 SE)",
-                       "columns": ["problems", "repeats", "discordance", "true drop = epsilon", "product bound",
-                                   "old t bound", "cluster t", "betting"],
-                       "rows": rows, "notes": [summary]})
+        tables.append(
+            {
+                "caption": f"one-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, "
+                f"Monte Carlo SE {se:.4f}; ! = below nominal - 3 SE)",
+                "columns": [
+                    "problems",
+                    "repeats",
+                    "discordance",
+                    "true drop = epsilon",
+                    "product bound",
+                    "old t bound",
+                    "cluster t",
+                    "betting",
+                ],
+                "rows": rows,
+                "notes": [summary],
+            }
+        )
     if args.json:
-        path = write_results(args.json, "coverage", "Coverage of the drop bound", argv, when,
-                             time.perf_counter() - begin, host, tables)
+        path = write_results(
+            args.json, "coverage", "Coverage of the drop bound", argv, when, time.perf_counter() - begin, host, tables
+        )
         print(f"results: {path}")
     return 0
 

@@ -69,8 +69,9 @@ def parse_methods(text: str) -> list[tuple[str, float | None]]:
     return out
 
 
-def summarize(gens: list, graded: dict[int, bool], strict_len: float | None, profile: CostProfile,
-              n_draft: int) -> dict:
+def summarize(
+    gens: list, graded: dict[int, bool], strict_len: float | None, profile: CostProfile, n_draft: int
+) -> dict:
     """One configuration's row (see the module doc) from its ``Generation`` list (in
     request order), the math verdicts by index and the drafter's strict mean length."""
     rounds = sum(g.stats.rounds for g in gens)
@@ -90,8 +91,9 @@ def summarize(gens: list, graded: dict[int, bool], strict_len: float | None, pro
     }
 
 
-def run_config(backend, prompts: list[list[int]], method: str, knob: float | None, n_draft: int,
-               max_new_tokens: int, sampling) -> list:
+def run_config(
+    backend, prompts: list[list[int]], method: str, knob: float | None, n_draft: int, max_new_tokens: int, sampling
+) -> list:
     """Every prompt's response under one configuration, in one batch (seed ``1000 + i`` for
     prompt i, the same for every configuration): ``Generation`` objects in prompt order.
 
@@ -99,8 +101,12 @@ def run_config(backend, prompts: list[list[int]], method: str, knob: float | Non
         Exception: the first response that failed.
     """
     requests = [Request(ids, seed=1000 + i, max_new_tokens=max_new_tokens, key=i) for i, ids in enumerate(prompts)]
-    done = {r.key: g for r, g in generate_batch(backend, requests, method=method, knob=knob, n_draft=n_draft,
-                                                sampling=sampling, batch_size=len(requests))}
+    done = {
+        r.key: g
+        for r, g in generate_batch(
+            backend, requests, method=method, knob=knob, n_draft=n_draft, sampling=sampling, batch_size=len(requests)
+        )
+    }
     gens = [done[i] for i in range(len(requests))]
     for g in gens:
         if isinstance(g, Exception):
@@ -126,10 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-draft", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default: torch's); 1 is faster on a machine other work keeps busy")
-    ap.add_argument("--runtime", default=AUTO, choices=[AUTO, *RUNTIMES],
-                    help="in-process runtime (default: llama.cpp when installed, else transformers)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's); 1 is faster on a machine other work keeps busy",
+    )
+    ap.add_argument(
+        "--runtime",
+        default=AUTO,
+        choices=[AUTO, *RUNTIMES],
+        help="in-process runtime (default: llama.cpp when installed, else transformers)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts, 24 tokens: a smoke run")
     args = ap.parse_args(argv)
     args.runtime = resolve_runtime(args.runtime, DRAFTER.name, VERIFIER.name)
@@ -161,18 +175,25 @@ def main(argv: list[str] | None = None) -> None:
             row = summarize(gens, graded, strict_len, profile, args.n_draft)
             if method == "strict":
                 strict_len = row["length"]
-            rows.append({"drafter": "LM 0.5B" if drafter != LOOKUP else LOOKUP,
-                         "method": method if knob is None else f"{method} {knob:g}"} | row)
+            rows.append(
+                {
+                    "drafter": "LM 0.5B" if drafter != LOOKUP else LOOKUP,
+                    "method": method if knob is None else f"{method} {knob:g}",
+                }
+                | row
+            )
             print(f"# {rows[-1]['drafter']} {rows[-1]['method']}: done at {time.perf_counter() - t0:.0f} s", flush=True)
     _print(rows, args, time.perf_counter() - t0)
 
 
 def _print(rows: list[dict], args, seconds: float) -> None:
     cols = ["drafter", "method", "l_accept", "len/strict", "loops", "trunc", "math acc", "c_rel", "speed-up"]
-    print(f"\n{args.code} coding + {args.math} GSM8K prompts, N = {args.n_draft}, {args.max_new_tokens} tokens at "
-          f"most, T 0.6 / top-p 0.95 / top-k 20, "
-          f"{'llama.cpp, Q4_K_M GGUF' if args.runtime == 'llamacpp' else 'transformers, ' + args.dtype}; "
-          f"{seconds:.0f} s\n")
+    print(
+        f"\n{args.code} coding + {args.math} GSM8K prompts, N = {args.n_draft}, {args.max_new_tokens} tokens at "
+        f"most, T 0.6 / top-p 0.95 / top-k 20, "
+        f"{'llama.cpp, Q4_K_M GGUF' if args.runtime == 'llamacpp' else 'transformers, ' + args.dtype}; "
+        f"{seconds:.0f} s\n"
+    )
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -62,19 +62,32 @@ def _ours(backend: HFBackend, prompts: list[list[int]], max_new: int, method: st
     forward costs the run measured (seconds per drafter / verifier forward)."""
     t = dict(tokens=0, rounds=0, accepted=0, wall=0.0, draft=0.0, verify=0.0, d_fwd=0, v_fwd=0)
     for i, ids in enumerate(prompts):
-        s = generate(backend, ids, method=method, knob=knob, n_draft=n_draft, sampling=PAPER, max_new_tokens=max_new,
-                     seed=i).stats
-        for key, value in (("tokens", s.response_tokens), ("rounds", s.rounds), ("accepted", s.accepted),
-                           ("wall", s.wall_seconds), ("draft", s.draft_seconds), ("verify", s.verify_seconds),
-                           ("d_fwd", s.draft_forwards), ("v_fwd", s.verify_forwards)):
+        s = generate(
+            backend, ids, method=method, knob=knob, n_draft=n_draft, sampling=PAPER, max_new_tokens=max_new, seed=i
+        ).stats
+        for key, value in (
+            ("tokens", s.response_tokens),
+            ("rounds", s.rounds),
+            ("accepted", s.accepted),
+            ("wall", s.wall_seconds),
+            ("draft", s.draft_seconds),
+            ("verify", s.verify_seconds),
+            ("d_fwd", s.draft_forwards),
+            ("v_fwd", s.verify_forwards),
+        ):
             t[key] += value
-    return dict(tps=t["tokens"] / t["wall"], l_accept=t["accepted"] / t["rounds"],
-                floor=(t["draft"] + t["verify"]) / t["wall"], t_verify=t["verify"] / t["v_fwd"],
-                t_draft=t["draft"] / t["d_fwd"] if t["d_fwd"] else 0.0)
+    return dict(
+        tps=t["tokens"] / t["wall"],
+        l_accept=t["accepted"] / t["rounds"],
+        floor=(t["draft"] + t["verify"]) / t["wall"],
+        t_verify=t["verify"] / t["v_fwd"],
+        t_draft=t["draft"] / t["d_fwd"] if t["d_fwd"] else 0.0,
+    )
 
 
-def single_table(backend: HFBackend, prompts: list[list[int]], drafts: list[int], max_new: int, repeats: int,
-                 random_weights: bool) -> None:
+def single_table(
+    backend: HFBackend, prompts: list[list[int]], drafts: list[int], max_new: int, repeats: int, random_weights: bool
+) -> None:
     """One sequence at a time: (a)..(e) per N, each the median of interleaved repeats."""
     runs: dict[str, list] = {}
     for _ in range(repeats):
@@ -87,22 +100,28 @@ def single_table(backend: HFBackend, prompts: list[list[int]], drafts: list[int]
     col = lambda key, field: [r[field] for r in runs[key]]  # noqa: E731
     a, c_tps, t_ar = runs["a"], col("c", "tps"), col("c", "t_verify")
     print(f"(a) transformers AR   {fmt(a)} tok/s")
-    print(f"(c) relaxtune AR      {fmt(c_tps)} tok/s   c/a {fmt([c / x for c, x in zip(c_tps, a)])}   "
-          f"forward share {statistics.median(col('c', 'floor')):.1%}   t_AR {fmt([t * 1e3 for t in t_ar], 1)} ms")
+    print(
+        f"(c) relaxtune AR      {fmt(c_tps)} tok/s   c/a {fmt([c / x for c, x in zip(c_tps, a)])}   "
+        f"forward share {statistics.median(col('c', 'floor')):.1%}   t_AR {fmt([t * 1e3 for t in t_ar], 1)} ms"
+    )
     for n in drafts:
         b, d, e = runs[f"b{n}"], col(f"d{n}", "tps"), col(f"e{n}", "tps")
         l_acc, t_d, t_v = col(f"d{n}", "l_accept"), col(f"d{n}", "t_draft"), col(f"d{n}", "t_verify")
         # the physical limit from the forward costs these runs measured: (l + 1) t_AR / (t_verify(N+1) + N t_draft)
-        s_max = [(l + 1) * ar / (v + n * dr) for l, ar, v, dr in zip(l_acc, t_ar, t_v, t_d)]
+        s_max = [(acc + 1) * ar / (v + n * dr) for acc, ar, v, dr in zip(l_acc, t_ar, t_v, t_d)]
         print(f"N = {n}")
         print(f"  (b) transformers assisted {fmt(b)} tok/s")
-        print(f"  (d) relaxtune strict      {fmt(d)} tok/s  l_accept {fmt(l_acc)}  forward share "
-              f"{statistics.median(col(f'd{n}', 'floor')):.1%}  t_draft {fmt([x * 1e3 for x in t_d], 1)} ms  "
-              f"t_verify({n + 1}) {fmt([x * 1e3 for x in t_v], 1)} ms  c_rel {fmt([x / y for x, y in zip(t_d, t_ar)], 3)}")
+        print(
+            f"  (d) relaxtune strict      {fmt(d)} tok/s  l_accept {fmt(l_acc)}  forward share "
+            f"{statistics.median(col(f'd{n}', 'floor')):.1%}  t_draft {fmt([x * 1e3 for x in t_d], 1)} ms  "
+            f"t_verify({n + 1}) {fmt([x * 1e3 for x in t_v], 1)} ms  c_rel {fmt([x / y for x, y in zip(t_d, t_ar)], 3)}"
+        )
         print(f"  (e) relaxtune cactus 1.0  {fmt(e)} tok/s  l_accept {fmt(col(f'e{n}', 'l_accept'))}")
-        print(f"  d/a {fmt([x / y for x, y in zip(d, a)])}   d/b {fmt([x / y for x, y in zip(d, b)])}   "
-              f"e/d {fmt([x / y for x, y in zip(e, d)])}   S_max {fmt(s_max)}   "
-              f"(d/a)/S_max {fmt([x / y / s for x, y, s in zip(d, a, s_max)])}")
+        print(
+            f"  d/a {fmt([x / y for x, y in zip(d, a)])}   d/b {fmt([x / y for x, y in zip(d, b)])}   "
+            f"e/d {fmt([x / y for x, y in zip(e, d)])}   S_max {fmt(s_max)}   "
+            f"(d/a)/S_max {fmt([x / y / s for x, y, s in zip(d, a, s_max)])}"
+        )
         if random_weights:
             ceiling = [(n + 1) * ar / (v + n * dr) for ar, v, dr in zip(t_ar, t_v, t_d)]
             print(f"  random weights: acceptance is not meaningful; S_max at l_accept = N: {fmt(ceiling)}")
@@ -112,13 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("drafter", "verifier", "dtype"):  # the job's own options: default and help from the settings
         info = field_info(name)
-        ap.add_argument(f"--{name}", default=info.default, help=info.description,
-                        **({"choices": DTYPES} if name == "dtype" else {}))
+        ap.add_argument(
+            f"--{name}", default=info.default, help=info.description, **({"choices": DTYPES} if name == "dtype" else {})
+        )
     ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto")
     ap.add_argument("--random-weights", action="store_true", help="models from the configs, random weights")
     ap.add_argument("--tables", default=None, help="which tables: single, batch [default: both; batch on llamacpp]")
-    ap.add_argument("--runtime", default="hf", choices=["hf", "llamacpp"],
-                    help="hf: transformers on the bf16 models; llamacpp: llama.cpp on the GGUF files")
+    ap.add_argument(
+        "--runtime",
+        default="hf",
+        choices=["hf", "llamacpp"],
+        help="hf: transformers on the bf16 models; llamacpp: llama.cpp on the GGUF files",
+    )
     ap.add_argument("--tokenizer", default=None, help=field_info("tokenizer").description)
     ap.add_argument("--drafts", default="2,4,8", help="draft lengths N of the single table, comma separated")
     ap.add_argument("--batch-sizes", default="1,4,8", help="batch sizes B of the batch table, comma separated")
@@ -139,13 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         return _llamacpp(args)
 
     backend, prompts = build(args)
-    print(f"{backend.name}, {args.dtype} on {backend.device}, {torch.get_num_threads()} threads, {len(prompts)} "
-          f"prompts x {args.max_new_tokens} new tokens, T 0.6 top-k 20 top-p 0.95, median ±spread of "
-          f"{args.repeats} repeats ('!': spread over {NOISY:.0%}, the run was disturbed)")
+    print(
+        f"{backend.name}, {args.dtype} on {backend.device}, {torch.get_num_threads()} threads, {len(prompts)} "
+        f"prompts x {args.max_new_tokens} new tokens, T 0.6 top-k 20 top-p 0.95, median ±spread of "
+        f"{args.repeats} repeats ('!': spread over {NOISY:.0%}, the run was disturbed)"
+    )
     if "single" in tables:
         drafts = [int(s) for s in args.drafts.split(",")]
-        single_table(backend, prompts[: min(5, len(prompts))], drafts, args.max_new_tokens, args.repeats,
-                     args.random_weights)
+        single_table(
+            backend, prompts[: min(5, len(prompts))], drafts, args.max_new_tokens, args.repeats, args.random_weights
+        )
     if "batch" in tables:
         sizes = [int(s) for s in args.batch_sizes.split(",")]
         batch_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
@@ -159,12 +186,15 @@ def _llamacpp(args) -> int:
     from relaxtune.bench.llamacpp import llamacpp_table
 
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    backend = load_gguf_pair(args.drafter, args.verifier, max(sizes), n_ctx_seq=args.max_new_tokens + 256,
-                             tokenizer=args.tokenizer)
+    backend = load_gguf_pair(
+        args.drafter, args.verifier, max(sizes), n_ctx_seq=args.max_new_tokens + 256, tokenizer=args.tokenizer
+    )
     backend.eos_token_ids = frozenset()  # fixed-length runs
     prompts = [chat_ids(backend.tokenizer, p) for p in (PROMPTS * args.prompts)[: args.prompts]]
-    print(f"{backend.name}, GGUF on llama.cpp, {len(prompts)} prompts x {args.max_new_tokens} new tokens, T 0.6 "
-          f"top-k 20 top-p 0.95, median ±spread of {args.repeats} repeats ('!': spread over {NOISY:.0%})")
+    print(
+        f"{backend.name}, GGUF on llama.cpp, {len(prompts)} prompts x {args.max_new_tokens} new tokens, T 0.6 "
+        f"top-k 20 top-p 0.95, median ±spread of {args.repeats} repeats ('!': spread over {NOISY:.0%})"
+    )
     llamacpp_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
     backend.close()
     return 0

@@ -14,8 +14,18 @@ from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.hf import HFBackend, load_pair
 from relaxtune.decoding.sampling import SamplingParams
 
-__all__ = ["PROMPTS", "PAPER", "NOISY", "median_spread", "fmt", "sync", "random_model", "build", "hf_generate",
-           "chat_ids"]
+__all__ = [
+    "PROMPTS",
+    "PAPER",
+    "NOISY",
+    "median_spread",
+    "fmt",
+    "sync",
+    "random_model",
+    "build",
+    "hf_generate",
+    "chat_ids",
+]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -34,8 +44,14 @@ ARCH = {
     DRAFTER.name: dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     VERIFIER.name: dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
 }
-QWEN2 = dict(num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6,
-             max_position_embeddings=32768, rope_theta=1e6)
+QWEN2 = dict(
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+)
 
 
 def median_spread(values: list[float]) -> tuple[float, float]:
@@ -68,7 +84,9 @@ def random_model(name_or_dir: str, dtype: torch.dtype, device: str, seed: int = 
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**QWEN2, **ARCH[name_or_dir]) if name_or_dir in ARCH else AutoConfig.from_pretrained(name_or_dir)
+    config = (
+        Qwen2Config(**QWEN2, **ARCH[name_or_dir]) if name_or_dir in ARCH else AutoConfig.from_pretrained(name_or_dir)
+    )
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
@@ -78,7 +96,9 @@ def build(args) -> tuple[HFBackend, list[list[int]]]:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if args.random_weights:
         dtype = getattr(torch, args.dtype)
-        drafter, verifier = (random_model(m, dtype, device, seed) for seed, m in enumerate((args.drafter, args.verifier)))
+        drafter, verifier = (
+            random_model(m, dtype, device, seed) for seed, m in enumerate((args.drafter, args.verifier))
+        )
         backend = HFBackend(drafter, verifier, name=f"random {args.drafter}->{args.verifier}")
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(backend.vocab_size, (30 + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
@@ -89,14 +109,26 @@ def build(args) -> tuple[HFBackend, list[list[int]]]:
     return backend, prompts
 
 
-def hf_generate(backend: HFBackend, batch: list[list[int]], max_new: int, n_draft: int | None = None,
-                seed: int = 0) -> int:
+def hf_generate(
+    backend: HFBackend, batch: list[list[int]], max_new: int, n_draft: int | None = None, seed: int = 0
+) -> int:
     """transformers ``generate`` on ``batch`` (left-padded); returns new tokens."""
-    kw = dict(do_sample=True, temperature=PAPER.temperature, top_k=PAPER.top_k, top_p=PAPER.top_p,
-              max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
+    kw = dict(
+        do_sample=True,
+        temperature=PAPER.temperature,
+        top_k=PAPER.top_k,
+        top_p=PAPER.top_p,
+        max_new_tokens=max_new,
+        min_new_tokens=max_new,
+        pad_token_id=0,
+    )
     if n_draft is not None:
-        kw.update(assistant_model=backend.drafter, num_assistant_tokens=n_draft,
-                  num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        kw.update(
+            assistant_model=backend.drafter,
+            num_assistant_tokens=n_draft,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        )
     width = max(map(len, batch))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=backend.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=backend.device)

@@ -37,15 +37,19 @@ def run_llamacpp_ar(backend: LlamaCppBackend, prompts: list[list[int]], size: in
     L = model.L
     t0, tokens, latency = time.perf_counter(), 0, 0.0
     for start in range(0, len(prompts), size):
-        group = prompts[start:start + size]
+        group = prompts[start : start + size]
         begun = time.perf_counter()
         slots = [model.acquire() for _ in group]
         chains = []
         try:
             for i, _ in enumerate(group):
                 chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-                for s in (L.llama_sampler_init_top_k(PAPER.top_k), L.llama_sampler_init_top_p(PAPER.top_p, 1),
-                          L.llama_sampler_init_temp(PAPER.temperature), L.llama_sampler_init_dist(seed + start + i)):
+                for s in (
+                    L.llama_sampler_init_top_k(PAPER.top_k),
+                    L.llama_sampler_init_top_p(PAPER.top_p, 1),
+                    L.llama_sampler_init_temp(PAPER.temperature),
+                    L.llama_sampler_init_dist(seed + start + i),
+                ):
                     L.llama_sampler_chain_add(chain, s)
                 chains.append(chain)
             # prefill all but the last prompt token, then one token per sequence per decode
@@ -75,30 +79,39 @@ def run_llamacpp_ar(backend: LlamaCppBackend, prompts: list[list[int]], size: in
     return dict(tps=tokens / (time.perf_counter() - t0), latency=latency / len(prompts))
 
 
-def llamacpp_table(backend: LlamaCppBackend, prompts: list[list[int]], sizes: list[int], n_draft: int, max_new: int,
-                   repeats: int) -> dict[int, dict[str, list[float]]]:
+def llamacpp_table(
+    backend: LlamaCppBackend, prompts: list[list[int]], sizes: list[int], n_draft: int, max_new: int, repeats: int
+) -> dict[int, dict[str, list[float]]]:
     """Measure and print the table; returns every repeat's figures by B (keys
     ``l_tps``, ``s_tps``, ``s_l_accept``, ``r_tps``, ``r_l_accept`` and the latencies)."""
     out: dict[int, dict[str, list[float]]] = {b: {} for b in sizes}
     method, knob = RELAXED
     for _ in range(repeats):
         for b in sizes:
-            for prefix, result in (("l_", run_llamacpp_ar(backend, prompts, b, max_new)),
-                                   ("s_", run_ours(backend, prompts, b, max_new, n_draft)),
-                                   ("r_", run_ours(backend, prompts, b, max_new, n_draft, method, knob))):
+            for prefix, result in (
+                ("l_", run_llamacpp_ar(backend, prompts, b, max_new)),
+                ("s_", run_ours(backend, prompts, b, max_new, n_draft)),
+                ("r_", run_ours(backend, prompts, b, max_new, n_draft, method, knob)),
+            ):
                 for key, value in result.items():
                     out[b].setdefault(prefix + key, []).append(value)
                 print(f"  B = {b} {prefix[0].upper()}: {result['tps']:.2f} tok/s", flush=True)  # progress
     base = out[sizes[0]]["s_tps"]
-    print(f"llama.cpp: {len(prompts)} responses per run, {backend.verifier.threads} threads; L = llama.cpp batched AR "
-          f"(its sampler), S = relaxtune strict N={n_draft}, R = relaxtune {method} {knob:g} N={n_draft}, both on "
-          f"LlamaCppBackend; tok/s aggregate")
-    print(f"{'B':>3} | {'L tok/s':>12} | {'S tok/s':>12} | {'S l_accept':>10} | {'R tok/s':>12} | {'R l_accept':>10} | "
-          f"{'S/L':>12} | {'R/L':>12} | {f'S/S(B={sizes[0]})':>12}")
+    print(
+        f"llama.cpp: {len(prompts)} responses per run, {backend.verifier.threads} threads; L = llama.cpp batched AR "
+        f"(its sampler), S = relaxtune strict N={n_draft}, R = relaxtune {method} {knob:g} N={n_draft}, both on "
+        f"LlamaCppBackend; tok/s aggregate"
+    )
+    print(
+        f"{'B':>3} | {'L tok/s':>12} | {'S tok/s':>12} | {'S l_accept':>10} | {'R tok/s':>12} | {'R l_accept':>10} | "
+        f"{'S/L':>12} | {'R/L':>12} | {f'S/S(B={sizes[0]})':>12}"
+    )
     for b in sizes:
         r = out[b]
         ratio = lambda x, y: fmt([p / q for p, q in zip(r[x], r[y] if isinstance(y, str) else y)])  # noqa: E731
-        print(f"{b:>3} | {fmt(r['l_tps']):>12} | {fmt(r['s_tps']):>12} | {fmt(r['s_l_accept']):>10} | "
-              f"{fmt(r['r_tps']):>12} | {fmt(r['r_l_accept']):>10} | {ratio('s_tps', 'l_tps'):>12} | "
-              f"{ratio('r_tps', 'l_tps'):>12} | {ratio('s_tps', base):>12}")
+        print(
+            f"{b:>3} | {fmt(r['l_tps']):>12} | {fmt(r['s_tps']):>12} | {fmt(r['s_l_accept']):>10} | "
+            f"{fmt(r['r_tps']):>12} | {fmt(r['r_l_accept']):>10} | {ratio('s_tps', 'l_tps'):>12} | "
+            f"{ratio('r_tps', 'l_tps'):>12} | {ratio('s_tps', base):>12}"
+        )
     return out

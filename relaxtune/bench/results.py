@@ -35,8 +35,13 @@ def machine() -> dict:
     except OSError:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version(), "load_before": load}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_before": load,
+    }
 
 
 def started() -> str:
@@ -46,15 +51,28 @@ def started() -> str:
 
 def _commit() -> str | None:
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def write_results(path: str | Path, benchmark: str, title: str, argv: list[str] | None, when: str, seconds: float,
-                  host: dict, tables: list[dict]) -> Path:
+def write_results(
+    path: str | Path,
+    benchmark: str,
+    title: str,
+    argv: list[str] | None,
+    when: str,
+    seconds: float,
+    host: dict,
+    tables: list[dict],
+) -> Path:
     """Write one benchmark run's results to ``path`` (JSON, layout in the module doc) and return the path.
 
     ``argv`` is the benchmark's own arguments (the command is ``python -m relaxtune.bench.<benchmark>``
@@ -75,10 +93,17 @@ def write_results(path: str | Path, benchmark: str, title: str, argv: list[str] 
             args = args[1:]
         elif not a.startswith("--json="):
             keep.append(a)
-    result = {"benchmark": benchmark, "title": title,
-              "command": shlex.join(["python", "-m", f"relaxtune.bench.{benchmark}", *keep]),
-              "started": when, "seconds": round(seconds, 1), "relaxtune_version": metadata.version("relaxtune"),
-              "commit": _commit(), "machine": host, "tables": tables}
+    result = {
+        "benchmark": benchmark,
+        "title": title,
+        "command": shlex.join(["python", "-m", f"relaxtune.bench.{benchmark}", *keep]),
+        "started": when,
+        "seconds": round(seconds, 1),
+        "relaxtune_version": metadata.version("relaxtune"),
+        "commit": _commit(),
+        "machine": host,
+        "tables": tables,
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -45,21 +45,50 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
     from relaxtune.testing.synthetic import write_task
 
     folder = root / name
-    settings = dict(task=write_task(folder, args.problems, name), methods=["cactus", "mentored"], n_drafts=[4],
-                    trials=args.trials, stage_size=_stage(args), range_size=_range(args),
-                    c_rel=0.2, output_dir=str(folder / "runs"), mlflow_uri=mlflow_uri, heartbeat=2, grace_period=10,
-                    storage=args.storage or f"sqlite:///{folder / 'optuna.db'}")
+    settings = dict(
+        task=write_task(folder, args.problems, name),
+        methods=["cactus", "mentored"],
+        n_drafts=[4],
+        trials=args.trials,
+        stage_size=_stage(args),
+        range_size=_range(args),
+        c_rel=0.2,
+        output_dir=str(folder / "runs"),
+        mlflow_uri=mlflow_uri,
+        heartbeat=2,
+        grace_period=10,
+        storage=args.storage or f"sqlite:///{folder / 'optuna.db'}",
+    )
     (folder / "settings.json").write_text(json.dumps(settings))
-    cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(folder / "settings.json"), "--delay",
-           str(args.delay), "--cliff", "0.8"]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
-                                                                      os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "relaxtune.testing.synthetic",
+        str(folder / "settings.json"),
+        "--delay",
+        str(args.delay),
+        "--cliff",
+        "0.8",
+    ]
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]))
+    }
     launched = time.time()
     procs = []
     for i in range(workers):
         out = open(folder / f"worker{i}.log", "w")
-        procs.append((subprocess.Popen(cmd + ["--worker", f"w{i}", "--barrier", str(folder)], stdout=out,
-                                       stderr=subprocess.STDOUT, env=env, start_new_session=True), out))
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd + ["--worker", f"w{i}", "--barrier", str(folder)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                ),
+                out,
+            )
+        )
     try:
         _start_together(procs, folder, workers, time.time() + args.timeout)
         for proc, out in procs:
@@ -83,12 +112,15 @@ def _run(workers: int, root: Path, args, name: str, mlflow_uri: str) -> dict:
     for method in settings["methods"]:
         study = optuna.load_study(study_name=f"{name}__{method}__synthetic-pair", storage=settings["storage"])
         ran.update(t.user_attrs.get("worker", "?") for t in study.trials if t.state.name in ("COMPLETE", "PRUNED"))
-    return {"job": max(r["ended"] for r in reports) - min(r["started"] for r in reports),
-            "process": exited - launched, "agree": all(c == configs[0] for c in configs),
-            "cpu": statistics.mean(r["cpu"] for r in reports),
-            "samples": statistics.mean(r["generated"] for r in reports) * args.delay,
-            "ran": dict(sorted(ran.items())),
-            "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()}}
+    return {
+        "job": max(r["ended"] for r in reports) - min(r["started"] for r in reports),
+        "process": exited - launched,
+        "agree": all(c == configs[0] for c in configs),
+        "cpu": statistics.mean(r["cpu"] for r in reports),
+        "samples": statistics.mean(r["generated"] for r in reports) * args.delay,
+        "ran": dict(sorted(ran.items())),
+        "trials": {m: r["trials"] for m, r in reports[0]["config"]["methods"].items()},
+    }
 
 
 def _start_together(procs: list, folder: Path, workers: int, deadline: float) -> None:
@@ -97,8 +129,9 @@ def _start_together(procs: list, folder: Path, workers: int, deadline: float) ->
         ended = [i for i, (proc, _) in enumerate(procs) if proc.poll() is not None]
         if ended or time.time() > deadline:
             log = (folder / f"worker{ended[0]}.log").read_text()[-3000:] if ended else ""
-            raise RuntimeError(f"worker {ended[0]} ended before the start:\n{log}" if ended
-                               else "workers not ready in time")
+            raise RuntimeError(
+                f"worker {ended[0]} ended before the start:\n{log}" if ended else "workers not ready in time"
+            )
         time.sleep(0.02)
     (folder / "go").touch()
 
@@ -133,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="relaxtune-scale-"))
     stamp = int(time.time())
-    print(f"scale: 2 methods x {args.trials} trials, {args.problems} problems x {args.delay:g} s per sample "
-          f"(a sleep), stages of {_stage(args)}, ranges of {_range(args)}; storage "
-          f"{'SQLite' if not args.storage else args.storage.split(':')[0]}; {args.repeats} repeat(s); {os.cpu_count()} "
-          f"CPU cores shared with whatever else runs (load average {os.getloadavg()[0]:.1f}); work in {root}", flush=True)
+    print(
+        f"scale: 2 methods x {args.trials} trials, {args.problems} problems x {args.delay:g} s per sample "
+        f"(a sleep), stages of {_stage(args)}, ranges of {_range(args)}; storage "
+        f"{'SQLite' if not args.storage else args.storage.split(':')[0]}; {args.repeats} repeat(s); {os.cpu_count()} "
+        f"CPU cores shared with whatever else runs (load average {os.getloadavg()[0]:.1f}); work in {root}",
+        flush=True,
+    )
     runs: dict[int, list[dict]] = {w: [] for w in counts}
     for r in range(args.repeats):  # interleaved, so slow phases of the machine spread over every count
         for w in counts:
@@ -145,17 +181,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  run {r + 1}/{args.repeats}, {w} worker(s): job {runs[w][-1]['job']:.1f} s", flush=True)
     base_job = statistics.median(x["job"] for x in runs[counts[0]])
     base_proc = statistics.median(x["process"] for x in runs[counts[0]])
-    print(f"\n{'workers':>7} {'job wall s (range)':>20} {'ratio':>6} {'process wall s (range)':>24} {'ratio':>6}  "
-          f"{'samples s':>9} {'CPU s':>6}  {'configs agree':>13}  trials finished per worker")
+    print(
+        f"\n{'workers':>7} {'job wall s (range)':>20} {'ratio':>6} {'process wall s (range)':>24} {'ratio':>6}  "
+        f"{'samples s':>9} {'CPU s':>6}  {'configs agree':>13}  trials finished per worker"
+    )
     for w in counts:
         job, proc = [x["job"] for x in runs[w]], [x["process"] for x in runs[w]]
         agree = all(x["agree"] for x in runs[w])
         samples, cpu = (statistics.median(x[k] for x in runs[w]) for k in ("samples", "cpu"))
-        print(f"{w:>7} {_spread(job):>20} {statistics.median(job) / base_job:>6.2f} {_spread(proc):>24} "
-              f"{statistics.median(proc) / base_proc:>6.2f}  {samples:>9.1f} {cpu:>6.1f}  {'yes' if agree else 'NO':>13}  "
-              f"{runs[w][-1]['ran']}")
-    print("samples s: seconds of samples (sleeps) per worker; CPU s: the CPU seconds each worker's job took (every "
-          f"thread), which {os.cpu_count()} cores share")
+        print(
+            f"{w:>7} {_spread(job):>20} {statistics.median(job) / base_job:>6.2f} {_spread(proc):>24} "
+            f"{statistics.median(proc) / base_proc:>6.2f}  {samples:>9.1f} {cpu:>6.1f}  "
+            f"{'yes' if agree else 'NO':>13}  "
+            f"{runs[w][-1]['ran']}"
+        )
+    print(
+        "samples s: seconds of samples (sleeps) per worker; CPU s: the CPU seconds each worker's job took (every "
+        f"thread), which {os.cpu_count()} cores share"
+    )
     jobs = {w: [x["job"] for x in runs[w]] for w in counts}
     noisy = [w for w in counts if (max(jobs[w]) - min(jobs[w])) / statistics.median(jobs[w]) > 0.1]
     if noisy:
@@ -163,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     if 4 in runs and counts[0] == 1:
         ratio = statistics.median(x["job"] for x in runs[4]) / base_job
         verdict = "met" if ratio <= TARGET else "MISSED"
-        print(f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}; load average now "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}; load average now "
+            f"{os.getloadavg()[0]:.1f}"
+        )
     return 0
 
 

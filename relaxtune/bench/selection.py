@@ -67,12 +67,25 @@ class HarmBackend:
         rounds, records = 10, []
         for p in problems:
             seed = sample_seed(config.seed, p.id, 0)
-            wrong = relaxed and p.id in self.harm[k] and (
-                self.loss is None or (zlib.crc32(f"{seed}:{k}".encode()) % 10_000) / 10_000 < self.loss)
-            records.append(dict(problem_id=p.id, repeat=0, seed=seed, failed=False, correct=not wrong,
-                                verdict="wrong" if wrong else "correct", output="x", finish_reason="stop",
-                                response_tokens=100, stats={"rounds": rounds, "accepted": round(l_accept * rounds),
-                                                            "wall_seconds": 1.0}))
+            wrong = (
+                relaxed
+                and p.id in self.harm[k]
+                and (self.loss is None or (zlib.crc32(f"{seed}:{k}".encode()) % 10_000) / 10_000 < self.loss)
+            )
+            records.append(
+                dict(
+                    problem_id=p.id,
+                    repeat=0,
+                    seed=seed,
+                    failed=False,
+                    correct=not wrong,
+                    verdict="wrong" if wrong else "correct",
+                    output="x",
+                    finish_reason="stop",
+                    response_tokens=100,
+                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
+                )
+            )
         return summarize(records, Path(output_dir) / "unused.jsonl")
 
 
@@ -88,8 +101,18 @@ def harm_sets(rng: np.random.Generator, ids: list[str], knobs: list[float], rate
     return {k: common | {i for i in ids if rng.random() < own} for k in knobs}
 
 
-def one_job(rng, problems: int, n_candidates: int, structure: str, outcome: str, drop: float, mode: str,
-            epsilon: float, confidence: float, folder: str) -> bool:
+def one_job(
+    rng,
+    problems: int,
+    n_candidates: int,
+    structure: str,
+    outcome: str,
+    drop: float,
+    mode: str,
+    epsilon: float,
+    confidence: float,
+    folder: str,
+) -> bool:
     """One job; True when it exported a point (every candidate's true drop is ``drop``)."""
     import optuna
 
@@ -98,19 +121,36 @@ def one_job(rng, problems: int, n_candidates: int, structure: str, outcome: str,
     knobs = [float(k) for k in range(1, n_candidates + 1)]
     loss = None if outcome == "greedy" else 0.5
     backend = HarmBackend(harm_sets(rng, ids, knobs, drop / (loss or 1.0), structure), loss)
-    settings = TuneSettings(task="synthetic", methods=["cactus"], n_drafts=[N_DRAFT], trials=n_candidates,
-                            stage_size=10_000, output_dir=folder, c_rel=0.2, epsilon=epsilon, confidence=confidence,
-                            confirm=mode, seed=int(rng.integers(1 << 30)))
+    settings = TuneSettings(
+        task="synthetic",
+        methods=["cactus"],
+        n_drafts=[N_DRAFT],
+        trials=n_candidates,
+        stage_size=10_000,
+        output_dir=folder,
+        c_rel=0.2,
+        epsilon=epsilon,
+        confidence=confidence,
+        confirm=mode,
+        seed=int(rng.integers(1 << 30)),
+    )
     search, held = holdout_split(task, settings.seed) if mode == "holdout" else (task, task)
     tuner = Tuner(settings, SPEC, search, SyntheticPair(), 0.2, evaluate_fn=backend, progress=False)
     study = optuna.create_study(directions=["maximize", "maximize"])
-    dists = {"knob": optuna.distributions.FloatDistribution(0.0, 1000.0),
-             "n_draft": optuna.distributions.CategoricalDistribution([N_DRAFT])}
+    dists = {
+        "knob": optuna.distributions.FloatDistribution(0.0, 1000.0),
+        "n_draft": optuna.distributions.CategoricalDistribution([N_DRAFT]),
+    }
     for k in knobs:
         metrics, _ = tuner.evaluate_point("cactus", k, N_DRAFT)
-        study.add_trial(optuna.trial.create_trial(params={"knob": k, "n_draft": N_DRAFT}, distributions=dists,
-                                                  values=[metrics["speedup"], metrics["accuracy"]],
-                                                  user_attrs={"metrics": metrics}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"knob": k, "n_draft": N_DRAFT},
+                distributions=dists,
+                values=[metrics["speedup"], metrics["accuracy"]],
+                user_attrs={"metrics": metrics},
+            )
+        )
     ranked = candidates(study, settings, tuner.strict_points())
     result = confirm(tuner, [MethodOutcome("cactus", study, ranked[0] if ranked else None)], held)
     return any(c.confirmed is not None for c in result.values())
@@ -122,22 +162,48 @@ def selection(args) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     modes = args.confirm.split(",")
     jobs, bad, alpha = args.jobs, 0, 1 - args.confidence
-    print(f"\nP(an exported point's true drop > epsilon): {args.problems} problems x 1, epsilon {args.epsilon:g}, "
-          f"c {args.confidence:g}, every candidate's true drop {args.drop:g}, 2 confirmations, {jobs} jobs per cell "
-          f"(SE in brackets; ! = above 1 - c + 3 SE)\n")
+    print(
+        f"\nP(an exported point's true drop > epsilon): {args.problems} problems x 1, epsilon {args.epsilon:g}, "
+        f"c {args.confidence:g}, every candidate's true drop {args.drop:g}, 2 confirmations, {jobs} jobs per cell "
+        f"(SE in brackets; ! = above 1 - c + 3 SE)\n"
+    )
     print("| harm | outcomes | candidates | " + " | ".join(f"--confirm {m}" for m in modes) + " |")
     print("|---|---|---|" + "---|" * len(modes))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         for structure in STRUCTURES:
             for outcome in OUTCOMES:
-                for k in ([int(x) for x in args.candidates.split(",")] if args.candidates else
-                          CANDIDATES[:2] if args.quick else CANDIDATES):
+                for k in (
+                    [int(x) for x in args.candidates.split(",")]
+                    if args.candidates
+                    else CANDIDATES[:2]
+                    if args.quick
+                    else CANDIDATES
+                ):
                     cells = []
                     for mode in modes:
-                        rng = np.random.default_rng([args.seed, STRUCTURES.index(structure), OUTCOMES.index(outcome), k])
-                        p = float(np.mean([one_job(rng, args.problems, k, structure, outcome, args.drop, mode,
-                                                   args.epsilon, args.confidence, folder) for _ in range(jobs)]))
+                        rng = np.random.default_rng(
+                            [args.seed, STRUCTURES.index(structure), OUTCOMES.index(outcome), k]
+                        )
+                        p = float(
+                            np.mean(
+                                [
+                                    one_job(
+                                        rng,
+                                        args.problems,
+                                        k,
+                                        structure,
+                                        outcome,
+                                        args.drop,
+                                        mode,
+                                        args.epsilon,
+                                        args.confidence,
+                                        folder,
+                                    )
+                                    for _ in range(jobs)
+                                ]
+                            )
+                        )
                         se = math.sqrt(max(p * (1 - p), alpha * (1 - alpha)) / jobs)
                         over = p > alpha + 3 * se
                         bad += over and mode == "holdout"
@@ -153,9 +219,11 @@ def planner(args) -> int:
     from relaxtune.certify.stats import drop_bound, paired_counts
 
     rng, low = np.random.default_rng(args.seed), 0
-    print(f"\nrelaxtune plan's sample (held-out half, 2 methods x 2 confirmations) at epsilon {eps:g}, "
-          f"true drop {args.plan_drop:g}, discordance {args.discordance:g} (loss spread evenly), power "
-          f"{args.power:g}; {args.datasets} simulated confirmations per row\n")
+    print(
+        f"\nrelaxtune plan's sample (held-out half, 2 methods x 2 confirmations) at epsilon {eps:g}, "
+        f"true drop {args.plan_drop:g}, discordance {args.discordance:g} (loss spread evenly), power "
+        f"{args.power:g}; {args.datasets} simulated confirmations per row\n"
+    )
     print("| c | repeats | problems (--limit) | confirmation problems | stated power | measured power (SE) |")
     print("|---|---|---|---|---|---|")
     start = time.perf_counter()
@@ -168,17 +236,27 @@ def planner(args) -> int:
             hits = 0
             for _ in range(args.datasets):
                 draw = rng.choice(3, p=probs, size=(k, repeats))  # 0 strict-only, 1 relaxed-only, 2 concordant
-                strict = [{"problem_id": str(j), "repeat": r, "correct": draw[j, r] != 1}
-                          for j in range(k) for r in range(repeats)]
-                relaxed = [{"problem_id": str(j), "repeat": r, "correct": draw[j, r] != 0}
-                           for j in range(k) for r in range(repeats)]
+                strict = [
+                    {"problem_id": str(j), "repeat": r, "correct": draw[j, r] != 1}
+                    for j in range(k)
+                    for r in range(repeats)
+                ]
+                relaxed = [
+                    {"problem_id": str(j), "repeat": r, "correct": draw[j, r] != 0}
+                    for j in range(k)
+                    for r in range(repeats)
+                ]
                 hits += drop_bound(paired_counts(strict, relaxed), p.confidence_each).upper <= eps
             measured = hits / args.datasets
             se = math.sqrt(measured * (1 - measured) / args.datasets)
             ok = measured >= p.power_needed - 3 * se
             low += not ok
-            print(f"| {confidence:g} | {repeats} | {p.needed} | {k} | {p.power_needed:.3f} | {measured:.3f} ({se:.3f})"
-                  + ("" if ok else " !") + " |", flush=True)
+            print(
+                f"| {confidence:g} | {repeats} | {p.needed} | {k} | {p.power_needed:.3f} | {measured:.3f} ({se:.3f})"
+                + ("" if ok else " !")
+                + " |",
+                flush=True,
+            )
     print(f"\nrows below stated - 3 SE: {low} ({time.perf_counter() - start:.0f} s)")
     return 0
 

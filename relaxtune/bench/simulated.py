@@ -62,8 +62,20 @@ from relaxtune.decoding.speed import speedup
 from relaxtune.tasks.spec import Problem, TaskSpec
 from relaxtune.tune.evaluation import EvalResult, summarize
 
-__all__ = ["Family", "FAMILIES", "GAINS", "Surface", "SimTask", "Truth", "SimPair", "truncated_geometric",
-           "PAPER_N", "PAPER_C_REL", "MAX_TOKENS", "POPULATION"]
+__all__ = [
+    "Family",
+    "FAMILIES",
+    "GAINS",
+    "Surface",
+    "SimTask",
+    "Truth",
+    "SimPair",
+    "truncated_geometric",
+    "PAPER_N",
+    "PAPER_C_REL",
+    "MAX_TOKENS",
+    "POPULATION",
+]
 
 PAPER_N = (3, 5, 10, 20)  # the paper's draft lengths
 PAPER_C_REL = (0.05, 0.2, 0.5)  # the paper's c_rel sweep
@@ -93,11 +105,14 @@ class Family:
     epsilon: float
 
 
-FAMILIES = {f.name: f for f in (
-    Family("aime", 30, 16, 0.75, 12000.0, 0.15),
-    Family("gpqa", 66, 6, 0.65, 6000.0, 0.1),
-    Family("lcb", 58, 6, 0.55, 9000.0, 0.1),
-)}
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("aime", 30, 16, 0.75, 12000.0, 0.15),
+        Family("gpqa", 66, 6, 0.65, 6000.0, 0.1),
+        Family("lcb", 58, 6, 0.55, 9000.0, 0.1),
+    )
+}
 
 # acceptance gain g(knob, scale) in [0, 1), rising with the knob and saturating, per method
 GAINS = {
@@ -119,11 +134,11 @@ def truncated_geometric(beta: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarra
     k = np.arange(n + 1, dtype=np.float64)
     pk = beta[..., None] ** k * np.where(k < n, 1.0 - beta[..., None], 1.0)
     mean = (pk * k).sum(-1)
-    return mean, np.maximum((pk * k * k).sum(-1) - mean ** 2, 0.0)
+    return mean, np.maximum((pk * k * k).sum(-1) - mean**2, 0.0)
 
 
 def _mean_accepted(beta: np.ndarray, n: int) -> np.ndarray:
-    return beta * (1.0 - beta ** n) / (1.0 - beta)
+    return beta * (1.0 - beta**n) / (1.0 - beta)
 
 
 def _sigmoid(x: float) -> float:
@@ -193,12 +208,12 @@ class _Problems:
     length: np.ndarray
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, family: Family, n: int) -> "_Problems":
+    def draw(cls, rng: np.random.Generator, family: Family, n: int) -> _Problems:
         a = 1.0  # Beta(a mu, a (1 - mu)): most problems near always or never solved
         s = rng.beta(a * family.accuracy, a * (1.0 - family.accuracy), n)
         c = rng.gamma(1.0, 1.0, n)  # susceptibility, mean 1
         e = rng.normal(0.0, ACCEPT_SPREAD, n)
-        mu = math.log(family.length) - PROBLEM_LENGTH_SPREAD ** 2 / 2 - LENGTH_SPREAD ** 2 / 2
+        mu = math.log(family.length) - PROBLEM_LENGTH_SPREAD**2 / 2 - LENGTH_SPREAD**2 / 2
         return cls(s, c, e, np.exp(rng.normal(mu, PROBLEM_LENGTH_SPREAD, n)))
 
 
@@ -225,7 +240,7 @@ class SimTask:
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def draw(cls, family: Family | str, seed: int, methods: tuple[str, ...] = ("cactus", "mentored", "ens")) -> "SimTask":
+    def draw(cls, family: Family | str, seed: int, methods: tuple[str, ...] = ("cactus", "mentored", "ens")) -> SimTask:
         """Draw a task of ``family`` from ``seed`` (module doc).
 
         Raises:
@@ -246,16 +261,22 @@ class SimTask:
         for m in methods:
             lo, hi = _SCALES[m]
             surfaces[m] = Surface(
-                m, float(math.exp(rng.uniform(math.log(lo), math.log(hi)))), float(rng.uniform(*_CEILING[m])),
+                m,
+                float(math.exp(rng.uniform(math.log(lo), math.log(hi)))),
+                float(rng.uniform(*_CEILING[m])),
                 cliff=float(np.clip(cliff + rng.normal(0.0, 0.08), 0.05, 0.98)),  # ... up to a jitter
-                width=float(rng.uniform(0.03, 0.1)), loss=float(math.exp(rng.uniform(math.log(0.03), math.log(0.8)))),
-                ramble=float(rng.uniform(*_RAMBLE[m])), ramble_at=float(np.clip(cliff + rng.uniform(-0.1, 0.2), 0, 1)))
+                width=float(rng.uniform(0.03, 0.1)),
+                loss=float(math.exp(rng.uniform(math.log(0.03), math.log(0.8)))),
+                ramble=float(rng.uniform(*_RAMBLE[m])),
+                ramble_at=float(np.clip(cliff + rng.uniform(-0.1, 0.2), 0, 1)),
+            )
         task = cls(family, seed, c_rel, beta0, surfaces)
         task._problems = _Problems.draw(rng, family, family.problems)
         truth_rng = np.random.default_rng([zlib.crc32(family.name.encode()), seed, zlib.crc32(b"population")])
         task._population = _Problems.draw(truth_rng, family, POPULATION)
-        task._lengths = task._population.length * np.exp(truth_rng.normal(-LENGTH_SPREAD ** 2 / 2, LENGTH_SPREAD,
-                                                                          POPULATION))  # one sample per problem
+        task._lengths = task._population.length * np.exp(
+            truth_rng.normal(-(LENGTH_SPREAD**2) / 2, LENGTH_SPREAD, POPULATION)
+        )  # one sample per problem
         return task
 
     # ---------------------------------------------------------------- surfaces
@@ -267,8 +288,14 @@ class SimTask:
 
     def spec(self) -> TaskSpec:
         """A task spec with the family's repeats and token limit (its dataset is never read)."""
-        return TaskSpec(name=f"sim-{self.name}", version=1, dataset={"path": "json", "data_files": "unused.jsonl"},
-                        grader={"kind": "math"}, repeats=self.family.repeats, max_new_tokens=MAX_TOKENS)
+        return TaskSpec(
+            name=f"sim-{self.name}",
+            version=1,
+            dataset={"path": "json", "data_files": "unused.jsonl"},
+            grader={"kind": "math"},
+            repeats=self.family.repeats,
+            max_new_tokens=MAX_TOKENS,
+        )
 
     def problems(self) -> list[Problem]:
         """The task's problems (ids ``"0"`` ...)."""
@@ -330,7 +357,7 @@ class SimTask:
         p, shape = self._problems, (self.family.problems, self.family.repeats)
         point = self._point(method, knob, n_draft, p)
         correct = rng.random(shape) < point["success"][:, None]
-        raw = p.length[:, None] * point["ratio"] * np.exp(rng.normal(-LENGTH_SPREAD ** 2 / 2, LENGTH_SPREAD, shape))
+        raw = p.length[:, None] * point["ratio"] * np.exp(rng.normal(-(LENGTH_SPREAD**2) / 2, LENGTH_SPREAD, shape))
         length = np.clip(np.rint(raw), 1, MAX_TOKENS).astype(np.int64)
         mean, var = (np.broadcast_to(v[:, None], shape) for v in truncated_geometric(point["beta"], n_draft))
         rounds = np.maximum(1, np.rint(length / (mean + 1.0))).astype(np.int64)
@@ -338,12 +365,23 @@ class SimTask:
         accepted = np.clip(accepted, 0, rounds * n_draft).astype(np.int64)
         out = []
         for j in range(shape[0]):
-            out.append([dict(problem_id=str(j), repeat=r, seed=seed, failed=False, correct=bool(correct[j, r]),
-                             verdict="correct" if correct[j, r] else "wrong", output="",
-                             finish_reason="length" if length[j, r] >= MAX_TOKENS else "stop",
-                             response_tokens=int(length[j, r]),
-                             stats={"rounds": int(rounds[j, r]), "accepted": int(accepted[j, r]), "wall_seconds": 1.0})
-                        for r in range(shape[1])])
+            out.append(
+                [
+                    dict(
+                        problem_id=str(j),
+                        repeat=r,
+                        seed=seed,
+                        failed=False,
+                        correct=bool(correct[j, r]),
+                        verdict="correct" if correct[j, r] else "wrong",
+                        output="",
+                        finish_reason="length" if length[j, r] >= MAX_TOKENS else "stop",
+                        response_tokens=int(length[j, r]),
+                        stats={"rounds": int(rounds[j, r]), "accepted": int(accepted[j, r]), "wall_seconds": 1.0},
+                    )
+                    for r in range(shape[1])
+                ]
+            )
         self._cache[key] = out
         return out
 

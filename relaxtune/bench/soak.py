@@ -37,13 +37,27 @@ METHODS = ["cactus", "mentored"]
 
 def _env() -> dict:
     root = str(Path(__file__).parents[2])
-    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-                         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
 
 
 def _start(folder: Path, label: str, args, barrier: bool) -> tuple[subprocess.Popen, object]:
-    cmd = [sys.executable, "-m", "relaxtune.testing.synthetic", str(folder / "settings.json"), "--delay",
-           str(args.delay), "--cliff", "0.8", "--strict-accept", "0.1", "--worker", label]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relaxtune.testing.synthetic",
+        str(folder / "settings.json"),
+        "--delay",
+        str(args.delay),
+        "--cliff",
+        "0.8",
+        "--strict-accept",
+        "0.1",
+        "--worker",
+        label,
+    ]
     if barrier:
         cmd += ["--barrier", str(folder)]
     out = open(folder / f"{label}.log", "w")
@@ -89,10 +103,21 @@ def run_round(k: int, root: Path, args, rng: random.Random, postgres: bool) -> d
     folder.mkdir(parents=True)
     pg = _pg_databases(args.postgres, 2) if postgres else []
     storage, mlflow_uri = pg or (f"sqlite:///{folder / 'optuna.db'}", f"sqlite:///{folder / 'mlflow.db'}")
-    settings = dict(task=write_task(folder / "task", args.problems), methods=METHODS, n_drafts=[4],
-                    trials=args.trials, stage_size=max(1, args.problems // 2), range_size=max(1, args.problems // 4),
-                    c_rel=0.2, epsilon=0.2, heartbeat=1, grace_period=3, output_dir=str(folder / "runs"),
-                    storage=storage, mlflow_uri=mlflow_uri)
+    settings = dict(
+        task=write_task(folder / "task", args.problems),
+        methods=METHODS,
+        n_drafts=[4],
+        trials=args.trials,
+        stage_size=max(1, args.problems // 2),
+        range_size=max(1, args.problems // 4),
+        c_rel=0.2,
+        epsilon=0.2,
+        heartbeat=1,
+        grace_period=3,
+        output_dir=str(folder / "runs"),
+        storage=storage,
+        mlflow_uri=mlflow_uri,
+    )
     (folder / "settings.json").write_text(json.dumps(settings))
     n = rng.randint(2, 4)
     victim, kill_after = f"w{rng.randrange(n)}", rng.uniform(0.0, args.kill_window)
@@ -103,8 +128,11 @@ def run_round(k: int, root: Path, args, rng: random.Random, postgres: bool) -> d
         while not all((folder / f"ready-{label}").exists() for label in procs):
             ended = [label for label, (p, _) in procs.items() if p.poll() is not None]
             if ended or time.time() > deadline:
-                raise RuntimeError(f"workers {ended} ended before the start: " + (folder / f"{ended[0]}.log").read_text()[-2000:]
-                                   if ended else "workers not ready in time")
+                raise RuntimeError(
+                    f"workers {ended} ended before the start: " + (folder / f"{ended[0]}.log").read_text()[-2000:]
+                    if ended
+                    else "workers not ready in time"
+                )
             time.sleep(0.05)
         (folder / "go").touch()
         go = time.time()
@@ -134,20 +162,31 @@ def run_round(k: int, root: Path, args, rng: random.Random, postgres: bool) -> d
         if not mlflow_state(mlflow_uri)["complete"]:
             failures.append("MLflow store not at its newest schema")
         names = [f"synthetic__{m}__synthetic-pair" for m in METHODS]
-        studies = {name: optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False) for name in names}
-        finished = {name: sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) for name, trials in studies.items()}
+        studies = {
+            name: optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False) for name in names
+        }
+        finished = {
+            name: sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) for name, trials in studies.items()
+        }
         left = sum(t.state.name in ("RUNNING", "WAITING") for trials in studies.values() for t in trials)
         if set(finished.values()) != {args.trials} or left:
             failures.append(f"finished trials per study {finished}, {left} running or waiting (want {args.trials})")
         client = MlflowClient(mlflow_uri)
         runs = client.search_runs([client.get_experiment_by_name("relaxtune-synthetic").experiment_id])
-        per_trial = Counter((r.data.tags["relaxtune.study"], int(r.data.tags["relaxtune.trial"]))
-                            for r in runs if r.data.tags.get("relaxtune.kind") == "trial")
-        ended = {(name, t.number) for name, trials in studies.items() for t in trials
-                 if t.state.name in ("COMPLETE", "PRUNED", "FAIL")}
+        per_trial = Counter(
+            (r.data.tags["relaxtune.study"], int(r.data.tags["relaxtune.trial"]))
+            for r in runs
+            if r.data.tags.get("relaxtune.kind") == "trial"
+        )
+        ended = {
+            (name, t.number)
+            for name, trials in studies.items()
+            for t in trials
+            if t.state.name in ("COMPLETE", "PRUNED", "FAIL")
+        }
         if set(per_trial) != ended or max(per_trial.values(), default=1) != 1:
             failures.append(f"MLflow trial runs {sorted(per_trial.items())} vs ended trials {sorted(ended)}")
-    except Exception as err:  # noqa: BLE001 - an unusable store is a failed check
+    except Exception as err:
         failures.append(f"stores not usable: {type(err).__name__}: {err}")
         per_trial = Counter()
     written, twice = 0, 0
@@ -157,18 +196,30 @@ def run_round(k: int, root: Path, args, rng: random.Random, postgres: bool) -> d
         twice += sum(c - 1 for c in keys.values())
     if twice:
         failures.append(f"{twice} sample(s) generated twice")
-    configs = [json.dumps({k: v for k, v in r["config"].items() if k != "created"}, sort_keys=True)
-               for r in reports.values()]
+    configs = [
+        json.dumps({k: v for k, v in r["config"].items() if k != "created"}, sort_keys=True) for r in reports.values()
+    ]
     if len(set(configs)) != 1:
         failures.append(f"exported configs differ among {sorted(reports)}")
     if pg:
         from sqlalchemy.engine import make_url  # noqa: F401 - pools of this process closed before the drop
 
         _drop_pg(args.postgres, pg)
-    return {"round": k, "store": "PostgreSQL" if postgres else "SQLite", "workers": n, "killed": victim,
-            "kill_after": kill_after, "killed_while": killed_while, "job": job, "wall": time.time() - began,
-            "runs": sum(per_trial.values()), "samples": written, "twice": twice, "configs": len(reports),
-            "failures": failures}
+    return {
+        "round": k,
+        "store": "PostgreSQL" if postgres else "SQLite",
+        "workers": n,
+        "killed": victim,
+        "kill_after": kill_after,
+        "killed_while": killed_while,
+        "job": job,
+        "wall": time.time() - began,
+        "runs": sum(per_trial.values()),
+        "samples": written,
+        "twice": twice,
+        "configs": len(reports),
+        "failures": failures,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,26 +235,37 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="relaxtune-soak-"))
-    print(f"soak: {args.rounds} rounds of 2-4 workers started at once on fresh stores, one SIGKILLed within "
-          f"{args.kill_window:g} s and one restarted; {len(METHODS)} studies x {args.trials} trials, "
-          f"{args.problems} problems x {args.delay:g} s; {os.cpu_count()} CPU cores, load average "
-          f"{os.getloadavg()[0]:.1f}; work in {root}", flush=True)
-    print(f"{'round':>5} {'store':>10} {'workers':>7} {'killed at':>14} {'job s':>6} {'runs':>4} {'samples':>7} "
-          f"{'twice':>5} {'configs':>7}  checks", flush=True)
+    print(
+        f"soak: {args.rounds} rounds of 2-4 workers started at once on fresh stores, one SIGKILLed within "
+        f"{args.kill_window:g} s and one restarted; {len(METHODS)} studies x {args.trials} trials, "
+        f"{args.problems} problems x {args.delay:g} s; {os.cpu_count()} CPU cores, load average "
+        f"{os.getloadavg()[0]:.1f}; work in {root}",
+        flush=True,
+    )
+    print(
+        f"{'round':>5} {'store':>10} {'workers':>7} {'killed at':>14} {'job s':>6} {'runs':>4} {'samples':>7} "
+        f"{'twice':>5} {'configs':>7}  checks",
+        flush=True,
+    )
     rounds = []
     for k in range(args.rounds):
         r = run_round(k, root, args, rng, bool(args.postgres) and k % 2 == 1)
         rounds.append(r)
         killed = f"{r['killed']} {r['kill_after']:.1f}s" + ("" if r["killed_while"] == "running" else "*")
-        print(f"{k:>5} {r['store']:>10} {r['workers']:>7} {killed:>14} {r['job']:>6.1f} {r['runs']:>4} "
-              f"{r['samples']:>7} {r['twice']:>5} {r['configs']:>7}  "
-              + ("ok" if not r["failures"] else "FAILED: " + " | ".join(r["failures"])), flush=True)
+        print(
+            f"{k:>5} {r['store']:>10} {r['workers']:>7} {killed:>14} {r['job']:>6.1f} {r['runs']:>4} "
+            f"{r['samples']:>7} {r['twice']:>5} {r['configs']:>7}  "
+            + ("ok" if not r["failures"] else "FAILED: " + " | ".join(r["failures"])),
+            flush=True,
+        )
     failed = [r for r in rounds if r["failures"]]
-    print(f"total: {len(rounds)} rounds, {sum(r['workers'] for r in rounds)} workers started at once "
-          f"+ {len(rounds)} restarted, {len(rounds)} killed ({sum(r['killed_while'] != 'running' for r in rounds)} "
-          f"after they had finished: *), {sum(r['runs'] for r in rounds)} MLflow trial runs, "
-          f"{sum(r['samples'] for r in rounds)} samples, {sum(r['twice'] for r in rounds)} generated twice, "
-          f"{len(failed)} round(s) failed; load average now {os.getloadavg()[0]:.1f}")
+    print(
+        f"total: {len(rounds)} rounds, {sum(r['workers'] for r in rounds)} workers started at once "
+        f"+ {len(rounds)} restarted, {len(rounds)} killed ({sum(r['killed_while'] != 'running' for r in rounds)} "
+        f"after they had finished: *), {sum(r['runs'] for r in rounds)} MLflow trial runs, "
+        f"{sum(r['samples'] for r in rounds)} samples, {sum(r['twice'] for r in rounds)} generated twice, "
+        f"{len(failed)} round(s) failed; load average now {os.getloadavg()[0]:.1f}"
+    )
     return 1 if failed else 0
 
 

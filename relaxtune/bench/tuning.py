@@ -54,12 +54,22 @@ import numpy as np
 from relaxtune.bench.simulated import FAMILIES, GAINS, PAPER_N, SimPair, SimTask, Truth
 from relaxtune.certify.stats import wilson_interval
 from relaxtune.decoding.methods import get_method
-from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.result import JobResult
+from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.tuning import Tuner, choose
 
-__all__ = ["Run", "run_strategy", "oracle", "trace", "reached", "summarize", "STRATEGIES", "TARGET_SHARE",
-           "TARGET_TOKENS", "TOLERANCE"]
+__all__ = [
+    "Run",
+    "run_strategy",
+    "oracle",
+    "trace",
+    "reached",
+    "summarize",
+    "STRATEGIES",
+    "TARGET_SHARE",
+    "TARGET_TOKENS",
+    "TOLERANCE",
+]
 
 STRATEGIES = ("search", "grid", "random")
 TARGET_TOKENS = 0.4  # share of the grid's tokens ...
@@ -151,9 +161,20 @@ def trace(result: JobResult, study) -> list[tuple[int, tuple]]:
 
 
 def _settings(task: SimTask, method: str, seed: int, folder: str, **over) -> TuneSettings:
-    fields = dict(task=task.name, methods=[method], n_drafts=list(PAPER_N), c_rel=task.c_rel,
-                  epsilon=task.family.epsilon, seed=seed, storage=f"sqlite:///{folder}/optuna.db", output_dir=folder,
-                  heartbeat=3600) | over
+    fields = (
+        dict(
+            task=task.name,
+            methods=[method],
+            n_drafts=list(PAPER_N),
+            c_rel=task.c_rel,
+            epsilon=task.family.epsilon,
+            seed=seed,
+            storage=f"sqlite:///{folder}/optuna.db",
+            output_dir=folder,
+            heartbeat=3600,
+        )
+        | over
+    )
     return TuneSettings(**fields)
 
 
@@ -171,8 +192,15 @@ def run_strategy(task: SimTask, method: str, strategy: str, seed: int, folder: s
         over = dict(trials=len(get_method(method).grid) * len(PAPER_N), stage_size=task.family.problems)
     settings = _settings(task, method, seed, folder, **over)
     cls = {"search": Tuner, "grid": GridTuner, "random": RandomTuner}[strategy]
-    tuner = cls(settings, task.spec(), task.problems(), SimPair(f"{strategy}-seed{seed}"), task.c_rel,
-                evaluate_fn=task, progress=False)
+    tuner = cls(
+        settings,
+        task.spec(),
+        task.problems(),
+        SimPair(f"{strategy}-seed{seed}"),
+        task.c_rel,
+        evaluate_fn=task,
+        progress=False,
+    )
     outcome = tuner.tune([method])[0]
     result = tuner.result([outcome])
     steps = trace(result, outcome.study)
@@ -218,15 +246,37 @@ def _job(item: tuple[str, int, str, int, str]) -> dict:
     os.makedirs(folder, exist_ok=True)
     runs = {s: run_strategy(task, method, s, seed, folder) for s in STRATEGIES}
     best, grid = oracle(task, method), runs["grid"]
-    out = {"family": family, "task": task.name, "method": method, "seed": seed, "c_rel": task.c_rel,
-           "epsilon": task.family.epsilon, "best": best.speedup}
+    out = {
+        "family": family,
+        "task": task.name,
+        "method": method,
+        "seed": seed,
+        "c_rel": task.c_rel,
+        "epsilon": task.family.epsilon,
+        "best": best.speedup,
+    }
     for name, run in runs.items():
-        to_reach = grid.tokens if name == "grid" else next(
-            (tok for tok, pick in run.steps
-             if reached(_truth(task, method, pick), grid.truth, task.family.epsilon)), None)
-        out[name] = {"tokens": run.tokens, "to_reach": to_reach, "regret": 1.0 - run.truth.speedup / best.speedup,
-                     "infeasible": run.truth.drop > task.family.epsilon, "pick": run.pick, "trials": run.trials,
-                     "speedup": run.truth.speedup}
+        to_reach = (
+            grid.tokens
+            if name == "grid"
+            else next(
+                (
+                    tok
+                    for tok, pick in run.steps
+                    if reached(_truth(task, method, pick), grid.truth, task.family.epsilon)
+                ),
+                None,
+            )
+        )
+        out[name] = {
+            "tokens": run.tokens,
+            "to_reach": to_reach,
+            "regret": 1.0 - run.truth.speedup / best.speedup,
+            "infeasible": run.truth.drop > task.family.epsilon,
+            "pick": run.pick,
+            "trials": run.trials,
+            "speedup": run.truth.speedup,
+        }
     return out
 
 
@@ -245,29 +295,37 @@ def summarize(results: list[dict]) -> list[str]:
     """The table's lines and the target line (markdown)."""
     n = len(results)
     grid_mean = statistics.mean(r["grid"]["tokens"] for r in results)
-    lines = ["| strategy | model tokens, mean (M) | vs grid | tokens to reach the grid's pick / grid's, median "
-             f"| reached within {TARGET_TOKENS * 100:g} % (90 % CI) | regret, median / p90 | infeasible picks (90 % CI) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | model tokens, mean (M) | vs grid | tokens to reach the grid's pick / grid's, median "
+        f"| reached within {TARGET_TOKENS * 100:g} % (90 % CI) | regret, median / p90 | infeasible picks (90 % CI) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in STRATEGIES:
         mean = statistics.mean(r[s]["tokens"] for r in results)
         ratios = [_reach_ratio(r, s) for r in results]
         med = statistics.median(ratios)
         regret = sorted(r[s]["regret"] for r in results)
-        lines.append(f"| {s} | {mean / 1e6:.1f} | {mean / grid_mean:.2f} | {'never' if math.isinf(med) else f'{med:.2f}'} "
-                     f"| {_share(sum(x <= TARGET_TOKENS for x in ratios), n)} "
-                     f"| {statistics.median(regret):.1%} / {regret[min(n - 1, int(0.9 * n))]:.1%} "
-                     f"| {_share(sum(r[s]['infeasible'] for r in results), n)} |")
+        lines.append(
+            f"| {s} | {mean / 1e6:.1f} | {mean / grid_mean:.2f} | {'never' if math.isinf(med) else f'{med:.2f}'} "
+            f"| {_share(sum(x <= TARGET_TOKENS for x in ratios), n)} "
+            f"| {statistics.median(regret):.1%} / {regret[min(n - 1, int(0.9 * n))]:.1%} "
+            f"| {_share(sum(r[s]['infeasible'] for r in results), n)} |"
+        )
     within = sum(_reach_ratio(r, "search") <= TARGET_TOKENS for r in results)
     verdict = "met" if within / n >= TARGET_SHARE else "MISSED"
     lines.append("")
-    lines.append(f"target: the search reaches the grid's pick with <= {TARGET_TOKENS:.0%} of the grid's tokens in "
-                 f"{within} of {n} runs ({_share(within, n)}); wanted >= {TARGET_SHARE:.0%}: {verdict}")
+    lines.append(
+        f"target: the search reaches the grid's pick with <= {TARGET_TOKENS:.0%} of the grid's tokens in "
+        f"{within} of {n} runs ({_share(within, n)}); wanted >= {TARGET_SHARE:.0%}: {verdict}"
+    )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=5, help="simulated tasks per family (45 runs: a few minutes on 2 cores)")
+    ap.add_argument(
+        "--tasks", type=int, default=5, help="simulated tasks per family (45 runs: a few minutes on 2 cores)"
+    )
     ap.add_argument("--families", default=",".join(FAMILIES), help="task families, comma separated")
     ap.add_argument("--methods", default=",".join(GAINS), help="methods, comma separated")
     ap.add_argument("--seeds", type=int, default=1, help="search seeds per (task, method)")
@@ -283,19 +341,30 @@ def main(argv: list[str] | None = None) -> int:
         if m not in GAINS:
             ap.error(f"no simulated surfaces for {m!r}; simulated methods: {', '.join(GAINS)}")
     folder = tempfile.mkdtemp(prefix="relaxtune-bench-tuning-")
-    items = [(f, t, m, 1000 * t + s, folder) for f in families for t in range(tasks) for m in methods
-             for s in range(args.seeds)]
-    print(f"tuning benchmark: {len(items)} runs ({tasks} task(s) per family x {len(families)} families x "
-          f"{len(methods)} methods x {args.seeds} seed(s)), {args.jobs} process(es); work in {folder}", flush=True)
+    items = [
+        (f, t, m, 1000 * t + s, folder)
+        for f in families
+        for t in range(tasks)
+        for m in methods
+        for s in range(args.seeds)
+    ]
+    print(
+        f"tuning benchmark: {len(items)} runs ({tasks} task(s) per family x {len(families)} families x "
+        f"{len(methods)} methods x {args.seeds} seed(s)), {args.jobs} process(es); work in {folder}",
+        flush=True,
+    )
     start, results = time.perf_counter(), []
     with ProcessPoolExecutor(args.jobs) as pool:
         for i, r in enumerate(pool.map(_job, items), 1):
             results.append(r)
             s, g = r["search"], r["grid"]
             reach = "never" if s["to_reach"] is None else f"{s['to_reach'] / g['tokens']:.2f}"
-            print(f"  [{i}/{len(items)}] {r['task']} {r['method']} (c_rel {r['c_rel']:g}): grid pick {g['pick']} "
-                  f"S {g['speedup']:.2f}; search pick {s['pick']} S {s['speedup']:.2f}, reached at {reach} of the "
-                  f"grid's tokens; best S {r['best']:.2f}", flush=True)
+            print(
+                f"  [{i}/{len(items)}] {r['task']} {r['method']} (c_rel {r['c_rel']:g}): grid pick {g['pick']} "
+                f"S {g['speedup']:.2f}; search pick {s['pick']} S {s['speedup']:.2f}, reached at {reach} of the "
+                f"grid's tokens; best S {r['best']:.2f}",
+                flush=True,
+            )
     print(f"\n{len(results)} runs in {time.perf_counter() - start:.0f} s\n")
     print("\n".join(summarize(results)))
     return 0

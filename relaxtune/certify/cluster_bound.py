@@ -69,8 +69,9 @@ def betting_upper(x, confidence: float, tol: float = 1e-6) -> np.ndarray | float
     for order in _orderings(k):
         a = arr[:, order]
         means = np.concatenate([np.full((len(a), 1), 0.5), ((0.5 + np.cumsum(a, axis=1)) / steps)[:, :-1]], axis=1)
-        var = np.concatenate([np.full((len(a), 1), 0.25),
-                              ((0.25 + np.cumsum((a - means) ** 2, axis=1)) / steps)[:, :-1]], axis=1)
+        var = np.concatenate(
+            [np.full((len(a), 1), 0.25), ((0.25 + np.cumsum((a - means) ** 2, axis=1)) / steps)[:, :-1]], axis=1
+        )
         arranged.append(a)
         raw.append(np.sqrt(2.0 * math.log(threshold) / (k * var)))
 

@@ -87,8 +87,13 @@ def _tail(n: int, t: np.ndarray, d0: float, delta) -> np.ndarray:
 
     delta = np.atleast_1d(np.asarray(delta, dtype=np.float64))[:, None]
     m = np.arange(n + 1)[None, :]
-    log_pm = (special.gammaln(n + 1) - special.gammaln(m + 1) - special.gammaln(n - m + 1)
-              + special.xlogy(m, delta) + special.xlog1py(n - m, -delta))
+    log_pm = (
+        special.gammaln(n + 1)
+        - special.gammaln(m + 1)
+        - special.gammaln(n - m + 1)
+        + special.xlogy(m, delta)
+        + special.xlog1py(n - m, -delta)
+    )
     keep = (log_pm > -41.5) & (t >= 0)
     rows, cols = np.nonzero(keep)
     d = delta[rows, 0]
@@ -115,8 +120,9 @@ def _sup(n: int, t: np.ndarray, d0: float) -> float:
     for i in sorted(peaks, key=lambda i: -vals[i])[:3]:
         lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, last)]
         if hi > lo:
-            r = optimize.minimize_scalar(lambda x: -_tail(n, t, d0, x)[0], bounds=(lo, hi), method="bounded",
-                                         options={"xatol": 1e-10})
+            r = optimize.minimize_scalar(
+                lambda x: -_tail(n, t, d0, x)[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
+            )
             best = max(best, -float(r.fun))
     return min(best, 1.0)
 
@@ -125,8 +131,9 @@ def _check(n: int, b: int, c: int, confidence: float) -> tuple[int, int, int]:
     n, b, c = check_count("n", n, 1), check_count("b", b), check_count("c", c)
     check_confidence(confidence)
     if b + c > n:
-        raise ValueError(f"paired counts need n >= 1 and 0 <= strict-only b, relaxed-only c with b + c <= n; "
-                         f"got n={n}, b={b}, c={c}")
+        raise ValueError(
+            f"paired counts need n >= 1 and 0 <= strict-only b, relaxed-only c with b + c <= n; got n={n}, b={b}, c={c}"
+        )
     return n, b, c
 
 
@@ -204,13 +211,15 @@ def exact_pvalue_table(n: int, margin: float, confidence: float) -> tuple[np.nda
     order = np.argsort(u, kind="stable")
     last = np.searchsorted(u[order], u[order] + _TIE, side="right") - 1  # ties share their tail
     bo, co = b[order], c[order]
-    log_c = (special.gammaln(n + 1) - special.gammaln(bo + 1) - special.gammaln(co + 1)
-             - special.gammaln(n - bo - co + 1))
+    log_c = (
+        special.gammaln(n + 1) - special.gammaln(bo + 1) - special.gammaln(co + 1) - special.gammaln(n - bo - co + 1)
+    )
     best = np.zeros(len(b))
     for delta in _grid(margin):
         p10, p01 = max((delta + margin) / 2, 0.0), max((delta - margin) / 2, 0.0)
-        log_p = (log_c + special.xlogy(bo, p10) + special.xlogy(co, p01)
-                 + special.xlogy(n - bo - co, max(1 - delta, 0.0)))
+        log_p = (
+            log_c + special.xlogy(bo, p10) + special.xlogy(co, p01) + special.xlogy(n - bo - co, max(1 - delta, 0.0))
+        )
         best = np.maximum(best, np.cumsum(np.exp(log_p))[last])
     p = np.empty(len(b))
     p[order] = np.minimum(best, 1.0)

@@ -38,8 +38,17 @@ from .inputs import check_confidence, check_count, check_finite, check_probabili
 from .paired_bound import exact_pvalue
 from .stats import smallest_certifiable_drop
 
-__all__ = ["SamplePlan", "plan", "problems_needed", "fewest_problems", "certified_power", "sample_power",
-           "split_confidence", "DEFAULT_DISCORDANCE", "MAX_EXACT"]
+__all__ = [
+    "SamplePlan",
+    "plan",
+    "problems_needed",
+    "fewest_problems",
+    "certified_power",
+    "sample_power",
+    "split_confidence",
+    "DEFAULT_DISCORDANCE",
+    "MAX_EXACT",
+]
 
 DEFAULT_DISCORDANCE = 0.1  # typical of common random numbers: about 10 discordant pairs per 100 problems
 MAX_EXACT = 4000  # problems beyond which the need is the normal approximation
@@ -114,8 +123,9 @@ def certified_power(problems: int, epsilon: float, confidence: float, true_drop:
     return float(_tail(problems, _certified(problems, epsilon, confidence), true_drop, [discordance])[0])
 
 
-def sample_power(problems: int, repeats: int, epsilon: float, confidence: float, true_drop: float,
-                 discordance: float) -> float:
+def sample_power(
+    problems: int, repeats: int, epsilon: float, confidence: float, true_drop: float, discordance: float
+) -> float:
     """Exact probability that a sample of ``problems`` x ``repeats`` certifies ``epsilon``
     at ``confidence`` for a point with ``true_drop`` and ``discordance`` (per sample): the
     bound reads each problem's first repeat, so this is ``certified_power`` of ``problems``.
@@ -167,11 +177,12 @@ def _normal_need(epsilon, confidence, power_, true_drop, delta) -> int:
     from scipy import stats
 
     z = stats.norm.ppf(confidence) + stats.norm.ppf(power_)
-    return math.ceil(z * z * max(delta - true_drop ** 2, 1e-12) / (epsilon - true_drop) ** 2 - 1e-9)
+    return math.ceil(z * z * max(delta - true_drop**2, 1e-12) / (epsilon - true_drop) ** 2 - 1e-9)
 
 
-def problems_needed(epsilon: float, confidence: float, discordance: float, true_drop: float = 0.0,
-                    power: float = 0.8, repeats: int = 1) -> int | None:
+def problems_needed(
+    epsilon: float, confidence: float, discordance: float, true_drop: float = 0.0, power: float = 0.8, repeats: int = 1
+) -> int | None:
     """The fewest problems (x any ``repeats``) whose bound at ``confidence`` certifies
     ``epsilon`` with probability at least ``power`` (exact, ``sample_power``), for a point with
     ``true_drop`` and ``discordance``; None when ``true_drop >= epsilon`` (such a point
@@ -261,27 +272,46 @@ class SamplePlan:
 
     def assumptions(self) -> str:
         """What the numbers assume, in words."""
-        where = ("the held-out half of the problems (--confirm holdout)" if self.holdout else
-                 "every problem with fresh seeds (--confirm seeds: a promise about these problems, not new ones)")
-        return (f"the exported bound is a confirmation's: on {where}, at {self.confidence_each:.4g} one-sided "
-                f"({self.confidence:g} split over {self.planned} planned confirmation(s)); the point planned for has "
-                f"true drop {self.true_drop:g} and discordance {self.discordance:g} per sample, problems independent "
-                "draws from the task's population; power is exact (the bound's own test summed over every outcome)")
+        where = (
+            "the held-out half of the problems (--confirm holdout)"
+            if self.holdout
+            else "every problem with fresh seeds (--confirm seeds: a promise about these problems, not new ones)"
+        )
+        return (
+            f"the exported bound is a confirmation's: on {where}, at {self.confidence_each:.4g} one-sided "
+            f"({self.confidence:g} split over {self.planned} planned confirmation(s)); the point planned for has "
+            f"true drop {self.true_drop:g} and discordance {self.discordance:g} per sample, problems independent "
+            "draws from the task's population; power is exact (the bound's own test summed over every outcome)"
+        )
 
     def line(self) -> str:
         """One line for a summary."""
-        head = (f"with {self.problems} problems x {self.repeats} a confirmation ({self.confirm_problems} problems, "
-                f"{self.confidence_each:.1%} one-sided) certifies no drop below {self.smallest_certifiable:.3f}")
+        head = (
+            f"with {self.problems} problems x {self.repeats} a confirmation ({self.confirm_problems} problems, "
+            f"{self.confidence_each:.1%} one-sided) certifies no drop below {self.smallest_certifiable:.3f}"
+        )
         if self.needed is None:
-            return (f"{head}; a point whose true drop is {self.true_drop:g} >= epsilon {self.epsilon:g} cannot be "
-                    "certified")
-        return (f"{head}; {self.needed} problems x {self.repeats} (--limit) would certify {self.epsilon:g} "
-                f"{self.power:.0%} of the time for a point with true drop {self.true_drop:g} and discordance "
-                f"{self.discordance:.2f} (this sample: {self.power_now:.0%})")
+            return (
+                f"{head}; a point whose true drop is {self.true_drop:g} >= epsilon {self.epsilon:g} cannot be certified"
+            )
+        return (
+            f"{head}; {self.needed} problems x {self.repeats} (--limit) would certify {self.epsilon:g} "
+            f"{self.power:.0%} of the time for a point with true drop {self.true_drop:g} and discordance "
+            f"{self.discordance:.2f} (this sample: {self.power_now:.0%})"
+        )
 
 
-def plan(problems: int, repeats: int, epsilon: float, confidence: float, discordance: float = DEFAULT_DISCORDANCE,
-         true_drop: float = 0.0, power: float = 0.8, planned: int = 1, holdout: bool = True) -> SamplePlan:
+def plan(
+    problems: int,
+    repeats: int,
+    epsilon: float,
+    confidence: float,
+    discordance: float = DEFAULT_DISCORDANCE,
+    true_drop: float = 0.0,
+    power: float = 0.8,
+    planned: int = 1,
+    holdout: bool = True,
+) -> SamplePlan:
     """``SamplePlan`` for a job's sample and target (module doc): a confirmation runs on
     ``problems // 2`` held-out problems (``holdout``) or on all ``problems``, at
     ``split_confidence(confidence, planned)``; ``needed`` counts the job's problems.
@@ -301,6 +331,21 @@ def plan(problems: int, repeats: int, epsilon: float, confidence: float, discord
         now = sample_power(confirm_problems, repeats, epsilon, each, true_drop, discordance)
     floor = smallest_certifiable_drop(confirm_problems, repeats, each) if confirm_problems >= 1 else 1.0
     search_floor = smallest_certifiable_drop(max(search_problems, 1), repeats, confidence)
-    return SamplePlan(problems, repeats, float(epsilon), float(confidence), max(planned, 1), each, holdout,
-                      confirm_problems, floor, search_floor, float(discordance), float(true_drop), float(power), now,
-                      needed, at_need)
+    return SamplePlan(
+        problems,
+        repeats,
+        float(epsilon),
+        float(confidence),
+        max(planned, 1),
+        each,
+        holdout,
+        confirm_problems,
+        floor,
+        search_floor,
+        float(discordance),
+        float(true_drop),
+        float(power),
+        now,
+        needed,
+        at_need,
+    )

@@ -29,13 +29,20 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .inputs import check_confidence, check_count
 
-__all__ = ["wilson_interval", "pass_at_k", "DropBound", "paired_counts", "check_counts", "drop_bound",
-           "smallest_certifiable_drop"]
+__all__ = [
+    "wilson_interval",
+    "pass_at_k",
+    "DropBound",
+    "paired_counts",
+    "check_counts",
+    "drop_bound",
+    "smallest_certifiable_drop",
+]
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -143,18 +150,24 @@ def check_counts(counts: Iterable[Sequence[int]]) -> Counts:
     out = []
     for j, row in enumerate(counts):
         if len(row) not in (3, 4):
-            raise ValueError(f"problem {j}: counts must be three integers (n, strict_only, relaxed_only) and "
-                             f"optionally the first repeat's outcome, got {row!r}")
+            raise ValueError(
+                f"problem {j}: counts must be three integers (n, strict_only, relaxed_only) and "
+                f"optionally the first repeat's outcome, got {row!r}"
+            )
         n, b, c = (check_count(f"problem {j}: {name}", v) for name, v in zip(("n", "strict_only", "relaxed_only"), row))
         if len(row) == 4:
             f = check_count(f"problem {j}: first", row[3] + 1) - 1  # -1, 0 or 1
             if f > 1 or (f == 1 and b < 1) or (f == -1 and c < 1) or (f == 0 and b + c == n):
-                raise ValueError(f"problem {j}: the first repeat's outcome {f} does not fit n={n}, strict_only={b}, "
-                                 f"relaxed_only={c}: the stored metrics are corrupt; evaluate the point again")
+                raise ValueError(
+                    f"problem {j}: the first repeat's outcome {f} does not fit n={n}, strict_only={b}, "
+                    f"relaxed_only={c}: the stored metrics are corrupt; evaluate the point again"
+                )
         if n < 1 or b + c > n:
-            raise ValueError(f"problem {j}: paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible "
-                             "(need n >= 1 and 0 <= strict_only + relaxed_only <= n): the stored metrics are "
-                             "corrupt; evaluate the point again")
+            raise ValueError(
+                f"problem {j}: paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible "
+                "(need n >= 1 and 0 <= strict_only + relaxed_only <= n): the stored metrics are "
+                "corrupt; evaluate the point again"
+            )
         out.append((n, b, c) if len(row) == 3 else (n, b, c, f))
     if not out:
         raise ValueError("no paired samples to bound (every generation failed?)")
@@ -192,8 +205,11 @@ def _drop_bound(counts: Counts, confidence: float) -> DropBound:
         upper, lower, method = exact_upper(n, b, c, confidence), -exact_upper(n, c, b, confidence), "exact-score"
     elif all(len(row) == 4 for row in counts):
         fb, fc = sum(row[3] == 1 for row in counts), sum(row[3] == -1 for row in counts)
-        upper, lower, method = exact_upper(k, fb, fc, confidence), -exact_upper(k, fc, fb, confidence), \
-            "exact-first-repeat"
+        upper, lower, method = (
+            exact_upper(k, fb, fc, confidence),
+            -exact_upper(k, fc, fb, confidence),
+            "exact-first-repeat",
+        )
     else:  # stored before the first repeat was kept
         d = [(row[1] - row[2]) / row[0] for row in counts]
         upper = 2.0 * betting_upper([(1.0 + x) / 2.0 for x in d], confidence) - 1.0

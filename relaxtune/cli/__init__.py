@@ -16,4 +16,3 @@ def main() -> None:
     """Entry point of the ``relaxtune`` command."""
     fit_pipes()
     app()
-

@@ -12,8 +12,8 @@ import inspect
 import os
 import re
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import typer
 from rich.console import Console
@@ -61,8 +61,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print relaxtune's version and exit")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print relaxtune's version and exit"
+    ),
+) -> None:
     """Tune relaxed speculative decoding per task."""
 
 

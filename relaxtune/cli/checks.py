@@ -34,8 +34,9 @@ def check_model(flag: str, model: str | None, runtime: str) -> None:
     if model is None:
         return
     if not model.strip():
-        raise typer.BadParameter(f"{flag} is empty; give an embedded name ({', '.join(EMBEDDED)}), a folder or a "
-                                 "hub id")
+        raise typer.BadParameter(
+            f"{flag} is empty; give an embedded name ({', '.join(EMBEDDED)}), a folder or a hub id"
+        )
     if model in EMBEDDED:
         return
     try:
@@ -47,16 +48,20 @@ def check_model(flag: str, model: str | None, runtime: str) -> None:
     names = f"embedded names: {', '.join(EMBEDDED)}"
     if runtime == "llamacpp":
         if not path.is_file():
-            raise typer.BadParameter(f"{flag} {model}: no such GGUF file (the llama.cpp runtime loads .gguf files or "
-                                     f"{names})")
+            raise typer.BadParameter(
+                f"{flag} {model}: no such GGUF file (the llama.cpp runtime loads .gguf files or {names})"
+            )
         return
     if _looks_local(model):
         if not path.exists():
-            raise typer.BadParameter(f"{flag} {model}: no such folder (give a model folder with config.json, a hub "
-                                     f"id, or one of the {names})")
+            raise typer.BadParameter(
+                f"{flag} {model}: no such folder (give a model folder with config.json, a hub "
+                f"id, or one of the {names})"
+            )
         if not path.is_dir():
-            raise typer.BadParameter(f"{flag} {model}: a file, not a model folder (a .gguf file needs --runtime "
-                                     "llamacpp)")
+            raise typer.BadParameter(
+                f"{flag} {model}: a file, not a model folder (a .gguf file needs --runtime llamacpp)"
+            )
         return
     parts = model.split("/")
     if len(parts) > 2 or any(not p or p.startswith("-") or ".." in p or " " in p for p in parts):
@@ -84,17 +89,23 @@ def check_pair(pair, *, drafter: bool = True) -> str:
     lookup = parse_lookup(pair.drafter) is not None
     # the same pairing rules load_backend applies (it applies them only once the task's files are written)
     if lookup and pair.drafter_url:
-        raise typer.BadParameter(f"--drafter-url {pair.drafter_url}: --drafter {pair.drafter} drafts without a model; "
-                                 "give --verifier-url alone")
+        raise typer.BadParameter(
+            f"--drafter-url {pair.drafter_url}: --drafter {pair.drafter} drafts without a model; "
+            "give --verifier-url alone"
+        )
     if not lookup and bool(pair.drafter_url) != bool(pair.verifier_url):
         given = "--drafter-url " + pair.drafter_url if pair.drafter_url else "--verifier-url " + pair.verifier_url
         raise typer.BadParameter(f"{given}: the SGLang backend needs both --drafter-url and --verifier-url")
     if pair.native_url and not pair.verifier_url:
-        raise typer.BadParameter(f"--native-url {pair.native_url}: needs --drafter-url and --verifier-url too "
-                                 "(strict, the baseline, runs on them)")
+        raise typer.BadParameter(
+            f"--native-url {pair.native_url}: needs --drafter-url and --verifier-url too "
+            "(strict, the baseline, runs on them)"
+        )
     if pair.native_url and lookup:
-        raise typer.BadParameter(f"--native-url {pair.native_url}: SGLang's speculative server drafts with its own "
-                                 f"drafter model, not --drafter {pair.drafter}")
+        raise typer.BadParameter(
+            f"--native-url {pair.native_url}: SGLang's speculative server drafts with its own "
+            f"drafter model, not --drafter {pair.drafter}"
+        )
     if pair.verifier_url or pair.drafter_url:
         return runtime
     check_model("--verifier", pair.verifier, runtime)
@@ -126,8 +137,9 @@ def check_folder(flag: str, folder: str, shown: str | None = None) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".relaxtune-probe-", dir=nearest))
     except OSError as err:
-        raise typer.BadParameter(f"{flag} {shown}: nothing can be written in {nearest} ({err.strerror}); give a "
-                                 "folder you can write to") from None
+        raise typer.BadParameter(
+            f"{flag} {shown}: nothing can be written in {nearest} ({err.strerror}); give a folder you can write to"
+        ) from None
 
 
 def check_file_target(flag: str, file: str) -> None:
@@ -148,8 +160,11 @@ def check_python(flag: str, python: str) -> str:
     Raises:
         typer.BadParameter: no such file, or not executable.
     """
-    found = shutil.which(python) if os.sep not in python else (python if os.access(python, os.X_OK)
-                                                               and Path(python).is_file() else None)
+    found = (
+        shutil.which(python)
+        if os.sep not in python
+        else (python if os.access(python, os.X_OK) and Path(python).is_file() else None)
+    )
     if found is None:
         why = "no such file" if not Path(python).exists() else "not an executable file"
         raise typer.BadParameter(f"{flag} {python}: {why} (give the python of SGLang's environment)")

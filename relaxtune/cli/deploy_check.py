@@ -4,8 +4,6 @@ generation and through relaxtune's loop (``--runtime hf``), and say whether they
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from .app import app, say
@@ -50,15 +48,19 @@ def resolve_point(config, method: str | None, knobs: dict | None, n_draft: int |
     spec = get_method(method)
     if "transformers" not in engines_running(spec.id):
         where = ", ".join(engines_running(spec.id)) or "no engine"
-        raise ValueError(f"deploy-check runs transformers' assisted generation, which runs strict and ens only; "
-                         f"{spec.id} runs on {where}")
+        raise ValueError(
+            f"deploy-check runs transformers' assisted generation, which runs strict and ens only; "
+            f"{spec.id} runs on {where}"
+        )
     result = config.methods.get(spec.id)
     n = n_draft or (result.n_draft if result is not None and result.n_draft else None) or rec.n_draft
     if spec.id == "strict":
         return "strict", 0.0, int(n)
     if not config.sampling.get("temperature"):
-        raise ValueError("transformers' greedy ensemble takes the argmax of the mixture, another rule than ens: "
-                         "deploy-check needs the task's temperature > 0")
+        raise ValueError(
+            "transformers' greedy ensemble takes the argmax of the mixture, another rule than ens: "
+            "deploy-check needs the task's temperature > 0"
+        )
     if knobs is not None:
         alpha = spec.named(knobs)["alpha"]
     elif result is not None and result.knob is not None:
@@ -73,10 +75,10 @@ def resolve_point(config, method: str | None, knobs: dict | None, n_draft: int |
 @app.command("deploy-check")
 def deploy_check(
     config_path: str = typer.Argument(..., metavar="CONFIG", help="a tuned config (relaxtune-runs/<task>.tuned.yaml)"),
-    method: Optional[str] = typer.Option(None, "--method", help="method to check (default: the recommendation's)"),
+    method: str | None = typer.Option(None, "--method", help="method to check (default: the recommendation's)"),
     knob: list[str] = typer.Option([], "--knob", help="NAME=VALUE (ens: alpha=0.2); default: the confirmed point"),
-    n_draft: Optional[int] = typer.Option(None, "--n-draft", help="draft length N (default: the point's)"),
-    task: Optional[str] = typer.Option(None, help="task name or YAML path (default: the config's task)"),
+    n_draft: int | None = typer.Option(None, "--n-draft", help="draft length N (default: the point's)"),
+    task: str | None = typer.Option(None, help="task name or YAML path (default: the config's task)"),
     problems: int = typer.Option(40, help="problems to run"),
     samples: int = typer.Option(1, help="responses per problem and side"),
     min_rounds: int = typer.Option(500, help="compared rounds each side needs"),
@@ -119,20 +121,42 @@ def deploy_check(
     w = ensemble_weight(a) if m == "ens" else None
     their_w = (1.0 - w if w is not None else None) if control == "mirrored" else w
     their_n = n + 1 if control == "n+1" else n
-    out(f"deploy-check {m} alpha={a:g} N={n} on {config.drafter} -> {config.verifier} ({config.dtype}), "
+    out(
+        f"deploy-check {m} alpha={a:g} N={n} on {config.drafter} -> {config.verifier} ({config.dtype}), "
         f"{len(prompts)} responses per side, max {budget} tokens; transformers: assistant_ensemble_weight="
-        f"{their_w}, N={their_n}" + (f" (negative control: {control})" if control != "none" else ""))
-    ours = relaxtune_side(backend, prompts, method=m, knob=a if m != "strict" else None, n_draft=n,
-                          sampling=sampling, max_new_tokens=budget, stop=tuple(spec.stop), seed=seed,
-                          label="relaxtune")
-    theirs = transformers_side(backend.drafter, backend.verifier, prompts, weight=their_w, n_draft=their_n,
-                               sampling=sampling, max_new_tokens=budget, stop=tuple(spec.stop),
-                               tokenizer=backend.tokenizer, eos=sorted(backend.eos_token_ids), seed=seed,
-                               label="transformers")
+        f"{their_w}, N={their_n}" + (f" (negative control: {control})" if control != "none" else "")
+    )
+    ours = relaxtune_side(
+        backend,
+        prompts,
+        method=m,
+        knob=a if m != "strict" else None,
+        n_draft=n,
+        sampling=sampling,
+        max_new_tokens=budget,
+        stop=tuple(spec.stop),
+        seed=seed,
+        label="relaxtune",
+    )
+    theirs = transformers_side(
+        backend.drafter,
+        backend.verifier,
+        prompts,
+        weight=their_w,
+        n_draft=their_n,
+        sampling=sampling,
+        max_new_tokens=budget,
+        stop=tuple(spec.stop),
+        tokenizer=backend.tokenizer,
+        eos=sorted(backend.eos_token_ids),
+        seed=seed,
+        label="transformers",
+    )
     problems_of = [p for p in chosen for _ in range(samples)]
     for side in (ours, theirs):
-        side.correct = [_grade(spec, p, t, n >= budget).correct
-                        for p, t, n in zip(problems_of, side.texts, side.lengths)]
+        side.correct = [
+            _grade(spec, p, t, n >= budget).correct for p, t, n in zip(problems_of, side.texts, side.lengths)
+        ]
     try:
         result = compare(ours, theirs, alpha=alpha, min_rounds=min_rounds)
     except ValueError as err:

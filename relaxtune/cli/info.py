@@ -11,7 +11,6 @@ from ..decoding.methods import METHODS, Needs
 from .app import App, app, console
 from .tables import JSON, Col, print_json, show
 
-
 MLFLOW_UI_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"  # MLflow 3 starts job consumers for its GenAI jobs
 
 
@@ -36,14 +35,29 @@ def methods(json_output: bool = JSON) -> None:
         if spec.has_knob and spec.strict_point is None:
             strict = "none"
         full = "no" if spec.pointwise else ("yes" if Needs.FULL_ROWS in spec.needs else "p only")
-        rows.append({"method": spec.id, "knob": spec.knob or "-", "valid range": rng, "strict at": strict,
-                     "paper grid": ", ".join(_fmt(g) for g in spec.grid) or "-",
-                     "full rows": full, "rule": spec.description})
+        rows.append(
+            {
+                "method": spec.id,
+                "knob": spec.knob or "-",
+                "valid range": rng,
+                "strict at": strict,
+                "paper grid": ", ".join(_fmt(g) for g in spec.grid) or "-",
+                "full rows": full,
+                "rule": spec.description,
+            }
+        )
     if json_output:
         print_json(rows)
         return
-    cols = [Col("method"), Col("knob", 2), Col("valid range", 3), Col("strict at", 5), Col("paper grid", 4),
-            Col("full rows", 6), Col("rule", wrap=True)]
+    cols = [
+        Col("method"),
+        Col("knob", 2),
+        Col("valid range", 3),
+        Col("strict at", 5),
+        Col("paper grid", 4),
+        Col("full rows", 6),
+        Col("rule", wrap=True),
+    ]
     show("relaxed speculative sampling methods", cols, [list(r.values()) for r in rows])
 
 
@@ -64,21 +78,44 @@ def tasks(ctx: typer.Context, json_output: bool = JSON) -> None:
             t = load_task(name)
         except ValueError as err:
             problem = str(err).splitlines()
-            rows.append({"task": name, "version": "-", "grader": "invalid", "repeats": "-", "max tokens": "-",
-                         "data": problem[1].strip() if len(problem) > 1 else problem[0]})
+            rows.append(
+                {
+                    "task": name,
+                    "version": "-",
+                    "grader": "invalid",
+                    "repeats": "-",
+                    "max tokens": "-",
+                    "data": problem[1].strip() if len(problem) > 1 else problem[0],
+                }
+            )
             continue
         d = t.dataset
         source = d.package or (str(d.data_files) if d.data_files else f"{d.path}:{d.split}")
-        rows.append({"task": t.name, "version": str(t.version), "grader": t.grader.kind, "repeats": str(t.repeats),
-                     "max tokens": str(t.max_new_tokens), "data": source})
+        rows.append(
+            {
+                "task": t.name,
+                "version": str(t.version),
+                "grader": t.grader.kind,
+                "repeats": str(t.repeats),
+                "max tokens": str(t.max_new_tokens),
+                "data": source,
+            }
+        )
     if json_output:
         print_json(rows)
         return
-    cols = [Col("task"), Col("version", 3, justify="right"), Col("grader"), Col("repeats", 2, justify="right"),
-            Col("max tokens", 1, justify="right"), Col("data", wrap=True)]
+    cols = [
+        Col("task"),
+        Col("version", 3, justify="right"),
+        Col("grader"),
+        Col("repeats", 2, justify="right"),
+        Col("max tokens", 1, justify="right"),
+        Col("data", wrap=True),
+    ]
     where = os.pathsep.join(map(str, evals_dirs()))
-    show(f"tasks in {where}", cols, [[("[red]invalid[/red]" if v == "invalid" else v) for v in r.values()]
-                                          for r in rows])
+    show(
+        f"tasks in {where}", cols, [[("[red]invalid[/red]" if v == "invalid" else v) for v in r.values()] for r in rows]
+    )
 
 
 @tasks_app.command("validate")
@@ -124,17 +161,20 @@ def ui(
     base = f"http://127.0.0.1:{port}" if local else mlflow_uri.rstrip("/")
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     run = lambda command: console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)  # noqa: E731
-    say("MLflow: each task run's page holds the decision (params, metrics, description); figures are under "
-        "Artifacts.")
+    say("MLflow: each task run's page holds the decision (params, metrics, description); figures are under Artifacts.")
     if local:  # no job-execution (huey) consumers, one web worker: the UI answers in seconds
         run(f"{MLFLOW_UI_ENV} mlflow ui --backend-store-uri {mlflow_uri} --port {port} --workers 1")
     run(f"open {base}/#/experiments?workflowType=machine_learning")
-    say("The experiments are relaxtune-<task>; MLflow 3.17 remembers its GenAI / Model training switch per "
-        "browser, and the workflowType above selects the model-training view (runs, not traces).")
-    say("Optuna: the studies are ordinary Optuna RDB studies, one per task and method (<task>__<method>__<pair>); "
+    say(
+        "The experiments are relaxtune-<task>; MLflow 3.17 remembers its GenAI / Model training switch per "
+        "browser, and the workflowType above selects the model-training view (runs, not traces)."
+    )
+    say(
+        "Optuna: the studies are ordinary Optuna RDB studies, one per task and method (<task>__<method>__<pair>); "
         "optuna-dashboard shows their trials, the Pareto front of modeled speed-up and accuracy and the history; "
         "each trial's metrics are its user attribute 'metrics', its constraint values (each <= 0 when feasible) "
-        "'constraints'.")
+        "'constraints'."
+    )
     run("pip install optuna-dashboard")
     run(f"optuna-dashboard {storage} --port {port + 80}")
     run(f"open http://127.0.0.1:{port + 80}")

@@ -9,12 +9,20 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import typer
 
-__all__ = ["setting_option", "option_help", "cli_type", "settings_from", "tune_options", "BOOL_FLAGS",
-           "group_of", "finite"]
+__all__ = [
+    "setting_option",
+    "option_help",
+    "cli_type",
+    "settings_from",
+    "tune_options",
+    "BOOL_FLAGS",
+    "group_of",
+    "finite",
+]
 
 # a boolean setting's two flags (the second is the default's)
 BOOL_FLAGS = {"remeasure_costs": ("--remeasure-costs", "--saved-costs")}
@@ -111,7 +119,7 @@ def _split(key: str, value: str) -> list:
     return [int(v) for v in items]
 
 
-def settings_from(config: Optional[str], flags: dict, base: Optional[dict] = None):
+def settings_from(config: str | None, flags: dict, base: dict | None = None):
     """TuneSettings from ``base`` (a saved job), then a YAML config file, then
     command-line flags on top.
 
@@ -196,11 +204,11 @@ def tune_options(fn):
 
     kw = inspect.Parameter.KEYWORD_ONLY
     config = typer.Option(None, "--config", help="YAML with any of the options below")
-    params = [inspect.Parameter("config", kw, default=config, annotation=Optional[str])]
+    params = [inspect.Parameter("config", kw, default=config, annotation=str | None)]
     for name in flat_fields():
         kind = cli_type(name)
         number = kind in (int, float)  # parsed by the model, whose refusal names the value as typed
         option = setting_option(name, with_default=False, **({"metavar": f"<{kind.__name__}>"} if number else {}))
-        params.append(inspect.Parameter(name, kw, default=option, annotation=Optional[str if number else kind]))
+        params.append(inspect.Parameter(name, kw, default=option, annotation=(str if number else kind) | None))
     fn.__signature__ = inspect.Signature(params)
     return fn

@@ -6,13 +6,13 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from .app import app, console
 from .options import cli_type, finite, group_of, setting_option
 from .tables import JSON, Col, print_json, show
+
 
 def strict_sample(output_dir: str, spec) -> tuple[int, int, Path] | None:
     """``(problems, repeats, file)`` of the largest strict records of the task in
@@ -38,15 +38,20 @@ def plan_(
     epsilon: float = setting_option("epsilon", default=..., callback=finite),
     confidence: float = setting_option("confidence", callback=finite),
     drop: float = typer.Option(0.0, callback=finite, help="true accuracy drop of the relaxed point planned for"),
-    discordance: float = typer.Option(0.1, callback=finite, help="share of paired samples where relaxed and strict "
-                                      "differ (common random numbers give about 0.1)"),
+    discordance: float = typer.Option(
+        0.1,
+        callback=finite,
+        help="share of paired samples where relaxed and strict differ (common random numbers give about 0.1)",
+    ),
     power: float = typer.Option(0.8, callback=finite, help="chance that the exported bound certifies epsilon"),
-    methods: int = typer.Option(2, min=1, help="methods the job tunes (the confidence is split over their "
-                                "confirmations)"),
+    methods: int = typer.Option(
+        2, min=1, help="methods the job tunes (the confidence is split over their confirmations)"
+    ),
     confirmations: int = setting_option("confirmations", min=1),
     confirm: cli_type("confirm") = setting_option("confirm"),
-    problems: Optional[int] = typer.Option(None, min=1, help="the sample to assess \\[default: strict's records in "
-                                           "--output-dir, else the task's problems]"),
+    problems: int | None = typer.Option(
+        None, min=1, help="the sample to assess \\[default: strict's records in --output-dir, else the task's problems]"
+    ),
     output_dir: str = setting_option("output_dir"),
     json_output: bool = JSON,
 ) -> None:
@@ -73,13 +78,23 @@ def plan_(
             problems = len(load_problems(spec))
             source = f"the task's problems (no strict records under {output_dir})"
         with console.status("computing the exact power"):
-            result = plan(problems, repeats, epsilon, confidence, discordance, drop, power,
-                          planned=methods * confirmations, holdout=confirm == "holdout")
+            result = plan(
+                problems,
+                repeats,
+                epsilon,
+                confidence,
+                discordance,
+                drop,
+                power,
+                planned=methods * confirmations,
+                holdout=confirm == "holdout",
+            )
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # plan's own checks name the option
         raise typer.BadParameter(re.sub(r"^(drop|discordance|power|epsilon|confidence) ", r"--\1 ", str(err))) from None
     if json_output:
-        print_json({"source": source, "plan": asdict(result) | {"line": result.line(),
-                                                                 "assumptions": result.assumptions()}})
+        print_json(
+            {"source": source, "plan": asdict(result) | {"line": result.line(), "assumptions": result.assumptions()}}
+        )
         return
     console.print(f"sample: {problems} problems x {repeats}, from {source}", soft_wrap=True)
     console.print(f"assumes: {result.assumptions()}")
@@ -87,5 +102,4 @@ def plan_(
     rows = [["this sample", str(result.problems), f"{result.power_now:.3f}"]]
     if result.needed is not None:
         rows.append(["needed", str(result.needed), f"{result.power_needed:.3f}"])
-    show(None, [Col("sample"), Col(f"problems x {repeats}", justify="right"),
-                Col("P(certify)", justify="right")], rows)
+    show(None, [Col("sample"), Col(f"problems x {repeats}", justify="right"), Col("P(certify)", justify="right")], rows)

@@ -49,8 +49,9 @@ def _table(title: str | None, cols: list[Col], rows: list[list[str]], shown: lis
     return table
 
 
-def fit(title: str | None, cols: list[Col], rows: list[list[str]], width: int,
-        caption: str | None = None) -> tuple[Table, list[str]]:
+def fit(
+    title: str | None, cols: list[Col], rows: list[list[str]], width: int, caption: str | None = None
+) -> tuple[Table, list[str]]:
     """The table of ``rows`` (one string per column, rich markup allowed) at most
     ``width`` cells wide where the kept columns allow it.
 
@@ -88,8 +89,11 @@ def show(title: str | None, cols: list[Col], rows: list[list[str]], caption: str
     table, left_out = fit(title, cols, rows, console.width, caption)
     console.print(table)
     if left_out:
-        console.print(f"not shown at {console.width} columns: {', '.join(left_out)} (--json has every column)",
-                      highlight=False, markup=False)
+        console.print(
+            f"not shown at {console.width} columns: {', '.join(left_out)} (--json has every column)",
+            highlight=False,
+            markup=False,
+        )
 
 
 def print_json(data) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -40,28 +38,38 @@ def _summary(matrix, written, uri: str | None) -> None:
             knob = "" if point is None or point.knob is None else f"{get_method(method).knob}={point.knob:.3g} "
             table.add_row(source if point is None else f"{source} ({knob}N={point.n_draft})", *(_cell(c) for c in row))
         console.print(table)
-    console.print(f"each cell judged at {matrix.confidence_each:.2%} one-sided: the {matrix.confidence:.0%} split "
-                  f"over {len(matrix.cells)} cells (Bonferroni), so every cell marked within epsilon holds at once; "
-                  "the diagonal is each task's own point on its confirmation samples, the other cells use the "
-                  "target's search samples", soft_wrap=True)
+    console.print(
+        f"each cell judged at {matrix.confidence_each:.2%} one-sided: the {matrix.confidence:.0%} split "
+        f"over {len(matrix.cells)} cells (Bonferroni), so every cell marked within epsilon holds at once; "
+        "the diagonal is each task's own point on its confirmation samples, the other cells use the "
+        "target's search samples",
+        soft_wrap=True,
+    )
     for path in written:
         console.print(f"transfer section written to {path}", soft_wrap=True)
-    console.print(f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
-                  f"{uri or DEFAULT_URI} --workers 1  (experiment relaxtune-transfer, and "
-                  "a transfer run in each task's)", soft_wrap=True)
+    console.print(
+        f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+        f"{uri or DEFAULT_URI} --workers 1  (experiment relaxtune-transfer, and "
+        "a transfer run in each task's)",
+        soft_wrap=True,
+    )
 
 
 @app.command("transfer")
 def transfer_(
     tasks: str = typer.Option(..., help="comma-separated tasks (names or YAML paths), each tuned in --output-dir"),
-    methods: Optional[str] = typer.Option(None, help="comma-separated methods \\[default: every method some task's "
-                                          "config confirmed a point for]"),
-    confidence: Optional[float] = typer.Option(None, callback=finite,
-                                               help="one-sided confidence that every cell marked within "
-                                               "epsilon holds at once (split over the cells) \\[default: the highest "
-                                               "of the tuned configs']"),
+    methods: str | None = typer.Option(
+        None, help="comma-separated methods \\[default: every method some task's config confirmed a point for]"
+    ),
+    confidence: float | None = typer.Option(
+        None,
+        callback=finite,
+        help="one-sided confidence that every cell marked within "
+        "epsilon holds at once (split over the cells) \\[default: the highest "
+        "of the tuned configs']",
+    ),
     output_dir: str = setting_option("output_dir"),
-    mlflow_uri: Optional[str] = setting_option("mlflow_uri"),
+    mlflow_uri: str | None = setting_option("mlflow_uri"),
     json_output: bool = JSON,
 ) -> None:
     """Judge each task's tuned point on every other task (rows: where it was tuned, columns: where it is
@@ -73,13 +81,19 @@ def transfer_(
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     log = say(json_output)  # paths stay on one line; with --json, on stderr
     try:
-        matrix, written = run_transfer(names, chosen, confidence, output_dir=output_dir, mlflow_uri=mlflow_uri,
-                                       log=log)
+        matrix, written = run_transfer(names, chosen, confidence, output_dir=output_dir, mlflow_uri=mlflow_uri, log=log)
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # TransferError is a ValueError
         raise typer.BadParameter(str(err)) from None
     if json_output:
-        print_json({"tasks": matrix.tasks, "methods": matrix.methods, "confidence": matrix.confidence,
-                    "confidence_each": matrix.confidence_each, "cells": matrix.rows(),
-                    "written": [str(p) for p in written]})
+        print_json(
+            {
+                "tasks": matrix.tasks,
+                "methods": matrix.methods,
+                "confidence": matrix.confidence,
+                "confidence_each": matrix.confidence_each,
+                "cells": matrix.rows(),
+                "written": [str(p) for p in written],
+            }
+        )
     else:
         _summary(matrix, written, mlflow_uri)

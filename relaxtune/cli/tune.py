@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.markup import escape
 
@@ -21,61 +19,118 @@ def _summary(config, path) -> None:
     from ..report.tracking import run_url
 
     conf = config.confirmation
-    f = (lambda v, fmt=".3f": "-" if v is None else format(v, fmt))
+
+    def f(v, fmt=".3f"):
+        return "-" if v is None else format(v, fmt)
+
     rows = []
     for r in config.methods.values():
         tried = len((r.confirmation or {}).get("attempts", []))
         if r.feasible:
-            rows.append([r.method, f"yes (try {tried})", "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
-                         f(r.n_draft, "d"), f(r.modeled_speedup, ".2f"), f(r.search_drop_upper_bound),
-                         f(r.drop_upper_bound), f(r.accuracy), f(r.strict_accuracy), f"{r.trials} ({r.pruned}/{r.failed})",
-                         f(r.l_accept, ".2f"), f(r.length_ratio, ".2f"), str(r.tokens_spent)])
+            rows.append(
+                [
+                    r.method,
+                    f"yes (try {tried})",
+                    "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                    f(r.n_draft, "d"),
+                    f(r.modeled_speedup, ".2f"),
+                    f(r.search_drop_upper_bound),
+                    f(r.drop_upper_bound),
+                    f(r.accuracy),
+                    f(r.strict_accuracy),
+                    f"{r.trials} ({r.pruned}/{r.failed})",
+                    f(r.l_accept, ".2f"),
+                    f(r.length_ratio, ".2f"),
+                    str(r.tokens_spent),
+                ]
+            )
             continue
         attempts = (r.confirmation or {}).get("attempts") or []
         c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
         knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
         search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
-        rows.append([r.method, f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]", knob,
-                     f(c.get("n_draft"), "d"), f(c.get("modeled_speedup"), ".2f"), f(search),
-                     f(c.get("drop_upper_bound") if attempts else None), f(c.get("accuracy")),
-                     f(c.get("strict_accuracy")), f"{r.trials} ({r.pruned}/{r.failed})", f(c.get("l_accept"), ".2f"),
-                     f(c.get("length_ratio"), ".2f"), str(r.tokens_spent)])
-    cols = [Col("method"), Col("confirmed"), Col("knob"), Col("N", justify="right"), Col("speed-up", justify="right"),
-            Col("search UCB", justify="right"), Col("confirm UCB", justify="right"), Col("acc", 1, justify="right"),
-            Col("strict acc", 2, justify="right"), Col("trials", 3, justify="right"),
-            Col("l_accept", 4, justify="right"), Col("L ratio", 5, justify="right"), Col("tokens", 6, justify="right")]
-    show(f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
-         f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}", cols, rows,
-         caption="UCB: upper bound of the accuracy drop vs strict (confirm: the exported one); trials: done "
-                 "(pruned/failed)")
+        rows.append(
+            [
+                r.method,
+                f"[red]no[/red], {tried} failed" if tried else "[red]no[/red]",
+                knob,
+                f(c.get("n_draft"), "d"),
+                f(c.get("modeled_speedup"), ".2f"),
+                f(search),
+                f(c.get("drop_upper_bound") if attempts else None),
+                f(c.get("accuracy")),
+                f(c.get("strict_accuracy")),
+                f"{r.trials} ({r.pruned}/{r.failed})",
+                f(c.get("l_accept"), ".2f"),
+                f(c.get("length_ratio"), ".2f"),
+                str(r.tokens_spent),
+            ]
+        )
+    cols = [
+        Col("method"),
+        Col("confirmed"),
+        Col("knob"),
+        Col("N", justify="right"),
+        Col("speed-up", justify="right"),
+        Col("search UCB", justify="right"),
+        Col("confirm UCB", justify="right"),
+        Col("acc", 1, justify="right"),
+        Col("strict acc", 2, justify="right"),
+        Col("trials", 3, justify="right"),
+        Col("l_accept", 4, justify="right"),
+        Col("L ratio", 5, justify="right"),
+        Col("tokens", 6, justify="right"),
+    ]
+    show(
+        f"{config.task} v{config.task_version}: tuned under a drop of at most {config.epsilon:g} "
+        f"({config.confidence:.0%} one-sided), c_rel {config.c_rel:.3f}",
+        cols,
+        rows,
+        caption="UCB: upper bound of the accuracy drop vs strict (confirm: the exported one); trials: done "
+        "(pruned/failed)",
+    )
     for r in config.methods.values():  # why a method exports no point (its row: the last failed or the closest)
         if r.note:
             console.print(f"{r.method}: {r.note}", soft_wrap=True)
     if conf["planned"]:
         where = "fresh seeds" if conf["samples"] == "seeds" else "the held-out problems"
-        console.print(f"confirmation on {where} ({conf['problems']} problems): {conf['planned']} allowed, each at "
-                      f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
-                      "UCB is the exported bound)")
+        console.print(
+            f"confirmation on {where} ({conf['problems']} problems): {conf['planned']} allowed, each at "
+            f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
+            "UCB is the exported bound)"
+        )
     if conf.get("promise"):
         console.print(f"promise: {conf['promise']}", soft_wrap=True)
     sample = config.sample  # what would decide, when nothing could be certified
-    console.print(sample["line"] if not any(r.feasible for r in config.methods.values()) else
-                  f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
-                  f"{sample['smallest_certifiable']:.3f}")
+    console.print(
+        sample["line"]
+        if not any(r.feasible for r in config.methods.values())
+        else f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
+        f"{sample['smallest_certifiable']:.3f}"
+    )
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
-    console.print(f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: {rec.reason}")
+    console.print(
+        f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
+        f"{rec.reason}"
+    )
     for line in cautions(config):
         console.print(f"[bold yellow]warning[/bold yellow]: {escape(line)}", soft_wrap=True)
     console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
     m = config.mlflow
     if m:
-        console.print(f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
-                      f"{m['tracking_uri']} --workers 1  (experiment {m['experiment']})",
-                      soft_wrap=True, markup=False)
+        console.print(
+            f"MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+            f"{m['tracking_uri']} --workers 1  (experiment {m['experiment']})",
+            soft_wrap=True,
+            markup=False,
+        )
         if m.get("experiment_id"):
-            console.print(f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}", soft_wrap=True,
-                          markup=False)
+            console.print(
+                f"  this run: {run_url(m['tracking_uri'], m['experiment_id'], m['run_id'])}",
+                soft_wrap=True,
+                markup=False,
+            )
 
 
 def _json_option(fn):
@@ -91,7 +146,7 @@ def _json_option(fn):
 @app.command()
 @_json_option
 @tune_options
-def tune(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
+def tune(config: str | None = None, json_output: bool = False, **flags) -> None:
     """Tune alpha (and N) per method on a task under a capability-loss budget; log to MLflow; export a config."""
     _run_job(settings_from(config, flags), new_trials=True, json_output=json_output)
 
@@ -99,7 +154,7 @@ def tune(config: Optional[str] = None, json_output: bool = False, **flags) -> No
 @app.command("export")
 @_json_option
 @tune_options
-def export_(config: Optional[str] = None, json_output: bool = False, **flags) -> None:
+def export_(config: str | None = None, json_output: bool = False, **flags) -> None:
     """Re-export the tuned config from finished studies with another budget (no new trials).
 
     Starts from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml); options override them,
@@ -123,7 +178,9 @@ def export_(config: Optional[str] = None, json_output: bool = False, **flags) ->
     task = flags["task"] or from_file.get("task")
     if task:
         try:
-            folder = flags["output_dir"] or from_file.get("output_dir") or from_file.get("output-dir") or "relaxtune-runs"
+            folder = (
+                flags["output_dir"] or from_file.get("output_dir") or from_file.get("output-dir") or "relaxtune-runs"
+            )
             saved = job_file(folder, load_task(task).name)
         except (ValueError, FileNotFoundError, KeyError) as err:
             raise typer.BadParameter(str(err)) from None
@@ -154,19 +211,29 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
         with status(loading, json_output):
             # an export only reads records: the pair loads if something needs it, which nothing should
             lazy = None if new_trials else lazy_backend(**settings.backend)
-            spec, problems, backend = prepare(settings, lazy, new_trials=new_trials, log=lambda m: None)  # the job warns
+            spec, problems, backend = prepare(
+                settings, lazy, new_trials=new_trials, log=lambda m: None
+            )  # the job warns
         settings = start(settings)  # the output folder made, the auto runtime resolved (and recorded by the job)
     except ConfirmationError as err:  # too few problems for epsilon: the flags that decide it, named
-        raise typer.BadParameter(f"--limit {settings.limit}, --epsilon {settings.epsilon:g}, --confidence "
-                                 f"{settings.confidence:g}: {err}") from None
+        raise typer.BadParameter(
+            f"--limit {settings.limit}, --epsilon {settings.epsilon:g}, --confidence {settings.confidence:g}: {err}"
+        ) from None
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")
     studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, passthrough=(JobError,),
-                     exit_now=True):
+        with guarded(
+            settings.stores,
+            f"{spec.name}-v{spec.version}",
+            studies,
+            resume,
+            log,
+            passthrough=(JobError,),
+            exit_now=True,
+        ):
             config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None

@@ -25,12 +25,17 @@ __all__ = ["ENGINES", "RUNS", "deployable_methods"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "transformers")
 RUNS: dict[str, tuple[str, ...]] = {  # method -> the engines that run its rule
-    "strict": ENGINES, "fly": ("vllm",), "sglang_threshold": ("sglang",), "trtllm_relaxed": ("trtllm",),
+    "strict": ENGINES,
+    "fly": ("vllm",),
+    "sglang_threshold": ("sglang",),
+    "trtllm_relaxed": ("trtllm",),
     "ens": ("transformers",),
 }
 _GREEDY_ONLY = {"trtllm_relaxed": "TensorRT-LLM runs relaxed acceptance greedy only"}
-_SAMPLED_ONLY = {"sglang_threshold": "SGLang applies its thresholds to non-greedy rows only",
-                 "ens": "transformers' greedy ensemble is another rule (argmax of the mixture)"}
+_SAMPLED_ONLY = {
+    "sglang_threshold": "SGLang applies its thresholds to non-greedy rows only",
+    "ens": "transformers' greedy ensemble is another rule (argmax of the mixture)",
+}
 
 
 def deployable_methods(engines: Iterable[str], methods: Iterable[str], temperature: float) -> tuple[list[str], dict]:

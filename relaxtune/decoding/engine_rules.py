@@ -164,8 +164,10 @@ def ensemble_weight(alpha: float) -> float | None:
     """
     a = float(alpha)
     if not 0.0 <= a < 1.0:
-        raise ValueError(f"ens alpha = {alpha!r} has no transformers equivalent: assistant_ensemble_weight = "
-                         "1 - alpha must lie in (0, 1)")
+        raise ValueError(
+            f"ens alpha = {alpha!r} has no transformers equivalent: assistant_ensemble_weight = "
+            "1 - alpha must lie in (0, 1)"
+        )
     return None if a == 0.0 else 1.0 - a
 
 

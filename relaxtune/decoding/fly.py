@@ -31,8 +31,16 @@ from .hooks import RoundContext, RoundRule
 from .rules import Rows, Targets
 
 __all__ = [
-    "FLY_WINDOW", "FLY_THRESHOLD", "FLY_TOP_K", "FLY_DEFAULT_TOP_K",
-    "fly", "fly_entropy", "fly_window", "fly_check", "fly_accept", "FLY_RULE",
+    "FLY_WINDOW",
+    "FLY_THRESHOLD",
+    "FLY_TOP_K",
+    "FLY_DEFAULT_TOP_K",
+    "fly",
+    "fly_entropy",
+    "fly_window",
+    "fly_check",
+    "fly_accept",
+    "FLY_RULE",
 ]
 
 FLY_WINDOW = "fly_window_size"
@@ -124,8 +132,10 @@ def fly_accept(ctx: RoundContext) -> torch.Tensor:
     native = ctx.native
     if ctx.temperature == 0:
         if ctx.z_p is None:
-            raise ValueError("fly at temperature 0 needs the raw verifier logits z_p: vLLM's greedy path takes "
-                             "the entropy of softmax(logits) at T = 1")
+            raise ValueError(
+                "fly at temperature 0 needs the raw verifier logits z_p: vLLM's greedy path takes "
+                "the entropy of softmax(logits) at T = 1"
+            )
         z = ctx.z_p[:, :n].float()
         entropy = fly_entropy(z.softmax(-1), top_k)
         in_support = z.gather(-1, x).squeeze(-1) > float("-inf")

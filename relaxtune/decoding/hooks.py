@@ -15,8 +15,9 @@ residual ``norm((pi_res - q)+)`` of the method's ``targets`` at the first reject
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

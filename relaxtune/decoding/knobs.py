@@ -15,8 +15,8 @@ Pure values: no tensors.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 __all__ = ["Knob", "KnobValues", "check_knob_values"]
 

@@ -131,8 +131,10 @@ def _check_needs(spec: MethodSpec, knob: float | None, q, z_p, z_q, temperature,
     if Needs.GREEDY_DRAFTS in spec.needs:
         q_x = q[:, :n].gather(-1, draft_ids.long().unsqueeze(-1))
         if bool((q_x < 1.0 - ROW_SUM_TOL).any()):
-            raise ValueError(f"{spec.id} treats drafts as deterministic (SGLang's target-only rule): draft the "
-                             "drafter's argmax and pass one-hot q rows")
+            raise ValueError(
+                f"{spec.id} treats drafts as deterministic (SGLang's target-only rule): draft the "
+                "drafter's argmax and pass one-hot q rows"
+            )
     if Needs.VERIFIER_LOGITS in spec.needs and z_p is None:
         raise ValueError(f"{spec.id} needs the raw verifier logits z_p [B, N+1, V]")
     if Needs.DRAFTER_LOGITS in spec.needs and z_q is None:
@@ -225,8 +227,10 @@ def verify_rounds(
         if hook.check is not None:
             hook.check(n, named)
         if hook.needs_state and state is None:
-            raise ValueError(f"{spec.id} carries state across rounds: pass state= (from {hook.initial_state}, "
-                             "then each round's result.state)")
+            raise ValueError(
+                f"{spec.id} carries state across rounds: pass state= (from {hook.initial_state}, "
+                "then each round's result.state)"
+            )
     if validate:
         check_distribution("p", p)
         check_distribution("q", q)
@@ -322,8 +326,17 @@ def verify_round(
         return None if t is None else t.unsqueeze(0)
 
     out = verify_rounds(
-        p.unsqueeze(0), q.unsqueeze(0), draft_ids.unsqueeze(0), method, knob, generator,
-        uniforms=one(uniforms), z_p=one(z_p), z_q=one(z_q), temperature=temperature, validate=validate,
+        p.unsqueeze(0),
+        q.unsqueeze(0),
+        draft_ids.unsqueeze(0),
+        method,
+        knob,
+        generator,
+        uniforms=one(uniforms),
+        z_p=one(z_p),
+        z_q=one(z_q),
+        temperature=temperature,
+        validate=validate,
         state=state,
     )
     row = out.row(0)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -107,9 +108,22 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if not self.knobs and self.knob is not None:  # one-knob method: its knob is alpha itself
             lo, hi, log = self.search if self.search else (self.low, self.high, False)
-            object.__setattr__(self, "knobs", (Knob(
-                self.knob, "float", self.low, self.high, self.high_open, self.strict_point, log, (lo, hi),
-            ),))
+            object.__setattr__(
+                self,
+                "knobs",
+                (
+                    Knob(
+                        self.knob,
+                        "float",
+                        self.low,
+                        self.high,
+                        self.high_open,
+                        self.strict_point,
+                        log,
+                        (lo, hi),
+                    ),
+                ),
+            )
 
     @property
     def pointwise(self) -> bool:
@@ -168,8 +182,7 @@ class MethodSpec:
         if math.isnan(value) or value < self.low or not upper_ok:
             close = ")" if self.high_open or math.isinf(self.high) else "]"
             raise ValueError(
-                f"{self.knob} = {knob!r} is outside the valid range of {self.id!r}: "
-                f"[{self.low}, {self.high}{close}"
+                f"{self.knob} = {knob!r} is outside the valid range of {self.id!r}: [{self.low}, {self.high}{close}"
             )
         return value
 

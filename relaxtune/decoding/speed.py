@@ -21,11 +21,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Hashable
 
-__all__ = ["speedup", "CostProfile", "PAPER_C_REL", "modeled_speedup", "c_rel_of", "measure_interleaved",
-           "SPREAD_TOLERANCE", "COST_MARGIN", "MIN_PASSES", "MAX_PASSES"]
+__all__ = [
+    "speedup",
+    "CostProfile",
+    "PAPER_C_REL",
+    "modeled_speedup",
+    "c_rel_of",
+    "measure_interleaved",
+    "SPREAD_TOLERANCE",
+    "COST_MARGIN",
+    "MIN_PASSES",
+    "MAX_PASSES",
+]
 
 PAPER_C_REL = (0.05, 0.2, 0.5)  # the c_rel values the paper sweeps
 SPREAD_TOLERANCE = 0.10  # a shape's (median - fastest) / fastest pass above this is noisy
@@ -114,19 +124,25 @@ class CostProfile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "CostProfile":
+    def from_dict(cls, raw: dict) -> CostProfile:
         """The inverse of ``to_dict`` (``t_verify`` keys may come back as strings;
         profiles saved before spreads were kept read back without them)."""
-        return cls(raw["t_ar"], raw["t_draft"], {int(k): v for k, v in raw.get("t_verify", {}).items()},
-                   raw.get("source", ""), dict(raw.get("spread", {})), int(raw.get("passes", 0)),
-                   list(raw.get("flags", [])))
+        return cls(
+            raw["t_ar"],
+            raw["t_draft"],
+            {int(k): v for k, v in raw.get("t_verify", {}).items()},
+            raw.get("source", ""),
+            dict(raw.get("spread", {})),
+            int(raw.get("passes", 0)),
+            list(raw.get("flags", [])),
+        )
 
     @property
     def ratios(self) -> dict[str, float]:
         """What the speed model reads: ``c_rel`` and ``t_verify[k] / t_ar`` per k."""
         return {"c_rel": self.c_rel} | {f"t_verify[{k}]/t_ar": t / self.t_ar for k, t in sorted(self.t_verify.items())}
 
-    def difference(self, other: "CostProfile") -> tuple[float, str]:
+    def difference(self, other: CostProfile) -> tuple[float, str]:
         """The largest relative difference between the two profiles' shared
         ``ratios`` (``|a - b| / b``, b from ``other``), and which ratio it is."""
         mine, theirs = self.ratios, other.ratios
@@ -137,9 +153,12 @@ class CostProfile:
     def summary(self) -> str:
         """One line: t_AR, t_draft, c_rel, verify costs and the worst spread."""
         worst = max(self.spread.values(), default=None)
-        return (f"t_AR {self.t_ar * 1e3:.1f} ms, t_draft {self.t_draft * 1e3:.1f} ms, c_rel {self.c_rel:.3f}; "
-                "verify(N+1) ms: " + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(self.t_verify.items()))
-                + ("" if worst is None else f"; spread up to {worst:.0%} over {self.passes} interleaved passes"))
+        return (
+            f"t_AR {self.t_ar * 1e3:.1f} ms, t_draft {self.t_draft * 1e3:.1f} ms, c_rel {self.c_rel:.3f}; "
+            "verify(N+1) ms: "
+            + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(self.t_verify.items()))
+            + ("" if worst is None else f"; spread up to {worst:.0%} over {self.passes} interleaved passes")
+        )
 
     @property
     def c_rel(self) -> float:
@@ -164,8 +183,9 @@ class CostProfile:
         return base * self.t_ar / self.round_seconds(n_draft)
 
 
-def modeled_speedup(profile: CostProfile | float, l_accept: float, n_draft: int, L_ar: float = 1.0,
-                    L_relax: float = 1.0) -> float:
+def modeled_speedup(
+    profile: CostProfile | float, l_accept: float, n_draft: int, L_ar: float = 1.0, L_relax: float = 1.0
+) -> float:
     """``speedup`` with a measured ``CostProfile`` (its round costs) or a c_rel value."""
     if isinstance(profile, CostProfile):
         return profile.speedup(l_accept, n_draft, L_ar, L_relax)
@@ -205,8 +225,9 @@ def measure_interleaved(
         ValueError: no jobs, or bounds with ``1 <= min_passes <= max_passes`` broken.
     """
     if not jobs or not 1 <= min_passes <= max_passes:
-        raise ValueError(f"need jobs and 1 <= min_passes <= max_passes, got {len(jobs)} jobs, "
-                         f"{min_passes}..{max_passes} passes")
+        raise ValueError(
+            f"need jobs and 1 <= min_passes <= max_passes, got {len(jobs)} jobs, {min_passes}..{max_passes} passes"
+        )
     for job in jobs.values():
         job()
     times: dict[Hashable, list[float]] = {name: [] for name in jobs}

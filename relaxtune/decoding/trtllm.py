@@ -24,8 +24,9 @@ random numbers are drawn. relaxtune runs it at T = 0, where its residual and bon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -33,8 +34,17 @@ from .hooks import RoundContext, RoundRule
 from .rules import Rows, Targets
 
 __all__ = [
-    "TRT_TOPK", "TRT_DELTA", "TRT_PRESET_TOPK", "BEGIN_THINKING", "END_THINKING",
-    "ThinkingState", "trtllm_thinking_state", "trtllm_relaxed", "trtllm_accept", "trtllm_advance", "TRTLLM_RULE",
+    "TRT_TOPK",
+    "TRT_DELTA",
+    "TRT_PRESET_TOPK",
+    "BEGIN_THINKING",
+    "END_THINKING",
+    "ThinkingState",
+    "trtllm_thinking_state",
+    "trtllm_relaxed",
+    "trtllm_accept",
+    "trtllm_advance",
+    "TRTLLM_RULE",
 ]
 
 TRT_TOPK = "relaxed_topk"
@@ -118,6 +128,8 @@ def trtllm_advance(state: ThinkingState, tokens: torch.Tensor, num_emitted: torc
 
 
 TRTLLM_RULE = RoundRule(
-    accept=trtllm_accept, advance=trtllm_advance, needs_state=True,
+    accept=trtllm_accept,
+    advance=trtllm_advance,
+    needs_state=True,
     initial_state="relaxtune.decoding.trtllm.trtllm_thinking_state(prompt_ids, begin_id, end_id)",
 )

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -36,8 +37,17 @@ from ..backends.base import Backend, SequenceState, native_server
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
-from .generation import (AR, TELEMETRY, Generation, GenerationStats, Limits, check_decode, cut_native, end_round,
-                       run_native)
+from .generation import (
+    AR,
+    TELEMETRY,
+    Generation,
+    GenerationStats,
+    Limits,
+    check_decode,
+    cut_native,
+    end_round,
+    run_native,
+)
 
 __all__ = ["Request", "generate_batch"]
 
@@ -151,7 +161,7 @@ def generate_batch(
             t0 = time.perf_counter()
             try:
                 (state,) = backend.join(batch, [list(request.prompt_ids)])
-            except Exception as err:  # noqa: BLE001 - this request fails alone
+            except Exception as err:
                 yield request, err
                 continue
             limits = Limits(request.max_new_tokens, backend.eos_token_ids, tuple(request.stop), request.stop_after)
@@ -163,7 +173,7 @@ def generate_batch(
         t0 = time.perf_counter()
         try:
             outs = _round(backend, batch, rows, ar, spec, knob, n_draft, sampling, extra_step, greedy_drafts)
-        except Exception as err:  # noqa: BLE001 - the whole batch fails; the queue goes on in a new one
+        except Exception as err:
             for row in rows:
                 yield row.request, err
             batch, rows = backend.start_batch(), []
@@ -172,8 +182,9 @@ def generate_batch(
         for row, (emitted, accepted) in zip(rows, outs):
             if not ar:
                 row.stats.drafted += n_draft
-            tokens, row.reason, row.text = end_round(row.stats, row.state.generated, emitted, accepted, row.limits,
-                                                     backend.decode)
+            tokens, row.reason, row.text = end_round(
+                row.stats, row.state.generated, emitted, accepted, row.limits, backend.decode
+            )
             kept.append(tokens)
         backend.commit_batch(batch, kept)
         if on_tokens is not None:
@@ -190,8 +201,9 @@ def generate_batch(
                 yield row.request, _result(row, backend.decode)
 
 
-def _native_all(server, decode, queue: deque, size: int, knob: float, n_draft: int, sampling: SamplingParams,
-                on_tokens) -> Iterator[tuple[Request, Generation | Exception]]:
+def _native_all(
+    server, decode, queue: deque, size: int, knob: float, n_draft: int, sampling: SamplingParams, on_tokens
+) -> Iterator[tuple[Request, Generation | Exception]]:
     """Every request as one call of the native speculative server, ``size`` in flight
     (in the order they end; a request appended to ``queue`` meanwhile joins)."""
 
@@ -218,8 +230,18 @@ def _native_all(server, decode, queue: deque, size: int, knob: float, n_draft: i
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _round(backend: Backend, batch, rows: list[_Row], ar: bool, spec, knob, n_draft: int,
-           sampling: SamplingParams, extra_step: bool, greedy_drafts: bool) -> list[tuple[list[int], int]]:
+def _round(
+    backend: Backend,
+    batch,
+    rows: list[_Row],
+    ar: bool,
+    spec,
+    knob,
+    n_draft: int,
+    sampling: SamplingParams,
+    extra_step: bool,
+    greedy_drafts: bool,
+) -> list[tuple[list[int], int]]:
     """One round (one AR step) for every row: ``(emitted tokens, accepted drafts)`` per row."""
     if ar:
         z_p = backend.score_batch(batch, torch.zeros(len(rows), 0, dtype=torch.long))[:, 0]
@@ -244,8 +266,15 @@ def _round(backend: Backend, batch, rows: list[_Row], ar: bool, spec, knob, n_dr
     q = torch.stack([q_of(z_q[:, i]) for i in range(z_q.shape[1])], 1)
     z_p = backend.score_batch(batch, ids)
     out = verify_rounds(
-        transform_logits(z_p, sampling), q, ids, spec, knob,
+        transform_logits(z_p, sampling),
+        q,
+        ids,
+        spec,
+        knob,
         uniforms=torch.stack([draw_uniforms((n_draft + 1,), row.gen) for row in rows]),
-        z_p=z_p, z_q=z_q, temperature=sampling.temperature, validate=False,
+        z_p=z_p,
+        z_q=z_q,
+        temperature=sampling.temperature,
+        validate=False,
     )
     return [(r.tokens, r.accepted) for r in map(out.row, range(len(rows)))]

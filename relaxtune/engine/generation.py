@@ -7,14 +7,24 @@ one request to a native speculative server (``run_native``): shared by the decod
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 from ..decoding.methods import get_method
 from ..decoding.sampling import SamplingParams
 
-__all__ = ["GenerationStats", "Generation", "check_decode", "AR", "Limits", "end_round", "stop_index", "run_native",
-           "cut_native", "TELEMETRY"]
+__all__ = [
+    "GenerationStats",
+    "Generation",
+    "check_decode",
+    "AR",
+    "Limits",
+    "end_round",
+    "stop_index",
+    "run_native",
+    "cut_native",
+    "TELEMETRY",
+]
 
 AR = "ar"  # the autoregressive baseline's method id
 
@@ -142,8 +152,9 @@ def stop_index(text: str, stop: Sequence[str], stop_after: str | None = None) ->
     return min(hits) if hits else None
 
 
-def _stop_cut(decode, generated: list[int], new: list[int], stop: Sequence[str],
-              stop_after: str | None) -> tuple[int, str] | None:
+def _stop_cut(
+    decode, generated: list[int], new: list[int], stop: Sequence[str], stop_after: str | None
+) -> tuple[int, str] | None:
     """When a stop string completes inside ``new`` (this round's kept tokens),
     the number of them up to and including the token that completes it, and the
     response text cut before the stop string; else None."""
@@ -167,8 +178,9 @@ class Limits:
     stop_after: str | None = None
 
 
-def end_round(stats: GenerationStats, generated: list[int], emitted: list[int], accepted: int,
-              limits: Limits, decode) -> tuple[list[int], str, str | None]:
+def end_round(
+    stats: GenerationStats, generated: list[int], emitted: list[int], accepted: int, limits: Limits, decode
+) -> tuple[list[int], str, str | None]:
     """Account one round of one sequence and cut its tokens where the response ends.
 
     Args:
@@ -197,8 +209,9 @@ def end_round(stats: GenerationStats, generated: list[int], emitted: list[int], 
     return kept, reason, text
 
 
-def check_decode(method: str, knob: float | None, n_draft: int, temperature: float,
-                 max_new_tokens: int = 1) -> float | None:
+def check_decode(
+    method: str, knob: float | None, n_draft: int, temperature: float, max_new_tokens: int = 1
+) -> float | None:
     """Validate a decoding configuration before any generation; return the knob as
     a float (None for knob-less methods and AR).
 
@@ -220,18 +233,39 @@ def check_decode(method: str, knob: float | None, n_draft: int, temperature: flo
     return knob
 
 
-def run_native(server, prompt_ids, knob: float, n_draft: int, sampling: SamplingParams, max_new_tokens: int,
-            seed: int, stop: Sequence[str]) -> Generation:
+def run_native(
+    server,
+    prompt_ids,
+    knob: float,
+    n_draft: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+    seed: int,
+    stop: Sequence[str],
+) -> Generation:
     """``sglang_threshold`` run by SGLang's own speculative server (one request).
     The server's first token comes from the verifier's prefill, the rest from
     verify rounds: ``emitted`` is ``rounds + accepted + 1``, and a response that
     ends at its first token has zero rounds (a valid sample)."""
-    ids, text, reason, tel, seconds = server.generate(prompt_ids, threshold=knob, n_draft=n_draft, sampling=sampling,
-                                                      max_new_tokens=max_new_tokens, seed=seed, stop=stop)
+    ids, text, reason, tel, seconds = server.generate(
+        prompt_ids,
+        threshold=knob,
+        n_draft=n_draft,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        stop=stop,
+    )
     text, hit = _cut_at_stop(text, stop)
-    stats = GenerationStats(rounds=tel.rounds, drafted=tel.proposed, accepted=tel.accepted,
-                            emitted=tel.rounds + tel.accepted + 1, response_tokens=len(ids),
-                            finish_reason="stop" if hit else reason, wall_seconds=seconds)
+    stats = GenerationStats(
+        rounds=tel.rounds,
+        drafted=tel.proposed,
+        accepted=tel.accepted,
+        emitted=tel.rounds + tel.accepted + 1,
+        response_tokens=len(ids),
+        finish_reason="stop" if hit else reason,
+        wall_seconds=seconds,
+    )
     return Generation(ids, text, stats, {"telemetry_keys": list(tel.keys)})
 
 

@@ -21,8 +21,9 @@ responses are the same.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from ..backends.base import Backend
 from ..graders.base import THINK_END
@@ -50,8 +51,9 @@ def _answer_stop_after(spec: TaskSpec, head_text: str) -> str | None:
 
 def _first(spec: TaskSpec, prompt_ids: list[int], seed: int, key: Any = None) -> Request:
     """The first phase: up to the thinking budget (or the whole budget)."""
-    return Request(prompt_ids, seed, spec.thinking_budget or spec.max_new_tokens, tuple(spec.stop),
-                   _stop_after(spec), key)
+    return Request(
+        prompt_ids, seed, spec.thinking_budget or spec.max_new_tokens, tuple(spec.stop), _stop_after(spec), key
+    )
 
 
 def _after_budget(backend, spec: TaskSpec, first: Generation) -> tuple[str, list[int]] | None:
@@ -100,20 +102,43 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     """
     kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())
     req = _first(spec, prompt_ids, seed)
-    first = generate(backend, prompt_ids, max_new_tokens=req.max_new_tokens, seed=seed, stop=req.stop,
-                     stop_after=req.stop_after, **kw)
+    first = generate(
+        backend,
+        prompt_ids,
+        max_new_tokens=req.max_new_tokens,
+        seed=seed,
+        stop=req.stop,
+        stop_after=req.stop_after,
+        **kw,
+    )
     if (head := _after_budget(backend, spec, first)) is None:
         return first
     text, ids = head
     left = spec.max_new_tokens - len(ids)
-    rest = None if left <= 0 else generate(backend, list(prompt_ids) + ids, max_new_tokens=left, seed=seed + 1,
-                                           stop=req.stop, stop_after=_answer_stop_after(spec, text), **kw)
+    rest = (
+        None
+        if left <= 0
+        else generate(
+            backend,
+            list(prompt_ids) + ids,
+            max_new_tokens=left,
+            seed=seed + 1,
+            stop=req.stop,
+            stop_after=_answer_stop_after(spec, text),
+            **kw,
+        )
+    )
     return _joined(first, text, ids, rest)
 
 
-def generate_responses(backend: Backend, spec: TaskSpec, config, items: Iterable[tuple[Any, list[int], int]],
-                       batch_size: int | None = None, on_tokens: Callable[[int], None] | None = None
-                       ) -> Iterator[tuple[Any, Generation | Exception]]:
+def generate_responses(
+    backend: Backend,
+    spec: TaskSpec,
+    config,
+    items: Iterable[tuple[Any, list[int], int]],
+    batch_size: int | None = None,
+    on_tokens: Callable[[int], None] | None = None,
+) -> Iterator[tuple[Any, Generation | Exception]]:
     """Many responses of one configuration, ``batch_size`` at a time (default:
     ``backend.batch_size``); each equals ``generate_response`` of the same prompt
     and seed.
@@ -141,5 +166,13 @@ def generate_responses(backend: Backend, spec: TaskSpec, config, items: Iterable
         elif (left := spec.max_new_tokens - len(after[1])) <= 0:
             yield key, _joined(gen, *after, None)
         else:  # the forced answer re-joins the running batch
-            queue.append(Request(prompt_ids + after[1], req.seed + 1, left, req.stop, _answer_stop_after(spec, after[0]),
-                                 (key, prompt_ids, (gen, *after))))
+            queue.append(
+                Request(
+                    prompt_ids + after[1],
+                    req.seed + 1,
+                    left,
+                    req.stop,
+                    _answer_stop_after(spec, after[0]),
+                    (key, prompt_ids, (gen, *after)),
+                )
+            )

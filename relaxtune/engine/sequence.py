@@ -18,7 +18,7 @@ response runs in.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..backends.base import Backend, native_server
 from ..decoding.sampling import SamplingParams
@@ -78,8 +78,9 @@ def generate(
     """
     check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     request = Request(list(prompt_ids), seed, max_new_tokens, tuple(stop), stop_after)
-    ((_, gen),) = generate_batch(backend, [request], method=method, knob=knob, n_draft=n_draft, sampling=sampling,
-                                 batch_size=1)
+    ((_, gen),) = generate_batch(
+        backend, [request], method=method, knob=knob, n_draft=n_draft, sampling=sampling, batch_size=1
+    )
     if isinstance(gen, Exception):
         raise gen
     gen.stats.wall_seconds = gen.stats.latency_seconds

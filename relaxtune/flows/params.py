@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Optional
 
 __all__ = ["SETTING", "FROM_SETTINGS", "from_settings"]
 
@@ -40,18 +39,19 @@ def from_settings(fn):
             if info.is_required():
                 default, annotation = inspect.Parameter.empty, info.annotation
             elif p.default is FROM_SETTINGS:
-                default, annotation = None, Optional[info.annotation]
+                default, annotation = None, info.annotation | None
                 text += f" (default: the settings' {p.name}, else {info.default})"
             else:
                 default = copy.deepcopy(info.default)
-                annotation = info.annotation if default is not None else Optional[info.annotation]
+                annotation = info.annotation if default is not None else info.annotation | None
             p = p.replace(default=default, annotation=annotation)
             lines.append(f"    {p.name}: {text}")
         params.append(p)
     defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
     fn.__defaults__ = defaults or None
     fn.__annotations__ = {p.name: p.annotation for p in params if p.annotation is not inspect.Parameter.empty} | (
-        {"return": fn.__annotations__["return"]} if "return" in fn.__annotations__ else {})
+        {"return": fn.__annotations__["return"]} if "return" in fn.__annotations__ else {}
+    )
     if lines:
         doc = inspect.cleandoc(fn.__doc__ or "")
         head, sep, rest = doc.partition("\nArgs:\n")

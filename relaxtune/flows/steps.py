@@ -21,9 +21,9 @@ import functools
 import hashlib
 import json
 import socket
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from prefect import task
@@ -33,8 +33,19 @@ from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.tune.evaluation import DecodeConfig, EvalResult, evaluate
 from relaxtune.tune.settings import TuneSettings, spec_digest
 
-__all__ = ["generate_and_grade", "run_trial", "evaluation_cache_key", "backend_identity", "backend_tag",
-           "as_future", "fan_out", "load_backend", "problems_of", "register", "unregister"]
+__all__ = [
+    "generate_and_grade",
+    "run_trial",
+    "evaluation_cache_key",
+    "backend_identity",
+    "backend_tag",
+    "as_future",
+    "fan_out",
+    "load_backend",
+    "problems_of",
+    "register",
+    "unregister",
+]
 
 TRANSIENT = (OSError,)  # connection errors and timeouts included
 MODEL_FILES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".jinja"}
@@ -46,7 +57,7 @@ def _transient(task, task_run, state) -> bool:
         state.result()
     except TRANSIENT:
         return True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return False
 
@@ -94,8 +105,11 @@ def _model(model: str) -> object:
     path = Path(model)
     if not path.is_dir():
         return model
-    return [model] + sorted([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in path.iterdir()
-                            if f.is_file() and f.suffix in MODEL_FILES)
+    return [model] + sorted(
+        [f.name, f.stat().st_size, f.stat().st_mtime_ns]
+        for f in path.iterdir()
+        if f.is_file() and f.suffix in MODEL_FILES
+    )
 
 
 def backend_identity(settings: TuneSettings) -> dict:
@@ -124,15 +138,27 @@ def evaluation_cache_key(context, parameters: dict) -> str:
 
     settings = TuneSettings(**parameters["settings"])
     spec = load_task(settings.task)
-    key = {"inputs": parameters, "task": [spec.name, spec.version, spec_digest(spec)],
-           "backend": backend_identity(settings), "relaxtune": metadata.version("relaxtune"), "code": code_identity()}
+    key = {
+        "inputs": parameters,
+        "task": [spec.name, spec.version, spec_digest(spec)],
+        "backend": backend_identity(settings),
+        "relaxtune": metadata.version("relaxtune"),
+        "code": code_identity(),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-@task(cache_key_fn=evaluation_cache_key, retries=2, retry_delay_seconds=10, retry_condition_fn=_transient,
-      persist_result=True, task_run_name="{method} {knob} N={n_draft}, problems {problem_ids[0]}..")
-def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft: int, seed: int,
-                       problem_ids: tuple[str, ...]) -> EvalResult:
+@task(
+    cache_key_fn=evaluation_cache_key,
+    retries=2,
+    retry_delay_seconds=10,
+    retry_condition_fn=_transient,
+    persist_result=True,
+    task_run_name="{method} {knob} N={n_draft}, problems {problem_ids[0]}..",
+)
+def generate_and_grade(
+    settings: dict, method: str, knob: float | None, n_draft: int, seed: int, problem_ids: tuple[str, ...]
+) -> EvalResult:
     """Generate and grade one configuration on the problems ``problem_ids`` (a range
     of the tuner's problems: a prefix of the task's, or of its search half with
     ``--confirm holdout``); records resume from disk, so a retry redoes only
@@ -144,8 +170,14 @@ def generate_and_grade(settings: dict, method: str, knob: float | None, n_draft:
     s = TuneSettings(**settings)
     by_id = {p.id: p for p in problems_of(s.task, s.limit)}
     problems = [by_id[i] for i in problem_ids]
-    return evaluate(load_task(s.task), load_backend(s), DecodeConfig(method, knob, n_draft, seed),
-                    output_dir=s.output_dir, problems=problems, progress=False)
+    return evaluate(
+        load_task(s.task),
+        load_backend(s),
+        DecodeConfig(method, knob, n_draft, seed),
+        output_dir=s.output_dir,
+        problems=problems,
+        progress=False,
+    )
 
 
 _CALLS: dict[str, Callable] = {}  # what run_trial runs, by key (task runs take names, not objects)
@@ -178,7 +210,7 @@ def as_future(prefect_future) -> Future:
     def done(f) -> None:
         try:
             out.set_result(f.result())
-        except BaseException as err:  # noqa: BLE001 - handed to whoever waits
+        except BaseException as err:
             out.set_exception(err)
 
     prefect_future.add_done_callback(done)

@@ -15,8 +15,13 @@ from relaxtune.flows.steps import backend_tag, generate_and_grade, load_backend
 
 @flow(name="transfer_matrix", log_prints=True)
 @from_settings
-def transfer_matrix(tasks: list[str], methods: list[str] | None = None, confidence: float | None = None,
-                    output_dir: str = SETTING, mlflow_uri: str | None = SETTING) -> dict:
+def transfer_matrix(
+    tasks: list[str],
+    methods: list[str] | None = None,
+    confidence: float | None = None,
+    output_dir: str = SETTING,
+    mlflow_uri: str | None = SETTING,
+) -> dict:
     """Judge each task's tuned point on every other task (``relaxtune transfer``);
     returns ``{"confidence_each", "cells": the transfer table's rows, "written": the
     tuned configs that gained a transfer section}``.
@@ -36,11 +41,21 @@ def transfer_matrix(tasks: list[str], methods: list[str] | None = None, confiden
     def evaluate_fn(spec, backend, config, *, output_dir, problems, progress):
         s = settings_of(spec.source_file)
         run = generate_and_grade.with_options(tags=[backend_tag(s)])
-        return run(s.model_dump(), config.method, config.knob, config.n_draft, config.seed,
-                   tuple(p.id for p in problems))
+        return run(
+            s.model_dump(), config.method, config.knob, config.n_draft, config.seed, tuple(p.id for p in problems)
+        )
 
     logger = get_run_logger()
     backend = load_backend(load_tuned(tasks[0], output_dir).settings)  # the pair the task runs use
-    matrix, written = run_transfer(tasks, methods, confidence, output_dir=output_dir, mlflow_uri=mlflow_uri,
-                                   backend=backend, evaluate_fn=evaluate_fn, progress=False, log=logger.info)
+    matrix, written = run_transfer(
+        tasks,
+        methods,
+        confidence,
+        output_dir=output_dir,
+        mlflow_uri=mlflow_uri,
+        backend=backend,
+        evaluate_fn=evaluate_fn,
+        progress=False,
+        log=logger.info,
+    )
     return {"confidence_each": matrix.confidence_each, "cells": matrix.rows(), "written": [str(p) for p in written]}

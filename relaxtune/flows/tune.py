@@ -47,8 +47,17 @@ def _ranges_runner(settings: TuneSettings):
     tagged = generate_and_grade.with_options(tags=[backend_tag(settings)])
 
     def run_ranges(config: DecodeConfig, problems: list, ranges: list[range]):
-        futures = [tagged.submit(as_dict, config.method, config.knob, config.n_draft, config.seed,
-                                 tuple(p.id for p in problems[r.start:r.stop])) for r in ranges]
+        futures = [
+            tagged.submit(
+                as_dict,
+                config.method,
+                config.knob,
+                config.n_draft,
+                config.seed,
+                tuple(p.id for p in problems[r.start : r.stop]),
+            )
+            for r in ranges
+        ]
         return [f.result() for f in futures]
 
     return run_ranges
@@ -56,9 +65,19 @@ def _ranges_runner(settings: TuneSettings):
 
 @flow(name="evaluate_point", log_prints=True)
 @from_settings
-def evaluate_point(task: str = SETTING, method: str = "strict", alpha: float | None = None, n_draft: int = 4,
-                   seed: int = SETTING, limit: int | None = SETTING, drafter: str = SETTING, verifier: str = SETTING,
-                   dtype: str = SETTING, output_dir: str = SETTING, range_size: int | None = SETTING) -> dict:
+def evaluate_point(
+    task: str = SETTING,
+    method: str = "strict",
+    alpha: float | None = None,
+    n_draft: int = 4,
+    seed: int = SETTING,
+    limit: int | None = SETTING,
+    drafter: str = SETTING,
+    verifier: str = SETTING,
+    dtype: str = SETTING,
+    output_dir: str = SETTING,
+    range_size: int | None = SETTING,
+) -> dict:
     """Evaluate one (method, alpha, N) point on a task, in ranges of ``range_size``
     problems run as concurrent task runs; returns the merged result's summary.
 
@@ -67,21 +86,35 @@ def evaluate_point(task: str = SETTING, method: str = "strict", alpha: float | N
         alpha: the method's knob
         n_draft: draft length N
     """
-    s = TuneSettings(task=task, limit=limit, dtype=dtype, output_dir=output_dir, range_size=range_size,
-                     **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v})
+    s = TuneSettings(
+        task=task,
+        limit=limit,
+        dtype=dtype,
+        output_dir=output_dir,
+        range_size=range_size,
+        **{k: v for k, v in dict(drafter=drafter, verifier=verifier).items() if v},
+    )
     problems = list(problems_of(task, limit))
     ranges = split(len(problems), s.range_size)
     summary = merge(_ranges_runner(s)(DecodeConfig(method, alpha, n_draft, seed), problems, ranges)).summary()
-    print(f"{task} {method} {alpha} N={n_draft}: accuracy {summary['accuracy']:.3f} "
-          f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}], l_accept {summary['l_accept']:.2f}")
+    print(
+        f"{task} {method} {alpha} N={n_draft}: accuracy {summary['accuracy']:.3f} "
+        f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}], l_accept {summary['l_accept']:.2f}"
+    )
     return summary
 
 
 @flow(name="tune_task", log_prints=True)
 @from_settings
-def tune_task(task: str = SETTING, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
-              epsilon: float = SETTING, trials: int = SETTING, n_drafts: list[int] | None = FROM_SETTINGS,
-              settings: dict | None = None) -> dict:
+def tune_task(
+    task: str = SETTING,
+    methods: list[str] | None = FROM_SETTINGS,
+    limit: int | None = SETTING,
+    epsilon: float = SETTING,
+    trials: int = SETTING,
+    n_drafts: list[int] | None = FROM_SETTINGS,
+    settings: dict | None = None,
+) -> dict:
     """Tune every method on one task (the same job as ``relaxtune tune``), as one
     worker of it; returns the exported config as a dict.
 
@@ -107,12 +140,21 @@ def tune_task(task: str = SETTING, methods: list[str] | None = FROM_SETTINGS, li
         return as_future(run_trial.submit(register(key, next_trial)))
 
     try:
-        config, path = run_tune_job(s, load_backend(s), progress=False, run_ranges=_ranges_runner(s),
-                                    submit_trial=submit_trial, worker=worker, log=logger.info)
+        config, path = run_tune_job(
+            s,
+            load_backend(s),
+            progress=False,
+            run_ranges=_ranges_runner(s),
+            submit_trial=submit_trial,
+            worker=worker,
+            log=logger.info,
+        )
     finally:
         unregister(key)
-    logger.info(f"tuned config written to {path}: recommend {config.recommendation.method} "
-                f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})")
+    logger.info(
+        f"tuned config written to {path}: recommend {config.recommendation.method} "
+        f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})"
+    )
     for line in cautions(config):
         logger.warning(line)
     return config.model_dump(mode="json")
@@ -134,9 +176,15 @@ def _tune_many(tasks: dict[str, str], parallel_tasks: int, **kwargs) -> dict[str
 
 @flow(name="tune_all", log_prints=True)
 @from_settings
-def tune_all(tasks: list[str] | None = None, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
-             epsilon: float = SETTING, trials: int = SETTING, settings: dict | None = None,
-             parallel_tasks: int = 1) -> dict[str, str]:
+def tune_all(
+    tasks: list[str] | None = None,
+    methods: list[str] | None = FROM_SETTINGS,
+    limit: int | None = SETTING,
+    epsilon: float = SETTING,
+    trials: int = SETTING,
+    settings: dict | None = None,
+    parallel_tasks: int = 1,
+) -> dict[str, str]:
     """Tune every task of ``evals/`` (or the given ones), ``parallel_tasks`` at a
     time; returns task -> recommended method.
 
@@ -145,15 +193,29 @@ def tune_all(tasks: list[str] | None = None, methods: list[str] | None = FROM_SE
         settings: any other setting by its flat name
         parallel_tasks: tasks tuned at once
     """
-    return _tune_many({t: t for t in tasks or list_tasks()}, parallel_tasks, methods=methods, limit=limit,
-                      epsilon=epsilon, trials=trials, settings=settings)
+    return _tune_many(
+        {t: t for t in tasks or list_tasks()},
+        parallel_tasks,
+        methods=methods,
+        limit=limit,
+        epsilon=epsilon,
+        trials=trials,
+        settings=settings,
+    )
 
 
 @flow(name="tune_new", log_prints=True)
 @from_settings
-def tune_new(folders: list[str] | None = None, methods: list[str] | None = FROM_SETTINGS, limit: int | None = SETTING,
-             epsilon: float = SETTING, trials: int = SETTING, n_drafts: list[int] | None = FROM_SETTINGS,
-             settings: dict | None = None, parallel_tasks: int = 1) -> dict[str, str]:
+def tune_new(
+    folders: list[str] | None = None,
+    methods: list[str] | None = FROM_SETTINGS,
+    limit: int | None = SETTING,
+    epsilon: float = SETTING,
+    trials: int = SETTING,
+    n_drafts: list[int] | None = FROM_SETTINGS,
+    settings: dict | None = None,
+    parallel_tasks: int = 1,
+) -> dict[str, str]:
     """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
     for its version and the settings' model pair in the output folder yet, or whose
     spec changed after its config was made (``relaxtune.tune.schedule.untuned``), and
@@ -181,5 +243,13 @@ def tune_new(folders: list[str] | None = None, methods: list[str] | None = FROM_
             logger.warning(f"skipping {p.name} ({p.path}): {why}")
     if not pending:
         logger.info("every task spec with loadable data has a current tuned config: nothing to tune")
-    return _tune_many({p.name: p.path for p in pending}, parallel_tasks, methods=methods, limit=limit, epsilon=epsilon,
-                      trials=trials, n_drafts=n_drafts, settings=settings)
+    return _tune_many(
+        {p.name: p.path for p in pending},
+        parallel_tasks,
+        methods=methods,
+        limit=limit,
+        epsilon=epsilon,
+        trials=trials,
+        n_drafts=n_drafts,
+        settings=settings,
+    )

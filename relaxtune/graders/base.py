@@ -38,4 +38,4 @@ def answer_section(response: str) -> str | None:
     end, start = response.rfind(THINK_END), response.rfind(THINK_START)
     if start > end:
         return None
-    return response[end + len(THINK_END):] if end >= 0 else response
+    return response[end + len(THINK_END) :] if end >= 0 else response

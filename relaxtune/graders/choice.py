@@ -54,15 +54,20 @@ _FONT = r"\\(?:boxed|fbox|text(?:bf|it|sf|tt|rm|normal)?|math(?:bf|rm|it|sf|tt)|
 _WRAPPERS = rf"(?:\s|\*|_|\$|`|['\"‘’“”]|\\[(\[]|[(\[{{<]|{_FONT}|(?i:option|choice|letter)\b)*"
 _ONE_LETTER = r"[A-Z](?![A-Za-z0-9])(?!(?<=I)\s+[a-z])"
 _CLOSERS = r"[\s*`'\"’”)\]}>$]*"
-# after "B, A and C" a verb that dismisses the listed letters: a new clause, not a hedge ("ANSWER: B, A and C are incorrect.")
-_DISMISSED = (r"\s+(?i:(?:are|is|were|was)\s+(?:(?:all|both|also|clearly|each|therefore|thus|definitely)\s+)?"
-              r"(?:not\b|incorrect|wrong|false|invalid|ruled\s+out|eliminated|excluded|impossible|unlikely|implausible)"
-              r"|(?:can|could|must|should|may)\s+(?:all\s+|both\s+)?be\s+(?:ruled\s+out|eliminated|excluded|discarded|rejected)"
-              r"|(?:fail|violate|contradict)s?\b)")
+# after "B, A and C" a verb that dismisses the listed letters: a new clause, not a hedge
+# ("ANSWER: B, A and C are incorrect.")
+_DISMISSED = (
+    r"\s+(?i:(?:are|is|were|was)\s+(?:(?:all|both|also|clearly|each|therefore|thus|definitely)\s+)?"
+    r"(?:not\b|incorrect|wrong|false|invalid|ruled\s+out|eliminated|excluded|impossible|unlikely|implausible)"
+    r"|(?:can|could|must|should|may)\s+(?:all\s+|both\s+)?be\s+(?:ruled\s+out|eliminated|excluded|discarded|rejected)"
+    r"|(?:fail|violate|contradict)s?\b)"
+)
 _LIST_TAIL = rf"(?:{_CLOSERS}(?:,|\b(?:and|or)\b){_WRAPPERS}{_ONE_LETTER})*{_CLOSERS}"
-_LETTER = (rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^?])(?!(?<!<[A-Z])\s*>)"
-           rf"(?!{_CLOSERS}(?:[/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})"
-           rf"(?!{_CLOSERS},{_WRAPPERS}{_ONE_LETTER}(?!{_LIST_TAIL}{_DISMISSED}))")
+_LETTER = (
+    rf"(?P<letter>{_ONE_LETTER})(?!\s*[=<+^?])(?!(?<!<[A-Z])\s*>)"
+    rf"(?!{_CLOSERS}(?:[/&]|\b(?:or|and)\b){_WRAPPERS}{_ONE_LETTER})"
+    rf"(?!{_CLOSERS},{_WRAPPERS}{_ONE_LETTER}(?!{_LIST_TAIL}{_DISMISSED}))"
+)
 _ANCHORS = [
     r"(?i:answer)(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
     r"(?i:correct\s+(?:option|choice|letter))(?:\s*(?:\*\*|__))?\s*(?:(?i:is)\b\s*:?|[:：])",
@@ -70,13 +75,19 @@ _ANCHORS = [
 ]
 # a qualifier that makes "answer is X" not the answer: "a good", "one possible", "the wrong" (up to two words after it)
 # (on the anchor's own line: "...are all wrong\nAnswer: B" is no qualifier)
-_NOT_THE_ANSWER = re.compile(r"\b(?:a|an|one|another|wrong|incorrect|bad|possible|plausible|tempting|alternative)[ \t]+"
-                             r"(?:[\w-]+[ \t]+){0,2}$", re.I)
+_NOT_THE_ANSWER = re.compile(
+    r"\b(?:a|an|one|another|wrong|incorrect|bad|possible|plausible|tempting|alternative)[ \t]+"
+    r"(?:[\w-]+[ \t]+){0,2}$",
+    re.I,
+)
 _BOX_LETTER = re.compile(r"^(?:\((?P<p>[A-Z])\)|(?P<letter>[A-Z])(?:[.:)\]]|\s+[-–—(]|$))")
 _INNER_WRAP = re.compile(_FONT + r"([^{}]*)\}")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
-_FORMAT = re.compile(r"['\"‘“`](?P<prefix>[^'\"’”`\n]{0,40}?)(?:\$?LETTER|<letter>|\{letter\}"
-                     r"|(?<=[:(\[] )X|(?<=[:(\[])X)(?![\w-])[^'\"’”`\n]{0,20}['\"’”`]", re.I)
+_FORMAT = re.compile(
+    r"['\"‘“`](?P<prefix>[^'\"’”`\n]{0,40}?)(?:\$?LETTER|<letter>|\{letter\}"
+    r"|(?<=[:(\[] )X|(?<=[:(\[])X)(?![\w-])[^'\"’”`\n]{0,20}['\"’”`]",
+    re.I,
+)
 _REFUSAL = re.compile(r"cannot\s+(?:be\s+)?determine|can't\s+determine|cannot\s+be\s+determined|none\s+of\s+the", re.I)
 
 

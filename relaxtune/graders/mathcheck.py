@@ -38,10 +38,10 @@ import sys
 if __name__ == "__main__" and sys.path and sys.path[0] == __file__.rpartition("/")[0]:
     sys.path.pop(0)  # our math.py and numbers.py must not shadow the standard library's
 
-import functools  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import re  # noqa: E402
+import functools
+import json
+import logging
+import re
 
 __all__ = ["check", "numbers_differ", "parse_gold", "serve"]
 
@@ -76,8 +76,12 @@ def _exactly_different(gold, pred) -> bool:
     import sympy
 
     def exact(x) -> bool:
-        return (isinstance(x, sympy.Expr) and bool(x.is_number) and bool(x.is_finite)
-                and not x.atoms(sympy.Float, sympy.UnevaluatedExpr))
+        return (
+            isinstance(x, sympy.Expr)
+            and bool(x.is_number)
+            and bool(x.is_finite)
+            and not x.atoms(sympy.Float, sympy.UnevaluatedExpr)
+        )
 
     g, p = gold[0], pred[0]
     return exact(g) and exact(p) and sympy.simplify(g - p).is_zero is False
@@ -112,8 +116,14 @@ def _integer_value(expr):
 _ELLIPSIS_TERM = re.compile(r"(?:\\[lc]?dots[bc]?|\\cdots|\.\.\.|…)")
 _ELLIPSIS = re.compile(r"\\[lc]?dots[bc]?(?![A-Za-z])|\.\.\.|…")
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
-_DELIMITERS = [(r"\{", r"\}"), ("(", ")"), ("[", "]"), (r"\left\{", r"\right\}"), (r"\left(", r"\right)"),
-               (r"\left[", r"\right]")]
+_DELIMITERS = [
+    (r"\{", r"\}"),
+    ("(", ")"),
+    ("[", "]"),
+    (r"\left\{", r"\right\}"),
+    (r"\left(", r"\right)"),
+    (r"\left[", r"\right]"),
+]
 
 
 def _whole_box(text: str) -> str | None:
@@ -125,7 +135,7 @@ def _whole_box(text: str) -> str | None:
     for i in range(len("\\boxed"), len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
-            return text[len("\\boxed{"):i] if i == len(text) - 1 else None
+            return text[len("\\boxed{") : i] if i == len(text) - 1 else None
     return None
 
 
@@ -134,7 +144,7 @@ def _terms(math: str) -> list[str]:
     math = math.strip().strip("$").strip()
     for left, right in _DELIMITERS:
         if math.startswith(left) and math.endswith(right) and len(math) > len(left) + len(right):
-            math = math[len(left):-len(right)]
+            math = math[len(left) : -len(right)]
             break
     terms, depth, start = [], 0, 0
     for i, ch in enumerate(math):
@@ -204,7 +214,7 @@ def compare_sequences(text: str, gold: str):
         same = g_dots == p_dots and len(g_terms) == len(p_terms)
         return same and all(i in g_dots or _same(a, b) for i, (a, b) in enumerate(zip(g_terms, p_terms))), detail
     (gi,), (pi,) = g_dots, p_dots
-    g_head, g_tail, p_head, p_tail = g_terms[:gi], g_terms[gi + 1:], p_terms[:pi], p_terms[pi + 1:]
+    g_head, g_tail, p_head, p_tail = g_terms[:gi], g_terms[gi + 1 :], p_terms[:pi], p_terms[pi + 1 :]
     if len(g_tail) != len(p_tail) or not all(_same(a, b) for a, b in zip(g_tail, p_tail)):
         return False, detail
     if len(g_head) == len(p_head):
@@ -272,8 +282,13 @@ def _readings(x) -> tuple[list, bool] | None:
         x = x.rhs
     if not isinstance(x, sympy.Expr) or x.free_symbols:
         return None
-    pct = x.args[0] if (isinstance(x, sympy.Mul) and len(x.args) == 2
-                        and x.args[1] == sympy.UnevaluatedExpr(sympy.Rational(1, 100))) else None
+    pct = (
+        x.args[0]
+        if (
+            isinstance(x, sympy.Mul) and len(x.args) == 2 and x.args[1] == sympy.UnevaluatedExpr(sympy.Rational(1, 100))
+        )
+        else None
+    )
     try:
         value = complex(sympy.N(pct if pct is not None else x, 40))
     except (TypeError, ValueError, OverflowError):
@@ -306,8 +321,10 @@ def numbers_differ(gold, pred, relative: float, absolute: float) -> str:
         for b in pv:
             if abs(a - b) <= relative * max(abs(a), abs(b)) or (a == 0 or b == 0) and abs(a - b) <= absolute:
                 return ""
-    return (f"numbers differ by more than the tolerance (relative {relative:g}, absolute {absolute:g}): "
-            f"{pv[-1].real if not pv[-1].imag else pv[-1]:.6g} vs {gv[-1].real if not gv[-1].imag else gv[-1]:.6g}")
+    return (
+        f"numbers differ by more than the tolerance (relative {relative:g}, absolute {absolute:g}): "
+        f"{pv[-1].real if not pv[-1].imag else pv[-1]:.6g} vs {gv[-1].real if not gv[-1].imag else gv[-1]:.6g}"
+    )
 
 
 def check(text: str, gold: str, integer_range=None, tolerance=None) -> dict:
@@ -371,7 +388,7 @@ def serve(memory_mb: int) -> None:
         try:
             request = json.loads(line)
             reply = check(request["text"], request["gold"], request.get("integer_range"), request.get("tolerance"))
-        except Exception as err:  # noqa: BLE001 - every failure is the caller's grader error
+        except Exception as err:
             reply = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()

@@ -37,10 +37,13 @@ _NUM = r"(-?\d+(?:\.\d+)?)"
 _DEG = r"\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree)"
 _TRIG = re.compile(
     r"\\(sin|cos|tan|cot|sec|csc)\s*(?:\\left\s*\(\s*" + _NUM + _DEG + r"\s*\\right\s*\)"
-    r"|\(\s*" + _NUM + _DEG + r"\s*\)|\{\s*" + _NUM + _DEG + r"\s*\}|" + _NUM + _DEG + ")")
+    r"|\(\s*" + _NUM + _DEG + r"\s*\)|\{\s*" + _NUM + _DEG + r"\s*\}|" + _NUM + _DEG + ")"
+)
 _PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
-_FUNCTION = re.compile(r"(?<![\\A-Za-z])(arcsin|arccos|arctan|sqrt|exp|ln|log|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc)"
-                       r"(?=\s*\()")
+_FUNCTION = re.compile(
+    r"(?<![\\A-Za-z])(arcsin|arccos|arctan|sqrt|exp|ln|log|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc)"
+    r"(?=\s*\()"
+)
 _SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
 
 
@@ -63,7 +66,7 @@ def _sqrt_braces(text: str) -> str:
         close = _closing(text, m.end() - 1)
         if close is None:
             continue
-        out += [text[pos:m.start()], r"\sqrt{", _sqrt_braces(text[m.end():close]), "}"]
+        out += [text[pos : m.start()], r"\sqrt{", _sqrt_braces(text[m.end() : close]), "}"]
         pos = close + 1
     return "".join(out) + text[pos:]
 

@@ -64,9 +64,11 @@ def numeric_tolerance() -> NumericTolerance:
         ValueError: a bound that is not a finite number >= 0, or a relative one >= 1.
     """
     raw = _load().get("numeric") or {}
-    tol = NumericTolerance(float(raw.get("relative", "nan")), float(raw.get("absolute", "nan")),
-                           str(raw.get("percent", "")))
-    if not (math.isfinite(tol.relative) and 0 <= tol.relative < 1 and math.isfinite(tol.absolute)
-            and tol.absolute >= 0):
+    tol = NumericTolerance(
+        float(raw.get("relative", "nan")), float(raw.get("absolute", "nan")), str(raw.get("percent", ""))
+    )
+    if not (
+        math.isfinite(tol.relative) and 0 <= tol.relative < 1 and math.isfinite(tol.absolute) and tol.absolute >= 0
+    ):
         raise ValueError(f"{POLICY_FILE}: numeric tolerance {raw!r} must be finite, >= 0 (relative < 1)")
     return tol

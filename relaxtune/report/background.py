@@ -21,9 +21,9 @@ that has none (whichever worker finishes).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from typing import Callable
 
 from ..tune.stopping import on_stop
 from .reexport import JobError
@@ -109,8 +109,9 @@ class BackgroundTracker:
         while True:
             with self._guard:  # one thread takes a failure (lanes call the tracker at once), calls that ran go
                 failed = next((c for c in self._queued if c.done() and c.exception() is not None), None)
-                self._queued = [c for c in self._queued
-                                if c is not failed and (not c.done() or c.exception() is not None)]
+                self._queued = [
+                    c for c in self._queued if c is not failed and (not c.done() or c.exception() is not None)
+                ]
                 pending = [c for c in self._queued if not c.done()]
             if failed is not None:
                 raise failed.exception()

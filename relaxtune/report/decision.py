@@ -60,16 +60,32 @@ def decide(config) -> Decision:
     knob_name = chosen.knob_name if chosen is not None else None
     label = point_label(rec.method, knob_name, rec.knob, rec.n_draft)
     n = chosen.n if chosen is not None else strict.get("n")
-    params = {"recommended_method": rec.method, "recommended_knob_name": knob_name or "-",
-              "recommended_knob": _num(rec.knob), "recommended_n_draft": str(rec.n_draft),
-              "epsilon": f"{config.epsilon:g}", "confidence": f"{config.confidence:g}", "n": _num(n),
-              "problems": str(config.problems), "repeats": str(config.repeats), "task": config.task,
-              "task_version": str(config.task_version), "drafter": config.drafter, "verifier": config.verifier,
-              "c_rel": f"{config.c_rel:.4g}"}
-    metrics = {"recommended_speedup": rec.modeled_speedup, "epsilon": config.epsilon, "confidence": config.confidence,
-               "recommended_drop_ucb": chosen.drop_upper_bound if chosen is not None else 0.0,
-               "recommended_accuracy": chosen.accuracy if chosen is not None else strict.get("accuracy"),
-               "strict_accuracy": strict.get("accuracy"), "strict_speedup": strict.get("modeled_speedup"), "n": n}
+    params = {
+        "recommended_method": rec.method,
+        "recommended_knob_name": knob_name or "-",
+        "recommended_knob": _num(rec.knob),
+        "recommended_n_draft": str(rec.n_draft),
+        "epsilon": f"{config.epsilon:g}",
+        "confidence": f"{config.confidence:g}",
+        "n": _num(n),
+        "problems": str(config.problems),
+        "repeats": str(config.repeats),
+        "task": config.task,
+        "task_version": str(config.task_version),
+        "drafter": config.drafter,
+        "verifier": config.verifier,
+        "c_rel": f"{config.c_rel:.4g}",
+    }
+    metrics = {
+        "recommended_speedup": rec.modeled_speedup,
+        "epsilon": config.epsilon,
+        "confidence": config.confidence,
+        "recommended_drop_ucb": chosen.drop_upper_bound if chosen is not None else 0.0,
+        "recommended_accuracy": chosen.accuracy if chosen is not None else strict.get("accuracy"),
+        "strict_accuracy": strict.get("accuracy"),
+        "strict_speedup": strict.get("modeled_speedup"),
+        "n": n,
+    }
     bound = chosen.drop_upper_bound if chosen is not None else 0.0
     params["recommended_drop_ucb"] = f"{bound:.4g}"
     if chosen is not None and chosen.search_drop_upper_bound is not None:  # confirmed: both bounds
@@ -78,19 +94,28 @@ def decide(config) -> Decision:
     if config.confirmation.get("planned"):
         params["confirm_confidence"] = f"{config.confirmation['confidence_each']:.4g}"
     for method, r in config.methods.items():
-        point = {"modeled_speedup": r.modeled_speedup, "drop_upper_bound": r.drop_upper_bound} if r.feasible \
+        point = (
+            {"modeled_speedup": r.modeled_speedup, "drop_upper_bound": r.drop_upper_bound}
+            if r.feasible
             else (r.closest or {})
+        )
         metrics[f"{method}.feasible"] = float(r.feasible)
         metrics[f"{method}.speedup"] = point.get("modeled_speedup")
         metrics[f"{method}.drop_ucb"] = point.get("drop_upper_bound")
     feasible = [m for m, r in config.methods.items() if r.feasible]
-    tags = {"relaxtune.recommended": label, "relaxtune.recommended_method": rec.method, "relaxtune.task": config.task,
-            "relaxtune.feasible_methods": ",".join(feasible) or "none", "relaxtune.epsilon": f"{config.epsilon:g}"}
+    tags = {
+        "relaxtune.recommended": label,
+        "relaxtune.recommended_method": rec.method,
+        "relaxtune.task": config.task,
+        "relaxtune.feasible_methods": ",".join(feasible) or "none",
+        "relaxtune.epsilon": f"{config.epsilon:g}",
+    }
     if config.confirmation.get("promise"):  # what the exported bound promises, in words (weaker with --confirm seeds)
         tags["relaxtune.promise"] = config.confirmation["promise"][:5000]
         tags["relaxtune.confirm"] = config.confirmation.get("samples", "?")
-    return Decision(params, {k: float(v) for k, v in metrics.items() if v is not None}, tags, label,
-                    _sentence(config, label))
+    return Decision(
+        params, {k: float(v) for k, v in metrics.items() if v is not None}, tags, label, _sentence(config, label)
+    )
 
 
 def _sentence(config, label: str) -> str:
@@ -103,8 +128,10 @@ def _sentence(config, label: str) -> str:
         point = point_label(method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"))
         why += f"; the closest tried point, {point}, has a drop of at most {c['drop_upper_bound']:.3f}"
     samples = f"{config.problems} problems x {config.repeats}"
-    return (f"Use {label} on {config.task} v{config.task_version} (modeled {rec.modeled_speedup:.2f}x over AR, "
-            f"epsilon {config.epsilon:g}, {samples}): {why}.")
+    return (
+        f"Use {label} on {config.task} v{config.task_version} (modeled {rec.modeled_speedup:.2f}x over AR, "
+        f"epsilon {config.epsilon:g}, {samples}): {why}."
+    )
 
 
 def study_summary(result, epsilon: float) -> tuple[str, str]:
@@ -116,15 +143,22 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
         point = point_label(result.method, result.knob_name, result.knob, result.n_draft)
         knob = point.removeprefix(result.method).strip()
         name = f"{result.method} study: {knob} chosen ({result.modeled_speedup:.2f}x)"
-        search = "" if result.search_drop_upper_bound is None else \
-            f" on fresh samples (search: {result.search_drop_upper_bound:.3f})"
-        return name, (f"{tried}; chosen {point}: modeled {result.modeled_speedup:.2f}x over AR, accuracy drop vs "
-                      f"strict at most {result.drop_upper_bound:.3f}{search}, epsilon {epsilon:g}.")
+        search = (
+            ""
+            if result.search_drop_upper_bound is None
+            else f" on fresh samples (search: {result.search_drop_upper_bound:.3f})"
+        )
+        return name, (
+            f"{tried}; chosen {point}: modeled {result.modeled_speedup:.2f}x over AR, accuracy drop vs "
+            f"strict at most {result.drop_upper_bound:.3f}{search}, epsilon {epsilon:g}."
+        )
     name = f"{result.method} study: none within eps {epsilon:g}"
     why = f" ({result.note})" if result.note else ""
     c = result.closest
     if not c:
         return name, f"{tried}; no point exported{why}, and no trial finished to compare."
     point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"))
-    return name, (f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
-                  f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x).")
+    return name, (
+        f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
+        f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x)."
+    )

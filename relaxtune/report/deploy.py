@@ -55,8 +55,10 @@ VERSIONS = {
 _VLLM_CHECK = "vLLM 0.33.0 vllm/config/speculative.py:2014-2033"
 _SGLANG_RANGE = "SGLang 0.5.23 jit/csrc/speculative/sampling.cuh:76-77"
 _SGLANG_GREEDY = "speculative/eagle_utils.py:485-500 (SGLang 0.5.23): the threshold kernel skips all-greedy batches"
-_TRT_GREEDY = ("tensorrt_llm/_torch/speculative/mtp.py MTPWorker.sample_and_accept_draft_tokens: "
-               "'Currently only support greedy sampling'")
+_TRT_GREEDY = (
+    "tensorrt_llm/_torch/speculative/mtp.py MTPWorker.sample_and_accept_draft_tokens: "
+    "'Currently only support greedy sampling'"
+)
 _HF_RANGE = "generation/configuration_utils.py:672-676 (transformers 5.24.0): assistant_ensemble_weight in (0, 1)"
 
 
@@ -87,10 +89,12 @@ def weights(model: str, dtype: str, runtime: str | None) -> dict:
     awq = "a re-quantisation of an AWQ variant of " if em.name.startswith("qwen2.5-coder-0.5b") else ""
     out.update(
         format="GGUF Q4_K_M" if runtime == "llamacpp" else f"GGUF Q4_K_M dequantised to {dtype}",
-        runtime=runtime or "hf", upstream=em.hf_id,
-        packages=f"{em.package}1..{em.parts}=={em.version}", sha256=em.sha256,
+        runtime=runtime or "hf",
+        upstream=em.hf_id,
+        packages=f"{em.package}1..{em.parts}=={em.version}",
+        sha256=em.sha256,
         note=f"GGUF Q4_K_M, {awq}{em.hf_id}; not the hub weights: serving {em.hf_id} will not reproduce "
-             "the measured acceptance exactly",
+        "the measured acceptance exactly",
     )
     return out
 
@@ -104,8 +108,12 @@ def _greedy(sampling: dict) -> bool:
 
 
 def _vllm(method: str, named: dict | None, n: int, drafter: str, verifier: str, sampling: dict) -> dict:
-    cfg: dict[str, Any] = {"method": "draft_model", "model": drafter, "num_speculative_tokens": n,
-                           "draft_sample_method": "probabilistic"}
+    cfg: dict[str, Any] = {
+        "method": "draft_model",
+        "model": drafter,
+        "num_speculative_tokens": n,
+        "draft_sample_method": "probabilistic",
+    }
     if method == "strict":
         cfg["rejection_sample_method"] = "standard"
     else:
@@ -113,13 +121,21 @@ def _vllm(method: str, named: dict | None, n: int, drafter: str, verifier: str, 
         if n < 2:
             return {"refused": f"FLy needs num_speculative_tokens >= 2 ({_VLLM_CHECK}); this point has N={n}"}
         if w >= n:
-            return {"refused": f"FLy needs fly_window_size < num_speculative_tokens ({_VLLM_CHECK}); "
-                               f"this point has fly_window_size={w}, N={n}"}
-        cfg.update(rejection_sample_method="fly", fly_window_size=w,
-                   fly_entropy_threshold=named[FLY_THRESHOLD], fly_entropy_top_k=named[FLY_TOP_K])
+            return {
+                "refused": f"FLy needs fly_window_size < num_speculative_tokens ({_VLLM_CHECK}); "
+                f"this point has fly_window_size={w}, N={n}"
+            }
+        cfg.update(
+            rejection_sample_method="fly",
+            fly_window_size=w,
+            fly_entropy_threshold=named[FLY_THRESHOLD],
+            fly_entropy_top_k=named[FLY_TOP_K],
+        )
     spec = json.dumps(cfg, separators=(",", ":"))
-    out = {"launch_args": ["vllm", "serve", verifier, "--speculative-config", spec],
-           "request_sampling": _sampling(sampling)}
+    out = {
+        "launch_args": ["vllm", "serve", verifier, "--speculative-config", spec],
+        "request_sampling": _sampling(sampling),
+    }
     if method != "strict":
         out["note"] = "FLy is lossy and CUDA/ROCm only (CPU raises NotImplementedError); engine-wide"
     return out
@@ -133,39 +149,49 @@ def _sglang(method: str, named: dict | None, n: int, drafter: str, verifier: str
     if method == "strict":
         return out
     if _greedy(sampling):
-        return {"refused": f"SGLang's thresholds act on non-greedy rows only ({_SGLANG_GREEDY}); "
-                           "this point was measured at temperature 0"}
+        return {
+            "refused": f"SGLang's thresholds act on non-greedy rows only ({_SGLANG_GREEDY}); "
+            "this point was measured at temperature 0"
+        }
     values = {k: float(named[k]) for k in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")}
     bad = {k: v for k, v in values.items() if not 0.0 <= v <= 1.0}
     if bad:
         return {"refused": f"SGLang needs thresholds in [0, 1] ({_SGLANG_RANGE}); got {bad}"}
     for k, v in values.items():
         args += ["--" + k.replace("_", "-"), f"{v:g}"]
-    out.update(set_internal_state={"server_args": values},
-               note="CUDA only (ROCm, CPU, XPU ignore the thresholds); server-wide; change at run time with "
-                    "POST /set_internal_state; not with --speculative-use-rejection-sampling")
+    out.update(
+        set_internal_state={"server_args": values},
+        note="CUDA only (ROCm, CPU, XPU ignore the thresholds); server-wide; change at run time with "
+        "POST /set_internal_state; not with --speculative-use-rejection-sampling",
+    )
     return out
 
 
 def _trtllm(method: str, named: dict | None, n: int, drafter: str, verifier: str, sampling: dict) -> dict:
     if method == "strict":
-        return {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": n,
-                                       "speculative_model": drafter},
-                "note": "lossless draft/target decoding (tensorrt_llm.llmapi.DraftTargetDecodingConfig)",
-                "launch_args": ["trtllm-serve", verifier, "--backend", "pytorch", "--extra_llm_api_options",
-                                "args.yaml"],
-                "request_sampling": _sampling(sampling)}
+        return {
+            "speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": n, "speculative_model": drafter},
+            "note": "lossless draft/target decoding (tensorrt_llm.llmapi.DraftTargetDecodingConfig)",
+            "launch_args": ["trtllm-serve", verifier, "--backend", "pytorch", "--extra_llm_api_options", "args.yaml"],
+            "request_sampling": _sampling(sampling),
+        }
     if not _greedy(sampling):
-        return {"refused": f"TensorRT-LLM's relaxed acceptance is greedy-only ({_TRT_GREEDY}); this point was "
-                           f"measured at temperature {sampling.get('temperature')}"}
+        return {
+            "refused": f"TensorRT-LLM's relaxed acceptance is greedy-only ({_TRT_GREEDY}); this point was "
+            f"measured at temperature {sampling.get('temperature')}"
+        }
     return {
-        "speculative_config": {"decoding_type": "MTP", "num_nextn_predict_layers": n,
-                               "use_relaxed_acceptance_for_thinking": True,
-                               "relaxed_topk": int(named[TRT_TOPK]), "relaxed_delta": float(named[TRT_DELTA])},
+        "speculative_config": {
+            "decoding_type": "MTP",
+            "num_nextn_predict_layers": n,
+            "use_relaxed_acceptance_for_thinking": True,
+            "relaxed_topk": int(named[TRT_TOPK]),
+            "relaxed_delta": float(named[TRT_DELTA]),
+        },
         "launch_args": ["trtllm-serve", verifier, "--backend", "pytorch", "--extra_llm_api_options", "args.yaml"],
         "request_sampling": {"temperature": 0.0},
         "note": f"measured with a separate drafter ({drafter}), not MTP heads: TensorRT-LLM runs this rule only "
-                "with the verifier's MTP heads, whose drafts differ; the rule is the same, the acceptance will not be",
+        "with the verifier's MTP heads, whose drafts differ; the rule is the same, the acceptance will not be",
     }
 
 
@@ -173,8 +199,10 @@ def _transformers(method: str, named: dict | None, n: int, drafter: str, verifie
     kwargs: dict[str, Any] = {"assistant_model": drafter}
     if _greedy(sampling):
         if method != "strict":
-            return {"refused": "transformers' greedy path takes the argmax of the mixture, another rule than "
-                               "relaxtune's ens (measured on the sampling path); measure at temperature > 0"}
+            return {
+                "refused": "transformers' greedy path takes the argmax of the mixture, another rule than "
+                "relaxtune's ens (measured on the sampling path); measure at temperature > 0"
+            }
         kwargs["do_sample"] = False
     else:
         kwargs.update(do_sample=True, **{k: v for k, v in _sampling(sampling).items() if v is not None})
@@ -184,9 +212,12 @@ def _transformers(method: str, named: dict | None, n: int, drafter: str, verifie
             return {"refused": f"{_HF_RANGE}; alpha {named['alpha']} gives {w}"}
         if w is not None:
             kwargs["assistant_ensemble_weight"] = w
-    return {"generate_kwargs": kwargs, "assistant_generation_config": assistant_config(n),
-            "note": "set assistant_generation_config on assistant_model.generation_config (transformers reads the "
-                    "draft length there, not from generate()'s keywords); one sequence at a time (batch size 1)"}
+    return {
+        "generate_kwargs": kwargs,
+        "assistant_generation_config": assistant_config(n),
+        "note": "set assistant_generation_config on assistant_model.generation_config (transformers reads the "
+        "draft length there, not from generate()'s keywords); one sequence at a time (batch size 1)",
+    }
 
 
 def assistant_config(n_draft: int) -> dict:
@@ -195,15 +226,26 @@ def assistant_config(n_draft: int) -> dict:
     ``AssistedCandidateGenerator.__init__`` reads them from
     ``assistant_model.generation_config`` (defaults 20, ``"constant"``, 0.4: the
     confidence threshold stops drafting early), not from ``generate()``'s keywords."""
-    return {"num_assistant_tokens": n_draft, "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0}
+    return {
+        "num_assistant_tokens": n_draft,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
 
 
 _BUILD = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "transformers": _transformers}
 
 
-def deploy_blocks(method: str, knob: Any, n_draft: int, sampling: dict, drafter: str, verifier: str, dtype: str,
-                  runtime: str | None = None) -> dict | str:
+def deploy_blocks(
+    method: str,
+    knob: Any,
+    n_draft: int,
+    sampling: dict,
+    drafter: str,
+    verifier: str,
+    dtype: str,
+    runtime: str | None = None,
+) -> dict | str:
     """The ``deploy:`` blocks of one point.
 
     Args:
@@ -228,7 +270,9 @@ def deploy_blocks(method: str, knob: Any, n_draft: int, sampling: dict, drafter:
     engines = engines_running(method)
     if not engines:
         why = spec.engine.removeprefix("no engine ships this").lstrip(":; ")
-        return f"no engine ships {spec.id}" + (f" ({why})" if why else "") + "; only relaxtune's own verify loop runs it"
+        return (
+            f"no engine ships {spec.id}" + (f" ({why})" if why else "") + "; only relaxtune's own verify loop runs it"
+        )
     ws = {"drafter": weights(drafter, dtype, runtime), "verifier": weights(verifier, dtype, runtime)}
     from ..backends.embedded import EMBEDDED
 
@@ -247,11 +291,18 @@ def plain_blocks(verifier: str, sampling: dict, dtype: str, runtime: str | None 
     from ..backends.embedded import EMBEDDED
 
     v_id = EMBEDDED[verifier].hf_id if verifier in EMBEDDED else verifier
-    head = {"decoding": "plain", "weights": {"verifier": weights(verifier, dtype, runtime)}, "sampling": dict(sampling),
-            "note": "serve the verifier alone: no speculative point pays on the measured costs" + (
-                f" ({reason})" if reason else "")}
-    hf = ({"do_sample": False} if _greedy(sampling) else
-          {"do_sample": True, **{k: v for k, v in _sampling(sampling).items() if v is not None}})
+    head = {
+        "decoding": "plain",
+        "weights": {"verifier": weights(verifier, dtype, runtime)},
+        "sampling": dict(sampling),
+        "note": "serve the verifier alone: no speculative point pays on the measured costs"
+        + (f" ({reason})" if reason else ""),
+    }
+    hf = (
+        {"do_sample": False}
+        if _greedy(sampling)
+        else {"do_sample": True, **{k: v for k, v in _sampling(sampling).items() if v is not None}}
+    )
     return {
         "vllm": {"engine": VERSIONS["vllm"], "launch_args": ["vllm", "serve", v_id]} | head,
         "sglang": {"engine": VERSIONS["sglang"], "launch_args": ["--model-path", v_id]} | head,

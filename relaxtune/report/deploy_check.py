@@ -95,9 +95,19 @@ class _Recorder:
         del self._backend.draft_batch, self._backend.commit_batch
 
 
-def relaxtune_side(backend, prompts: Sequence[list[int]], *, method: str, knob: Any, n_draft: int,
-                   sampling: SamplingParams, max_new_tokens: int, stop: Sequence[str] = (), seed: int = 0,
-                   label: str = "relaxtune") -> Side:
+def relaxtune_side(
+    backend,
+    prompts: Sequence[list[int]],
+    *,
+    method: str,
+    knob: Any,
+    n_draft: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    seed: int = 0,
+    label: str = "relaxtune",
+) -> Side:
     """The point through relaxtune's own loop, one response per prompt (seeds
     ``seed + i``).
 
@@ -107,17 +117,38 @@ def relaxtune_side(backend, prompts: Sequence[list[int]], *, method: str, knob: 
     side = Side(label, n_draft)
     for i, ids in enumerate(prompts):
         with _Recorder(backend) as rec:
-            gen = generate(backend, ids, method=method, knob=knob, n_draft=n_draft, sampling=sampling,
-                           max_new_tokens=max_new_tokens, seed=seed + i, stop=stop)
+            gen = generate(
+                backend,
+                ids,
+                method=method,
+                knob=knob,
+                n_draft=n_draft,
+                sampling=sampling,
+                max_new_tokens=max_new_tokens,
+                seed=seed + i,
+                stop=stop,
+            )
         side.counts += _keep(rec.rounds, n_draft, max_new_tokens)
         side.lengths.append(gen.stats.response_tokens)
         side.texts.append(gen.text)
     return side
 
 
-def transformers_side(drafter, verifier, prompts: Sequence[list[int]], *, weight: float | None, n_draft: int,
-                      sampling: SamplingParams, max_new_tokens: int, stop: Sequence[str] = (), tokenizer=None,
-                      eos: Sequence[int] = (), seed: int = 0, label: str = "transformers") -> Side:
+def transformers_side(
+    drafter,
+    verifier,
+    prompts: Sequence[list[int]],
+    *,
+    weight: float | None,
+    n_draft: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    tokenizer=None,
+    eos: Sequence[int] = (),
+    seed: int = 0,
+    label: str = "transformers",
+) -> Side:
     """The point through transformers' assisted generation: ``verifier.generate(
     assistant_model=drafter, assistant_ensemble_weight=weight, do_sample=...)`` with
     the assistant's generation config pinned (``relaxtune.report.deploy.assistant_config``),
@@ -135,11 +166,19 @@ def transformers_side(drafter, verifier, prompts: Sequence[list[int]], *, weight
     for k, v in assistant_config(n_draft).items():
         setattr(drafter.generation_config, k, v)
     greedy = not sampling.temperature
-    kw: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=max_new_tokens, repetition_penalty=1.0,
-                              eos_token_id=list(eos) or None, pad_token_id=(list(eos) or [0])[0])
+    kw: dict[str, Any] = dict(
+        do_sample=not greedy,
+        max_new_tokens=max_new_tokens,
+        repetition_penalty=1.0,
+        eos_token_id=list(eos) or None,
+        pad_token_id=(list(eos) or [0])[0],
+    )
     if not greedy:
-        kw.update(temperature=sampling.temperature, top_p=sampling.top_p if sampling.top_p is not None else 1.0,
-                  top_k=sampling.top_k or 0)
+        kw.update(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p if sampling.top_p is not None else 1.0,
+            top_k=sampling.top_k or 0,
+        )
     if weight is not None:
         kw["assistant_ensemble_weight"] = weight
     if stop:
@@ -152,7 +191,7 @@ def transformers_side(drafter, verifier, prompts: Sequence[list[int]], *, weight
             x = torch.tensor([list(ids)], device=device)
             with record_assisted_rounds() as rounds:
                 out = verifier.generate(x, attention_mask=torch.ones_like(x), assistant_model=drafter, **kw)
-            new = out[0, x.shape[1]:].tolist()
+            new = out[0, x.shape[1] :].tolist()
             pos, kept = 0, []
             for drafted, acc in rounds:  # tokens before each round: the previous rounds' accepted + 1
                 kept.append((pos, drafted, acc))
@@ -183,8 +222,10 @@ class Comparison:
         """Human-readable report, the verdict last."""
         out = [f"{self.a} vs {self.b}: {self.rounds[0]} and {self.rounds[1]} compared rounds"]
         for name, t in self.tests.items():
-            out.append(f"  {name}: {self.a} - {self.b} = {t['difference']:+.4f} (95% [{t['low']:+.4f}, "
-                       f"{t['high']:+.4f}]), p = {t['p']:.3g}" + (f", chi2 {t['chi2']:.2f}" if "chi2" in t else ""))
+            out.append(
+                f"  {name}: {self.a} - {self.b} = {t['difference']:+.4f} (95% [{t['low']:+.4f}, "
+                f"{t['high']:+.4f}]), p = {t['p']:.3g}" + (f", chi2 {t['chi2']:.2f}" if "chi2" in t else "")
+            )
             if "histograms" in t:
                 out.append(f"    accepted 0..N: {t['histograms'][0]} vs {t['histograms'][1]}")
         out.append(f"verdict: {self.verdict} (alpha {self.alpha:g})")
@@ -205,8 +246,10 @@ def compare(a: Side, b: Side, alpha: float = 0.01, min_rounds: int = MIN_ROUNDS)
     """
     for s in (a, b):
         if len(s.counts) < min_rounds:
-            raise ValueError(f"{s.label}: {len(s.counts)} compared rounds, need at least {min_rounds}: "
-                             "more prompts or a larger --max-new-tokens")
+            raise ValueError(
+                f"{s.label}: {len(s.counts)} compared rounds, need at least {min_rounds}: "
+                "more prompts or a larger --max-new-tokens"
+            )
     width = max(a.n_draft, b.n_draft) + 1
     table = np.array([np.bincount(s.counts, minlength=width) for s in (a, b)])
     table_nz = table[:, table.sum(0) > 0]
@@ -215,8 +258,10 @@ def compare(a: Side, b: Side, alpha: float = 0.01, min_rounds: int = MIN_ROUNDS)
     else:
         chi2, p_acc = 0.0, 1.0
     ca, cb = np.asarray(a.counts, float), np.asarray(b.counts, float)
-    tests = {"acceptance per round": _diff(ca, cb) | {"p": float(p_acc), "chi2": float(chi2),
-                                                      "histograms": [table[0].tolist(), table[1].tolist()]}}
+    tests = {
+        "acceptance per round": _diff(ca, cb)
+        | {"p": float(p_acc), "chi2": float(chi2), "histograms": [table[0].tolist(), table[1].tolist()]}
+    }
     la, lb = np.asarray(a.lengths, float), np.asarray(b.lengths, float)
     same = la.var() == 0 and lb.var() == 0
     p_len = (1.0 if la.mean() == lb.mean() else 0.0) if same else float(st.ttest_ind(la, lb, equal_var=False).pvalue)

@@ -29,13 +29,23 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
 from ..tune.judge import feasible as within_budget
-from ..tune.result import JobResult
 from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
+from ..tune.result import JobResult
 from .deploy import deploy_blocks, plain_blocks, weights
 
-__all__ = ["cautions", "upgrade_config", "MethodResult", "Recommendation", "TransferCell", "Transfer", "TunedConfig",
-           "build_config", "save_config",
-           "load_config", "serving_args"]
+__all__ = [
+    "cautions",
+    "upgrade_config",
+    "MethodResult",
+    "Recommendation",
+    "TransferCell",
+    "Transfer",
+    "TunedConfig",
+    "build_config",
+    "save_config",
+    "load_config",
+    "serving_args",
+]
 
 SCHEMA_VERSION = RECORDS_SCHEMA  # 3: knobs (named), scope, serving batch sizes (relaxtune.tune.records);
 # 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
@@ -197,14 +207,26 @@ def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, ve
     from ..backends.embedded import EMBEDDED
     from ..backends.sglang_native import chain_flags
 
-    rt = {"method": method, "alpha": knob, "n_draft": n_draft, "drafter": drafter, "verifier": verifier, "sampling": sampling}
+    rt = {
+        "method": method,
+        "alpha": knob,
+        "n_draft": n_draft,
+        "drafter": drafter,
+        "verifier": verifier,
+        "sampling": sampling,
+    }
     # SGLang loads the upstream weights, not relaxtune's embedded CPU copies
     drafter, verifier = (EMBEDDED[m].hf_id if m in EMBEDDED else m for m in (drafter, verifier))
     if method == "strict":
         return {
             "relaxtune": rt,
-            "sglang_launch_args": ["--model-path", verifier, "--speculative-draft-model-path", drafter,
-                                   *chain_flags(n_draft)],
+            "sglang_launch_args": [
+                "--model-path",
+                verifier,
+                "--speculative-draft-model-path",
+                drafter,
+                *chain_flags(n_draft),
+            ],
         }
     return {"relaxtune": rt, "note": "client-side verify loop over a drafter and a verifier server"}
 
@@ -223,10 +245,20 @@ def _closest(trials: list, ucb, method: str) -> dict | None:
     best, m = min(tried, key=lambda xm: (ucb(xm[1]), -xm[1].speedup), default=(None, None))
     if best is None:
         return None
-    return {"trial": best.number, "knob": best.params.get("knob"), "n_draft": best.params["n_draft"],
-            "state": best.state.name, "accuracy": m.accuracy, "strict_accuracy": m.strict_accuracy, "n": m.n,
-            "drop_upper_bound": ucb(m), "discordance": (m.strict_only + m.relaxed_only) / m.n,
-            "l_accept": m.l_accept, "length_ratio": m.length_ratio, "modeled_speedup": m.speedup}
+    return {
+        "trial": best.number,
+        "knob": best.params.get("knob"),
+        "n_draft": best.params["n_draft"],
+        "state": best.state.name,
+        "accuracy": m.accuracy,
+        "strict_accuracy": m.strict_accuracy,
+        "n": m.n,
+        "drop_upper_bound": ucb(m),
+        "discordance": (m.strict_only + m.relaxed_only) / m.n,
+        "l_accept": m.l_accept,
+        "length_ratio": m.length_ratio,
+        "modeled_speedup": m.speedup,
+    }
 
 
 def _within_budget(o, settings) -> int:
@@ -241,39 +273,75 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
     states = optuna.trial.TrialState
     trials = o.study.get_trials(deepcopy=False)
     base = dict(
-        method=o.method, knob_name=get_method(o.method).knob,
+        method=o.method,
+        knob_name=get_method(o.method).knob,
         trials=sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials),
-        pruned=sum(t.state == states.PRUNED for t in trials), failed=sum(t.state == states.FAIL for t in trials),
-        tokens_spent=o.tokens, study_name=o.study.study_name, mlflow_run_id=o.mlflow_run_id,
-        confirmation=None if confirmation is None else {
-            "confidence": confirmation.confidence, "attempts": [a.summary() for a in confirmation.attempts],
-            "missing": confirmation.missing},
+        pruned=sum(t.state == states.PRUNED for t in trials),
+        failed=sum(t.state == states.FAIL for t in trials),
+        tokens_spent=o.tokens,
+        study_name=o.study.study_name,
+        mlflow_run_id=o.mlflow_run_id,
+        confirmation=None
+        if confirmation is None
+        else {
+            "confidence": confirmation.confidence,
+            "attempts": [a.summary() for a in confirmation.attempts],
+            "missing": confirmation.missing,
+        },
     )
     done = None if confirmation is None else confirmation.confirmed
     if done is None:
         within = _within_budget(o, settings)
-        note = ("no trial met the capability-loss constraint in the search" if o.chosen is None and not within else
-                f"{within} trial(s) met the capability-loss constraint, but strict at some N is as fast (its modeled "
-                "speed-up, response lengths counted) and as accurate as each: relaxing does not pay here"
-                if o.chosen is None else
-                "the search's choice was not confirmed (no confirmation run)" if confirmation is None else
-                confirmation.missing or
-                f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples")
+        note = (
+            "no trial met the capability-loss constraint in the search"
+            if o.chosen is None and not within
+            else f"{within} trial(s) met the capability-loss constraint, but strict at some N is as fast (its modeled "
+            "speed-up, response lengths counted) and as accurate as each: relaxing does not pay here"
+            if o.chosen is None
+            else "the search's choice was not confirmed (no confirmation run)"
+            if confirmation is None
+            else confirmation.missing
+            or f"the search's best {len(confirmation.attempts)} point(s) failed confirmation on fresh samples"
+        )
         search = None if o.chosen is None else ucb(trial_metrics(o.chosen, o.method))
-        return MethodResult(feasible=False, closest=_closest(trials, ucb, o.method), search_drop_upper_bound=search,
-                            note=note, **base)
+        return MethodResult(
+            feasible=False, closest=_closest(trials, ucb, o.method), search_drop_upper_bound=search, note=note, **base
+        )
     knobs = knobs_of(o.method, done.knob)
     m = load_metrics(done.metrics, knobs, where=f"{o.method}'s confirmation")
     return MethodResult(
-        feasible=True, knob=done.knob, knobs=knobs, scope=m.scope, n_draft=done.n_draft, trial=done.trial,
-        strict_accuracy=m.strict_accuracy, accuracy=m.accuracy, accuracy_ci=(m.accuracy_ci_low, m.accuracy_ci_high),
-        n=m.n, drop=m.drop, drop_upper_bound=m.drop_ucb, drop_bound_method=m.bound_method,
-        search_drop_upper_bound=done.search_drop_upper_bound, l_accept=m.l_accept, length_ratio=m.length_ratio,
-        modeled_speedup=m.speedup, truncated=m.truncated, loop_rate=m.loop_rate,
+        feasible=True,
+        knob=done.knob,
+        knobs=knobs,
+        scope=m.scope,
+        n_draft=done.n_draft,
+        trial=done.trial,
+        strict_accuracy=m.strict_accuracy,
+        accuracy=m.accuracy,
+        accuracy_ci=(m.accuracy_ci_low, m.accuracy_ci_high),
+        n=m.n,
+        drop=m.drop,
+        drop_upper_bound=m.drop_ucb,
+        drop_bound_method=m.bound_method,
+        search_drop_upper_bound=done.search_drop_upper_bound,
+        l_accept=m.l_accept,
+        length_ratio=m.length_ratio,
+        modeled_speedup=m.speedup,
+        truncated=m.truncated,
+        loop_rate=m.loop_rate,
         modeled_speedup_by_c_rel=m.speedup_by_c_rel,
-        serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling), **base,
-        deploy=deploy_blocks(o.method, done.knob, done.n_draft, sampling, settings.drafter, settings.verifier,
-                             settings.dtype, getattr(settings, "runtime", None)),
+        serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling),
+        **base,
+        deploy=deploy_blocks(
+            o.method,
+            done.knob,
+            done.n_draft,
+            sampling,
+            settings.drafter,
+            settings.verifier,
+            settings.dtype,
+            getattr(settings, "runtime", None),
+        ),
     )
 
 
@@ -295,9 +363,17 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     ucb = lambda m: drop_ucb_at(m.dump(), s.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
     methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling) for o in outcomes}
-    strict = {n: {"accuracy": b.accuracy, "accuracy_ci": [b.ci_low, b.ci_high], "n": b.n, "l_accept": b.l_accept,
-                  "mean_length": b.mean_length, "modeled_speedup": result.strict_speedup(n)}
-              for n, b in result.baselines.items()}
+    strict = {
+        n: {
+            "accuracy": b.accuracy,
+            "accuracy_ci": [b.ci_low, b.ci_high],
+            "n": b.n,
+            "l_accept": b.l_accept,
+            "mean_length": b.mean_length,
+            "modeled_speedup": result.strict_speedup(n),
+        }
+        for n, b in result.baselines.items()
+    }
     dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
     rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
@@ -306,41 +382,79 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     else:
         rec["serving"] = methods[rec["method"]].serving
     runtime = getattr(s, "runtime", None)
-    rec["deploy"] = (plain_blocks(s.verifier, sampling, s.dtype, runtime) if rec["decoding"] == "plain" else
-                     deploy_blocks(rec["method"], rec["knob"], rec["n_draft"], sampling, s.drafter, s.verifier, s.dtype,
-                                   runtime))
+    rec["deploy"] = (
+        plain_blocks(s.verifier, sampling, s.dtype, runtime)
+        if rec["decoding"] == "plain"
+        else deploy_blocks(
+            rec["method"], rec["knob"], rec["n_draft"], sampling, s.drafter, s.verifier, s.dtype, runtime
+        )
+    )
     if rec["decoding"] == "plain":
-        rec["serving"] = {"decoding": "plain", "note": "serve the verifier alone", "sglang_launch_args": [
-            "--model-path", rec["deploy"]["sglang"]["launch_args"][1]]}
+        rec["serving"] = {
+            "decoding": "plain",
+            "note": "serve the verifier alone",
+            "sglang_launch_args": ["--model-path", rec["deploy"]["sglang"]["launch_args"][1]],
+        }
     pinned = set(result.pinned)
-    planned = (next(iter(confirmations.values())).planned if confirmations else
-               planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned))
-    tried = [m for o in outcomes for t in o.study.get_trials(deepcopy=False)
-             if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None]
+    planned = (
+        next(iter(confirmations.values())).planned
+        if confirmations
+        else planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned)
+    )
+    tried = [
+        m
+        for o in outcomes
+        for t in o.study.get_trials(deepcopy=False)
+        if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None
+    ]
     pairs = sum(m.n for m in tried)  # discordance pooled over every completed trial, else the default
     discordance = sum(m.strict_only + m.relaxed_only for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
     holdout = s.confirm == "holdout"
     held = result.confirm_problems
     total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
-    sample = plan(total, spec.repeats, s.epsilon, s.confidence, discordance=max(discordance, 1e-6),
-                  planned=max(planned, 1), holdout=holdout)
+    sample = plan(
+        total,
+        spec.repeats,
+        s.epsilon,
+        s.confidence,
+        discordance=max(discordance, 1e-6),
+        planned=max(planned, 1),
+        holdout=holdout,
+    )
     profile = result.profile
     return TunedConfig(
-        task=spec.name, task_version=spec.version, grader=_grader_versions(spec.grader.kind), drafter=s.drafter,
-        verifier=s.verifier, dtype=s.dtype, runtime=runtime, sampling=sampling,
+        task=spec.name,
+        task_version=spec.version,
+        grader=_grader_versions(spec.grader.kind),
+        drafter=s.drafter,
+        verifier=s.verifier,
+        dtype=s.dtype,
+        runtime=runtime,
+        sampling=sampling,
         weights={"drafter": weights(s.drafter, s.dtype, runtime), "verifier": weights(s.verifier, s.dtype, runtime)},
-        seed=s.seed, problems=result.problems,
-        repeats=spec.repeats, epsilon=s.epsilon, confidence=s.confidence,
+        seed=s.seed,
+        problems=result.problems,
+        repeats=spec.repeats,
+        epsilon=s.epsilon,
+        confidence=s.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,
-        strict_by_n_draft=strict, methods=methods,
-        confirmation={"samples": s.confirm, "problems": held,
-                      "per_method": s.confirmations, "planned": planned,
-                      "confidence_each": split_confidence(s.confidence, planned), "rule": RULE,
-                      "promise": promise(s.confirm, s.confidence, s.epsilon, held)},
-        sample=asdict(sample) | {"line": sample.line()}, recommendation=Recommendation(**rec),
+        strict_by_n_draft=strict,
+        methods=methods,
+        confirmation={
+            "samples": s.confirm,
+            "problems": held,
+            "per_method": s.confirmations,
+            "planned": planned,
+            "confidence_each": split_confidence(s.confidence, planned),
+            "rule": RULE,
+            "promise": promise(s.confirm, s.confidence, s.epsilon, held),
+        },
+        sample=asdict(sample) | {"line": sample.line()},
+        recommendation=Recommendation(**rec),
         relaxtune_version=metadata.version("relaxtune"),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), mlflow=mlflow_info,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        mlflow=mlflow_info,
     )
 
 
@@ -378,8 +492,11 @@ def upgrade_config(data: dict) -> dict:
         methods[name] = m
     out["methods"] = methods
     if isinstance(rec := data.get("recommendation"), dict):
-        out["recommendation"] = {"knobs": knobs_of(rec["method"], rec.get("knob")), "scope": "all",
-                                 "batch_size": 1} | rec
+        out["recommendation"] = {
+            "knobs": knobs_of(rec["method"], rec.get("knob")),
+            "scope": "all",
+            "batch_size": 1,
+        } | rec
     return out
 
 
@@ -392,13 +509,15 @@ def load_config(path: str | Path) -> TunedConfig:
     return TunedConfig.model_validate(upgrade_config(yaml.safe_load(Path(path).read_text())))
 
 
-def cautions(config: "TunedConfig") -> list[str]:
+def cautions(config: TunedConfig) -> list[str]:
     """What a reader of the tuned config must not miss: cost-profile flags, and a
     recommendation slower than plain decoding (modeled speed-up below 1)."""
     out = [f"cost profile: {flag}" for flag in (config.cost_profile or {}).get("flags", [])]
     rec = config.recommendation
     if rec.modeled_speedup < 1:
-        out.append(f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
-                   f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
-                   "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)")
+        out.append(
+            f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
+            f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
+            "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)"
+        )
     return out

@@ -29,12 +29,34 @@ from ..tune.pareto import Point, pareto_front
 
 __all__ = ["method_figure", "combined_figure", "knob_figure"]
 
-STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 10.5, "legend.fontsize": 9.5,
-         "xtick.labelsize": 9.5, "ytick.labelsize": 9.5}
+STYLE = {
+    "font.size": 10,
+    "axes.titlesize": 12,
+    "axes.labelsize": 10.5,
+    "legend.fontsize": 9.5,
+    "xtick.labelsize": 9.5,
+    "ytick.labelsize": 9.5,
+}
 STRICT, AR, CHOSEN, CLOSEST, BUDGET, CONFIRMED = "dimgray", "black", "gold", "crimson", "tab:red", "tab:green"
 # label offsets tried in order (points), until one overlaps neither another label nor the panel's edge
-OFFSETS = [(16, 16), (16, -24), (-16, 16), (-16, -24), (36, 40), (36, -46), (-36, 40), (-36, -46),
-           (60, 4), (-60, 4), (0, 60), (0, -64), (-36, -90), (36, -90), (-36, -134), (36, -134)]
+OFFSETS = [
+    (16, 16),
+    (16, -24),
+    (-16, 16),
+    (-16, -24),
+    (36, 40),
+    (36, -46),
+    (-36, 40),
+    (-36, -46),
+    (60, 4),
+    (-60, 4),
+    (0, 60),
+    (0, -64),
+    (-36, -90),
+    (36, -90),
+    (-36, -134),
+    (36, -134),
+]
 
 
 def _plt():
@@ -49,8 +71,9 @@ def _plt():
 def _panels(title: str, xlabel: str):
     """A figure with the accuracy (or speed-up) panel over the drop panel."""
     plt = _plt()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.8, 8.4), dpi=100, sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 2]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8.8, 8.4), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
     top.set_title(title)
     bottom.set_xlabel(xlabel)
     bottom.set_ylabel("accuracy drop vs strict\n(paired, with its bounds)")
@@ -80,8 +103,17 @@ def _trial_markers(ax, rows: list[tuple[float, float, Point]], color, alpha: flo
         ax.scatter(xs, ys, marker="x", s=40, color=color, alpha=0.7 * alpha, zorder=3)
     if ended:
         xs, ys, feasible = zip(*ended)
-        ax.scatter(xs, ys, marker="o", s=44, facecolors=[color if f else "white" for f in feasible],
-                   edgecolors=color, linewidths=1.5, alpha=alpha, zorder=4)
+        ax.scatter(
+            xs,
+            ys,
+            marker="o",
+            s=44,
+            facecolors=[color if f else "white" for f in feasible],
+            edgecolors=color,
+            linewidths=1.5,
+            alpha=alpha,
+            zorder=4,
+        )
 
 
 def _marks(ax, x: float, y: float, p: Point, star_color=CHOSEN) -> None:
@@ -106,7 +138,8 @@ def _draw_trials(top, bottom, points: list[Point], color, x_of, y_of, alpha: flo
             _marks(bottom, x, p.drop, p, star_color)
         if p.confirm_drop_ucb is not None:
             confirmed.setdefault(CONFIRMED if p.confirm_passed is not False else CLOSEST, []).append(
-                (x, p.confirm_drop_ucb))
+                (x, p.confirm_drop_ucb)
+            )
     for ax, rows in ((top, above), (bottom, below)):
         _bars(ax, [r[:4] for r in rows], color, 0.5 * alpha)
         _trial_markers(ax, [(x, y, p) for x, y, _, _, p in rows], color, alpha)
@@ -178,10 +211,18 @@ def _labels(ax, items: list[tuple[float, float, str, str]], avoid: list[tuple[fl
         return [Bbox.from_bounds(px - 7, py - 7, 14, 14) for px, py in (ax.transData.transform(p) for p in points)]
 
     def place(x, y, text, color, dx, dy):
-        ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=9,
-                          ha="left" if dx > 0 else "right" if dx < 0 else "center", va="bottom" if dy > 0 else "top",
-                          bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, lw=1.0, alpha=0.92),
-                          arrowprops=dict(arrowstyle="-", color=color, lw=1.0), zorder=6)
+        ann = ax.annotate(
+            text,
+            (x, y),
+            xytext=(dx, dy),
+            textcoords="offset points",
+            fontsize=9,
+            ha="left" if dx > 0 else "right" if dx < 0 else "center",
+            va="bottom" if dy > 0 else "top",
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, lw=1.0, alpha=0.92),
+            arrowprops=dict(arrowstyle="-", color=color, lw=1.0),
+            zorder=6,
+        )
         ann.update_positions(renderer)
         return ann, Text.get_window_extent(ann, renderer).padded(4)  # the text alone, not its leader line
 
@@ -207,8 +248,14 @@ def _short(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _point_labels(points: list[Point], baselines: list[Point], epsilon: float, x_of=lambda p: p.speedup,
-                  y_of=lambda p: p.accuracy, failed_too: bool = True) -> list[tuple]:
+def _point_labels(
+    points: list[Point],
+    baselines: list[Point],
+    epsilon: float,
+    x_of=lambda p: p.speedup,
+    y_of=lambda p: p.accuracy,
+    failed_too: bool = True,
+) -> list[tuple]:
     """Labels for strict at each N, AR, the chosen point (its search and
     confirmation bounds), the closest point and, with ``failed_too``, every
     point that failed confirmation (both bounds: the search passed it, fresh
@@ -221,14 +268,16 @@ def _point_labels(points: list[Point], baselines: list[Point], epsilon: float, x
     for p in points:
         failed = failed_too and p.confirm_drop_ucb is not None and p.confirm_passed is False
         if p.chosen:
-            bound = f"drop <= {_short(p.drop_ucb)}" + (f", confirmed <= {_short(p.confirm_drop_ucb)}"
-                                                      if p.confirm_drop_ucb is not None else "")
+            bound = f"drop <= {_short(p.drop_ucb)}" + (
+                f", confirmed <= {_short(p.confirm_drop_ucb)}" if p.confirm_drop_ucb is not None else ""
+            )
             items.append((x_of(p), y_of(p), f"chosen: {p.label}\n{bound}", "darkgoldenrod"))
         elif p.closest or failed:
             why = "infeasible" if not p.feasible else "failed confirmation" if failed else "not exported"
             head = f"closest ({why})" if p.closest else why
             bound = f"drop <= {_short(p.drop_ucb)}{over(p.drop_ucb)}" + (
-                f", fresh <= {_short(p.confirm_drop_ucb)}{over(p.confirm_drop_ucb)}" if failed else "")
+                f", fresh <= {_short(p.confirm_drop_ucb)}{over(p.confirm_drop_ucb)}" if failed else ""
+            )
             items.append((x_of(p), y_of(p), f"{head}: {p.label}\n{bound}", CLOSEST))
     for p in baselines:
         if x_of(p) is not None:
@@ -245,29 +294,53 @@ def _legend(fig, handles: list) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
     width, height = fig.get_size_inches()
     lines = max(ax.get_title().count("\n") + 1 for ax in fig.axes)
-    fig.subplots_adjust(left=1.0 / width, right=1 - 0.18 / width, bottom=(0.65 + 0.3 * rows) / height,
-                        top=1 - (0.14 + 0.22 * lines) / height, hspace=0.065)
+    fig.subplots_adjust(
+        left=1.0 / width,
+        right=1 - 0.18 / width,
+        bottom=(0.65 + 0.3 * rows) / height,
+        top=1 - (0.14 + 0.22 * lines) / height,
+        hspace=0.065,
+    )
 
 
-def _handles(epsilon: float, ref: Point | None, color="tab:blue", with_trials: bool = True,
-             chosen: str = "chosen point") -> list:
+def _handles(
+    epsilon: float, ref: Point | None, color="tab:blue", with_trials: bool = True, chosen: str = "chosen point"
+) -> list:
     from matplotlib.lines import Line2D
 
     def mark(marker, label, face, edge=None, size=8, **kw):
-        return Line2D([], [], ls="none", marker=marker, markersize=size, markerfacecolor=face,
-                      markeredgecolor=edge or face, label=label, **kw)
+        return Line2D(
+            [],
+            [],
+            ls="none",
+            marker=marker,
+            markersize=size,
+            markerfacecolor=face,
+            markeredgecolor=edge or face,
+            label=label,
+            **kw,
+        )
 
     out = []
     if with_trials:
-        out += [mark("o", "feasible trial", color), mark("o", "infeasible trial", "white", color),
-                mark("x", "pruned trial (part of the problems)", color, color)]
-    out += [mark("D", "strict (per N)", STRICT), mark("s", "AR (strict's distribution)", AR),
-            mark("*", chosen, CHOSEN, "black", 15),
-            mark("o", "closest point (none exported)", "none", CLOSEST, 14),
-            Line2D([], [], color="gray", lw=1.2, label="95 % interval / drop bounds")]
+        out += [
+            mark("o", "feasible trial", color),
+            mark("o", "infeasible trial", "white", color),
+            mark("x", "pruned trial (part of the problems)", color, color),
+        ]
+    out += [
+        mark("D", "strict (per N)", STRICT),
+        mark("s", "AR (strict's distribution)", AR),
+        mark("*", chosen, CHOSEN, "black", 15),
+        mark("o", "closest point (none exported)", "none", CLOSEST, 14),
+        Line2D([], [], color="gray", lw=1.2, label="95 % interval / drop bounds"),
+    ]
     if ref is not None:
-        out.append(Line2D([], [], color="tab:green", ls="--", lw=1.2,
-                          label=f"budget: strict N={ref.n_draft} - eps ({epsilon:g})"))
+        out.append(
+            Line2D(
+                [], [], color="tab:green", ls="--", lw=1.2, label=f"budget: strict N={ref.n_draft} - eps ({epsilon:g})"
+            )
+        )
     out.append(Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})"))
     return out
 
@@ -277,10 +350,14 @@ def _confirm_handles(points: list[Point]) -> list:
     from matplotlib.lines import Line2D
 
     kinds = {p.confirm_passed is not False for p in points if p.confirm_drop_ucb is not None}
-    return [Line2D([], [], ls="none", marker="_", markersize=16, markeredgewidth=2.5, color=color, label=label)
-            for passed, color, label in ((True, CONFIRMED, "confirmation bound (fresh samples)"),
-                                         (False, CLOSEST, "failed confirmation (fresh bound)"))
-            if passed in kinds]
+    return [
+        Line2D([], [], ls="none", marker="_", markersize=16, markeredgewidth=2.5, color=color, label=label)
+        for passed, color, label in (
+            (True, CONFIRMED, "confirmation bound (fresh samples)"),
+            (False, CLOSEST, "failed confirmation (fresh bound)"),
+        )
+        if passed in kinds
+    ]
 
 
 def method_figure(points: list[Point], baselines: list[Point], epsilon: float, title: str):
@@ -337,20 +414,41 @@ def combined_figure(per_method: dict[str, list[Point]], baselines: list[Point], 
         handles = []
         for i, (method, points) in enumerate(per_method.items()):
             color = f"C{i % 10}"
-            _draw_trials(top, bottom, points, color, lambda p: p.speedup, lambda p: (p.accuracy, p.ci_low, p.ci_high),
-                         alpha=0.45, star_color=color)
+            _draw_trials(
+                top,
+                bottom,
+                points,
+                color,
+                lambda p: p.speedup,
+                lambda p: (p.accuracy, p.ci_low, p.ci_high),
+                alpha=0.45,
+                star_color=color,
+            )
             front = pareto_front(points)
             if len(front) > 1:
                 top.plot([p.speedup for p in front], [p.accuracy for p in front], "-", color=color, lw=1.6, zorder=3)
-            handles.append(Line2D([], [], color=color, marker="o", lw=1.6,
-                                  label=f"{method} (front)" if front else f"{method} (no feasible point)"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=color,
+                    marker="o",
+                    lw=1.6,
+                    label=f"{method} (front)" if front else f"{method} (no feasible point)",
+                )
+            )
         _baselines(top, bottom, baselines)
         _acc_limits(top, every + baselines, ref, epsilon)
         _drop_limits(bottom, every, epsilon)
-        _legend(fig, handles + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)")
-                + _confirm_handles(every))
-        _labels(top, _point_labels(every, baselines, epsilon, failed_too=False),
-                [(p.speedup, p.accuracy) for p in every])
+        _legend(
+            fig,
+            handles
+            + _handles(epsilon, ref, with_trials=False, chosen="chosen point (its method's colour)")
+            + _confirm_handles(every),
+        )
+        _labels(
+            top, _point_labels(every, baselines, epsilon, failed_too=False), [(p.speedup, p.accuracy) for p in every]
+        )
     return fig
 
 
@@ -401,14 +499,43 @@ def knob_figure(points: list[Point], baselines: list[Point], epsilon: float, kno
         _limits(top, [p.speedup for p in points] + [s.speedup for s in strict.values()] + [1.0])
         _drop_limits(bottom, points, epsilon)
         top.axhline(1.0, color=AR, lw=0.8, zorder=1)
-        marks = [Line2D([], [], ls="none", marker="o", markersize=8, markerfacecolor="gray", markeredgecolor="gray",
-                        label="feasible (hollow: infeasible, x: pruned)"),
-                 Line2D([], [], ls="none", marker="*", markersize=15, markerfacecolor=CHOSEN, markeredgecolor="black",
-                        label="chosen point"),
-                 Line2D([], [], ls="none", marker="o", markersize=14, markerfacecolor="none", markeredgecolor=CLOSEST,
-                        label="closest point (none exported)"),
-                 Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})")]
+        marks = [
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker="o",
+                markersize=8,
+                markerfacecolor="gray",
+                markeredgecolor="gray",
+                label="feasible (hollow: infeasible, x: pruned)",
+            ),
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker="*",
+                markersize=15,
+                markerfacecolor=CHOSEN,
+                markeredgecolor="black",
+                label="chosen point",
+            ),
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker="o",
+                markersize=14,
+                markerfacecolor="none",
+                markeredgecolor=CLOSEST,
+                label="closest point (none exported)",
+            ),
+            Line2D([], [], color=BUDGET, ls="--", lw=1.4, label=f"drop = eps ({epsilon:g})"),
+        ]
         _legend(fig, handles + marks + _confirm_handles(points))
-        _labels(top, _point_labels(points, [], epsilon, lambda p: p.knob, lambda p: p.speedup),
-                [(p.knob, p.speedup) for p in points])
+        _labels(
+            top,
+            _point_labels(points, [], epsilon, lambda p: p.knob, lambda p: p.speedup),
+            [(p.knob, p.speedup) for p in points],
+        )
     return fig

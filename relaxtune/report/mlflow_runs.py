@@ -16,10 +16,19 @@ from pathlib import Path
 from ..decoding.methods import get_method
 from ..tune.pareto import Point, points_table, study_points
 from .decision import decide
-from .stores import DEFAULT_URI, prepare_mlflow
 from .figures import combined_figure, knob_figure, method_figure
+from .stores import DEFAULT_URI, prepare_mlflow
 
-__all__ = ["Runs", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id", "find_runs", "log_table", "dataset_entity"]
+__all__ = [
+    "Runs",
+    "DEFAULT_URI",
+    "filter_literal",
+    "run_url",
+    "experiment_id",
+    "find_runs",
+    "log_table",
+    "dataset_entity",
+]
 
 KIND_TAG, TRAINING = "mlflow.experimentKind", "custom_model_development"
 
@@ -47,8 +56,9 @@ def find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
     """Active runs of an experiment carrying every tag in ``tags`` (values compared
     exactly, quotes included: ``filter_literal``), oldest first."""
     clauses = [f"tags.`{k}` = {q}" for k, v in tags.items() if (q := filter_literal(v)) is not None]
-    runs = client.search_runs([experiment_id], filter_string=" and ".join(clauses),
-                              order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [experiment_id], filter_string=" and ".join(clauses), order_by=["attributes.start_time ASC"]
+    )
     return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
 
 
@@ -59,8 +69,14 @@ def dataset_entity(dataset):
     from mlflow.entities import Dataset
 
     fields = dataset.to_dict()
-    return Dataset(name=fields["name"], digest=fields["digest"], source_type=fields["source_type"],
-                   source=fields["source"], schema=fields.get("schema"), profile=fields.get("profile"))
+    return Dataset(
+        name=fields["name"],
+        digest=fields["digest"],
+        source_type=fields["source_type"],
+        source=fields["source"],
+        schema=fields.get("schema"),
+        profile=fields.get("profile"),
+    )
 
 
 def log_table(client, run_id: str, rows: list[dict], artifact_file: str, lock=nullcontext) -> None:
@@ -104,8 +120,12 @@ class Runs:
         import pandas as pd
         from mlflow.entities import DatasetInput, InputTag
 
-        df = pd.DataFrame([{"id": p.id, "prompt": p.prompt, "gold": json.dumps(p.gold) if isinstance(p.gold, dict) else p.gold}
-                           for p in problems])
+        df = pd.DataFrame(
+            [
+                {"id": p.id, "prompt": p.prompt, "gold": json.dumps(p.gold) if isinstance(p.gold, dict) else p.gold}
+                for p in problems
+            ]
+        )
         dataset = mlflow.data.from_pandas(df, name=f"{self.task.name}-v{self.task.version}")
         context = InputTag("mlflow.data.context", "tuning")  # what mlflow.log_input(context=...) writes
         self.client.log_inputs(run_id, [DatasetInput(dataset_entity(dataset), [context])])
@@ -150,33 +170,59 @@ class Runs:
         """A method's figures by file name, each as a function that draws it:
         ``pareto_front.png`` and, for a method with a knob, ``speed_vs_<knob>.png``."""
         spec, task = get_method(method), self.task.name
-        out = {"pareto_front.png": lambda: method_figure(points, baselines, epsilon,
-                                                         f"{task}: {method} (epsilon {epsilon:g})")}
+        out = {
+            "pareto_front.png": lambda: method_figure(
+                points, baselines, epsilon, f"{task}: {method} (epsilon {epsilon:g})"
+            )
+        }
         if spec.knob:
             title = f"{task}: {method}, modeled speed-up and drop vs {spec.knob}"
-            out[f"speed_vs_{spec.knob}.png"] = lambda: knob_figure(points, baselines, epsilon, spec.knob,
-                                                                   bool(spec.search and spec.search[2]), title)
+            out[f"speed_vs_{spec.knob}.png"] = lambda: knob_figure(
+                points, baselines, epsilon, spec.knob, bool(spec.search and spec.search[2]), title
+            )
         return out
 
-    def _figure_jobs(self, run_id: str, per_method: dict[str, list[Point]], baselines: list[Point], config,
-                     study_runs: dict[str, str] | None = None) -> list[tuple[str, object, list[tuple[str, str]]]]:
+    def _figure_jobs(
+        self,
+        run_id: str,
+        per_method: dict[str, list[Point]],
+        baselines: list[Point],
+        config,
+        study_runs: dict[str, str] | None = None,
+    ) -> list[tuple[str, object, list[tuple[str, str]]]]:
         """Every figure of a config's decision as ``(key, draw, places)``: ``key`` names it
         within the decision, ``draw()`` draws it, ``places`` are the ``(run_id, artifact
         path)`` it goes to: the combined figure and each method's figures
         (``figures/<method>_<name>``) on ``run_id``, a method's also on its run of ``study_runs``."""
         d = decide(config)
-        title = (f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})\n"
-                 f"recommended: {d.label}, modeled {config.recommendation.modeled_speedup:.2f}x")
-        jobs = [("pareto_fronts_by_method.png", lambda: combined_figure(per_method, baselines, config.epsilon, title),
-                 [(run_id, "pareto_fronts_by_method.png")])]
+        title = (
+            f"{self.task.name}: Pareto fronts by method (epsilon {config.epsilon:g})\n"
+            f"recommended: {d.label}, modeled {config.recommendation.modeled_speedup:.2f}x"
+        )
+        jobs = [
+            (
+                "pareto_fronts_by_method.png",
+                lambda: combined_figure(per_method, baselines, config.epsilon, title),
+                [(run_id, "pareto_fronts_by_method.png")],
+            )
+        ]
         for method, points in per_method.items():
             for name, draw in self._figures(method, points, baselines, config.epsilon).items():
                 places = [(run_id, f"figures/{method}_{name}")] + ([(study_runs[method], name)] if study_runs else [])
                 jobs.append((f"{method}_{name}", draw, places))
         return jobs
 
-    def _log_decision(self, run_id: str, name: str, per_method: dict[str, list[Point]], baselines: list[Point],
-                      config, config_path: Path, study_runs: dict[str, str] | None = None, figures=None) -> None:
+    def _log_decision(
+        self,
+        run_id: str,
+        name: str,
+        per_method: dict[str, list[Point]],
+        baselines: list[Point],
+        config,
+        config_path: Path,
+        study_runs: dict[str, str] | None = None,
+        figures=None,
+    ) -> None:
         """The config's decision (params, metrics, tags, name, description), its figures
         (``_figure_jobs``: drawn one after the other, or by ``figures(jobs)``), every
         point as a table, and the config file."""
@@ -187,11 +233,16 @@ class Runs:
         tags = d.tags | {"mlflow.note.content": d.description, "mlflow.runName": f"{name}: use {d.label}"}
         if conflicts:
             held = ", ".join(f"{k}={old}" for k, (old, _) in conflicts.items())
-            tags["relaxtune.params_note"] = (f"params are write-once: they hold this run's first decision ({held}); "
-                                             "the tags, metrics and description hold the latest")
+            tags["relaxtune.params_note"] = (
+                f"params are write-once: they hold this run's first decision ({held}); "
+                "the tags, metrics and description hold the latest"
+            )
         now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in d.metrics.items()],
-                              tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, 0) for k, v in d.metrics.items()],
+            tags=[RunTag(k, v) for k, v in tags.items()],
+        )
         jobs = self._figure_jobs(run_id, per_method, baselines, config, study_runs)
         if figures is not None:
             figures(jobs)
@@ -204,8 +255,12 @@ class Runs:
     def _points(self, result, config) -> dict[str, list[Point]]:
         """Each method's trial points (``result``: the finished job), judged under the job's
         settings, its exported point marked."""
-        return {o.method: study_points(o.method, get_method(o.method).knob, o.study, config.methods.get(o.method),
-                                       result.settings) for o in result.outcomes}
+        return {
+            o.method: study_points(
+                o.method, get_method(o.method).knob, o.study, config.methods.get(o.method), result.settings
+            )
+            for o in result.outcomes
+        }
 
 
 def _frame(rows: list[dict]):

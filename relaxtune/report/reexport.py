@@ -17,8 +17,17 @@ from ..tune.evaluation import DecodeConfig, records_complete, records_path
 from ..tune.records import trial_metrics
 from ..tune.settings import TuneSettings, study_name
 
-__all__ = ["JobError", "job_file", "tuning_settings", "export_path", "export_storage", "check_exportable",
-           "same_problems", "check_outcomes", "save_job"]
+__all__ = [
+    "JobError",
+    "job_file",
+    "tuning_settings",
+    "export_path",
+    "export_storage",
+    "check_exportable",
+    "same_problems",
+    "check_outcomes",
+    "save_job",
+]
 
 
 class JobError(ValueError):
@@ -64,8 +73,10 @@ def export_path(settings: TuneSettings, spec, tuning: TuneSettings | None) -> Pa
     path = Path(settings.export) if settings.export else output / f"{spec.name}.tuned.{'.'.join(parts)}.yaml"
     tuned = Path(base.export) if tuning is not None and tuning.export else output / f"{spec.name}.tuned.yaml"
     if path.resolve() == tuned.resolve():
-        raise JobError(f"--export {path} is the tuning run's own config: an export never overwrites it; give "
-                       "another path, or leave --export out (default: <output-dir>/<task>.tuned.eps<epsilon>.yaml)")
+        raise JobError(
+            f"--export {path} is the tuning run's own config: an export never overwrites it; give "
+            "another path, or leave --export out (default: <output-dir>/<task>.tuned.eps<epsilon>.yaml)"
+        )
     return path
 
 
@@ -81,9 +92,11 @@ def export_storage(settings: TuneSettings, spec) -> str:
     export_path(settings, spec, tuning_settings(output, spec.name))
     url = settings.storage or f"sqlite:///{(output / 'optuna.db').resolve()}"
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise JobError(f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
-                       f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
-                       "tuning run's --output-dir or --storage")
+        raise JobError(
+            f"nothing to export: no Optuna storage at {url.removeprefix('sqlite:///')} (no tuning run "
+            f"wrote to --output-dir {output}); run `relaxtune tune --task {spec.name}` first, or give the "
+            "tuning run's --output-dir or --storage"
+        )
     return url
 
 
@@ -106,10 +119,18 @@ def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     for method in settings.methods:
         name = study_name(spec.name, method, pair, spec.version)
         pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
-        studies = [optuna.load_study(study_name=n, storage=url) for n in names
-                   if n == name or (pinned and n.startswith(f"{name}@"))]
-        done = [t for study in studies for t in study.get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))]
+        studies = [
+            optuna.load_study(study_name=n, storage=url)
+            for n in names
+            if n == name or (pinned and n.startswith(f"{name}@"))
+        ]
+        done = [
+            t
+            for study in studies
+            for t in study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+            )
+        ]
         for study in studies:
             same_problems(method, study, problems)
         used |= {t.params["n_draft"] for t in done}
@@ -117,27 +138,35 @@ def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
             missing.append(f"{method} (study {name} {'holds no finished trial' if studies else 'does not exist'})")
     if missing:
         others = sorted(n for n in names if n.split("__")[0] in (spec.name, f"{spec.name}-v{spec.version}"))
-        raise JobError(f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
-                       "--drafter, --verifier and --dtype), or export only the tuned --methods"
-                       + (f"; studies of {spec.name} there: {', '.join(others)}" if others else ""))
+        raise JobError(
+            f"nothing to export for {'; '.join(missing)}: run `relaxtune tune` for them first (the same "
+            "--drafter, --verifier and --dtype), or export only the tuned --methods"
+            + (f"; studies of {spec.name} there: {', '.join(others)}" if others else "")
+        )
     if settings.c_rel == "measured" and not settings.verifier_url:
         saved = records_path(output, spec, DecodeConfig(), pair).with_name("cost_profile.json")
         if not saved.exists():
-            raise JobError(f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
-                           "its --c-rel or run `relaxtune tune`")
+            raise JobError(
+                f"no saved cost profile at {saved}: an export prices with the tuning run's costs; give "
+                "its --c-rel or run `relaxtune tune`"
+            )
     for n in sorted(used):
         if not records_complete(output, spec, DecodeConfig("strict", None, n, settings.seed), pair, problems):
-            raise JobError(f"export found no complete strict records at N={n} for these {len(problems)} problems "
-                           f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
-                           "`relaxtune tune`")
+            raise JobError(
+                f"export found no complete strict records at N={n} for these {len(problems)} problems "
+                f"(seed {settings.seed}): export with the tuning run's --limit and --seed, or run "
+                "`relaxtune tune`"
+            )
 
 
 def same_problems(method: str, study, problems) -> None:
     """Refuse an export over another number of problems than the study's trials saw."""
     used = study.user_attrs.get("problems")
     if used is not None and used != len(problems):
-        raise JobError(f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
-                       "export with the tuning run's --limit")
+        raise JobError(
+            f"{method}'s trials ran on {used} problems, this export asks for {len(problems)}: "
+            "export with the tuning run's --limit"
+        )
 
 
 def check_outcomes(outcomes, problems, profile, n_drafts: list[int], pinned: set[str]) -> None:
@@ -154,17 +183,23 @@ def check_outcomes(outcomes, problems, profile, n_drafts: list[int], pinned: set
         done = [t for t in o.study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
         other = sorted({t.params["n_draft"] for t in done} - set(n_drafts))
         if other and o.method not in pinned:  # a native server's N comes from its launch flags
-            raise JobError(f"{o.method}'s trials ran at N={', '.join(map(str, other))}, which --n-drafts "
-                           f"{','.join(map(str, n_drafts))} leaves out: export with the tuning run's --n-drafts")
+            raise JobError(
+                f"{o.method}'s trials ran at N={', '.join(map(str, other))}, which --n-drafts "
+                f"{','.join(map(str, n_drafts))} leaves out: export with the tuning run's --n-drafts"
+            )
         if not done:
-            raise JobError(f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
-                           "first, or export only the tuned --methods")
+            raise JobError(
+                f"study {o.study.study_name} holds no finished trial: run `relaxtune tune` for {o.method} "
+                "first, or export only the tuned --methods"
+            )
         same_problems(o.method, o.study, problems)
         priced = {round(m.c_rel, 9) for t in done if (m := trial_metrics(t, o.method)) is not None}
         if priced and priced != {round(c_rel_of(profile), 9)}:
-            raise JobError(f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
-                           f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "
-                           "with the new --c-rel")
+            raise JobError(
+                f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
+                f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "
+                "with the new --c-rel"
+            )
 
 
 def save_job(output_dir: str | Path, task: str, settings: dict) -> Path:

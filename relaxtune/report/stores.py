@@ -21,19 +21,29 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..tune.stopping import first_line
 
-__all__ = ["StoreError", "prepare_stores", "prepare_optuna", "prepare_mlflow", "mlflow_state", "is_database",
-           "reach_tracking", "reach_storage"]
+__all__ = [
+    "StoreError",
+    "prepare_stores",
+    "prepare_optuna",
+    "prepare_mlflow",
+    "mlflow_state",
+    "is_database",
+    "reach_tracking",
+    "reach_storage",
+]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's default store (it refuses ./mlruns)
 REACH_TIMEOUT = 10  # seconds to connect to a database server or a tracking server (reach_tracking, reach_storage)
-_DRIVERS = {"postgresql": "install relaxtune[postgres] (psycopg 3) and write postgresql+psycopg://...",
-            "mysql": "install a MySQL driver (e.g. pip install pymysql) and write mysql+pymysql://...",
-            "mssql": "install a SQL Server driver (e.g. pip install pyodbc) and write mssql+pyodbc://..."}
+_DRIVERS = {
+    "postgresql": "install relaxtune[postgres] (psycopg 3) and write postgresql+psycopg://...",
+    "mysql": "install a MySQL driver (e.g. pip install pymysql) and write mysql+pymysql://...",
+    "mssql": "install a SQL Server driver (e.g. pip install pyodbc) and write mssql+pyodbc://...",
+}
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
 
 
@@ -41,8 +51,14 @@ class StoreError(RuntimeError):
     """A store could not be created or migrated; the message says what to do."""
 
 
-def prepare_stores(storage_url: str, mlflow_uri: str | None, *, track: bool = True, optuna: bool = True,
-                   log: Callable[[str], None] = print) -> None:
+def prepare_stores(
+    storage_url: str,
+    mlflow_uri: str | None,
+    *,
+    track: bool = True,
+    optuna: bool = True,
+    log: Callable[[str], None] = print,
+) -> None:
     """Create and migrate (``optuna``) the Optuna storage ``storage_url`` and (``track``) the
     MLflow store ``mlflow_uri`` (default ``sqlite:///mlflow.db``) once, each under its lock
     (an export reads an existing storage: ``optuna=False``).
@@ -96,30 +112,40 @@ def _reach_database(url: str, flag: str, output_dir: str | Path | None) -> None:
         if path.is_dir():
             raise StoreError(f"{flag} {url}: {path} is a folder; give a file in it, e.g. {path / 'store.db'}")
         if path.is_file() and path.stat().st_size and not _sqlite_file(path):  # (an empty file is a new database)
-            raise StoreError(f"{flag} {url}: {path} is not an SQLite database (its first bytes are not SQLite's); "
-                             "give a new file, or the database file itself")
+            raise StoreError(
+                f"{flag} {url}: {path} is not an SQLite database (its first bytes are not SQLite's); "
+                "give a new file, or the database file itself"
+            )
         if not path.parent.is_dir() and not inside:
-            raise StoreError(f"{flag} {url}: the folder {path.parent} does not exist (a typo?); create it, or give a "
-                             "file in a folder that exists")
+            raise StoreError(
+                f"{flag} {url}: the folder {path.parent} does not exist (a typo?); create it, or give a "
+                "file in a folder that exists"
+            )
         if path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
-            raise StoreError(f"{flag} {url}: the folder {path.parent} is not writable (SQLite writes its journal "
-                             "there); give a file in a folder you may write to")
+            raise StoreError(
+                f"{flag} {url}: the folder {path.parent} is not writable (SQLite writes its journal "
+                "there); give a file in a folder you may write to"
+            )
         return
     connect = {"connect_timeout": REACH_TIMEOUT} if parsed.get_backend_name() in ("postgresql", "mysql") else {}
     try:
         engine = sqlalchemy.create_engine(parsed, connect_args=connect)
     except ImportError as err:
-        raise StoreError(f"{flag} {_shown(url)}: its database driver is missing ({err}); "
-                         f"{_DRIVERS.get(parsed.get_backend_name(), 'install the driver SQLAlchemy names')}") from None
-    except Exception as err:  # noqa: BLE001 - e.g. a dialect SQLAlchemy does not know
+        raise StoreError(
+            f"{flag} {_shown(url)}: its database driver is missing ({err}); "
+            f"{_DRIVERS.get(parsed.get_backend_name(), 'install the driver SQLAlchemy names')}"
+        ) from None
+    except Exception as err:
         raise StoreError(f"{flag} {_shown(url)}: {type(err).__name__}: {first_line(str(err), 200)}") from None
     try:
         with engine.connect():
             pass
-    except Exception as err:  # noqa: BLE001 - said with the flag and what to do
-        raise StoreError(f"{flag} {_shown(url)}: the database does not accept a connection within {REACH_TIMEOUT} s "
-                         f"({type(err).__name__}: {first_line(str(err), 200)}); start its server, create the "
-                         "database, or fix the address") from None
+    except Exception as err:
+        raise StoreError(
+            f"{flag} {_shown(url)}: the database does not accept a connection within {REACH_TIMEOUT} s "
+            f"({type(err).__name__}: {first_line(str(err), 200)}); start its server, create the "
+            "database, or fix the address"
+        ) from None
     finally:
         engine.dispose()
 
@@ -140,30 +166,48 @@ def _reach_server(uri: str) -> None:
 
     endpoint = "/api/2.0/mlflow/experiments/search"
     try:
-        response = http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=REACH_TIMEOUT,
-                                raise_on_status=False, params={"max_results": 1})
-    except Exception as err:  # noqa: BLE001 - refused, timed out, no such host
-        raise StoreError(f"--mlflow-uri {_shown(uri)}: no MLflow tracking server answers there within {REACH_TIMEOUT} s "
-                         f"({_why(err)}); start it (`mlflow server --host ... --port ...`), "
-                         f"fix the address, or leave --mlflow-uri out for the default {DEFAULT_URI}") from None
+        response = http_request(
+            get_default_host_creds(uri),
+            endpoint,
+            "GET",
+            max_retries=0,
+            timeout=REACH_TIMEOUT,
+            raise_on_status=False,
+            params={"max_results": 1},
+        )
+    except Exception as err:
+        raise StoreError(
+            f"--mlflow-uri {_shown(uri)}: no MLflow tracking server answers there within {REACH_TIMEOUT} s "
+            f"({_why(err)}); start it (`mlflow server --host ... --port ...`), "
+            f"fix the address, or leave --mlflow-uri out for the default {DEFAULT_URI}"
+        ) from None
     if response.status_code in (401, 403):
-        raise StoreError(f"--mlflow-uri {_shown(uri)}: the tracking server refused this client (HTTP {response.status_code}); "
-                         "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN")
+        raise StoreError(
+            f"--mlflow-uri {_shown(uri)}: the tracking server refused this client (HTTP {response.status_code}); "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"
+        )
     try:
         answer = response.json()
     except ValueError:
         answer = None
     if response.status_code != 200 or not isinstance(answer, dict):
-        raise StoreError(f"--mlflow-uri {_shown(uri)}: a server answers there, but not as an MLflow tracking server (GET "
-                         f"{endpoint}: HTTP {response.status_code}); give the tracking server's address")
+        raise StoreError(
+            f"--mlflow-uri {_shown(uri)}: a server answers there, but not as an MLflow tracking server (GET "
+            f"{endpoint}: HTTP {response.status_code}); give the tracking server's address"
+        )
 
 
 def _why(err: BaseException) -> str:
     """Why a request failed, in a few words (MLflow folds the cause into its message)."""
     text = str(err).lower()
-    for needle, said in (("connection refused", "connection refused"), ("timed out", "timed out"),
-                         ("name or service not known", "no such host"), ("nodename nor servname", "no such host"),
-                         ("temporary failure in name resolution", "no such host"), ("certificate", "TLS certificate")):
+    for needle, said in (
+        ("connection refused", "connection refused"),
+        ("timed out", "timed out"),
+        ("name or service not known", "no such host"),
+        ("nodename nor servname", "no such host"),
+        ("temporary failure in name resolution", "no such host"),
+        ("certificate", "TLS certificate"),
+    ):
         if needle in text:
             return said
     return f"{type(err).__name__}: {first_line(str(err), 200)}"
@@ -184,10 +228,12 @@ def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
         storage = open_rdb(url)
     except ImportError as err:
         raise StoreError(f"Optuna storage {_shown(url)}: {err} (install relaxtune[postgres] for PostgreSQL)") from err
-    except Exception as err:  # noqa: BLE001 - said with what to do
-        raise StoreError(f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: "
-                         f"{str(err).rstrip('.')}. If it was made by an older Optuna, run `optuna storage upgrade "
-                         "--storage URL`; else point --storage at a new database") from err
+    except Exception as err:
+        raise StoreError(
+            f"Optuna storage {_shown(url)} could not be opened: {type(err).__name__}: "
+            f"{str(err).rstrip('.')}. If it was made by an older Optuna, run `optuna storage upgrade "
+            "--storage URL`; else point --storage at a new database"
+        ) from err
     storage.engine.dispose()
 
 
@@ -206,13 +252,15 @@ def mlflow_state(uri: str) -> dict:
         tables = set(sqlalchemy.inspect(engine).get_table_names())
         with engine.connect() as conn:
             runs = conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM runs")).scalar() if "runs" in tables else 0
-            version = (conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
-                       if "alembic_version" in tables else None)
+            version = (
+                conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+                if "alembic_version" in tables
+                else None
+            )
     finally:
         engine.dispose()
     leftovers = sorted(t for t in tables if t.startswith(LEFTOVER))
-    complete = (set(Base.metadata.tables) <= tables and not leftovers
-                and version == latest_schema_revision())
+    complete = set(Base.metadata.tables) <= tables and not leftovers and version == latest_schema_revision()
     return {"tables": tables, "leftovers": leftovers, "runs": runs, "version": version, "complete": complete}
 
 
@@ -233,8 +281,9 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
     sqlite = url.get_backend_name() == "sqlite"
     if sqlite and url.database:
         Path(url.database).resolve().parent.mkdir(parents=True, exist_ok=True)
-    import mlflow.store.db.utils  # noqa: F401 - MLflow's store and schema modules (seconds of CPU), imported
+    import mlflow.store.db.utils
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401   before the lock that other workers wait for
+
     with storage_lock(uri)():
         state = mlflow_state(uri)
         if state["complete"]:
@@ -243,14 +292,17 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
         if broken and state["runs"] == 0 and sqlite:
             _move_aside(uri, url.database, state, log)
         elif state["leftovers"]:
-            raise StoreError(_refusal(uri, state, f"leftover tables {', '.join(state['leftovers'])} of a migration "
-                                                  "cut short"))
+            raise StoreError(
+                _refusal(uri, state, f"leftover tables {', '.join(state['leftovers'])} of a migration cut short")
+            )
         try:
             _open(uri)
-        except Exception as err:  # noqa: BLE001 - repaired once, else said with what to do
+        except Exception as err:
             state = mlflow_state(uri)
             if not (sqlite and state["runs"] == 0):
-                raise StoreError(_refusal(uri, state, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")) from err
+                raise StoreError(
+                    _refusal(uri, state, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+                ) from err
             _move_aside(uri, url.database, state, log)
             _open(uri)
 
@@ -283,17 +335,23 @@ def _move_aside(uri: str, database: str, state: dict, log: Callable[[str], None]
         if part.exists():
             os.replace(part, aside.with_name(aside.name + suffix))
     what = f"leftover tables {', '.join(state['leftovers'])}" if state["leftovers"] else "tables missing or unversioned"
-    log(f"MLflow store {path} was left half-created by a process that died while creating it ({what}; no runs): "
-        f"moved aside to {aside.name} and created anew")
+    log(
+        f"MLflow store {path} was left half-created by a process that died while creating it ({what}; no runs): "
+        f"moved aside to {aside.name} and created anew"
+    )
 
 
 def _refusal(uri: str, state: dict, why: str) -> str:
     if "Can't locate revision" in why:  # e.g. Optuna's alembic_version in the same database
-        return (f"MLflow store {_shown(uri)}: its database holds another application's tables (alembic revision "
-                f"{state['version']} is not MLflow's; Optuna keeps one too): give MLflow a database of its own")
-    return (f"MLflow store {_shown(uri)} is half-migrated ({why}) and holds {state['runs']} run(s), so it is left as "
-            f"it is: back it up, drop the leftover tables ({', '.join(state['leftovers']) or 'none'}), then run "
-            f"`mlflow db upgrade {_shown(uri)}`; or point --mlflow-uri at a new store")
+        return (
+            f"MLflow store {_shown(uri)}: its database holds another application's tables (alembic revision "
+            f"{state['version']} is not MLflow's; Optuna keeps one too): give MLflow a database of its own"
+        )
+    return (
+        f"MLflow store {_shown(uri)} is half-migrated ({why}) and holds {state['runs']} run(s), so it is left as "
+        f"it is: back it up, drop the leftover tables ({', '.join(state['leftovers']) or 'none'}), then run "
+        f"`mlflow db upgrade {_shown(uri)}`; or point --mlflow-uri at a new store"
+    )
 
 
 def _shown(url: str) -> str:
@@ -309,5 +367,5 @@ def _shown(url: str) -> str:
         return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a database URL
+    except Exception:
         return url

@@ -59,8 +59,17 @@ from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_u
 
 __all__ = ["Tracker", "ExportRun", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id"]
 
-SAMPLE_COLUMNS = ("problem_id", "repeat", "seed", "verdict", "correct", "extracted", "finish_reason",
-                  "response_tokens", "output")
+SAMPLE_COLUMNS = (
+    "problem_id",
+    "repeat",
+    "seed",
+    "verdict",
+    "correct",
+    "extracted",
+    "finish_reason",
+    "response_tokens",
+    "output",
+)
 
 
 class Tracker(Runs):
@@ -80,8 +89,18 @@ class Tracker(Runs):
             when the caller does (``relaxtune.report.background``).
     """
 
-    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, job_id: str, lock=None,
-                 finish_lock=None, end_on_stop: bool = True) -> None:
+    def __init__(
+        self,
+        uri: str | None,
+        task,
+        pair: str,
+        settings: dict,
+        problems,
+        job_id: str,
+        lock=None,
+        finish_lock=None,
+        end_on_stop: bool = True,
+    ) -> None:
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
@@ -89,8 +108,12 @@ class Tracker(Runs):
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         with self._lock():
-            self.task_run_id = self._run(f"{task.name} tuning", None, {"relaxtune.kind": "task"},
-                                         {"relaxtune.task_version": str(task.version), "relaxtune.pair": pair})
+            self.task_run_id = self._run(
+                f"{task.name} tuning",
+                None,
+                {"relaxtune.kind": "task"},
+                {"relaxtune.task_version": str(task.version), "relaxtune.pair": pair},
+            )
             if not self.client.get_run(self.task_run_id).inputs.dataset_inputs:
                 self._log_dataset(self.task_run_id, problems)
         self.client.log_dict(self.task_run_id, settings, "settings.json")
@@ -137,12 +160,21 @@ class Tracker(Runs):
         run_id = self._run(f"{method} study", self.task_run_id, key, {"relaxtune.method": method})
         self.study_runs[method], self.studies[method] = run_id, study.study_name
         spec = get_method(method)
-        self._log_params(run_id, {"method": method, "knob_name": spec.knob or "-", "study_name": study.study_name,
-                                  "task_version": str(self.task.version), "pair": self.pair})
+        self._log_params(
+            run_id,
+            {
+                "method": method,
+                "knob_name": spec.knob or "-",
+                "study_name": study.study_name,
+                "task_version": str(self.task.version),
+                "pair": self.pair,
+            },
+        )
         return run_id
 
-    def log_trial(self, method: str, number: int, params: dict, metrics: dict, state: str, result,
-                  note: str | None = None) -> None:
+    def log_trial(
+        self, method: str, number: int, params: dict, metrics: dict, state: str, result, note: str | None = None
+    ) -> None:
         """The nested run of trial ``number`` (found by study, number and job; named by
         its point, e.g. ``cactus delta=0.25 N=4``); metrics also on the study run at
         ``step = number``; ``note`` (e.g. why it failed) as a tag."""
@@ -152,8 +184,13 @@ class Tracker(Runs):
         key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
         name = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"])
         run_id = self._run(name, parent, key)
-        wanted = {"method": method, "knob": params.get("knob", "-"), "n_draft": params["n_draft"], "trial": number,
-                  "task_version": self.task.version}
+        wanted = {
+            "method": method,
+            "knob": params.get("knob", "-"),
+            "n_draft": params["n_draft"],
+            "trial": number,
+            "task_version": self.task.version,
+        }
         tags = {"relaxtune.state": state} | ({"relaxtune.note": note[:5000]} if note else {})
         now = int(time.time() * 1000)
         values = [Metric(k, float(v), now, number) for k, v in metrics.items() if isinstance(v, (int, float))]
@@ -166,7 +203,9 @@ class Tracker(Runs):
         if result is not None and result.records:
             rows = [{k: r.get(k) for k in SAMPLE_COLUMNS} for r in result.records]
             self._log_table(run_id, rows, "samples.json")
-        self.client.set_terminated(run_id, status="FINISHED" if state == "COMPLETE" else "KILLED" if state == "PRUNED" else "FAILED")
+        self.client.set_terminated(
+            run_id, status="FINISHED" if state == "COMPLETE" else "KILLED" if state == "PRUNED" else "FAILED"
+        )
 
     def log_confirmation(self, method: str, confirmation) -> None:
         """A method's confirmation on its study run: every attempt as ``confirmation.json``,
@@ -175,21 +214,38 @@ class Tracker(Runs):
         with self._lock():  # workers confirming together set the same tags (MLflow: insert, then a unique clash)
             run_id = self.study_runs[method]
             attempts = [a.summary() for a in confirmation.attempts]
-            self.client.log_dict(run_id, {"confidence": confirmation.confidence, "planned": confirmation.planned,
-                                          "attempts": attempts, "missing": confirmation.missing}, "confirmation.json")
+            self.client.log_dict(
+                run_id,
+                {
+                    "confidence": confirmation.confidence,
+                    "planned": confirmation.planned,
+                    "attempts": attempts,
+                    "missing": confirmation.missing,
+                },
+                "confirmation.json",
+            )
             if attempts:
                 last = attempts[-1]
-                for key, value in {"search_drop_ucb": last["search_drop_upper_bound"],
-                                   "confirm_drop_ucb": last["drop_upper_bound"], "confirm_confidence": last["confidence"],
-                                   "confirm_accuracy": last["accuracy"], "confirm_strict_accuracy": last["strict_accuracy"],
-                                   "confirm_n": last["n"], "confirm_attempts": len(attempts)}.items():
+                for key, value in {
+                    "search_drop_ucb": last["search_drop_upper_bound"],
+                    "confirm_drop_ucb": last["drop_upper_bound"],
+                    "confirm_confidence": last["confidence"],
+                    "confirm_accuracy": last["accuracy"],
+                    "confirm_strict_accuracy": last["strict_accuracy"],
+                    "confirm_n": last["n"],
+                    "confirm_attempts": len(attempts),
+                }.items():
                     self.client.log_metric(run_id, key, float(value))
             done = confirmation.confirmed
-            self.client.set_tag(run_id, "relaxtune.confirmed",
-                                f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)")
+            self.client.set_tag(
+                run_id,
+                "relaxtune.confirmed",
+                f"trial {done.trial} (attempt {done.attempt})" if done else "none (failed or not run)",
+            )
 
     def finish(self, result, config, config_path: Path) -> None:
-        """Close the job's runs (``result``: the finished job, ``Tuner.result``) once strict is known at every N and the config is
+        """Close the job's runs (``result``: the finished job, ``Tuner.result``) once strict is known at every N and
+        the config is
         built: each study's figures, table, chosen point and description; the task
         run's decision, figures, points and config. Done once per config: a worker of the
         same job that finds the task run already finished with the same config (tag
@@ -200,8 +256,11 @@ class Tracker(Runs):
         import hashlib
         import json
 
-        digest = hashlib.sha256(json.dumps({k: v for k, v in config.model_dump(mode="json").items() if k != "created"},
-                                           sort_keys=True, default=str).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            json.dumps(
+                {k: v for k, v in config.model_dump(mode="json").items() if k != "created"}, sort_keys=True, default=str
+            ).encode()
+        ).hexdigest()[:16]
         outcomes = result.outcomes
         per_method, baselines = self._points(result, config), baseline_points(result)
         jobs = self._figure_jobs(self.task_run_id, per_method, baselines, config, self.study_runs)
@@ -216,8 +275,16 @@ class Tracker(Runs):
                 return
             for o in outcomes:
                 self._finish_study(o, per_method[o.method], baselines, config.methods[o.method], config.epsilon)
-            self._log_decision(self.task_run_id, self.task.name, per_method, baselines, config, config_path,
-                               self.study_runs, lambda jobs: self._share_figures(jobs, digest, wait=True))
+            self._log_decision(
+                self.task_run_id,
+                self.task.name,
+                per_method,
+                baselines,
+                config,
+                config_path,
+                self.study_runs,
+                lambda jobs: self._share_figures(jobs, digest, wait=True),
+            )
             for o in outcomes:
                 self.client.set_terminated(self.study_runs[o.method])
             self.client.set_terminated(self.task_run_id)
@@ -258,10 +325,21 @@ class Tracker(Runs):
             key = {"relaxtune.kind": "trial", "relaxtune.study": o.study.study_name, "relaxtune.job": self.job_id}
             logged = {r.data.tags.get("relaxtune.trial") for r in self._find(key)}
             for t in o.study.get_trials(deepcopy=False):
-                if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and str(t.number) not in logged and "n_draft" in t.params:
+                if (
+                    t.state.name in ("COMPLETE", "PRUNED", "FAIL")
+                    and str(t.number) not in logged
+                    and "n_draft" in t.params
+                ):
                     note = t.user_attrs.get("pruned") or t.user_attrs.get("error")
-                    self.log_trial(o.method, t.number, t.params, point_values(t.user_attrs.get("metrics")),
-                                   t.state.name, None, note=note)
+                    self.log_trial(
+                        o.method,
+                        t.number,
+                        t.params,
+                        point_values(t.user_attrs.get("metrics")),
+                        t.state.name,
+                        None,
+                        note=note,
+                    )
 
     def _finish_study(self, outcome, points: list[Point], baselines: list[Point], result, epsilon: float) -> None:
         """A study's table, chosen point, name and description (its figures come with
@@ -272,15 +350,24 @@ class Tracker(Runs):
         self._log_table(run_id, points_table(points + baselines), "pareto_front.json")
         name, description = study_summary(result, epsilon)
         chosen = (result.trial if result.trial is not None else outcome.chosen.number) if result.feasible else None
-        tags = {"relaxtune.chosen_trial": str(chosen) if chosen is not None else "none (use strict)",
-                "mlflow.runName": name, "mlflow.note.content": description}
+        tags = {
+            "relaxtune.chosen_trial": str(chosen) if chosen is not None else "none (use strict)",
+            "mlflow.runName": name,
+            "mlflow.note.content": description,
+        }
         now = int(time.time() * 1000)
         metrics = {"tokens_spent": float(outcome.tokens)}
         if result.feasible:
-            metrics |= {"chosen_speedup": result.modeled_speedup, "chosen_drop_ucb": result.drop_upper_bound,
-                        "chosen_accuracy": result.accuracy}
-        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
-                              tags=[RunTag(k, v) for k, v in tags.items()])
+            metrics |= {
+                "chosen_speedup": result.modeled_speedup,
+                "chosen_drop_ucb": result.drop_upper_bound,
+                "chosen_accuracy": result.accuracy,
+            }
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+            tags=[RunTag(k, v) for k, v in tags.items()],
+        )
 
 
 class ExportRun(Runs):
@@ -311,11 +398,17 @@ class ExportRun(Runs):
 
     def start(self) -> str:
         """Create the export's run (status RUNNING) and return its id."""
-        tags = {"relaxtune.kind": "export", "relaxtune.tuning_job": self.tuning_job or "unknown",
-                "relaxtune.tuning_run": self.tuning_run_id or "not found", "relaxtune.pair": self.pair,
-                "relaxtune.task_version": str(self.task.version)}
+        tags = {
+            "relaxtune.kind": "export",
+            "relaxtune.tuning_job": self.tuning_job or "unknown",
+            "relaxtune.tuning_run": self.tuning_run_id or "not found",
+            "relaxtune.pair": self.pair,
+            "relaxtune.task_version": str(self.task.version),
+        }
         tags |= {"mlflow.parentRunId": self.tuning_run_id} if self.tuning_run_id else {}
-        self.run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{self.task.name} export").info.run_id
+        self.run_id = self.client.create_run(
+            self.experiment_id, tags=tags, run_name=f"{self.task.name} export"
+        ).info.run_id
         self.client.log_dict(self.run_id, self.settings, "settings.json")
         self._log_dataset(self.run_id, self.problems)
         return self.run_id

@@ -30,9 +30,10 @@ import pickle
 import random
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -40,9 +41,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..decoding.sampling import SamplingParams
 from ..graders.base import THINK_END
 
-__all__ = ["TaskSpec", "Problem", "ProblemList", "load_task", "list_tasks", "load_problems", "evals_dirs",
-           "task_files", "PACKAGED_EVALS",
-           "build_prompt_ids", "field_errors"]
+__all__ = [
+    "TaskSpec",
+    "Problem",
+    "ProblemList",
+    "load_task",
+    "list_tasks",
+    "load_problems",
+    "evals_dirs",
+    "task_files",
+    "PACKAGED_EVALS",
+    "build_prompt_ids",
+    "field_errors",
+]
 
 THINK_START = "<think>"
 ANSWER_NOW = (
@@ -163,9 +174,11 @@ class TaskSpec(_Strict):
             raise ValueError("stop: an empty stop string would end every response at once; remove it")
         markers = [s for s in self.stop if THINK_START in s or THINK_END in s] if self.thinks else []
         if markers:
-            raise ValueError(f"stop: {markers[0]!r} holds a thinking marker; a thinking task's stop strings apply "
-                             f"only after {THINK_END} (they never cut the reasoning), so this one would cut the "
-                             "answer or never fire: remove it")
+            raise ValueError(
+                f"stop: {markers[0]!r} holds a thinking marker; a thinking task's stop strings apply "
+                f"only after {THINK_END} (they never cut the reasoning), so this one would cut the "
+                "answer or never fire: remove it"
+            )
         self.sampling.params()
         return self
 
@@ -244,8 +257,9 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
     path = Path(name_or_path)
     if path.suffix or os.sep in str(name_or_path):  # a file
         if not path.is_file():
-            raise FileNotFoundError(f"task file {str(name_or_path)!r} not found (or give a task name: "
-                                    f"{', '.join(list_tasks()) or 'none'})")
+            raise FileNotFoundError(
+                f"task file {str(name_or_path)!r} not found (or give a task name: {', '.join(list_tasks()) or 'none'})"
+            )
     else:
         path = task_files().get(str(name_or_path))
         if path is None:
@@ -277,8 +291,11 @@ def field_errors(err: ValidationError) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         msg = msg[:1].lower() + msg[1:] if msg[1:2].islower() else msg
         value = e.get("input")
-        got = f" (got {value!r})" if e["type"] != "missing" and isinstance(value, (str, int, float)) \
-            and len(repr(value)) <= 40 and e["loc"] else ""
+        got = (
+            f" (got {value!r})"
+            if e["type"] != "missing" and isinstance(value, (str, int, float)) and len(repr(value)) <= 40 and e["loc"]
+            else ""
+        )
         lines.append(f"{loc}: {msg}{got}")
     return lines
 
@@ -413,8 +430,12 @@ def load_problems(spec: TaskSpec, limit: int | None = None) -> ProblemList:
             raise KeyError(f"task {spec.name}: prompt template field {err} is not in the data") from None
         problems.append(Problem(pid, prompt, gold if gold is not None else _gold(spec, row)))
     if excluded:
-        log.warning("task %s: %d problems excluded from grading (every method alike): %s", spec.name,
-                    len(excluded), "; ".join(f"{pid}: {why}" for pid, why in excluded.items()))
+        log.warning(
+            "task %s: %d problems excluded from grading (every method alike): %s",
+            spec.name,
+            len(excluded),
+            "; ".join(f"{pid}: {why}" for pid, why in excluded.items()),
+        )
     return ProblemList(problems, excluded)
 
 

@@ -56,9 +56,19 @@ __all__ = ["StandInServer", "StandInSpecServer", "SGLANG_DEFAULTS"]
 VERSION = "0.5.23"
 # SGLang 0.5.23's SamplingParams defaults: what a parameter left out of a native
 # /generate request becomes (no generation_config defaults on this endpoint)
-SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-                   "presence_penalty": 0.0, "repetition_penalty": 1.0, "stop": None, "ignore_eos": False,
-                   "sampling_seed": None, "max_new_tokens": 128}
+SGLANG_DEFAULTS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "stop": None,
+    "ignore_eos": False,
+    "sampling_seed": None,
+    "max_new_tokens": 128,
+}
 UPDATABLE = ("pp_max_micro_batch_size", "speculative_accept_threshold_single", "speculative_accept_threshold_acc")
 
 
@@ -76,6 +86,7 @@ _BAD_LOGPROBS = {"zero-logprobs": 0.0, "positive-logprobs": 0.5}
 
 def _set_logprobs(meta: dict, value: float) -> None:
     """Every ``[logprob, id, text]`` entry of ``meta``'s logprob fields set to ``value``."""
+
     def visit(node):
         if isinstance(node, list) and len(node) == 3 and isinstance(node[0], float) and isinstance(node[1], int):
             node[0] = value
@@ -107,16 +118,24 @@ class StandInServer:
             every request's parameters it leaves out.
     """
 
-    def __init__(self, model, port: int = 0, preferred_sampling_params: dict | None = None,
-                 model_path: str = "standin-model") -> None:
+    def __init__(
+        self, model, port: int = 0, preferred_sampling_params: dict | None = None, model_path: str = "standin-model"
+    ) -> None:
         self.model = model.eval()
         self.model_path = model_path
         self.vocab_size = int(model.config.vocab_size)
         self.preferred = dict(preferred_sampling_params or {})
-        self.launch = {"speculative_algorithm": None, "speculative_num_steps": None, "speculative_eagle_topk": None,
-                       "speculative_num_draft_tokens": None, "speculative_accept_threshold_single": 1.0,
-                       "speculative_accept_threshold_acc": 1.0, "enable_deterministic_inference": False,
-                       "pp_max_micro_batch_size": None, "preferred_sampling_params": self.preferred or None}
+        self.launch = {
+            "speculative_algorithm": None,
+            "speculative_num_steps": None,
+            "speculative_eagle_topk": None,
+            "speculative_num_draft_tokens": None,
+            "speculative_accept_threshold_single": 1.0,
+            "speculative_accept_threshold_acc": 1.0,
+            "enable_deterministic_inference": False,
+            "pp_max_micro_batch_size": None,
+            "preferred_sampling_params": self.preferred or None,
+        }
         self.live: dict = {}
         self.faults: list[str] = []
         self.payloads: list[dict] = []  # every /generate body received
@@ -138,9 +157,14 @@ class StandInServer:
                 elif self.path == "/server_info":
                     self._send(200, json.dumps(server.server_info()).encode(), "application/json")
                 elif self.path in ("/model_info", "/get_model_info"):
-                    info = {"model_path": server.model_path, "served_model_name": server.model_path,
-                            "tokenizer_path": server.model_path, "is_generation": True,
-                            "preferred_sampling_params": server.preferred or None, "weight_version": "default"}
+                    info = {
+                        "model_path": server.model_path,
+                        "served_model_name": server.model_path,
+                        "tokenizer_path": server.model_path,
+                        "is_generation": True,
+                        "preferred_sampling_params": server.preferred or None,
+                        "weight_version": "default",
+                    }
                     self._send(200, json.dumps(info).encode(), "application/json")
                 else:
                     self._send(404, b"not found")
@@ -198,7 +222,7 @@ class StandInServer:
         """Base URL."""
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def start(self) -> "StandInServer":
+    def start(self) -> StandInServer:
         """Serve in a background thread."""
         self.thread.start()
         return self
@@ -242,22 +266,28 @@ class StandInServer:
             cached = max((common_prefix(ids, list(s)) for s in self.seen), default=0)
             self.seen.append(tuple(ids))
         reported = [t if t < self.vocab_size - 1 else 0 for t in ids]  # the 0.5.23 rewrite
-        tok = [[None, reported[start], None]] + [_entry(lp[pos - 1, ids[pos]], reported[pos])
-                                                 for pos in range(start + 1, len(ids))]
+        tok = [[None, reported[start], None]] + [
+            _entry(lp[pos - 1, ids[pos]], reported[pos]) for pos in range(start + 1, len(ids))
+        ]
         last = lp[-1]
         nxt = int(last.argmax())
         meta = {
-            "id": f"req-{self.requests}", "finish_reason": {"type": "length", "length": n_out},
-            "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
-            "input_token_logprobs": tok, "output_token_logprobs": [_entry(last[nxt], nxt)][:n_out],
+            "id": f"req-{self.requests}",
+            "finish_reason": {"type": "length", "length": n_out},
+            "prompt_tokens": len(ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "input_token_logprobs": tok,
+            "output_token_logprobs": [_entry(last[nxt], nxt)][:n_out],
             "output_token_logprobs_length": n_out,
         }
         if k > 0:
             meta["input_top_logprobs"] = [None] + [_top(lp[pos - 1], k) for pos in range(start + 1, len(ids))]
             meta["output_top_logprobs"] = [_top(last, k)]
         if asked is not None:
-            meta["input_token_ids_logprobs"] = [None] + [[_entry(lp[pos - 1, t], t) for t in asked]
-                                                         for pos in range(start + 1, len(ids))]
+            meta["input_token_ids_logprobs"] = [None] + [
+                [_entry(lp[pos - 1, t], t) for t in asked] for pos in range(start + 1, len(ids))
+            ]
             meta["output_token_ids_logprobs"] = [[_entry(last[t], t) for t in asked]]
         meta.update(reasoning_tokens=0, completion_tokens=n_out, cached_tokens=min(cached, start))
         return {"text": "", "output_ids": [nxt][:n_out], "meta_info": meta}
@@ -279,20 +309,32 @@ class StandInSpecServer(StandInServer):
         preferred_sampling_params: as ``StandInServer``.
     """
 
-    def __init__(self, drafter, verifier, threshold: float, n_draft: int,
-                 keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
-                 deterministic: bool = True, tokenizer=None, port: int = 0,
-                 preferred_sampling_params: dict | None = None) -> None:
+    def __init__(
+        self,
+        drafter,
+        verifier,
+        threshold: float,
+        n_draft: int,
+        keys: tuple[str, str] = ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+        deterministic: bool = True,
+        tokenizer=None,
+        port: int = 0,
+        preferred_sampling_params: dict | None = None,
+    ) -> None:
         from ..backends.hf import HFBackend
 
         super().__init__(verifier, port, preferred_sampling_params)
         self.pair = HFBackend(drafter, verifier, tokenizer, name="stand-in")
         self.n_draft, self.keys = int(n_draft), keys
-        self.launch.update(speculative_algorithm="STANDALONE", speculative_num_steps=self.n_draft,
-                           speculative_eagle_topk=1, speculative_num_draft_tokens=self.n_draft + 1,
-                           speculative_accept_threshold_single=float(threshold),
-                           speculative_accept_threshold_acc=float(threshold),
-                           enable_deterministic_inference=bool(deterministic))
+        self.launch.update(
+            speculative_algorithm="STANDALONE",
+            speculative_num_steps=self.n_draft,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=self.n_draft + 1,
+            speculative_accept_threshold_single=float(threshold),
+            speculative_accept_threshold_acc=float(threshold),
+            enable_deterministic_inference=bool(deterministic),
+        )
 
     @property
     def threshold(self) -> float:
@@ -320,9 +362,17 @@ class StandInSpecServer(StandInServer):
             first = generate(self.pair, ids, method=AR, sampling=sampling, max_new_tokens=1, seed=seed, stop=stop)
             out, rest = list(first.token_ids), None
             if budget > 1 and first.stats.finish_reason != "stop":  # not EOS, no stop string
-                rest = generate(self.pair, ids + out, method="sglang_threshold", knob=self.threshold,
-                                n_draft=self.n_draft, sampling=sampling, max_new_tokens=budget - 1, seed=seed,
-                                stop=stop)
+                rest = generate(
+                    self.pair,
+                    ids + out,
+                    method="sglang_threshold",
+                    knob=self.threshold,
+                    n_draft=self.n_draft,
+                    sampling=sampling,
+                    max_new_tokens=budget - 1,
+                    seed=seed,
+                    stop=stop,
+                )
                 out += rest.token_ids
         text = self.pair.decode(out)
         hits = [text.index(s) for s in stop if s and s in text]
@@ -333,9 +383,16 @@ class StandInSpecServer(StandInServer):
             reason = {"type": "stop", "matched": out[-1]}
         else:
             reason = {"type": "length", "length": len(out)}
-        meta = {"id": f"req-{self.requests}", "finish_reason": reason, "prompt_tokens": len(ids),
-                "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0,
-                "completion_tokens": len(out), "cached_tokens": 0}
+        meta = {
+            "id": f"req-{self.requests}",
+            "finish_reason": reason,
+            "prompt_tokens": len(ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+        }
         rounds = rest.stats.rounds if rest is not None else 0
         if rounds > 0:  # no verify round: no spec_* key at all
             accepted, proposed = rest.stats.accepted, rounds * self.n_draft

@@ -30,8 +30,13 @@ from relaxtune.tune.evaluation import EvalResult, record_identity, records_path,
 
 __all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
 
-SPEC = TaskSpec(name="synthetic", version=2, dataset={"path": "json", "data_files": "unused.jsonl"},
-                grader={"kind": "math"}, max_new_tokens=64)
+SPEC = TaskSpec(
+    name="synthetic",
+    version=2,
+    dataset={"path": "json", "data_files": "unused.jsonl"},
+    grader={"kind": "math"},
+    max_new_tokens=64,
+)
 PROBLEMS = [Problem(str(i), f"q{i}", str(i)) for i in range(200)]
 
 
@@ -54,8 +59,14 @@ class Synthetic:
         strict_accept: strict's accepted drafts per round, as a share of N.
     """
 
-    def __init__(self, cliff: float = 1.0, drop: float = 0.5, fail_above: float | None = None, delay: float = 0.0,
-                 strict_accept: float = 0.2):
+    def __init__(
+        self,
+        cliff: float = 1.0,
+        drop: float = 0.5,
+        fail_above: float | None = None,
+        delay: float = 0.0,
+        strict_accept: float = 0.2,
+    ):
         self.cliff, self.drop, self.fail_above, self.delay = cliff, drop, fail_above, delay
         self.strict_accept = strict_accept
         self.calls: list[tuple] = []
@@ -68,10 +79,19 @@ class Synthetic:
         bad_every = int(round(1 / self.drop)) if relaxed and k is not None and k > self.cliff else 0
         correct = not (bad_every and int(problem.id) % bad_every == 0)
         rounds = 10
-        return dict(problem_id=problem.id, repeat=0, seed=0, failed=False, correct=correct,
-                    verdict="correct" if correct else "wrong", output="x", finish_reason="stop", response_tokens=100,
-                    stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
-                    **record_identity())
+        return dict(
+            problem_id=problem.id,
+            repeat=0,
+            seed=0,
+            failed=False,
+            correct=correct,
+            verdict="correct" if correct else "wrong",
+            output="x",
+            finish_reason="stop",
+            response_tokens=100,
+            stats={"rounds": rounds, "accepted": round(l_accept * rounds), "wall_seconds": 1.0},
+            **record_identity(),
+        )
 
     def __call__(self, spec, backend, config, *, output_dir, problems, progress) -> EvalResult:
         self.calls.append((config.method, config.knob, config.n_draft, len(problems), config.seed))
@@ -110,8 +130,10 @@ def write_task(folder: str | Path, n_problems: int, name: str = "synthetic") -> 
     data = (folder / f"{name}.jsonl").resolve()
     data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n_problems)))
     path = folder / f"{name}.yaml"
-    path.write_text(f"name: {name}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
-                    "grader: {kind: math}\nsampling: {temperature: 0.6}\nmax_new_tokens: 64\n")
+    path.write_text(
+        f"name: {name}\nversion: 1\ndataset: {{path: json, data_files: {data}}}\n"
+        "grader: {kind: math}\nsampling: {temperature: 0.6}\nmax_new_tokens: 64\n"
+    )
     return str(path)
 
 
@@ -127,13 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop", type=float, default=0.5)
     ap.add_argument("--strict-accept", type=float, default=0.2, help="strict's accepted drafts per round / N")
     ap.add_argument("--worker", default=None, help="this worker's label (default host:pid)")
-    ap.add_argument("--barrier", default=None, help="a folder: after the imports, create ready-<worker> there and "
-                                                    "start when a file named go appears (workers starting at once)")
+    ap.add_argument(
+        "--barrier",
+        default=None,
+        help="a folder: after the imports, create ready-<worker> there and "
+        "start when a file named go appears (workers starting at once)",
+    )
     args = ap.parse_args(argv)
 
     import datasets  # noqa: F401 - what the job imports on first use: part of starting the process,
     import matplotlib.pyplot  # noqa: F401   as the imports above are, not of the job
-    import mlflow.data  # noqa: F401
+    import mlflow.data
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import optuna  # noqa: F401
     import scipy.stats  # noqa: F401
@@ -146,10 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     load_rdb_modules()  # what Optuna's RDBStorage imports on its first use in a process (its SQL models, alembic)
     record_identity()  # the code identity, computed once per process (source digests): part of starting it
-    from relaxtune.tune.settings import TuneSettings
-
     from relaxtune.tasks.spec import load_task
-    from relaxtune.tune.settings import study_name
+    from relaxtune.tune.settings import TuneSettings, study_name
     from relaxtune.tune.stopping import guarded
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
@@ -164,11 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
     evaluate = Synthetic(args.cliff, args.drop, delay=args.delay, strict_accept=args.strict_accept)
     with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
-        config, _ = run_tune_job(settings, SyntheticPair(), progress=False, worker=args.worker, evaluate_fn=evaluate,
-                                 log=log)
-    print(json.dumps({"worker": args.worker, "started": started, "ended": time.time(),
-                      "cpu": time.process_time() - cpu, "generated": len(evaluate.generated),
-                      "config": config.model_dump(mode="json")}), flush=True)
+        config, _ = run_tune_job(
+            settings, SyntheticPair(), progress=False, worker=args.worker, evaluate_fn=evaluate, log=log
+        )
+    print(
+        json.dumps(
+            {
+                "worker": args.worker,
+                "started": started,
+                "ended": time.time(),
+                "cpu": time.process_time() - cpu,
+                "generated": len(evaluate.generated),
+                "config": config.model_dump(mode="json"),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -13,8 +13,10 @@ def cell_text(cell) -> str:
     if cell.error:
         return f"{OVER} failed"
     m = cell.metrics
-    return (f"{WITHIN if cell.within else OVER} \u2264{m['drop_ucb']:.3f}\n\u03b5 {cell.epsilon:g} \u00b7 "
-            f"{m['speedup']:.2f}x\nn={m['n']}")
+    return (
+        f"{WITHIN if cell.within else OVER} \u2264{m['drop_ucb']:.3f}\n\u03b5 {cell.epsilon:g} \u00b7 "
+        f"{m['speedup']:.2f}x\nn={m['n']}"
+    )
 
 
 def _row_label(matrix, method: str, source: str) -> str:
@@ -70,11 +72,18 @@ def matrix_figure(matrix):
             for j, target in enumerate(tasks):
                 c = matrix.cell(method, source, target)
                 text = "no tuned\npoint" if c is None else cell_text(c)
-                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="0.3" if c is None else "black",
-                        bbox=None if c is None else dict(boxstyle="round,pad=0.25", fc="white", ec="none", alpha=0.75))
+                ax.text(
+                    j,
+                    i,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="0.3" if c is None else "black",
+                    bbox=None if c is None else dict(boxstyle="round,pad=0.25", fc="white", ec="none", alpha=0.75),
+                )
                 if c is not None and not c.within:
-                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.35",
-                                           lw=0))
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.35", lw=0))
                 if source == target:
                     ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="black", lw=1.8))
         ax.set_xticks(range(k), tasks, rotation=20, ha="right")
@@ -82,8 +91,11 @@ def matrix_figure(matrix):
         ax.set_xlabel("target task (judged on)")
         ax.set_title(method)
     axes[0][0].set_ylabel("source task (tuned on)")
-    fig.suptitle(f"Transfer: drop upper bound vs the target's \u03b5 ({matrix.confidence_each:.2%} one-sided each; "
-                 f"{len(matrix.cells)} cells, {matrix.confidence:.0%} together)", fontsize=9)
+    fig.suptitle(
+        f"Transfer: drop upper bound vs the target's \u03b5 ({matrix.confidence_each:.2%} one-sided each; "
+        f"{len(matrix.cells)} cells, {matrix.confidence:.0%} together)",
+        fontsize=9,
+    )
     bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85)
     bar.set_label("drop bound \u2212 \u03b5 (accuracy)", fontsize=8)
     return fig

@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..report.export import Transfer, TransferCell, load_config, save_config
 
 __all__ = ["Cell", "TransferMatrix", "sections", "write_sections", "RULE"]
 
-RULE = ("Bonferroni: the confidence c is split evenly over the K cells judged (methods x sources with a confirmed "
-        "point x targets, the diagonal included); each is judged at 1 - (1 - c) / K, so every cell marked within "
-        "epsilon holds at once with confidence c")
+RULE = (
+    "Bonferroni: the confidence c is split evenly over the K cells judged (methods x sources with a confirmed "
+    "point x targets, the diagonal included); each is judged at 1 - (1 - c) / K, so every cell marked within "
+    "epsilon holds at once with confidence c"
+)
 
 
 @dataclass
@@ -50,18 +52,36 @@ class Cell:
     def exported(self) -> TransferCell:
         """The cell as the tuned configs show it."""
         m = self.metrics
-        return TransferCell(knob=self.knob, n_draft=self.n_draft, within_epsilon=self.within, epsilon=self.epsilon,
-                            drop_upper_bound=m.get("drop_ucb"), drop=m.get("drop"), n=m.get("n"),
-                            problems=self.problems, seed=self.seed, samples=self.samples, accuracy=m.get("accuracy"),
-                            strict_accuracy=m.get("strict_accuracy"), modeled_speedup=m.get("speedup"),
-                            error=self.error)
+        return TransferCell(
+            knob=self.knob,
+            n_draft=self.n_draft,
+            within_epsilon=self.within,
+            epsilon=self.epsilon,
+            drop_upper_bound=m.get("drop_ucb"),
+            drop=m.get("drop"),
+            n=m.get("n"),
+            problems=self.problems,
+            seed=self.seed,
+            samples=self.samples,
+            accuracy=m.get("accuracy"),
+            strict_accuracy=m.get("strict_accuracy"),
+            modeled_speedup=m.get("speedup"),
+            error=self.error,
+        )
 
     def row(self) -> dict:
         """One row of the transfer table: the exported cell, where it sits, and how it was bounded."""
         m = self.metrics
-        return {"method": self.method, "source": self.source, "target": self.target} | self.exported().model_dump() | {
-            "confidence": self.confidence, "bound_method": m.get("bound_method"), "l_accept": m.get("l_accept"),
-            "length_ratio": m.get("length_ratio")}
+        return (
+            {"method": self.method, "source": self.source, "target": self.target}
+            | self.exported().model_dump()
+            | {
+                "confidence": self.confidence,
+                "bound_method": m.get("bound_method"),
+                "l_accept": m.get("l_accept"),
+                "length_ratio": m.get("length_ratio"),
+            }
+        )
 
 
 @dataclass
@@ -106,14 +126,23 @@ def sections(matrix: TransferMatrix, mlflow: dict[str, dict] | None = None) -> d
                 sources.setdefault(c.source, {})[c.method] = c.exported()
             elif c.source == name:
                 targets.setdefault(c.target, {})[c.method] = c.exported()
-        out[name] = Transfer(tasks=matrix.tasks, confidence=matrix.confidence, confidence_each=matrix.confidence_each,
-                             cells=len(matrix.cells), rule=RULE, sources=sources, targets=targets, created=created,
-                             mlflow=(mlflow or {}).get(name))
+        out[name] = Transfer(
+            tasks=matrix.tasks,
+            confidence=matrix.confidence,
+            confidence_each=matrix.confidence_each,
+            cells=len(matrix.cells),
+            rule=RULE,
+            sources=sources,
+            targets=targets,
+            created=created,
+            mlflow=(mlflow or {}).get(name),
+        )
     return out
 
 
-def write_sections(tuned: dict, parts: dict[str, Transfer],
-                   log: Callable[[str], None] = lambda message: None) -> list[Path]:
+def write_sections(
+    tuned: dict, parts: dict[str, Transfer], log: Callable[[str], None] = lambda message: None
+) -> list[Path]:
     """Write each task's ``transfer`` section into its tuned config (``tuned``: task
     name -> ``relaxtune.transfer.run.TunedTask``; the file is read again first, and one
     tuned again since the transfer read it is left alone, and said so). Returns
@@ -123,8 +152,10 @@ def write_sections(tuned: dict, parts: dict[str, Transfer],
         task = tuned[name]
         current = load_config(task.path)
         if current.created != task.config.created:
-            log(f"{task.path} changed during the transfer (tuned again?): its transfer section is not written; run "
-                "`relaxtune transfer` again")
+            log(
+                f"{task.path} changed during the transfer (tuned again?): its transfer section is not written; run "
+                "`relaxtune transfer` again"
+            )
             continue
         written.append(save_config(current.model_copy(update={"transfer": part}), task.path))
     return written

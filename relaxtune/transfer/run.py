@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -43,8 +43,18 @@ from ..tune.judge import constraint_values
 from ..tune.settings import TuneSettings
 from .matrix import RULE, Cell, TransferMatrix, sections, write_sections
 
-__all__ = ["TransferError", "TunedTask", "Cell", "TransferMatrix", "load_tuned", "tuned_point", "plan_cells",
-           "evaluate_cells", "run_transfer", "RULE"]
+__all__ = [
+    "TransferError",
+    "TunedTask",
+    "Cell",
+    "TransferMatrix",
+    "load_tuned",
+    "tuned_point",
+    "plan_cells",
+    "evaluate_cells",
+    "run_transfer",
+    "RULE",
+]
 
 
 class TransferError(ValueError):
@@ -95,28 +105,56 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
     job = job if isinstance(job, dict) else {}
     path = Path(job.get("export") or Path(output_dir) / f"{spec.name}.tuned.yaml")
     if not path.exists():
-        raise TransferError(f"no tuned config for {spec.name} at {path}: run `relaxtune tune --task {task} "
-                            f"--output-dir {output_dir}` first")
+        raise TransferError(
+            f"no tuned config for {spec.name} at {path}: run `relaxtune tune --task {task} "
+            f"--output-dir {output_dir}` first"
+        )
     try:
         config = load_config(path)
     except ValueError as err:
-        raise TransferError(f"{path} is not a tuned config of this relaxtune ({err}); re-export it with "
-                            "`relaxtune export`") from None
+        raise TransferError(
+            f"{path} is not a tuned config of this relaxtune ({err}); re-export it with `relaxtune export`"
+        ) from None
     if config.task_version != spec.version:
-        raise TransferError(f"{path} was tuned for {spec.name} v{config.task_version}, the task is now "
-                            f"v{spec.version}: run `relaxtune tune --task {task}` again")
+        raise TransferError(
+            f"{path} was tuned for {spec.name} v{config.task_version}, the task is now "
+            f"v{spec.version}: run `relaxtune tune --task {task}` again"
+        )
     holdout = config.confirmation.get("samples") == "holdout"
     limit = config.problems + (config.confirmation["problems"] if holdout else 0)
     everything = load_problems(spec, limit)
     search, held = holdout_split(everything, config.seed) if holdout else (everything, everything)
     if len(search) != config.problems:
-        raise TransferError(f"{spec.name} has {len(everything)} problems now, its tuned config ran on "
-                            f"{config.problems}{' (search half)' if holdout else ''}: its data changed; re-tune it")
-    keep = {k: job[k] for k in ("max_length_ratio", "max_truncated", "drafter_url", "verifier_url", "tokenizer",
-                                "native_url", "concurrency") if job.get(k) is not None}
-    settings = TuneSettings(task=task, epsilon=config.epsilon, confidence=config.confidence, seed=config.seed,
-                            limit=limit, confirm="holdout" if holdout else "seeds", drafter=config.drafter,
-                            verifier=config.verifier, dtype=config.dtype, output_dir=str(output_dir), **keep)
+        raise TransferError(
+            f"{spec.name} has {len(everything)} problems now, its tuned config ran on "
+            f"{config.problems}{' (search half)' if holdout else ''}: its data changed; re-tune it"
+        )
+    keep = {
+        k: job[k]
+        for k in (
+            "max_length_ratio",
+            "max_truncated",
+            "drafter_url",
+            "verifier_url",
+            "tokenizer",
+            "native_url",
+            "concurrency",
+        )
+        if job.get(k) is not None
+    }
+    settings = TuneSettings(
+        task=task,
+        epsilon=config.epsilon,
+        confidence=config.confidence,
+        seed=config.seed,
+        limit=limit,
+        confirm="holdout" if holdout else "seeds",
+        drafter=config.drafter,
+        verifier=config.verifier,
+        dtype=config.dtype,
+        output_dir=str(output_dir),
+        **keep,
+    )
     profile = CostProfile.from_dict(config.cost_profile) if config.cost_profile else config.c_rel
     return TunedTask(spec, config, path, settings, search, held, profile)
 
@@ -141,16 +179,28 @@ def _profile(target: TunedTask, source: TunedTask, n_draft: int) -> CostProfile 
     """The target's costs; a round cost at a draft length the target never measured
     comes from the source's profile (same pair and machine) when it has it."""
     mine, theirs = target.profile, source.profile
-    if (isinstance(mine, CostProfile) and isinstance(theirs, CostProfile) and n_draft + 1 not in mine.t_verify
-            and n_draft + 1 in theirs.t_verify):
-        return CostProfile(mine.t_ar, mine.t_draft, {**mine.t_verify, n_draft + 1: theirs.t_verify[n_draft + 1]},
-                           mine.source)
+    if (
+        isinstance(mine, CostProfile)
+        and isinstance(theirs, CostProfile)
+        and n_draft + 1 not in mine.t_verify
+        and n_draft + 1 in theirs.t_verify
+    ):
+        return CostProfile(
+            mine.t_ar, mine.t_draft, {**mine.t_verify, n_draft + 1: theirs.t_verify[n_draft + 1]}, mine.source
+        )
     return mine
 
 
-def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: float, backend, *,
-                   evaluate_fn: Callable | None = None, progress: bool = True,
-                   log: Callable[[str], None] = lambda message: None) -> TransferMatrix:
+def evaluate_cells(
+    tuned: dict[str, TunedTask],
+    methods: list[str],
+    confidence: float,
+    backend,
+    *,
+    evaluate_fn: Callable | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda message: None,
+) -> TransferMatrix:
     """Judge every cell of ``plan_cells`` (module doc: samples and confidence split).
 
     Args:
@@ -172,16 +222,36 @@ def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: 
         knob, n_draft, confirm_seed = tuned_point(src.config, method)
         diagonal = source == target
         problems, seed = (tgt.confirm, confirm_seed) if diagonal else (tgt.search, tgt.config.seed)
-        cell = Cell(method, source, target, knob, n_draft, "confirmation" if diagonal else "search", seed,
-                    len(problems), tgt.config.epsilon, level)
+        cell = Cell(
+            method,
+            source,
+            target,
+            knob,
+            n_draft,
+            "confirmation" if diagonal else "search",
+            seed,
+            len(problems),
+            tgt.config.epsilon,
+            level,
+        )
         try:
-            cell.metrics, _, _ = fresh_point(tgt.spec, backend, method, knob, n_draft, problems, seed,
-                                             profile=_profile(tgt, src, n_draft), confidence=level,
-                                             output_dir=tgt.settings.output_dir, evaluate_fn=evaluate_fn,
-                                             progress=progress)
+            cell.metrics, _, _ = fresh_point(
+                tgt.spec,
+                backend,
+                method,
+                knob,
+                n_draft,
+                problems,
+                seed,
+                profile=_profile(tgt, src, n_draft),
+                confidence=level,
+                output_dir=tgt.settings.output_dir,
+                evaluate_fn=evaluate_fn,
+                progress=progress,
+            )
             judge = tgt.settings.model_copy(update={"confidence": level})
             cell.within = all(v <= 0 for v in constraint_values(cell.metrics, judge).values())
-        except Exception as err:  # noqa: BLE001 - one failed cell must not lose the others
+        except Exception as err:
             cell.error = f"{type(err).__name__}: {err}"
         knob_text = "" if knob is None else f" {src.config.methods[method].knob_name}={knob:g}"
         head = f"[{i}/{len(planned)}] {method}{knob_text} N={n_draft}: {source} -> {target} ({cell.samples} samples)"
@@ -189,9 +259,12 @@ def evaluate_cells(tuned: dict[str, TunedTask], methods: list[str], confidence: 
             log(f"{head}: FAILED ({cell.error})")
         else:
             m = cell.metrics
-            log(f"{head}: accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f} (n={m['n']}), drop <= "
+            log(
+                f"{head}: accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f} (n={m['n']}), drop <= "
                 f"{m['drop_ucb']:.3f} at {level:.1%}, epsilon {cell.epsilon:g}: "
-                + ("within" if cell.within else "OVER") + f", speed-up {m['speedup']:.2f}")
+                + ("within" if cell.within else "OVER")
+                + f", speed-up {m['speedup']:.2f}"
+            )
         cells.append(cell)
     configs = [(name, t.config.task_version, t.config.created) for name, t in tuned.items()]
     pair = getattr(backend, "name", "backend")
@@ -208,23 +281,37 @@ def _methods(tuned: dict[str, TunedTask], methods: list[str] | None) -> list[str
     """
     from ..decoding.methods import get_method
 
-    confirmed = list(dict.fromkeys(m for t in tuned.values() for m in t.config.methods
-                                   if tuned_point(t.config, m) is not None))
+    confirmed = list(
+        dict.fromkeys(m for t in tuned.values() for m in t.config.methods if tuned_point(t.config, m) is not None)
+    )
     for m in methods or []:
         get_method(m)
         if m not in confirmed:
-            raise TransferError(f"no task has a confirmed point for {m} (confirmed: {', '.join(confirmed) or 'none'}): "
-                                "tune it, or leave it out of --methods")
+            raise TransferError(
+                f"no task has a confirmed point for {m} (confirmed: {', '.join(confirmed) or 'none'}): "
+                "tune it, or leave it out of --methods"
+            )
     if not confirmed:
-        raise TransferError("no task has a confirmed point for any method, so no setting can transfer: tune with more "
-                            "problems (--limit) or a larger --epsilon (see `relaxtune plan`)")
+        raise TransferError(
+            "no task has a confirmed point for any method, so no setting can transfer: tune with more "
+            "problems (--limit) or a larger --epsilon (see `relaxtune plan`)"
+        )
     return list(methods or confirmed)
 
 
-def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence: float | None = None, *,
-                 output_dir: str | Path = "relaxtune-runs", mlflow_uri: str | None = None, backend=None,
-                 evaluate_fn: Callable | None = None, progress: bool = True, track: bool = True,
-                 log: Callable[[str], None] = print) -> tuple[TransferMatrix, list[Path]]:
+def run_transfer(
+    tasks: list[str],
+    methods: list[str] | None = None,
+    confidence: float | None = None,
+    *,
+    output_dir: str | Path = "relaxtune-runs",
+    mlflow_uri: str | None = None,
+    backend=None,
+    evaluate_fn: Callable | None = None,
+    progress: bool = True,
+    track: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[TransferMatrix, list[Path]]:
     """The transfer matrix of ``tasks`` end to end: read their tuned configs, judge
     every cell, log the table and figure to MLflow (``relaxtune.transfer.tracking``),
     write each config's ``transfer`` section.
@@ -256,17 +343,21 @@ def run_transfer(tasks: list[str], methods: list[str] | None = None, confidence:
         raise TransferError("a transfer needs at least two tasks (--tasks A,B)")
     pairs = {(t.config.drafter, t.config.verifier, t.config.dtype) for t in tuned.values()}
     if len(pairs) > 1:
-        raise TransferError("the tuned configs come from different model pairs (" + "; ".join(
-            f"{n}: {t.config.drafter} -> {t.config.verifier} ({t.config.dtype})" for n, t in tuned.items())
-            + "): a transfer compares tasks on one pair; tune them all with the same --drafter, --verifier, --dtype")
+        raise TransferError(
+            "the tuned configs come from different model pairs ("
+            + "; ".join(f"{n}: {t.config.drafter} -> {t.config.verifier} ({t.config.dtype})" for n, t in tuned.items())
+            + "): a transfer compares tasks on one pair; tune them all with the same --drafter, --verifier, --dtype"
+        )
     methods = _methods(tuned, methods)
     if confidence is None:
         confidence = max(t.config.confidence for t in tuned.values())
     if not 0 < confidence < 1:
         raise TransferError(f"confidence must be in (0, 1), got {confidence}")
     cells = plan_cells(tuned, methods)
-    log(f"{len(cells)} cells ({', '.join(methods)}: each source's confirmed point on every task), each judged at "
-        f"{split_confidence(confidence, len(cells)):.2%} one-sided")
+    log(
+        f"{len(cells)} cells ({', '.join(methods)}: each source's confirmed point on every task), each judged at "
+        f"{split_confidence(confidence, len(cells)):.2%} one-sided"
+    )
     if backend is None:
         first = next(iter(tuned.values())).settings
         log(f"loading {first.drafter} -> {first.verifier} (generates only samples not recorded yet)")

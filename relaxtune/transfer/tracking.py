@@ -51,8 +51,14 @@ def log_transfer(matrix, uri: str | None = None) -> dict[str, dict]:
     uri = uri or DEFAULT_URI
     client = MlflowClient(uri)
     name = "transfer__" + "+".join(matrix.tasks)
-    params = {"tasks": ",".join(matrix.tasks), "methods": ",".join(matrix.methods), "pair": matrix.pair,
-              "confidence": matrix.confidence, "confidence_each": matrix.confidence_each, "cells": len(matrix.cells)}
+    params = {
+        "tasks": ",".join(matrix.tasks),
+        "methods": ",".join(matrix.methods),
+        "pair": matrix.pair,
+        "confidence": matrix.confidence,
+        "confidence_each": matrix.confidence_each,
+        "cells": len(matrix.cells),
+    }
     fig = matrix_figure(matrix)
     rows = matrix.rows()
     runs = {}
@@ -66,14 +72,25 @@ def log_transfer(matrix, uri: str | None = None) -> dict[str, dict]:
             cells = [c for c in matrix.cells if tasks is None or c.target in tasks]
             logged = client.get_run(run_id).data.params  # params are write-once
             now = int(time.time() * 1000)
-            client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in _metrics(cells, tasks is None).items()],
-                             params=[Param(k, str(v)) for k, v in params.items() if k not in logged],
-                             tags=[RunTag("relaxtune.tasks", params["tasks"])])
+            client.log_batch(
+                run_id,
+                metrics=[Metric(k, v, now, 0) for k, v in _metrics(cells, tasks is None).items()],
+                params=[Param(k, str(v)) for k, v in params.items() if k not in logged],
+                tags=[RunTag("relaxtune.tasks", params["tasks"])],
+            )
             client.log_figure(run_id, fig, "transfer_matrix.png")
             log_table(client, run_id, rows, "transfer_matrix.json")
             client.set_terminated(run_id)
             runs[experiment] = run_id
     finally:
         plt.close(fig)
-    return {t: {"tracking_uri": uri, "experiment": f"relaxtune-{t}", "run_id": runs[f"relaxtune-{t}"],
-                "cross_experiment": CROSS_EXPERIMENT, "cross_run_id": runs[CROSS_EXPERIMENT]} for t in matrix.tasks}
+    return {
+        t: {
+            "tracking_uri": uri,
+            "experiment": f"relaxtune-{t}",
+            "run_id": runs[f"relaxtune-{t}"],
+            "cross_experiment": CROSS_EXPERIMENT,
+            "cross_run_id": runs[CROSS_EXPERIMENT],
+        }
+        for t in matrix.tasks
+    }

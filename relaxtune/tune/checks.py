@@ -51,20 +51,30 @@ def check_confirmable(problems: int, stats, repeats: int, planned: int) -> str |
     if floor <= stats.epsilon:
         return None
     need = (2 if holdout else 1) * fewest_problems(stats.epsilon, each, repeats) if stats.epsilon > 0 else None
-    where = (f"--confirm holdout keeps {held} of the {problems} problems for confirmation" if holdout else
-             f"--confirm seeds confirms on the {problems} problems")
-    message = (f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({stats.confidence:g} split "
-               f"over {planned} planned confirmation(s)), and their smallest certifiable drop is {floor:.3f} > epsilon "
-               f"{stats.epsilon:g}; "
-               + (f"at least {need} problems (--limit) would let a confirmation pass (fewer methods or "
-                  "--confirmations split the confidence less), or a larger --epsilon" if need else
-                  "no sample certifies a drop of 0 when relaxed and strict agree: use a larger --epsilon")
-               + "; `relaxtune plan` says what certifies with a given power")
+    where = (
+        f"--confirm holdout keeps {held} of the {problems} problems for confirmation"
+        if holdout
+        else f"--confirm seeds confirms on the {problems} problems"
+    )
+    message = (
+        f"no confirmation can pass: {where}, judged at {each:.4g} one-sided ({stats.confidence:g} split "
+        f"over {planned} planned confirmation(s)), and their smallest certifiable drop is {floor:.3f} > epsilon "
+        f"{stats.epsilon:g}; "
+        + (
+            f"at least {need} problems (--limit) would let a confirmation pass (fewer methods or "
+            "--confirmations split the confidence less), or a larger --epsilon"
+            if need
+            else "no sample certifies a drop of 0 when relaxed and strict agree: use a larger --epsilon"
+        )
+        + "; `relaxtune plan` says what certifies with a given power"
+    )
     search_floor = smallest_certifiable_drop(search, repeats, stats.confidence) if search else 1.0
     if search_floor <= stats.epsilon:
         raise ConfirmationError(message)
-    return (f"{message}. The search cannot certify epsilon either (its {search} problems: {search_floor:.3f} at "
-            f"{stats.confidence:g}): this job explores and will recommend strict")
+    return (
+        f"{message}. The search cannot certify epsilon either (its {search} problems: {search_floor:.3f} at "
+        f"{stats.confidence:g}): this job explores and will recommend strict"
+    )
 
 
 def check_search_problems(storage_url: str, methods: list[str], spec, pair: str, problems, confirm: str) -> str:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import filelock
 

@@ -33,21 +33,33 @@ problems (their sampling noise), not new ones, and every output says so.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..tasks.spec import Problem
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
 from .judge import constraint_values, drop_ucb_at, point_metrics
 from .tuning import candidates
 
-__all__ = ["Attempt", "Confirmation", "confirm", "fresh_point", "confirmation_seed", "holdout_split",
-           "split_confidence", "planned_confirmations", "promise", "RULE"]
+__all__ = [
+    "Attempt",
+    "Confirmation",
+    "confirm",
+    "fresh_point",
+    "confirmation_seed",
+    "holdout_split",
+    "split_confidence",
+    "planned_confirmations",
+    "promise",
+    "RULE",
+]
 
-RULE = ("Bonferroni: the confidence c is split evenly over the T confirmations the job allows, fixed before any "
-        "generation (sum over methods of min(--confirmations, --trials), one for a pinned point); each is judged at "
-        "1 - (1 - c) / T, so every confirmed point holds at once with confidence c")
+RULE = (
+    "Bonferroni: the confidence c is split evenly over the T confirmations the job allows, fixed before any "
+    "generation (sum over methods of min(--confirmations, --trials), one for a pinned point); each is judged at "
+    "1 - (1 - c) / T, so every confirmed point holds at once with confidence c"
+)
 
 
 def planned_confirmations(settings, pinned: set[str] = frozenset()) -> int:
@@ -59,14 +71,18 @@ def planned_confirmations(settings, pinned: set[str] = frozenset()) -> int:
 def promise(confirm: str, confidence: float, epsilon: float, problems: int) -> str:
     """The exported promise in words, for the YAML, the summary and the MLflow task run."""
     if confirm == "holdout":
-        return (f"over problems like this task's, the true accuracy drop vs strict of every exported point is at most "
-                f"{epsilon:g} with confidence {confidence:g}: the {problems} confirmation problems were held out "
-                "before any generation, so the promise covers the search and its choice among every method, knob "
-                "and N it tried")
-    return (f"about these {problems} problems, not new ones: the confirmation re-ran the search's own problems with "
-            f"fresh seeds, so the drop of at most {epsilon:g} (confidence {confidence:g}) holds for their sampling "
-            "noise only, and the choice among the points the search tried is not covered (at temperature 0 fresh "
-            "seeds replay the search's outcomes); use --confirm holdout for a promise about new problems")
+        return (
+            f"over problems like this task's, the true accuracy drop vs strict of every exported point is at most "
+            f"{epsilon:g} with confidence {confidence:g}: the {problems} confirmation problems were held out "
+            "before any generation, so the promise covers the search and its choice among every method, knob "
+            "and N it tried"
+        )
+    return (
+        f"about these {problems} problems, not new ones: the confirmation re-ran the search's own problems with "
+        f"fresh seeds, so the drop of at most {epsilon:g} (confidence {confidence:g}) holds for their sampling "
+        "noise only, and the choice among the points the search tried is not covered (at temperature 0 fresh "
+        "seeds replay the search's outcomes); use --confirm holdout for a promise about new problems"
+    )
 
 
 def confirmation_seed(seed: int, attempt: int) -> int:
@@ -122,12 +138,26 @@ class Attempt:
     def summary(self) -> dict:
         """The numbers the export and MLflow show."""
         m = self.metrics
-        return {"attempt": self.attempt, "trial": self.trial, "knob": self.knob, "n_draft": self.n_draft,
-                "seed": self.seed, "confidence": self.confidence, "passed": self.passed, "n": m["n"],
-                "problems": m["problems"], "accuracy": m["accuracy"], "strict_accuracy": m["strict_accuracy"],
-                "drop": m["drop"], "drop_upper_bound": m["drop_ucb"], "bound_method": m["bound_method"],
-                "search_drop_upper_bound": self.search_drop_upper_bound, "l_accept": m["l_accept"],
-                "length_ratio": m["length_ratio"], "modeled_speedup": m["speedup"]}
+        return {
+            "attempt": self.attempt,
+            "trial": self.trial,
+            "knob": self.knob,
+            "n_draft": self.n_draft,
+            "seed": self.seed,
+            "confidence": self.confidence,
+            "passed": self.passed,
+            "n": m["n"],
+            "problems": m["problems"],
+            "accuracy": m["accuracy"],
+            "strict_accuracy": m["strict_accuracy"],
+            "drop": m["drop"],
+            "drop_upper_bound": m["drop_ucb"],
+            "bound_method": m["bound_method"],
+            "search_drop_upper_bound": self.search_drop_upper_bound,
+            "l_accept": m["l_accept"],
+            "length_ratio": m["length_ratio"],
+            "modeled_speedup": m["speedup"],
+        }
 
 
 @dataclass
@@ -149,9 +179,21 @@ class Confirmation:
         return next((a for a in self.attempts if a.passed), None)
 
 
-def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, problems: list[Problem], seed: int, *,
-                profile, confidence: float, output_dir: str, evaluate_fn: Callable | None = None,
-                progress: bool = False) -> tuple[dict, EvalResult, EvalResult]:
+def fresh_point(
+    spec,
+    backend,
+    method: str,
+    knob: float | None,
+    n_draft: int,
+    problems: list[Problem],
+    seed: int,
+    *,
+    profile,
+    confidence: float,
+    output_dir: str,
+    evaluate_fn: Callable | None = None,
+    progress: bool = False,
+) -> tuple[dict, EvalResult, EvalResult]:
     """Run a point and strict at the same draft length on ``problems`` with base
     ``seed`` (e.g. ``confirmation_seed(job seed, attempt)``) and judge the pair, for
     any task: a confirmation, or a point tuned on one task evaluated on another.
@@ -168,12 +210,20 @@ def fresh_point(spec, backend, method: str, knob: float | None, n_draft: int, pr
     """
     fn = evaluate_fn or evaluate
     configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed)
-    strict, relaxed = (fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs)
+    strict, relaxed = (
+        fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs
+    )
     return point_metrics(strict, relaxed, n_draft, profile, confidence), strict, relaxed
 
 
-def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool = True,
-            log: Callable[[str], None] = lambda message: None) -> dict[str, Confirmation]:
+def confirm(
+    tuner,
+    outcomes: list,
+    problems: list[Problem],
+    *,
+    new_trials: bool = True,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Confirmation]:
     """Confirm each method's candidates in turn (``relaxtune.tune.tuning.candidates``:
     feasible, not dominated by strict, best first) until one passes or
     ``settings.confirmations`` failed (module doc for the confidence split).
@@ -191,8 +241,10 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
     s = tuner.settings
     ranked = {o.method: candidates(o.study, s.stats, tuner.strict_points())[: s.confirmations] for o in outcomes}
     pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
-    planned = max(planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned),
-                  sum(len(c) for c in ranked.values()))  # the max guards settings edited between tune and export
+    planned = max(
+        planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned),
+        sum(len(c) for c in ranked.values()),
+    )  # the max guards settings edited between tune and export
     level = split_confidence(s.confidence, planned)
     judge = s.stats.model_copy(update={"confidence": level})
     out: dict[str, Confirmation] = {}
@@ -203,20 +255,36 @@ def confirm(tuner, outcomes: list, problems: list[Problem], *, new_trials: bool 
         for k, trial in enumerate(trials, 1):
             knob, n_draft, seed = trial.params.get("knob"), trial.params["n_draft"], confirmation_seed(s.seed, k)
             if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems):
-                result.missing = (f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
-                                  "generates; run `relaxtune tune` to confirm")
+                result.missing = (
+                    f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
+                    "generates; run `relaxtune tune` to confirm"
+                )
                 log(f"{method}: {result.missing}")
                 break
-            m, strict, relaxed = fresh_point(tuner.spec, tuner.backend, method, knob, n_draft, problems, seed,
-                                             profile=tuner.profile, confidence=level, output_dir=s.output_dir,
-                                             evaluate_fn=tuner.evaluate_ranges, progress=tuner.progress)
+            m, strict, relaxed = fresh_point(
+                tuner.spec,
+                tuner.backend,
+                method,
+                knob,
+                n_draft,
+                problems,
+                seed,
+                profile=tuner.profile,
+                confidence=level,
+                output_dir=s.output_dir,
+                evaluate_fn=tuner.evaluate_ranges,
+                progress=tuner.progress,
+            )
             passed = all(v <= 0 for v in constraint_values(m, judge).values())
             search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
-            result.attempts.append(Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed,
-                                           strict, relaxed))
-            log(f"confirmation {k}/{len(trials)} of {method} (trial {trial.number}, N={n_draft}) on {m['problems']} "
+            result.attempts.append(
+                Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed, strict, relaxed)
+            )
+            log(
+                f"confirmation {k}/{len(trials)} of {method} (trial {trial.number}, N={n_draft}) on {m['problems']} "
                 f"fresh problems x repeats: drop <= {m['drop_ucb']:.3f} at {level:.1%} (search: <= {search_ucb:.3f}): "
-                + ("confirmed" if passed else f"FAILED (epsilon {s.epsilon:g})"))
+                + ("confirmed" if passed else f"FAILED (epsilon {s.epsilon:g})")
+            )
             if passed:
                 break
     return out
@@ -228,6 +296,10 @@ def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, p
 
     pair = getattr(tuner.backend, "name", "backend")
     native = "+native" if native_server(tuner.backend, method) is not None else ""  # as evaluate names them
-    return all(records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
-               for config, name in ((DecodeConfig("strict", None, n_draft, seed), pair),
-                                    (DecodeConfig(method, knob, n_draft, seed), pair + native)))
+    return all(
+        records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
+        for config, name in (
+            (DecodeConfig("strict", None, n_draft, seed), pair),
+            (DecodeConfig(method, knob, n_draft, seed), pair + native),
+        )
+    )

@@ -30,16 +30,27 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..decoding.methods import get_method
 from ..decoding.speed import CostProfile
 from .progress import LENGTH_PRIOR, prior_length
 
-__all__ = ["Phase", "JobEstimate", "estimate_job", "announce", "machine_load", "prior_length", "clock", "ACCEPT_PRIOR",
-           "LENGTH_PRIOR", "BATCH_EXPONENT", "BUSY_FACTOR"]
+__all__ = [
+    "Phase",
+    "JobEstimate",
+    "estimate_job",
+    "announce",
+    "machine_load",
+    "prior_length",
+    "clock",
+    "ACCEPT_PRIOR",
+    "LENGTH_PRIOR",
+    "BATCH_EXPONENT",
+    "BUSY_FACTOR",
+]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
 BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9, "llamacpp": 0.1}  # throughput of B rows = B ** exponent x one row's
@@ -115,20 +126,29 @@ class JobEstimate:
     def lines(self) -> list[str]:
         """The plan as the job prints it: one line per phase, the estimate, the machine."""
         out = [f"plan: {p.name}: {_samples(p)}, about {_num(p.tokens)} tokens ({p.detail})" for p in self.phases]
-        assumed = (f"{self.length:.0f} tokens per response ({self.length_from}), {self.accept:.0%} of N drafts "
-                   f"accepted, batch {self.batch}")
+        assumed = (
+            f"{self.length:.0f} tokens per response ({self.length_from}), {self.accept:.0%} of N drafts "
+            f"accepted, batch {self.batch}"
+        )
         if self.seconds is None:
             out.append(f"estimate: no wall time (no measured cost profile to price tokens with); assumes {assumed}")
         else:
-            out.append(f"estimate: about {clock(self.seconds)} for strict and the trials ({clock(self.least_seconds)}"
-                       f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
-                       f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
-                       f"now; assumes {assumed}; the progress lines correct it from the measured throughput")
+            out.append(
+                f"estimate: about {clock(self.seconds)} for strict and the trials ({clock(self.least_seconds)}"
+                f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
+                f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
+                f"now; assumes {assumed}; the progress lines correct it from the measured throughput"
+            )
         if self.busy:
-            idle = (f"; at the saved profile's speed it would take about {clock(self.seconds / self.slowdown)}"
-                    if self.seconds is not None and self.slowdown and self.slowdown > BUSY_FACTOR else "")
-            out.append(f"machine looks busy: {'; '.join(self.busy)}. The estimate is at the speed measured now and "
-                       f"grows if the other work grows{idle}. For the README's timings run it on an idle machine.")
+            idle = (
+                f"; at the saved profile's speed it would take about {clock(self.seconds / self.slowdown)}"
+                if self.seconds is not None and self.slowdown and self.slowdown > BUSY_FACTOR
+                else ""
+            )
+            out.append(
+                f"machine looks busy: {'; '.join(self.busy)}. The estimate is at the speed measured now and "
+                f"grows if the other work grows{idle}. For the README's timings run it on an idle machine."
+            )
         return out
 
 
@@ -160,10 +180,21 @@ def machine_load() -> tuple[float | None, int]:
         return None, cores
 
 
-def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostProfile | float,
-                 measured: CostProfile | None = None, saved: CostProfile | None = None, *,
-                 length: tuple[float, str] | None = None, batch_size: int = 8, device: str = "cpu",
-                 strict_done: int = 0, load: tuple[float | None, int] | None = None) -> JobEstimate:
+def estimate_job(
+    settings,
+    spec,
+    n_search: int,
+    n_confirm: int,
+    profile: CostProfile | float,
+    measured: CostProfile | None = None,
+    saved: CostProfile | None = None,
+    *,
+    length: tuple[float, str] | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    strict_done: int = 0,
+    load: tuple[float | None, int] | None = None,
+) -> JobEstimate:
     """The job's plan and expected wall time (see the module doc for the formula).
 
     Args:
@@ -188,15 +219,18 @@ def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostPro
             response length that is not a finite number >= 0.
     """
     if min(n_search, n_confirm, strict_done) < 0 or batch_size < 1:
-        raise ValueError(f"estimate_job: counts must be >= 0 and batch_size >= 1 (n_search {n_search}, n_confirm "
-                         f"{n_confirm}, strict_done {strict_done}, batch_size {batch_size})")
+        raise ValueError(
+            f"estimate_job: counts must be >= 0 and batch_size >= 1 (n_search {n_search}, n_confirm "
+            f"{n_confirm}, strict_done {strict_done}, batch_size {batch_size})"
+        )
     if length is not None and not (math.isfinite(length[0]) and length[0] >= 0):
         raise ValueError(f"estimate_job: the response length must be a finite number >= 0, got {length[0]}")
     repeats = spec.repeats
     strict_done = min(strict_done, n_search * repeats)  # more recorded than the search needs: nothing left to do
-    length_tokens, length_from = length or (LENGTH_PRIOR * spec.max_new_tokens,
-                                            f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token "
-                                            "budget")
+    length_tokens, length_from = length or (
+        LENGTH_PRIOR * spec.max_new_tokens,
+        f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token budget",
+    )
     speed = measured or (profile if isinstance(profile, CostProfile) else None)
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
@@ -209,46 +243,89 @@ def estimate_job(settings, spec, n_search: int, n_confirm: int, profile: CostPro
         return samples * length_tokens * per_token / gain
 
     def phase(name, samples, least, n_draft, rows, least_rows, detail) -> Phase:
-        return Phase(name, samples, round(samples * length_tokens), seconds(samples, n_draft, rows), least,
-                     seconds(least, n_draft, least_rows), detail)
+        return Phase(
+            name,
+            samples,
+            round(samples * length_tokens),
+            seconds(samples, n_draft, rows),
+            least,
+            seconds(least, n_draft, least_rows),
+            detail,
+        )
 
     phases = []
     strict = n_search * repeats - strict_done
-    grid_extra = max((max(0, settings.trials - len(get_method(m).grid or [None])) for m in settings.methods),
-                     default=0)
+    grid_extra = max((max(0, settings.trials - len(get_method(m).grid or [None])) for m in settings.methods), default=0)
     other_n = min(len(settings.n_drafts) - 1, grid_extra)  # sampled trials may move to other draft lengths
-    phases.append(phase(f"strict N={mid}", strict, strict, mid, strict, strict,
-                        f"{n_search} problems x {repeats}" + (f", {strict_done} already recorded" if strict_done else "")
-                        + (f"; strict also runs at up to {other_n} other N the search may pick, not counted"
-                           if other_n else "")))
+    phases.append(
+        phase(
+            f"strict N={mid}",
+            strict,
+            strict,
+            mid,
+            strict,
+            strict,
+            f"{n_search} problems x {repeats}"
+            + (f", {strict_done} already recorded" if strict_done else "")
+            + (f"; strict also runs at up to {other_n} other N the search may pick, not counted" if other_n else ""),
+        )
+    )
     stage = min(settings.stage_size, n_search)
     for method in settings.methods:
         per_trial, first = n_search * repeats, stage * repeats
-        phases.append(phase(f"{method} trials", settings.trials * per_trial, settings.trials * first, mid,
-                            min(stage, n_search) * repeats, first,
-                            f"{settings.trials} trials, each {per_trial} samples in stages of {stage} problems, "
-                            f"{first} if pruned after the first"))
+        phases.append(
+            phase(
+                f"{method} trials",
+                settings.trials * per_trial,
+                settings.trials * first,
+                mid,
+                min(stage, n_search) * repeats,
+                first,
+                f"{settings.trials} trials, each {per_trial} samples in stages of {stage} problems, "
+                f"{first} if pruned after the first",
+            )
+        )
     confirm = n_confirm * repeats
     attempts = settings.confirmations * len(settings.methods)
-    phases.append(phase("confirmations", attempts * 2 * confirm, 0, mid, confirm, 0,
-                        f"up to {settings.confirmations} per method, each {confirm} relaxed and {confirm} strict "
-                        + ("samples on the held-out problems" if settings.confirm == "holdout" else
-                           "samples on fresh seeds") + "; only when a point is chosen"))
+    phases.append(
+        phase(
+            "confirmations",
+            attempts * 2 * confirm,
+            0,
+            mid,
+            confirm,
+            0,
+            f"up to {settings.confirmations} per method, each {confirm} relaxed and {confirm} strict "
+            + ("samples on the held-out problems" if settings.confirm == "holdout" else "samples on fresh seeds")
+            + "; only when a point is chosen",
+        )
+    )
 
     slowdown = measured.t_ar / saved.t_ar if measured is not None and saved is not None else None
     avg, cores = load if load is not None else machine_load()
     busy = []
     if slowdown is not None and slowdown > BUSY_FACTOR:
-        busy.append(f"one forward step takes {slowdown:.1f}x the saved profile's (t_AR {measured.t_ar * 1e3:.0f} ms "
-                    f"now, {saved.t_ar * 1e3:.0f} ms saved)")
+        busy.append(
+            f"one forward step takes {slowdown:.1f}x the saved profile's (t_AR {measured.t_ar * 1e3:.0f} ms "
+            f"now, {saved.t_ar * 1e3:.0f} ms saved)"
+        )
     if avg is not None and avg > cores:
         busy.append(f"load average {avg:.1f} on {cores} core{'s' if cores > 1 else ''}")
     tps = None if speed is None else (ACCEPT_PRIOR * mid + 1) / speed.round_seconds(mid)
     return JobEstimate(phases, length_tokens, length_from, ACCEPT_PRIOR, tps, batch_size, slowdown, avg, cores, busy)
 
 
-def announce(settings, spec, problems: list, held_out: list, backend, profile, measured: CostProfile | None,
-             saved_path: Path, log: Callable[[str], None]) -> JobEstimate:
+def announce(
+    settings,
+    spec,
+    problems: list,
+    held_out: list,
+    backend,
+    profile,
+    measured: CostProfile | None,
+    saved_path: Path,
+    log: Callable[[str], None],
+) -> JobEstimate:
     """``estimate_job`` for a job about to generate, from what is on disk (the saved
     profile at ``saved_path``, the pair's records beside it for the response length and
     strict's samples already recorded) and the backend (its batch size and device); each
@@ -266,20 +343,34 @@ def announce(settings, spec, problems: list, held_out: list, backend, profile, m
             saved = CostProfile.from_dict(json.loads(saved_path.read_text()))
         except (ValueError, KeyError, TypeError):
             saved = None
-        if saved is not None and math.isclose(saved.t_ar, measured.t_ar) and math.isclose(saved.t_draft,
-                                                                                            measured.t_draft):
+        if (
+            saved is not None
+            and math.isclose(saved.t_ar, measured.t_ar)
+            and math.isclose(saved.t_draft, measured.t_draft)
+        ):
             saved = None  # the profile was measured just now: nothing earlier to compare with
     device = getattr(backend, "device", "cpu")
     device = str(getattr(device, "type", device) or "cpu")
     if getattr(backend, "runtime", None) == "llamacpp":
         device = "llamacpp"  # its own batch exponent: a CPU bound by arithmetic
-    batch = int(settings.batch_size or getattr(backend, "batch_size", None) or
-                getattr(backend, "max_concurrency", None) or 1)
+    batch = int(
+        settings.batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1
+    )
     strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)
     done = finished_samples(Path(settings.output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
-    est = estimate_job(settings, spec, len(problems), len(held_out), profile, measured, saved,
-                       length=prior_length(saved_path.parent, spec.max_new_tokens), batch_size=batch,
-                       device=device, strict_done=done)
+    est = estimate_job(
+        settings,
+        spec,
+        len(problems),
+        len(held_out),
+        profile,
+        measured,
+        saved,
+        length=prior_length(saved_path.parent, spec.max_new_tokens),
+        batch_size=batch,
+        device=device,
+        strict_done=done,
+    )
     for line in est.lines():
         log(line)
     return est

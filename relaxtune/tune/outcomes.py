@@ -58,8 +58,10 @@ def trial_line(method: str, number: int, params: dict, m: dict, state: str, done
     head = f"[{min(done, total)}/{total}] {method}{knob} N={params['n_draft']} (trial {number}): {state}"
     if not m:
         return head
-    return (f"{head}, accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f}, drop <= {m['drop_ucb']:.3f}, "
-            f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})")
+    return (
+        f"{head}, accuracy {m['accuracy']:.3f} vs strict {m['strict_accuracy']:.3f}, drop <= {m['drop_ucb']:.3f}, "
+        f"l_accept {m['l_accept']:.2f}, length x{m['length_ratio']:.2f}, speed-up {m['speedup']:.2f} (n={m['n']})"
+    )
 
 
 def candidates(study, stats: StatsSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
@@ -68,8 +70,10 @@ def candidates(study, stats: StatsSettings | None = None, strict: dict[int, tupl
     evaluated draft length to strict's (modeled speed-up, accuracy), and strict at
     some N dominates a trial that is no faster and no more accurate."""
     seen, out = set(), []
-    for t in sorted((t for t in study.get_trials(deepcopy=False) if feasible(t, stats)),
-                    key=lambda t: (-t.values[0], -t.values[1], t.number)):
+    for t in sorted(
+        (t for t in study.get_trials(deepcopy=False) if feasible(t, stats)),
+        key=lambda t: (-t.values[0], -t.values[1], t.number),
+    ):
         point = (t.params.get("knob"), t.params["n_draft"])
         if point in seen or any(s >= t.values[0] and a >= t.values[1] for s, a in (strict or {}).values()):
             continue

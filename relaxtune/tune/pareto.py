@@ -63,9 +63,12 @@ def pareto_front(points: list[Point]) -> list[Point]:
     """Feasible points not dominated in (speed-up, accuracy), sorted by speed-up."""
     cands = [p for p in points if p.feasible and p.state == "COMPLETE"]
     front = [
-        p for p in cands
-        if not any(q.speedup >= p.speedup and q.accuracy >= p.accuracy and (q.speedup, q.accuracy) != (p.speedup, p.accuracy)
-                   for q in cands)
+        p
+        for p in cands
+        if not any(
+            q.speedup >= p.speedup and q.accuracy >= p.accuracy and (q.speedup, q.accuracy) != (p.speedup, p.accuracy)
+            for q in cands
+        )
     ]
     return sorted(front, key=lambda p: p.speedup)
 
@@ -107,11 +110,28 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
         chosen, attempt = _is(result, "chosen", t), attempts.get(t.number)
         if attempt is None and chosen and result.search_drop_upper_bound is not None:
             attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
-        out.append(Point(point_label(method, knob_name, knob, n_draft), "trial", m["speedup"], m["accuracy"],
-                         feasible(t, stats), chosen, method, knob, n_draft, t.number, ucb, t.state.name,
-                         m.get("accuracy_ci_low"), m.get("accuracy_ci_high"), m.get("drop"), m.get("drop_lcb"),
-                         _is(result, "closest", t), *((attempt["drop_upper_bound"], attempt["passed"]) if attempt
-                                                      else (None, None))))
+        out.append(
+            Point(
+                point_label(method, knob_name, knob, n_draft),
+                "trial",
+                m["speedup"],
+                m["accuracy"],
+                feasible(t, stats),
+                chosen,
+                method,
+                knob,
+                n_draft,
+                t.number,
+                ucb,
+                t.state.name,
+                m.get("accuracy_ci_low"),
+                m.get("accuracy_ci_high"),
+                m.get("drop"),
+                m.get("drop_lcb"),
+                _is(result, "closest", t),
+                *((attempt["drop_upper_bound"], attempt["passed"]) if attempt else (None, None)),
+            )
+        )
     return out
 
 
@@ -121,12 +141,37 @@ def baseline_points(result) -> list[Point]:
     finished job (``relaxtune.tune.result.JobResult``)."""
     out = []
     for n, b in sorted(result.baselines.items()):
-        out.append(Point(f"strict N={n}", "strict", result.strict_speedup(n), b.accuracy, n_draft=n, method="strict",
-                         ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0, drop_lcb=0.0, drop_ucb=0.0))
+        out.append(
+            Point(
+                f"strict N={n}",
+                "strict",
+                result.strict_speedup(n),
+                b.accuracy,
+                n_draft=n,
+                method="strict",
+                ci_low=b.ci_low,
+                ci_high=b.ci_high,
+                drop=0.0,
+                drop_lcb=0.0,
+                drop_ucb=0.0,
+            )
+        )
     if result.baselines:
         b = result.baselines[min(result.baselines)]
-        out.append(Point("AR", "ar", 1.0, b.accuracy, method="ar", ci_low=b.ci_low, ci_high=b.ci_high, drop=0.0,
-                         drop_lcb=0.0, drop_ucb=0.0))
+        out.append(
+            Point(
+                "AR",
+                "ar",
+                1.0,
+                b.accuracy,
+                method="ar",
+                ci_low=b.ci_low,
+                ci_high=b.ci_high,
+                drop=0.0,
+                drop_lcb=0.0,
+                drop_ucb=0.0,
+            )
+        )
     return out
 
 

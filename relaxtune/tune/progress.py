@@ -18,11 +18,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
-__all__ = ["progress", "LineProgress", "BarProgress", "DEFAULT_INTERVAL", "interval_seconds", "prior_length",
-           "LENGTH_PRIOR"]
+__all__ = [
+    "progress",
+    "LineProgress",
+    "BarProgress",
+    "DEFAULT_INTERVAL",
+    "interval_seconds",
+    "prior_length",
+    "LENGTH_PRIOR",
+]
 
 DEFAULT_INTERVAL = 30.0  # seconds between plain progress lines
 MIN_ETA_SECONDS = 5.0  # throughput measured over less than this gives no time left
@@ -115,8 +123,10 @@ class _Counts:
         elapsed = self.clock() - self.start
         rate = self.tokens / elapsed if elapsed > 0 else 0.0
         left = self.left()
-        return (f"{self.n}/{self.total} {unit}s, {self.tokens:,} tokens decoded ({rate:.1f} tokens/s), "
-                f"{_clock(elapsed)} elapsed" + ("" if left is None else f", about {_clock(left)} left"))
+        return (
+            f"{self.n}/{self.total} {unit}s, {self.tokens:,} tokens decoded ({rate:.1f} tokens/s), "
+            f"{_clock(elapsed)} elapsed" + ("" if left is None else f", about {_clock(left)} left")
+        )
 
 
 class LineProgress:
@@ -135,9 +145,17 @@ class LineProgress:
         timer: print from a timer thread (tests drive ``tick`` themselves).
     """
 
-    def __init__(self, total: int, desc: str, unit: str = "sample", file: TextIO | None = None,
-                 interval: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 length: float | None = None, timer: bool = True) -> None:
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "sample",
+        file: TextIO | None = None,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        length: float | None = None,
+        timer: bool = True,
+    ) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.file = file or sys.stderr
         self.interval = interval_seconds() if interval is None else float(interval)
@@ -190,8 +208,10 @@ class LineProgress:
             return
         c = self.counts
         elapsed = c.clock() - c.start
-        self._print(f"{c.n}/{self.total} {self.unit}s done in {_clock(elapsed)}, {c.tokens:,} tokens"
-                    + (f" ({c.tokens / elapsed:.1f} tokens/s)" if elapsed > 0 else ""))
+        self._print(
+            f"{c.n}/{self.total} {self.unit}s done in {_clock(elapsed)}, {c.tokens:,} tokens"
+            + (f" ({c.tokens / elapsed:.1f} tokens/s)" if elapsed > 0 else "")
+        )
 
 
 class BarProgress:
@@ -199,8 +219,15 @@ class BarProgress:
     refreshed at most once a second as tokens arrive (so a batch that has not
     finished a sample still moves)."""
 
-    def __init__(self, total: int, desc: str, unit: str = "sample", file: TextIO | None = None,
-                 length: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "sample",
+        file: TextIO | None = None,
+        length: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit=unit, file=file or sys.stderr)
@@ -220,8 +247,11 @@ class BarProgress:
             self._shown = now
             elapsed = max(now - self.counts.start, 1e-9)
             left = self.counts.left()
-            self.bar.set_postfix_str(f"{self.counts.tokens:,} tok, {self.counts.tokens / elapsed:.1f} tok/s"
-                                     + ("" if left is None else f", ~{_clock(left)} left"), refresh=True)
+            self.bar.set_postfix_str(
+                f"{self.counts.tokens:,} tok, {self.counts.tokens / elapsed:.1f} tok/s"
+                + ("" if left is None else f", ~{_clock(left)} left"),
+                refresh=True,
+            )
 
     def add_tokens(self, n: int) -> None:
         self.counts.add_tokens(n)
@@ -238,8 +268,11 @@ class BarProgress:
 
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
         else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 def progress(total: int, desc: str, unit: str = "sample", file: TextIO | None = None, length: float | None = None):

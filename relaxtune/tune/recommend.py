@@ -68,8 +68,16 @@ def _pooled(table: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndar
     return np.maximum(tokens / np.maximum(samples, 1), 1.0), accepted / np.maximum(rounds, 1)
 
 
-def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, strict: EvalResult, strict_n: int,
-                 profile: CostProfile | float, confidence: float, seed: int = 0) -> SpeedMargin:
+def speed_margin(
+    relaxed: EvalResult,
+    paired_strict: EvalResult,
+    n_draft: int,
+    strict: EvalResult,
+    strict_n: int,
+    profile: CostProfile | float,
+    confidence: float,
+    seed: int = 0,
+) -> SpeedMargin:
     """Bootstrap the modeled speed-up of a relaxed point against strict's best (module doc).
 
     Args:
@@ -87,8 +95,11 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
         raise ValueError("the speed margin needs graded samples of both points")
     rng = np.random.default_rng(seed)
     w_point = rng.multinomial(len(ids_point), [1 / len(ids_point)] * len(ids_point), size=RESAMPLES).astype(float)
-    w_strict = w_point if ids_strict == ids_point else rng.multinomial(
-        len(ids_strict), [1 / len(ids_strict)] * len(ids_strict), size=RESAMPLES).astype(float)
+    w_strict = (
+        w_point
+        if ids_strict == ids_point
+        else rng.multinomial(len(ids_strict), [1 / len(ids_strict)] * len(ids_strict), size=RESAMPLES).astype(float)
+    )
     full_p, full_s = np.ones((1, len(ids_point))), np.ones((1, len(ids_strict)))
 
     def difference(wp: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,8 +113,10 @@ def speed_margin(relaxed: EvalResult, paired_strict: EvalResult, n_draft: int, s
     observed, s_relax, s_strict = (v[0] for v in difference(full_p, full_s))
     boot = difference(w_point, w_strict)[0]
     margin = max(observed - float(np.quantile(boot, 1.0 - confidence)), 0.0)
-    how = (f"one-sided {confidence:.0%} percentile bootstrap over problems of the speed-up difference "
-           f"({RESAMPLES} resamples)")
+    how = (
+        f"one-sided {confidence:.0%} percentile bootstrap over problems of the speed-up difference "
+        f"({RESAMPLES} resamples)"
+    )
     spread = cost_spread(profile)
     if spread and n_draft != strict_n:
         margin = math.hypot(margin, spread * s_relax, spread * s_strict)
@@ -131,9 +144,14 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict) -> 
     if speculation_pays(strict, methods):
         return out | {"decoding": "speculative"}
     best = max((v["modeled_speedup"] for v in strict.values()), default=out["modeled_speedup"])
-    return out | {"decoding": "plain", "reason": (
-        f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs (strict's best "
-        f"models {best:.2f}x, every confirmed relaxed point below 1x too); for reference, {out['reason']}")}
+    return out | {
+        "decoding": "plain",
+        "reason": (
+            f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs "
+            f"(strict's best "
+            f"models {best:.2f}x, every confirmed relaxed point below 1x too); for reference, {out['reason']}"
+        ),
+    }
 
 
 def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict], dominated: list[str] = ()) -> dict:
@@ -152,26 +170,48 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
     s = result.settings
     best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
     strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
-    out = dict(method="strict", knob=None, n_draft=best_n, modeled_speedup=strict_speed,
-               strict_modeled_speedup=strict_speed, speed_margin=None)
+    out = dict(
+        method="strict",
+        knob=None,
+        n_draft=best_n,
+        modeled_speedup=strict_speed,
+        strict_modeled_speedup=strict_speed,
+        speed_margin=None,
+    )
     best = max((r for r in methods.values() if r.feasible), key=lambda r: (r.modeled_speedup, r.accuracy), default=None)
     if best is None:
-        out["reason"] = (f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
-                         f"{s.epsilon:g}, {result.problems} problems)" + (
-                             f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
-                             f"at N={best_n}) is as fast and as accurate as each" if dominated else ""))
+        out["reason"] = (
+            f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
+            f"{s.epsilon:g}, {result.problems} problems)"
+            + (
+                f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
+                f"at N={best_n}) is as fast and as accurate as each"
+                if dominated
+                else ""
+            )
+        )
         return plain_if_nothing_pays(out, strict, methods)
     done = confirmations[best.method].confirmed
-    sm = speed_margin(done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile,
-                      s.confidence, s.seed)
+    sm = speed_margin(
+        done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile, s.confidence, s.seed
+    )
     out["speed_margin"] = {"difference": sm.difference, "margin": sm.margin, "confidence": sm.confidence, "how": sm.how}
-    speeds = (f"models {best.modeled_speedup:.3f}x against strict's best {strict_speed:.3f}x (N={best_n}): "
-              f"{sm.difference:+.3f}, speed margin {sm.margin:.3f} ({sm.how})")
+    speeds = (
+        f"models {best.modeled_speedup:.3f}x against strict's best {strict_speed:.3f}x (N={best_n}): "
+        f"{sm.difference:+.3f}, speed margin {sm.margin:.3f} ({sm.how})"
+    )
     if not sm.beats:
         out["reason"] = f"use strict: {best.method}'s confirmed point {speeds}, so it is not faster beyond the noise"
         return plain_if_nothing_pays(out, strict, methods)
-    out.update(method=best.method, knob=best.knob, n_draft=best.n_draft, modeled_speedup=best.modeled_speedup,
-               reason=(f"fastest confirmed point: accuracy drop vs strict <= {best.drop_upper_bound:.3f} on fresh "
-                       f"samples ({done.confidence:.1%} one-sided; search bound {best.search_drop_upper_bound:.3f}), "
-                       f"within epsilon {s.epsilon:g}; it {speeds}"))
+    out.update(
+        method=best.method,
+        knob=best.knob,
+        n_draft=best.n_draft,
+        modeled_speedup=best.modeled_speedup,
+        reason=(
+            f"fastest confirmed point: accuracy drop vs strict <= {best.drop_upper_bound:.3f} on fresh "
+            f"samples ({done.confidence:.1%} one-sided; search bound {best.search_drop_upper_bound:.3f}), "
+            f"within epsilon {s.epsilon:g}; it {speeds}"
+        ),
+    )
     return plain_if_nothing_pays(out, strict, methods)

@@ -31,12 +31,26 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
-__all__ = ["RECORDS_SCHEMA", "SCOPES", "Scope", "RecordError", "SampleRecord", "PointMetrics", "knobs_of",
-           "knob_of", "load_record", "load_metrics", "trial_metrics", "metrics_attr", "point_values"]
+__all__ = [
+    "RECORDS_SCHEMA",
+    "SCOPES",
+    "Scope",
+    "RecordError",
+    "SampleRecord",
+    "PointMetrics",
+    "knobs_of",
+    "knob_of",
+    "load_record",
+    "load_metrics",
+    "trial_metrics",
+    "metrics_attr",
+    "point_values",
+]
 
 RECORDS_SCHEMA = 3  # 3: schema, knobs (named), scope; metrics also batch_size. 2: no schema key
 SCOPES = ("all", "thinking")
@@ -148,7 +162,7 @@ class SampleRecord(_Record):
         return json.dumps(self.dump()) + "\n"
 
     @classmethod
-    def new(cls, **fields) -> "SampleRecord":
+    def new(cls, **fields) -> SampleRecord:
         """A v3 record (``schema``, ``knobs``, ``scope`` set: ``knobs`` from ``method``/``knob``
         and scope "all" unless given).
 
@@ -325,8 +339,7 @@ def trial_metrics(trial, method: str | None = None) -> PointMetrics | None:
     return load_metrics(raw, knobs, where=f"trial {trial.number}")
 
 
-def metrics_attr(metrics: Mapping, method: str, knob: float | None, scope: str = "all",
-                 batch_size: int = 1) -> dict:
+def metrics_attr(metrics: Mapping, method: str, knob: float | None, scope: str = "all", batch_size: int = 1) -> dict:
     """The v3 ``metrics`` user attribute of a point (validated; raises ``RecordError``):
     ``metrics`` (``point_metrics``'s dict) with ``schema``, ``knobs``, ``scope`` and
     ``batch_size`` first, its own values as they are (an integer count stays one)."""

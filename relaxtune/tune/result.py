@@ -9,9 +9,9 @@ modeled speed-up), each method's outcome and confirmation, and the cost profile.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 from ..decoding.speed import CostProfile
 from ..tasks.spec import TaskSpec

@@ -45,8 +45,11 @@ def _tuned_at(config: dict, path: Path) -> float:
         return path.stat().st_mtime
 
 
-def untuned(folders: list[str | os.PathLike] | None = None,
-            output_dir: str | os.PathLike = "relaxtune-runs", pair: tuple[str, str] | None = None) -> list[Pending]:
+def untuned(
+    folders: list[str | os.PathLike] | None = None,
+    output_dir: str | os.PathLike = "relaxtune-runs",
+    pair: tuple[str, str] | None = None,
+) -> list[Pending]:
     """The task specs of the search path (``evals_dirs()``) and ``folders`` (``*.yaml``) that need tuning,
     in name order; with ``pair`` (drafter, verifier as the job names them), a config
     tuned for another pair needs tuning too.
@@ -83,11 +86,21 @@ def untuned(folders: list[str | os.PathLike] | None = None,
             config = yaml.safe_load(config_path.read_text()) or {}
             tuned_pair = (config.get("drafter"), config.get("verifier"))
             if config.get("task_version") != spec.version:
-                out.append(Pending(spec.name, str(path), f"tuned for version {config.get('task_version')}, "
-                                                         f"the spec is version {spec.version}"))
+                out.append(
+                    Pending(
+                        spec.name,
+                        str(path),
+                        f"tuned for version {config.get('task_version')}, the spec is version {spec.version}",
+                    )
+                )
             elif pair is not None and tuned_pair != tuple(pair):
-                out.append(Pending(spec.name, str(path), f"tuned for {tuned_pair[0]} -> {tuned_pair[1]}, not "
-                                                         f"{pair[0]} -> {pair[1]}"))
+                out.append(
+                    Pending(
+                        spec.name,
+                        str(path),
+                        f"tuned for {tuned_pair[0]} -> {tuned_pair[1]}, not {pair[0]} -> {pair[1]}",
+                    )
+                )
             elif path.stat().st_mtime > _tuned_at(config, config_path):
                 out.append(Pending(spec.name, str(path), "spec modified after its tuned config was made"))
     return sorted(out, key=lambda p: p.name)
@@ -102,7 +115,7 @@ def unavailable(pending: Pending) -> str | None:
     try:
         if not load_problems(load_task(pending.path), limit=1):
             return "its data holds no problems"
-    except Exception as err:  # noqa: BLE001 - any reason the data cannot load skips the task
+    except Exception as err:
         text = str(err).strip().splitlines()
         return f"its data cannot be loaded ({type(err).__name__}: {text[0] if text else ''})"
     return None

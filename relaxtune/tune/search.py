@@ -31,7 +31,7 @@ its knob grows) loses only sampler efficiency.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -41,8 +41,16 @@ from optuna.trial import FrozenTrial, TrialState
 from ..decoding.methods import MethodSpec, get_method
 from .judge import feasible
 
-__all__ = ["strength", "knob_at", "per_token_acceptance", "accepted_per_round", "RelaxationSampler", "GAIN",
-           "RESOLUTION", "PRUNED_BY"]
+__all__ = [
+    "strength",
+    "knob_at",
+    "per_token_acceptance",
+    "accepted_per_round",
+    "RelaxationSampler",
+    "GAIN",
+    "RESOLUTION",
+    "PRUNED_BY",
+]
 
 GAIN = 0.02  # a transfer must predict a speed-up this much (relative) above the point's own N
 RESOLUTION = 0.02  # gaps narrower than this (in strength) are not bisected further
@@ -84,7 +92,7 @@ def knob_at(spec: MethodSpec | str, s: float) -> float:
 def accepted_per_round(beta: float, n_draft: int) -> float:
     """Mean accepted drafts per round (tokens) at per-token acceptance ``beta`` and draft length
     ``n_draft``: ``beta (1 - beta^N) / (1 - beta)`` (Leviathan et al. 2023, eq. 1, less the bonus)."""
-    return float(n_draft) if beta >= 1.0 else beta * (1.0 - beta ** n_draft) / (1.0 - beta)
+    return float(n_draft) if beta >= 1.0 else beta * (1.0 - beta**n_draft) / (1.0 - beta)
 
 
 def per_token_acceptance(l_accept: float, n_draft: int) -> float:
@@ -119,8 +127,9 @@ class RelaxationSampler(BaseSampler):
         fallback: the sampler that draws when no structured proposal applies.
     """
 
-    def __init__(self, method: str, n_drafts: list[int], speed: Callable[[float, int, float], float],
-                 fallback: BaseSampler) -> None:
+    def __init__(
+        self, method: str, n_drafts: list[int], speed: Callable[[float, int, float], float], fallback: BaseSampler
+    ) -> None:
         self.spec, self.n_drafts, self.speed, self.fallback = get_method(method), sorted(n_drafts), speed, fallback
         self._proposals: dict[int, dict | None] = {}
 
@@ -159,9 +168,14 @@ class RelaxationSampler(BaseSampler):
     def propose(self, trials: list[FrozenTrial]) -> dict | None:
         """The next point given a study's other trials (module doc), or None."""
         knob = self.spec.has_knob
-        tried = [(self._s(t), t.params["n_draft"]) for t in trials
-                 if "n_draft" in t.params and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)]
-        done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("metrics")]
+        tried = [
+            (self._s(t), t.params["n_draft"])
+            for t in trials
+            if "n_draft" in t.params and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        ]
+        done = [
+            t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("metrics")
+        ]
         good = [t for t in done if feasible(t)]
         bad = [t for t in done if not feasible(t) and t.user_attrs.get(PRUNED_BY) != "speed"]
         best = max(good, key=lambda t: t.values[0], default=None)
@@ -178,7 +192,9 @@ class RelaxationSampler(BaseSampler):
             predicted = {n: self.predicted_speedup(model, s_best, n) for n in self.n_drafts}
             ahead = [n for n in self.n_drafts if predicted[n] > (1.0 + GAIN) * predicted[n_best] and new(s_best, n)]
             if ahead:
-                return {"n_draft": max(ahead, key=predicted.get)} | {k: v for k, v in best.params.items() if k == "knob"}
+                return {"n_draft": max(ahead, key=predicted.get)} | {
+                    k: v for k, v in best.params.items() if k == "knob"
+                }
         if not knob:
             return None
         lo = max((self._s(t) for t in good), default=0.0)  # 2. bisect between known-feasible and -infeasible
@@ -191,8 +207,9 @@ class RelaxationSampler(BaseSampler):
             gap, left = max((b - a, a) for a, b in zip(edges, edges[1:]))
             if gap > RESOLUTION:
                 s = left + gap / 2
-                options.append((self.predicted_speedup(model, s, n), -abs(n - (best.params["n_draft"] if best else n)),
-                                s, n))
+                options.append(
+                    (self.predicted_speedup(model, s, n), -abs(n - (best.params["n_draft"] if best else n)), s, n)
+                )
         floor = best.values[0] if best is not None else -math.inf
         options = [o for o in options if o[0] > floor and new(o[2], o[3])]
         return point(*max(options)[2:]) if options else None
@@ -205,8 +222,9 @@ class RelaxationSampler(BaseSampler):
         rows: dict[float, list[tuple[float, float]]] = {}
         for t in done:
             m = t.user_attrs["metrics"]
-            rows.setdefault(self._s(t), []).append((per_token_acceptance(m["l_accept"], t.params["n_draft"]),
-                                                    m["length_ratio"]))
+            rows.setdefault(self._s(t), []).append(
+                (per_token_acceptance(m["l_accept"], t.params["n_draft"]), m["length_ratio"])
+            )
         xs = np.array(sorted(rows))
         beta = np.array([np.mean([b for b, _ in rows[x]]) for x in xs])
         ratio = np.array([np.mean([r for _, r in rows[x]]) for x in xs])

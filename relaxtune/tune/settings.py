@@ -31,9 +31,23 @@ from ..backends.embedded import DRAFTER, VERIFIER
 from ..decoding.methods import get_method
 from .store_uris import check_storage_uri, check_tracking_uri
 
-__all__ = ["PairSettings", "StatsSettings", "SearchSettings", "StoreSettings", "WorkerSettings", "TuneSettings",
-           "GROUPS", "DTYPES", "field_info", "flat_fields", "storage_url", "start", "study_name", "job_id",
-           "spec_digest"]
+__all__ = [
+    "PairSettings",
+    "StatsSettings",
+    "SearchSettings",
+    "StoreSettings",
+    "WorkerSettings",
+    "TuneSettings",
+    "GROUPS",
+    "DTYPES",
+    "field_info",
+    "flat_fields",
+    "storage_url",
+    "start",
+    "study_name",
+    "job_id",
+    "spec_digest",
+]
 
 DTYPES = ("bfloat16", "float16", "float32")
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # no NaN or infinity in any number field
@@ -44,26 +58,39 @@ class PairSettings(BaseModel):
 
     model_config = _STRICT
 
-    drafter: str = Field(DRAFTER.name, description="drafter: embedded name, folder, hub id, or prompt-lookup[:n] "
-                         "(no model)")
+    drafter: str = Field(
+        DRAFTER.name, description="drafter: embedded name, folder, hub id, or prompt-lookup[:n] (no model)"
+    )
     verifier: str = Field(VERIFIER.name, description="verifier: embedded name, folder or hub id")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="weights' dtype of the transformers runtime (bfloat16 is the fastest on a CPU); "
-        "llama.cpp runs the GGUF files' own")
+        "bfloat16",
+        description="weights' dtype of the transformers runtime (bfloat16 is the fastest on a CPU); "
+        "llama.cpp runs the GGUF files' own",
+    )
     runtime: Literal["auto", "hf", "llamacpp"] = Field(
-        "auto", description="in-process backend: hf (transformers) or llamacpp (llama.cpp on the GGUF files; pip "
+        "auto",
+        description="in-process backend: hf (transformers) or llamacpp (llama.cpp on the GGUF files; pip "
         "install 'relaxtune[llamacpp]'); auto: llamacpp for the embedded pair when installed, else hf (resolved "
-        "when the job starts, and recorded)")
-    drafter_url: str | None = Field(None, description="SGLang drafter server URL (with --verifier-url: run against "
-                                    "SGLang)")
+        "when the job starts, and recorded)",
+    )
+    drafter_url: str | None = Field(
+        None, description="SGLang drafter server URL (with --verifier-url: run against SGLang)"
+    )
     verifier_url: str | None = Field(None, description="SGLang verifier server URL")
-    tokenizer: str | None = Field(None, description="tokenizer id/folder for SGLang or llama.cpp (default: the "
-                                  "verifier's)")
-    native_url: str | None = Field(None, description="STANDALONE speculative SGLang server for sglang_threshold "
-                                   "(`relaxtune serve --native-threshold`)")
+    tokenizer: str | None = Field(
+        None, description="tokenizer id/folder for SGLang or llama.cpp (default: the verifier's)"
+    )
+    native_url: str | None = Field(
+        None,
+        description="STANDALONE speculative SGLang server for sglang_threshold (`relaxtune serve --native-threshold`)",
+    )
     concurrency: int = Field(8, ge=1, description="sequences in flight against SGLang servers")
-    batch_size: int | None = Field(None, ge=1, description="sequences the in-process engine decodes together "
-                                   "(default: 8 on a CPU, 32 on a GPU; 1: one at a time)")
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="sequences the in-process engine decodes together "
+        "(default: 8 on a CPU, 32 on a GPU; 1: one at a time)",
+    )
 
     @field_validator("drafter")
     @classmethod
@@ -76,8 +103,10 @@ class PairSettings(BaseModel):
     @model_validator(mode="after")
     def _runtime_or_servers(self):
         if self.runtime == "llamacpp" and (self.drafter_url or self.verifier_url):
-            raise ValueError("--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
-                             "them on SGLang servers: give one or the other")
+            raise ValueError(
+                "--runtime llamacpp runs the models in-process, and --drafter-url/--verifier-url run "
+                "them on SGLang servers: give one or the other"
+            )
         return self
 
     @field_validator("drafter_url", "verifier_url", "native_url")
@@ -91,7 +120,7 @@ class PairSettings(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname or url != url.strip():
             raise ValueError(f"{url!r} is not a server URL; give e.g. http://127.0.0.1:30000")
         try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
+            parts.port
         except ValueError:
             raise ValueError(f"{url!r}: the port is not a number in 0-65535") from None
         return url
@@ -116,18 +145,27 @@ class StatsSettings(BaseModel):
 
     epsilon: float = Field(0.05, ge=0.0, le=1.0, description="allowed accuracy drop vs strict")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="one-sided confidence of the drop bound")
-    c_rel: float | Literal["measured"] = Field("measured", description="drafter/verifier cost ratio, or 'measured': "
-                                               "a fixed value overrides the measured profile")
-    remeasure_costs: bool = Field(False, description="measure the cost profile anew, replacing the one saved in "
-                                  "--output-dir")
+    c_rel: float | Literal["measured"] = Field(
+        "measured",
+        description="drafter/verifier cost ratio, or 'measured': a fixed value overrides the measured profile",
+    )
+    remeasure_costs: bool = Field(
+        False, description="measure the cost profile anew, replacing the one saved in --output-dir"
+    )
     max_length_ratio: float | None = Field(None, gt=0, description="optional guard on L_relax / L_strict")
     max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard on the truncated share")
     confirm: Literal["holdout", "seeds"] = Field(
-        "holdout", description="confirmation samples: 'holdout', a held-out half of the problems that the search "
+        "holdout",
+        description="confirmation samples: 'holdout', a held-out half of the problems that the search "
         "never sees, split before any generation (a promise about problems like these); or 'seeds', fresh seeds on "
-        "the search's problems (a promise about these problems only)")
-    confirmations: int = Field(2, ge=1, description="points confirmed at most per method; the confidence is split "
-                               "evenly over every confirmation the search allows")
+        "the search's problems (a promise about these problems only)",
+    )
+    confirmations: int = Field(
+        2,
+        ge=1,
+        description="points confirmed at most per method; the confidence is split "
+        "evenly over every confirmation the search allows",
+    )
 
     @field_validator("c_rel")
     @classmethod
@@ -142,8 +180,9 @@ class SearchSettings(BaseModel):
 
     model_config = _STRICT
 
-    methods: list[str] = Field(["cactus", "mentored"], description="comma-separated method ids (see `relaxtune "
-                               "methods`)")
+    methods: list[str] = Field(
+        ["cactus", "mentored"], description="comma-separated method ids (see `relaxtune methods`)"
+    )
     n_drafts: list[int] = Field([3, 5, 10, 20], description="comma-separated draft lengths")
     trials: int = Field(8, ge=1, description="completed or pruned trials per method")
     limit: int | None = Field(None, ge=1, description="first N problems only")
@@ -183,8 +222,11 @@ class StoreSettings(BaseModel):
     storage: str | None = Field(None, description="Optuna storage URL (default: sqlite:///<output-dir>/optuna.db)")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
     export: str | None = Field(None, description="tuned config path (default: <output-dir>/<task>.tuned.yaml)")
-    job_id: str | None = Field(None, description="the tuning job's id in MLflow, shared by every worker of one job "
-                               "(default: a digest of the storage, the task and the settings that shape trials)")
+    job_id: str | None = Field(
+        None,
+        description="the tuning job's id in MLflow, shared by every worker of one job "
+        "(default: a digest of the storage, the task and the settings that shape trials)",
+    )
 
     @field_validator("storage")
     @classmethod
@@ -216,19 +258,33 @@ class WorkerSettings(BaseModel):
 
     model_config = _STRICT
 
-    parallel_trials: int = Field(1, ge=1, description="trials this worker runs at once (threads, or Prefect task "
-                                 "runs); start the same command on other hosts with the same --storage to add workers")
+    parallel_trials: int = Field(
+        1,
+        ge=1,
+        description="trials this worker runs at once (threads, or Prefect task "
+        "runs); start the same command on other hosts with the same --storage to add workers",
+    )
     heartbeat: int = Field(30, ge=1, description="seconds between heartbeats of a running trial")
-    grace_period: int | None = Field(None, ge=1, description="seconds without a heartbeat before a running trial "
-                                     "counts as stale and is retried once (default: 4 x heartbeat)")
-    range_size: int | None = Field(None, ge=1, description="problems per evaluation range: ranges run as separate "
-                                   "task runs (Prefect) or are shared among workers, then merge (default: all)")
+    grace_period: int | None = Field(
+        None,
+        ge=1,
+        description="seconds without a heartbeat before a running trial "
+        "counts as stale and is retried once (default: 4 x heartbeat)",
+    )
+    range_size: int | None = Field(
+        None,
+        ge=1,
+        description="problems per evaluation range: ranges run as separate "
+        "task runs (Prefect) or are shared among workers, then merge (default: all)",
+    )
 
     @model_validator(mode="after")
     def _grace_after_heartbeat(self):
         if self.grace_period is not None and self.grace_period <= self.heartbeat:
-            raise ValueError(f"grace_period ({self.grace_period} s) must exceed heartbeat ({self.heartbeat} s), or a "
-                             "live trial between two heartbeats would count as stale")
+            raise ValueError(
+                f"grace_period ({self.grace_period} s) must exceed heartbeat ({self.heartbeat} s), or a "
+                "live trial between two heartbeats would count as stale"
+            )
         return self
 
     @property
@@ -238,15 +294,51 @@ class WorkerSettings(BaseModel):
 
 
 # group attribute -> its model; the flat names are the groups' field names (each belongs to one group)
-GROUPS: dict[str, type[BaseModel]] = {"pair": PairSettings, "stats": StatsSettings, "search": SearchSettings,
-                                      "stores": StoreSettings, "workers": WorkerSettings}
+GROUPS: dict[str, type[BaseModel]] = {
+    "pair": PairSettings,
+    "stats": StatsSettings,
+    "search": SearchSettings,
+    "stores": StoreSettings,
+    "workers": WorkerSettings,
+}
 # the order a flat dump writes its keys in (the saved job YAML's, as before the groups); a field not named
 # here comes after these, in group order
-_FLAT_ORDER = ("task", "methods", "drafter", "verifier", "dtype", "runtime", "drafter_url", "verifier_url",
-               "tokenizer", "native_url", "concurrency", "batch_size", "epsilon", "confidence", "c_rel",
-               "remeasure_costs", "n_drafts", "trials", "limit", "seed", "stage_size", "output_dir", "storage",
-               "mlflow_uri", "max_length_ratio", "max_truncated", "export", "parallel_trials", "heartbeat",
-               "grace_period", "range_size", "job_id", "confirm", "confirmations")
+_FLAT_ORDER = (
+    "task",
+    "methods",
+    "drafter",
+    "verifier",
+    "dtype",
+    "runtime",
+    "drafter_url",
+    "verifier_url",
+    "tokenizer",
+    "native_url",
+    "concurrency",
+    "batch_size",
+    "epsilon",
+    "confidence",
+    "c_rel",
+    "remeasure_costs",
+    "n_drafts",
+    "trials",
+    "limit",
+    "seed",
+    "stage_size",
+    "output_dir",
+    "storage",
+    "mlflow_uri",
+    "max_length_ratio",
+    "max_truncated",
+    "export",
+    "parallel_trials",
+    "heartbeat",
+    "grace_period",
+    "range_size",
+    "job_id",
+    "confirm",
+    "confirmations",
+)
 
 
 class TuneSettings(BaseModel):
@@ -294,7 +386,7 @@ class TuneSettings(BaseModel):
         order = {k: i for i, k in enumerate(_FLAT_ORDER)}
         return dict(sorted(flat.items(), key=lambda kv: order.get(kv[0], len(order))))
 
-    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "TuneSettings":
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> TuneSettings:
         """A copy with ``update`` (flat keys, or groups) applied and validated again."""
         if not update:
             return super().model_copy(deep=deep)
@@ -400,8 +492,17 @@ def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
 
 
 # settings that change what a trial measures or how it is judged: jobs that differ in one never share MLflow runs
-JOB_FIELDS = ("limit", "seed", "n_drafts", "stage_size", "c_rel", "epsilon", "confidence", "max_length_ratio",
-              "max_truncated")
+JOB_FIELDS = (
+    "limit",
+    "seed",
+    "n_drafts",
+    "stage_size",
+    "c_rel",
+    "epsilon",
+    "confidence",
+    "max_length_ratio",
+    "max_truncated",
+)
 
 
 def spec_digest(spec) -> str:

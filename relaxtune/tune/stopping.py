@@ -25,15 +25,25 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 from .settings import storage_url
 
-__all__ = ["Stopped", "STOP", "check_stop", "on_stop", "guarded", "diagnose", "environmental", "kept_line",
-           "first_line", "write_log"]
+__all__ = [
+    "Stopped",
+    "STOP",
+    "check_stop",
+    "on_stop",
+    "guarded",
+    "diagnose",
+    "environmental",
+    "kept_line",
+    "first_line",
+    "write_log",
+]
 
 STOP = threading.Event()  # set once a stop was asked for: threads other than the main one end their work
 _callbacks: list[Callable[[str], None]] = []  # on_stop: called with "KILLED" or "FAILED"
@@ -98,25 +108,40 @@ def diagnose(err: BaseException) -> tuple[str, str] | None:
         low = text.lower()
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f" writing {e.filename}" if e.filename else ""
-            return (f"the disk is full (no space left on device{where})",
-                    "free some space (or give --output-dir on another disk), then run the same command again")
+            return (
+                f"the disk is full (no space left on device{where})",
+                "free some space (or give --output-dir on another disk), then run the same command again",
+            )
         if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and e.filename:
-            return (f"cannot write {e.filename} ({e.strerror})",
-                    "give --output-dir a folder you may write to, then run the same command again")
+            return (
+                f"cannot write {e.filename} ({e.strerror})",
+                "give --output-dir a folder you may write to, then run the same command again",
+            )
         if "database is locked" in low or "database table is locked" in low:
-            return (f"a database is locked by another process ({first_line(text)})",
-                    "let the other process finish (or stop it), then run the same command again")
-        if any(s in low for s in ("file is not a database", "database disk image is malformed",
-                                  "malformed database")):
-            return (f"a database file is corrupt ({first_line(text)})",
-                    "move the damaged file aside (the JSONL records stay: samples are not generated again) and run "
-                    "the same command again")
+            return (
+                f"a database is locked by another process ({first_line(text)})",
+                "let the other process finish (or stop it), then run the same command again",
+            )
+        if any(s in low for s in ("file is not a database", "database disk image is malformed", "malformed database")):
+            return (
+                f"a database file is corrupt ({first_line(text)})",
+                "move the damaged file aside (the JSONL records stay: samples are not generated again) and run "
+                "the same command again",
+            )
         name = type(e).__name__
-        if name in ("ConnectError", "ConnectTimeout", "RemoteProtocolError", "SGLangError",
-                    "ConnectionRefusedError", "ConnectionResetError") or isinstance(e, ConnectionError):
-            return (f"a server is gone ({name}: {first_line(text)})",
-                    "restart the server it names (a generation server: `relaxtune serve`; an MLflow tracking server: "
-                    "`mlflow server`), then run the same command again")
+        if name in (
+            "ConnectError",
+            "ConnectTimeout",
+            "RemoteProtocolError",
+            "SGLangError",
+            "ConnectionRefusedError",
+            "ConnectionResetError",
+        ) or isinstance(e, ConnectionError):
+            return (
+                f"a server is gone ({name}: {first_line(text)})",
+                "restart the server it names (a generation server: `relaxtune serve`; an MLflow tracking server: "
+                "`mlflow server`), then run the same command again",
+            )
     return None
 
 
@@ -159,10 +184,12 @@ def kept_line(output_dir: str | Path, task_folder: str, storage_url: str | None,
                     trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
                 except KeyError:
                     continue
-                counts.append(f"{name.split('__')[1]} {sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)}")
+                counts.append(
+                    f"{name.split('__')[1]} {sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)}"
+                )
             if counts:
                 out += f"; trials finished: {', '.join(counts)}"
-        except Exception as err:  # noqa: BLE001 - the storage may be what failed
+        except Exception as err:
             out += f"; the trials could not be counted ({type(err).__name__})"
     return out
 
@@ -183,9 +210,16 @@ def write_log(output_dir: str | Path, name: str, text: str) -> Path | None:
 
 
 @contextmanager
-def guarded(stores, task_folder: str, studies: Callable[[], list[str]], resume: str, say: Callable[[str], None],
-            name: str = "relaxtune", passthrough: tuple[type[BaseException], ...] = (),
-            exit_now: bool = False) -> Iterator[None]:
+def guarded(
+    stores,
+    task_folder: str,
+    studies: Callable[[], list[str]],
+    resume: str,
+    say: Callable[[str], None],
+    name: str = "relaxtune",
+    passthrough: tuple[type[BaseException], ...] = (),
+    exit_now: bool = False,
+) -> Iterator[None]:
     """Run a job's block so that a stop or a failure ends it with one short paragraph.
 
     Args:
@@ -221,23 +255,29 @@ def guarded(stores, task_folder: str, studies: Callable[[], list[str]], resume: 
         _end_runs("KILLED")
         why = stop.args[0] if isinstance(stop, Stopped) and stop.args else "SIGINT"
         kept = kept_line(stores.output_dir, task_folder, storage_url(stores), _safe(studies))
-        say(f"stopped ({why}) after {_clock(time.monotonic() - started)}. Kept: {kept}; a trial this job was running "
-            f"goes back to its queue and runs first on resume, with no wait. Resume with: {resume}")
+        say(
+            f"stopped ({why}) after {_clock(time.monotonic() - started)}. Kept: {kept}; a trial this job was running "
+            f"goes back to its queue and runs first on resume, with no wait. Resume with: {resume}"
+        )
         if exit_now:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             os._exit(130)
         raise SystemExit(130) from None
-    except Exception as err:  # noqa: BLE001 - any failure ends in the paragraph and the log
+    except Exception as err:
         STOP.set()
         _end_runs("FAILED")
-        cause, todo = diagnose(err) or (f"{type(err).__name__}: {first_line(str(err))}",
-                                        "read the log, fix the cause, then run the same command again")
+        cause, todo = diagnose(err) or (
+            f"{type(err).__name__}: {first_line(str(err))}",
+            "read the log, fix the cause, then run the same command again",
+        )
         log = write_log(stores.output_dir, name, "".join(traceback.format_exception(err)))
         where = f"full traceback is in {log}" if log is not None else "traceback could not be written anywhere"
         kept = kept_line(stores.output_dir, task_folder, storage_url(stores), _safe(studies))
-        say(f"failed after {_clock(time.monotonic() - started)}: {cause}. Kept: {kept}. To go on: {todo} "
-            f"({resume}); it resumes from what was kept. The {where}.")
+        say(
+            f"failed after {_clock(time.monotonic() - started)}: {cause}. Kept: {kept}. To go on: {todo} "
+            f"({resume}); it resumes from what was kept. The {where}."
+        )
         raise SystemExit(1) from None
     finally:
         STOP.clear()
@@ -249,7 +289,7 @@ def guarded(stores, task_folder: str, studies: Callable[[], list[str]], resume: 
 def _safe(studies: Callable[[], list[str]]) -> list[str]:
     try:
         return list(studies())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
 
 
@@ -259,7 +299,7 @@ def _end_runs(status: str) -> None:
     for callback in reversed(callbacks):
         try:
             callback(status)
-        except Exception:  # noqa: BLE001 - the tracking store may be what failed
+        except Exception:
             pass
 
 

@@ -14,8 +14,10 @@ __all__ = ["check_storage_uri", "check_tracking_uri", "scheme_of", "MLFLOW_DATAB
 
 MLFLOW_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # the SQLAlchemy stores MLflow keeps runs in
 _STORAGE = "a database URL such as sqlite:///relaxtune-runs/optuna.db or postgresql://user@host/db"
-_TRACKING = ("sqlite:///mlflow.db, a database URL such as postgresql://user@host/db, or a tracking server "
-             "such as http://127.0.0.1:5000")
+_TRACKING = (
+    "sqlite:///mlflow.db, a database URL such as postgresql://user@host/db, or a tracking server "
+    "such as http://127.0.0.1:5000"
+)
 _SERVERS = ("http", "https")
 _MISSPELT = {"postgres": "postgresql", "psql": "postgresql", "pg": "postgresql", "sqlite3": "sqlite"}
 
@@ -68,8 +70,10 @@ def check_tracking_uri(uri: str) -> str:
     if scheme == "file":
         raise ValueError(f"{uri!r}: MLflow 3 keeps file stores read-only (maintenance mode); give {_TRACKING}")
     if scheme_of(uri) and _known(uri, MLFLOW_DATABASES) not in MLFLOW_DATABASES:
-        raise ValueError(f"{uri!r}: MLflow keeps runs in {', '.join(MLFLOW_DATABASES)} databases or on a tracking "
-                         f"server, not {scheme_of(uri)!r}; give {_TRACKING}")
+        raise ValueError(
+            f"{uri!r}: MLflow keeps runs in {', '.join(MLFLOW_DATABASES)} databases or on a tracking "
+            f"server, not {scheme_of(uri)!r}; give {_TRACKING}"
+        )
     _database(uri, _TRACKING, "sqlite:///mlflow.db")
     return uri
 
@@ -98,10 +102,14 @@ def _database(url: str, wanted: str, example: str) -> None:
     _known(url, MLFLOW_DATABASES)
     try:
         parsed = make_url(url)
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's ArgumentError, said plainly
+    except Exception as err:
         raise ValueError(f"{url!r} is not a database URL ({err}); give {wanted}") from None
     database = parsed.database or ""
-    memory = database in ("", ":memory:") or database.startswith("file::memory:") or parsed.query.get("mode") == "memory"
+    memory = (
+        database in ("", ":memory:") or database.startswith("file::memory:") or parsed.query.get("mode") == "memory"
+    )
     if parsed.get_backend_name() == "sqlite" and memory:
-        raise ValueError(f"{url!r} is an in-memory SQLite database: it ends with this process and no other worker "
-                         f"sees it; give a file, e.g. {example}")
+        raise ValueError(
+            f"{url!r} is an in-memory SQLite database: it ends with this process and no other worker "
+            f"sees it; give a file, e.g. {example}"
+        )

@@ -34,10 +34,10 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -45,8 +45,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .optuna_compat import RDB_MODULES, rdb_tables
 
-__all__ = ["Plan", "StorageLock", "storage_lock", "TrialQueue", "default_worker", "failures", "finished", "MAX_RETRY",
-           "load_rdb_modules", "open_rdb", "SearchProblemsError", "check_problems"]
+__all__ = [
+    "Plan",
+    "StorageLock",
+    "storage_lock",
+    "TrialQueue",
+    "default_worker",
+    "failures",
+    "finished",
+    "MAX_RETRY",
+    "load_rdb_modules",
+    "open_rdb",
+    "SearchProblemsError",
+    "check_problems",
+]
 
 MAX_RETRY = 1  # a stale trial runs again once with the same parameters
 WORKER_ATTR = "worker"  # user attribute: which worker (host:pid) runs the trial
@@ -79,11 +91,13 @@ def _rdb_made(url: str) -> bool:
             if not rdb_tables() <= set(sqlalchemy.inspect(engine).get_table_names()):
                 return False
             with engine.connect() as conn:
-                return all(conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar()
-                           for table in ("version_info", "alembic_version"))
+                return all(
+                    conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar()
+                    for table in ("version_info", "alembic_version")
+                )
         finally:
             engine.dispose()
-    except Exception:  # noqa: BLE001 - e.g. a missing driver: RDBStorage raises it with its own message
+    except Exception:
         return False
 
 
@@ -195,8 +209,11 @@ class StorageLock:
         elif self.kind in ("postgresql", "mysql", "mariadb"):
             self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
         elif self.kind != "sqlite":
-            warnings.warn(f"no cross-process lock for {self.kind} storages: run one worker per study, or use "
-                          "PostgreSQL, MySQL or SQLite", stacklevel=2)
+            warnings.warn(
+                f"no cross-process lock for {self.kind} storages: run one worker per study, or use "
+                "PostgreSQL, MySQL or SQLite",
+                stacklevel=2,
+            )
 
     @contextmanager
     def __call__(self) -> Iterator[None]:
@@ -269,7 +286,8 @@ def check_problems(study: optuna.Study, digest: str) -> None:
         raise SearchProblemsError(
             f"study {study.study_name} holds trials searched on other problems (another --limit, --seed or --confirm), "
             "which may include the held-out half: --confirm holdout needs a fresh study (another --output-dir / "
-            "--storage), or use --confirm seeds")
+            "--storage), or use --confirm seeds"
+        )
 
 
 def search_digest(problems) -> str:
@@ -279,7 +297,7 @@ def search_digest(problems) -> str:
     return hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def storage_lock(url: str, purpose: str = "queue") -> StorageLock:
     """The one ``StorageLock`` of this process for ``url`` and ``purpose`` (so holding it and
     taking it again in the same thread, e.g. the tracker inside a queue operation, never deadlocks)."""
@@ -301,8 +319,14 @@ class TrialQueue:
         ImportError: the storage's database driver is missing (e.g. ``relaxtune[postgres]``).
     """
 
-    def __init__(self, url: str, heartbeat: int, stale_after: int, worker: str,
-                 on_stale: Callable[[optuna.Study, FrozenTrial, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        heartbeat: int,
+        stale_after: int,
+        worker: str,
+        on_stale: Callable[[optuna.Study, FrozenTrial, bool], None] | None = None,
+    ) -> None:
         self.lock = storage_lock(url)
         self.heartbeat_interval, self.worker, self.on_stale = heartbeat, worker, on_stale
         self.plans: dict[str, Plan] = {}
@@ -313,16 +337,28 @@ class TrialQueue:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self._retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
-            rdb = open_rdb(url, self.lock, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
-                           grace_period=stale_after, heartbeat_stale_trial_callback=self._stale)
+            rdb = open_rdb(
+                url,
+                self.lock,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=heartbeat,
+                grace_period=stale_after,
+                heartbeat_stale_trial_callback=self._stale,
+            )
         if self.lock.kind == "sqlite":
             _write_ahead_log(rdb.engine)
         # Optuna's cache around it, shared by every Study object of this worker (a Trial only
         # works through a cache that has seen it), as create_study/load_study would wrap it
         self.storage = optuna.storages.get_storage(rdb)
 
-    def open(self, name: str, sampler: optuna.samplers.BaseSampler, plan: Plan | None,
-             attrs: dict | None = None, problems: str | None = None) -> optuna.Study:
+    def open(
+        self,
+        name: str,
+        sampler: optuna.samplers.BaseSampler,
+        plan: Plan | None,
+        attrs: dict | None = None,
+        problems: str | None = None,
+    ) -> optuna.Study:
         """Create or load the study ``name`` (two objectives, maximised); with a
         ``plan``, set its user ``attrs`` and then top its queue up to the plan (without:
         read only). Under the lock, attrs first: whoever sees the study's trials sees
@@ -342,13 +378,21 @@ class TrialQueue:
                 study = optuna.load_study(study_name=name, storage=self.storage, sampler=sampler)
             except KeyError:  # not created yet
                 study = None
-            if (study is not None and all(study.user_attrs.get(k) == v for k, v in (attrs or {}).items())
-                    and not self._lacking(study, plan)):
+            if (
+                study is not None
+                and all(study.user_attrs.get(k) == v for k, v in (attrs or {}).items())
+                and not self._lacking(study, plan)
+            ):
                 self.plans[name] = plan
                 return study
         with self.lock():
-            study = optuna.create_study(storage=self.storage, sampler=sampler, study_name=name,
-                                        directions=["maximize", "maximize"], load_if_exists=True)
+            study = optuna.create_study(
+                storage=self.storage,
+                sampler=sampler,
+                study_name=name,
+                directions=["maximize", "maximize"],
+                load_if_exists=True,
+            )
             if problems is not None:
                 check_problems(study, problems)
             if plan is not None:
@@ -379,15 +423,19 @@ class TrialQueue:
             return None
         missing = plan.wanted - sum(t.state in LIVE for t in trials)
         tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
-        return ([p for p in plan.grid if p not in tried] + [{}] * max(missing, 0))[:max(missing, 0)]
+        return ([p for p in plan.grid if p not in tried] + [{}] * max(missing, 0))[: max(missing, 0)]
 
     def _stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's stale-trial callback (runs under the lock, in ``fail_stale``)."""
         retried = len(_retry_history(trial)) < MAX_RETRY
         self._retry(study, trial)
-        _log.warning("trial %d of %s went stale (no heartbeat from %s); %s", trial.number, study.study_name,
-                     trial.user_attrs.get(WORKER_ATTR, "an unknown worker"),
-                     "retried with the same parameters" if retried else "already retried once: replaced")
+        _log.warning(
+            "trial %d of %s went stale (no heartbeat from %s); %s",
+            trial.number,
+            study.study_name,
+            trial.user_attrs.get(WORKER_ATTR, "an unknown worker"),
+            "retried with the same parameters" if retried else "already retried once: replaced",
+        )
         if self.on_stale is not None:
             self.on_stale(study, trial, retried)
 
@@ -401,8 +449,9 @@ class TrialQueue:
             if WORKER_ATTR not in t.user_attrs:  # no worker keeps its heartbeat: left by a killed older run
                 self._stale(study, study.tell(t.number, state=TrialState.FAIL))
 
-    def claim(self, studies: dict[str, optuna.Study],
-              sampler_for: Callable[[str, int], optuna.samplers.BaseSampler]) -> tuple[str, optuna.Trial] | str | None:
+    def claim(
+        self, studies: dict[str, optuna.Study], sampler_for: Callable[[str, int], optuna.samplers.BaseSampler]
+    ) -> tuple[str, optuna.Trial] | str | None:
         """Take the next trial of the study with the fewest running trials (ties: in
         order) among those with one waiting, so the workers spread over the studies:
         each study's sampler and speed bar then see more finished trials before they
@@ -432,7 +481,9 @@ class TrialQueue:
                     continue
                 self.storage.record_heartbeat(trial_id)
                 number = self.storage.get_trial_number_from_id(trial_id)
-                own = optuna.load_study(study_name=study.study_name, storage=self.storage, sampler=sampler_for(key, number))
+                own = optuna.load_study(
+                    study_name=study.study_name, storage=self.storage, sampler=sampler_for(key, number)
+                )
                 trial = optuna.Trial(own, trial_id)
                 trial.set_user_attr(WORKER_ATTR, self.worker)
                 if plan is not None:
@@ -452,7 +503,7 @@ class TrialQueue:
             while True:
                 try:
                     self.storage.record_heartbeat(trial_id)
-                except Exception as err:  # noqa: BLE001 - a missed beat is retried; staleness is the judge
+                except Exception as err:
                     _log.warning("heartbeat of trial %d failed: %s", trial.number, err)
                 if stop.wait(self.heartbeat_interval):
                     return
@@ -486,13 +537,17 @@ class TrialQueue:
 
     def _running(self, studies: dict[str, optuna.Study]) -> set[tuple[str, int]]:
         """``(study name, trial number)`` of the RUNNING trials of ``studies`` (read without the lock)."""
-        return {(study.study_name, t.number) for study in studies.values()
-                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        return {
+            (study.study_name, t.number)
+            for study in studies.values()
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        }
 
     def trial_id(self, study_name: str, number: int) -> int:
         """The storage's id of trial ``number`` of the study ``study_name`` (public storage API)."""
-        return self.storage.get_trial_id_from_study_id_trial_number(self.storage.get_study_id_from_name(study_name),
-                                                                     number)
+        return self.storage.get_trial_id_from_study_id_trial_number(
+            self.storage.get_study_id_from_name(study_name), number
+        )
 
     def pop(self, study: optuna.Study) -> int | None:
         """Take the first WAITING trial of ``study`` (RUNNING now) and return its id; None when

@@ -40,32 +40,42 @@ import math
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
 from ..decoding.methods import get_method
 from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
-from pathlib import Path
-
 from .claims import claim, claim_path
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
+from .helping import help_running, stage_attr
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
-from .records import metrics_attr
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
-from .helping import help_running, stage_attr
 from .ranges import merge, split, stage_ends, worker_order
+from .records import metrics_attr
 from .result import JobResult
 from .search import PRUNED_BY, RelaxationSampler, strength
 from .settings import TuneSettings, make_output_dir, storage_url, study_name
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
 
-__all__ = ["TuneSettings", "Tuner", "point_metrics", "study_name", "MethodOutcome", "TrialReport", "feasible", "choose",
-           "candidates",
-           "constraint_values", "drop_ucb_at", "study_tokens"]
+__all__ = [
+    "TuneSettings",
+    "Tuner",
+    "point_metrics",
+    "study_name",
+    "MethodOutcome",
+    "TrialReport",
+    "feasible",
+    "choose",
+    "candidates",
+    "constraint_values",
+    "drop_ucb_at",
+    "study_tokens",
+]
 
 
 RangeRunner = Callable[[DecodeConfig, list[Problem], list[range]], list[EvalResult]]
@@ -122,8 +132,14 @@ class Tuner:
         fn = self.evaluate_fn or evaluate
 
         def one(r: range) -> EvalResult:
-            return fn(self.spec, self.backend, config, output_dir=self.settings.output_dir,
-                      problems=problems[r.start:r.stop], progress=self.progress)
+            return fn(
+                self.spec,
+                self.backend,
+                config,
+                output_dir=self.settings.output_dir,
+                problems=problems[r.start : r.stop],
+                progress=self.progress,
+            )
 
         ranges = split(len(problems), self.settings.range_size)
         if self.run_ranges is not None:
@@ -131,10 +147,12 @@ class Tuner:
         if len(ranges) == 1:
             return one(ranges[0])
         # the ranges no other worker holds first, then the others (by then recorded: read, not generated)
-        records = records_path(Path(self.settings.output_dir), self.spec, config, records_name(self.backend, config.method))
+        records = records_path(
+            Path(self.settings.output_dir), self.spec, config, records_name(self.backend, config.method)
+        )
         results, held = {}, []
         for r in worker_order(ranges, self.worker):
-            with claim(claim_path(records, [p.id for p in problems[r.start:r.stop]]), wait=False) as mine:
+            with claim(claim_path(records, [p.id for p in problems[r.start : r.stop]]), wait=False) as mine:
                 if mine:
                     results[r.start] = one(r)
                 else:
@@ -143,16 +161,18 @@ class Tuner:
             results[r.start] = one(r)
         return merge([results[r.start] for r in ranges])
 
-    def evaluate_ranges(self, spec: TaskSpec, backend, config: DecodeConfig, *, output_dir, problems: list[Problem],
-                        progress: bool) -> EvalResult:
+    def evaluate_ranges(
+        self, spec: TaskSpec, backend, config: DecodeConfig, *, output_dir, problems: list[Problem], progress: bool
+    ) -> EvalResult:
         """``evaluate``'s signature, run as the tuner runs an evaluation: in ranges of
         ``settings.range_size`` problems, claimed (``relaxtune.tune.claims``), so workers
         confirming the same point share its samples and generate each once (the
         tuner's own task, pair and output folder). Under a flow (``run_ranges``), one
         evaluation in this process, as before (claimed by ``evaluate`` itself)."""
         if self.run_ranges is not None:
-            return (self.evaluate_fn or evaluate)(spec, backend, config, output_dir=output_dir, problems=problems,
-                                                  progress=progress)
+            return (self.evaluate_fn or evaluate)(
+                spec, backend, config, output_dir=output_dir, problems=problems, progress=progress
+            )
         return self._evaluate(config, problems)
 
     def baseline(self, n_draft: int) -> EvalResult:
@@ -172,8 +192,9 @@ class Tuner:
         """Strict at every draft length evaluated so far: N -> (modeled speed-up, accuracy)."""
         return {n: (self.strict_speedup(n), b.accuracy) for n, b in sorted(self.baselines.items())}
 
-    def evaluate_point(self, method: str, knob: float | None, n_draft: int,
-                       on_stage: Callable[[int, dict], None] | None = None) -> tuple[dict, EvalResult]:
+    def evaluate_point(
+        self, method: str, knob: float | None, n_draft: int, on_stage: Callable[[int, dict], None] | None = None
+    ) -> tuple[dict, EvalResult]:
         """Evaluate (method, knob, N) in stages; ``on_stage(problems_done, metrics)``
         runs after every stage but the last and may raise to stop (pruning)."""
         strict = self.baseline(n_draft)
@@ -199,19 +220,25 @@ class Tuner:
         knob, n_draft = server.point()
         return {"knob": knob, "n_draft": n_draft}
 
-    def result(self, outcomes: list[MethodOutcome], confirmations: dict | None = None,
-               confirm_problems: int | None = None) -> JobResult:
+    def result(
+        self, outcomes: list[MethodOutcome], confirmations: dict | None = None, confirm_problems: int | None = None
+    ) -> JobResult:
         """The finished job, frozen, for ``report/`` (the tuned config, MLflow, figures):
         strict at every draft length evaluated so far, ``outcomes`` and their
         ``confirmations`` (method -> ``Confirmation``), ``confirm_problems`` (default:
         the search's problems)."""
         return JobResult(
-            settings=self.settings.model_copy(deep=True), spec=self.spec, problems=len(self.problems),
+            settings=self.settings.model_copy(deep=True),
+            spec=self.spec,
+            problems=len(self.problems),
             confirm_problems=confirm_problems or len(self.problems),
             baselines=dict(sorted(self.baselines.items())),
             strict_speedups={n: self.strict_speedup(n) for n in sorted(self.baselines)},
-            outcomes=tuple(outcomes), confirmations=dict(confirmations or {}), profile=self.profile,
-            pinned=frozenset(o.method for o in outcomes if self.pinned(o.method) is not None))
+            outcomes=tuple(outcomes),
+            confirmations=dict(confirmations or {}),
+            profile=self.profile,
+            pinned=frozenset(o.method for o in outcomes if self.pinned(o.method) is not None),
+        )
 
     def _suggest(self, method: str) -> Callable:
         """Draws a taken trial's parameters (enqueued and retried trials keep theirs)."""
@@ -264,16 +291,25 @@ class Tuner:
         """
         pin = self.pinned(method)
         pair = getattr(self.backend, "name", "backend")
-        name = study_name(self.spec.name, method, pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
-                          self.spec.version)
+        name = study_name(
+            self.spec.name,
+            method,
+            pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
+            self.spec.version,
+        )
         plan = None
         if self.new_trials:
             grid = [pin] if pin is not None else self.grid_points(method)
             wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
             plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
         digest = search_digest(self.problems)
-        return self.queue.open(name, self.sampler(method, 0), plan, {"search_problems": digest},
-                               problems=digest if self.new_trials and self.settings.confirm == "holdout" else None)
+        return self.queue.open(
+            name,
+            self.sampler(method, 0),
+            plan,
+            {"search_problems": digest},
+            problems=digest if self.new_trials and self.settings.confirm == "holdout" else None,
+        )
 
     def grid_points(self, method: str) -> list[dict]:
         """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
@@ -308,8 +344,12 @@ class Tuner:
             self._studies = studies
             self._drive(submit)
         strict = self.strict_points()
-        return [MethodOutcome(m, study, choose(study, self.settings.stats, strict), run_ids.get(m),
-                              tokens=study_tokens(study)) for m, study in studies.items()]
+        return [
+            MethodOutcome(
+                m, study, choose(study, self.settings.stats, strict), run_ids.get(m), tokens=study_tokens(study)
+            )
+            for m, study in studies.items()
+        ]
 
     def tune_method(self, method: str) -> MethodOutcome:
         """``tune([method])``: one method's study."""
@@ -367,12 +407,19 @@ class Tuner:
                 if time.monotonic() - bar[1] >= self.settings.heartbeat:  # other workers may have finished trials
                     bar[:] = self.speed_bar(trial.study), time.monotonic()
                 if bar[0] is not None and m["speedup_ucb"] < bar[0]:
-                    pruned = "speed", (f"speed-up <= {m['speedup_ucb']:.3f} after {done} problems, below {bar[0]:.3f}: "
-                                       f"slower than {self.settings.confirmations} feasible point(s)")
+                    pruned = (
+                        "speed",
+                        (
+                            f"speed-up <= {m['speedup_ucb']:.3f} after {done} problems, below {bar[0]:.3f}: "
+                            f"slower than {self.settings.confirmations} feasible point(s)"
+                        ),
+                    )
             if pruned:  # before the stage's attr: a helping worker never takes the next stage of a pruned trial
                 trial.set_user_attr(PRUNED_BY, pruned[0])
-            trial.set_user_attr(stage_attr(done), {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"],
-                                                  "speedup_ucb": m["speedup_ucb"]})
+            trial.set_user_attr(
+                stage_attr(done),
+                {"accuracy": m["accuracy"], "drop_lcb": m["drop_lcb"], "speedup_ucb": m["speedup_ucb"]},
+            )
             if pruned:
                 raise optuna.TrialPruned(pruned[1])
 
@@ -391,7 +438,7 @@ class Tuner:
             except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the trial waits for the resume, first in line
                 self._requeue(method, trial, "stopped")
                 raise
-            except Exception as err:  # noqa: BLE001 - a failed evaluation must not end the study
+            except Exception as err:
                 if environmental(err):  # the machine failed, not the trial: the job stops, the trial waits
                     self._requeue(method, trial, f"{type(err).__name__}")
                     raise
@@ -400,8 +447,10 @@ class Tuner:
                 state = self._tell(trial, state, metrics, note, method)
         report = TrialReport(method, trial.number, dict(trial.params), state, metrics)
         if state == "LOST":
-            self.log(f"{method} trial {trial.number} was declared stale by another worker (no heartbeat within "
-                     f"{self.settings.stale_after} s) and runs again there; nothing of it is kept here")
+            self.log(
+                f"{method} trial {trial.number} was declared stale by another worker (no heartbeat within "
+                f"{self.settings.stale_after} s) and runs again there; nothing of it is kept here"
+            )
             return report
         if self.tracker:
             self.tracker.log_trial(method, trial.number, trial.params, metrics, state, result)
@@ -421,9 +470,11 @@ class Tuner:
                 trial.set_user_attr("requeued", f"{why} on {self.worker}")
                 requeue(self.queue.storage, self.queue.trial_id(trial.study.study_name, trial.number))
             self.log(f"{method} trial {trial.number} goes back to its queue ({why}): the resume runs it first")
-        except Exception as err:  # noqa: BLE001 - the storage may be what failed; staleness then retries it
-            self.log(f"{method} trial {trial.number} could not go back to its queue ({type(err).__name__}: {err}); "
-                     f"it is retried once its heartbeat is older than {self.settings.stale_after} s")
+        except Exception as err:
+            self.log(
+                f"{method} trial {trial.number} could not go back to its queue ({type(err).__name__}: {err}); "
+                f"it is retried once its heartbeat is older than {self.settings.stale_after} s"
+            )
 
     def speed_bar(self, study) -> float | None:
         """The modeled speed-up a trial must be able to exceed to matter: that of the study's
@@ -465,7 +516,9 @@ class Tuner:
         parameters and never ran: it gets no MLflow run (as ``Tracker.finish``'s backfill)."""
         method = next((m for m, s in self._studies.items() if s.study_name == study.study_name), None)
         what = "retried with the same parameters" if retried else "already retried once: replaced by a new trial"
-        self.log(f"{study.study_name} trial {trial.number} went stale (no heartbeat from "
-                 f"{trial.user_attrs.get('worker', 'its worker')} for {self.settings.stale_after} s): {what}")
+        self.log(
+            f"{study.study_name} trial {trial.number} went stale (no heartbeat from "
+            f"{trial.user_attrs.get('worker', 'its worker')} for {self.settings.stale_after} s): {what}"
+        )
         if self.tracker and method is not None and "n_draft" in trial.params:
             self.tracker.log_trial(method, trial.number, trial.params, {}, "FAIL", None, note=f"stale: {what}")

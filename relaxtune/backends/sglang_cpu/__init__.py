@@ -30,13 +30,15 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
 # imported (seconds) only when there is an sgl_kernel to look into. Only the printed mark says yes:
 # an interpreter, or an sgl_kernel, that exits 0 before the op is looked up does not.
 _MARK = "relaxtune: sgl_kernel has convert_weight_packed"
-_PROBE = ("import importlib.util, sys\n"
-          "if importlib.util.find_spec('sgl_kernel') is None: sys.exit(1)\n"
-          "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed\n"
-          f"print({_MARK!r})")
+_PROBE = (
+    "import importlib.util, sys\n"
+    "if importlib.util.find_spec('sgl_kernel') is None: sys.exit(1)\n"
+    "import torch, sgl_kernel; torch.ops.sgl_kernel.convert_weight_packed\n"
+    f"print({_MARK!r})"
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 300.0) -> bool:
     """Whether ``python`` (SGLang's environment, with ``pythonpath`` as its ``PYTHONPATH``)
     imports a compiled CPU build of ``sgl_kernel``: one that registers the op
@@ -45,10 +47,18 @@ def has_cpu_kernel(python: str, pythonpath: str | None = None, timeout: float = 
     installs none), when its ``sgl_kernel`` fails to import (the CUDA build without
     ``libcuda.so.1``) or lacks the op, or when the probe takes over ``timeout`` seconds.
     Asked once per interpreter and path in a process."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (
+        {"PYTHONPATH": pythonpath} if pythonpath else {}
+    )
     try:  # no stdin: with PYTHONINSPECT set, a terminal would keep the probe at a >>> prompt
-        found = subprocess.run([python, "-c", _PROBE], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, timeout=timeout)
+        found = subprocess.run(
+            [python, "-c", _PROBE],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return found.returncode == 0 and _MARK.encode() in found.stdout.splitlines()

@@ -28,8 +28,15 @@ __all__ = ["command", "harness_dir", "HARNESS_FILES", "PRIVATE", "SITE", "CODE_D
 
 HARNESS_FILES = ("harness.py", "child.py", "checks.py", "confine.py")
 PRIVATE, SITE, CODE_DIR = "/run/relaxtune", "/opt/site", "/opt/relaxtune"
-_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONHASHSEED": "0",
-        "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/tmp",
+    "PYTHONHASHSEED": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
 _copied: list[str] = []
 _lock = threading.Lock()
 
@@ -63,8 +70,9 @@ def _top_level() -> list[str]:
     return args
 
 
-def command(bwrap: str, python: str, *, tmp_mb: int, private_mb: int, site: list[str], info_fd: int | None,
-            as_root: bool) -> list[str]:
+def command(
+    bwrap: str, python: str, *, tmp_mb: int, private_mb: int, site: list[str], info_fd: int | None, as_root: bool
+) -> list[str]:
     """The ``bwrap`` argv that starts ``python -I`` in the sandbox (see module doc); the
     caller appends the script (``f"{CODE_DIR}/harness.py"``).
 
@@ -79,8 +87,17 @@ def command(bwrap: str, python: str, *, tmp_mb: int, private_mb: int, site: list
         as_root: the caller is root: the sandbox's user is uid 1000 (no capability),
             never root inside.
     """
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1", "--cap-drop", "ALL"]
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+    ]
     if as_root:
         args += ["--uid", "1000", "--gid", "1000"]
     args += ["--ro-bind", "/usr", "/usr", *_top_level(), "--proc", "/proc", "--dev", "/dev"]

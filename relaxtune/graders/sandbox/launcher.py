@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import bwrap as bw
-from . import cgroup
-from . import packages
+from . import cgroup, packages
 
 __all__ = ["SandboxInfo", "Outcome", "sandbox_info", "run_job", "read_capped", "budget"]
 
@@ -88,11 +87,15 @@ class SandboxInfo:
         """One line: what contains a solution here, and its bounds."""
         if self.kind != "bubblewrap":
             return self.note + ("" if self.site else "; no numpy for solutions")
-        tree = "a memory and pids control group per run" if self.cgroup else \
-            "a process count x address space budget (no control group here)"
+        tree = (
+            "a memory and pids control group per run"
+            if self.cgroup
+            else "a process count x address space budget (no control group here)"
+        )
         numpy = "numpy available" if self.site else "no numpy in the sandbox"
-        return f"sandbox: bubblewrap ({self.bwrap}), every namespace, {tree}, {numpy}" + \
-            (f"; {self.note}" if self.note else "")
+        return f"sandbox: bubblewrap ({self.bwrap}), every namespace, {tree}, {numpy}" + (
+            f"; {self.note}" if self.note else ""
+        )
 
 
 @dataclass
@@ -121,22 +124,31 @@ def budget(memory: int) -> int:
     return max(4, min(32, total // 2 // max(memory, 1)))
 
 
-_PROBE = ("import sys\nsys.path.insert(0, {site!r})\ntry:\n    import numpy\n    got = 'numpy'\n"
-          "except Exception as err:\n    got = type(err).__name__ + ': ' + str(err)\n"
-          "print(*sys.version_info[:2])\nprint(got)\n")
+_PROBE = (
+    "import sys\nsys.path.insert(0, {site!r})\ntry:\n    import numpy\n    got = 'numpy'\n"
+    "except Exception as err:\n    got = type(err).__name__ + ': ' + str(err)\n"
+    "print(*sys.version_info[:2])\nprint(got)\n"
+)
 
 
 def _probe(bwrap: str, python: str, fresh_uid: bool, site: tuple[str, ...]) -> tuple[bool, str]:
     """A trivial bubblewrap run with the packages bound as every run binds them: (started,
     "" or why not in one line: bwrap's own message) when it did not start; when it did,
     (True, "" or why numpy did not load inside)."""
-    argv = bw.command(bwrap, python, tmp_mb=1, private_mb=1, site=list(site), info_fd=None,
-                      as_root=os.geteuid() == 0)
+    argv = bw.command(bwrap, python, tmp_mb=1, private_mb=1, site=list(site), info_fd=None, as_root=os.geteuid() == 0)
     uid = random.randrange(1 << 20, 1 << 30) if fresh_uid else None
     try:
-        run = subprocess.run([*argv, "-c", _PROBE.format(site=bw.SITE)], capture_output=True, text=True,
-                             timeout=30, env={"PATH": _SYSTEM_PATH}, cwd="/", user=uid, group=uid,
-                             extra_groups=[] if uid else None)
+        run = subprocess.run(
+            [*argv, "-c", _PROBE.format(site=bw.SITE)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": _SYSTEM_PATH},
+            cwd="/",
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid else None,
+        )
     except (OSError, subprocess.SubprocessError) as err:
         return False, f"{type(err).__name__}: {err}"
     lines = run.stdout.splitlines()
@@ -167,16 +179,29 @@ def sandbox_info() -> SandboxInfo:
     if not forced and bwrap:
         started, said = _probe(bwrap, python, fresh, binds)
         if started:
-            note = "" if fresh or not root or cgroup.available() else \
-                "the process count is unbounded (root's sandbox without a control group)"
+            note = (
+                ""
+                if fresh or not root or cgroup.available()
+                else "the process count is unbounded (root's sandbox without a control group)"
+            )
             note = "; ".join(x for x in (note, said or site.note) if x)
             if said or site.note:
                 log.warning("code grader: %s", said or site.note)
-            return SandboxInfo("bubblewrap", python, bwrap, fresh_uid=fresh, cgroup=cgroup.available(),
-                               site=() if said else binds, site_dir=None if said else site.path, note=note)
+            return SandboxInfo(
+                "bubblewrap",
+                python,
+                bwrap,
+                fresh_uid=fresh,
+                cgroup=cgroup.available(),
+                site=() if said else binds,
+                site_dir=None if said else site.path,
+                note=note,
+            )
         why = f"bubblewrap cannot start here: {said}"
-    note = (f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run, files "
-            "can be left outside its directory and host sockets can be reached")
+    note = (
+        f"sandbox: process group only ({why}): descendants that call setsid() can outlive the run, files "
+        "can be left outside its directory and host sockets can be reached"
+    )
     if root and not shared:
         note += "; solutions run as root"
     if site.note:
@@ -185,8 +210,15 @@ def sandbox_info() -> SandboxInfo:
     return SandboxInfo("process-group", python, fresh_uid=fresh, site=binds, site_dir=site.path, note=note)
 
 
-def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_cap: int = RESULT_CAP,
-                stderr_keep: int = STDERR_KEEP, stderr_cap: int = STDERR_CAP) -> tuple[bytes, bytes, str]:
+def read_capped(
+    proc: subprocess.Popen,
+    data: bytes,
+    deadline: float,
+    *,
+    result_cap: int = RESULT_CAP,
+    stderr_keep: int = STDERR_KEEP,
+    stderr_cap: int = STDERR_CAP,
+) -> tuple[bytes, bytes, str]:
     """Feed ``data`` to ``proc``'s stdin while reading its stdout and stderr, bounded.
 
     Keeps at most ``result_cap`` bytes of stdout and the last ``stderr_keep`` bytes
@@ -218,7 +250,7 @@ def read_capped(proc: subprocess.Popen, data: bytes, deadline: float, *, result_
                 pipe = key.fileobj
                 if pipe is proc.stdin:
                     try:
-                        pending = pending[os.write(pipe.fileno(), pending[: 1 << 16]):]
+                        pending = pending[os.write(pipe.fileno(), pending[: 1 << 16]) :]
                     except BrokenPipeError:
                         pending = pending[:0]
                     if not pending:
@@ -258,7 +290,7 @@ def _parse_frame(out: bytes, nonce: str) -> dict | None:
         head, _, rest = line.partition(" ")
         if head == FRAME and rest.startswith(nonce + " "):
             try:
-                frame = json.loads(rest[len(nonce) + 1:])
+                frame = json.loads(rest[len(nonce) + 1 :])
             except json.JSONDecodeError:
                 return None
             return frame if isinstance(frame, dict) and "verdict" in frame else None
@@ -327,19 +359,44 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
         group = cgroup.create(bound, CGROUP_PIDS)
     nproc = CGROUP_PIDS if group else budget(job["memory"])
     base = None if boxed else tempfile.mkdtemp(prefix="relaxtune-run-")
-    job = {**job, "nonce": nonce, "sandbox": {
-        "bwrap": boxed, "base": base, "private": bw.PRIVATE if boxed else None,
-        "site": (bw.SITE if boxed else info.site_dir) if info.site else None, "nproc": nproc,
-        "uid": random.randrange(1 << 20, 1 << 30) if not boxed and info.fresh_uid else None}}
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HOME": base or "/"}
+    job = {
+        **job,
+        "nonce": nonce,
+        "sandbox": {
+            "bwrap": boxed,
+            "base": base,
+            "private": bw.PRIVATE if boxed else None,
+            "site": (bw.SITE if boxed else info.site_dir) if info.site else None,
+            "nproc": nproc,
+            "uid": random.randrange(1 << 20, 1 << 30) if not boxed and info.fresh_uid else None,
+        },
+    }
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "HOME": base or "/",
+    }
     uid = random.randrange(1 << 20, 1 << 30) if boxed and info.fresh_uid else None
     info_r = info_w = None
     try:
         if boxed:
             info_r, info_w = os.pipe()
-            argv = [*bw.command(info.bwrap, info.python, tmp_mb=tmp_mb, private_mb=private_mb, site=list(info.site),
-                                info_fd=info_w, as_root=os.geteuid() == 0), f"{bw.CODE_DIR}/harness.py"]
+            argv = [
+                *bw.command(
+                    info.bwrap,
+                    info.python,
+                    tmp_mb=tmp_mb,
+                    private_mb=private_mb,
+                    site=list(info.site),
+                    info_fd=info_w,
+                    as_root=os.geteuid() == 0,
+                ),
+                f"{bw.CODE_DIR}/harness.py",
+            ]
             if group:
                 if uid is not None:
                     for procs in group.procs:
@@ -348,10 +405,19 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
         else:
             os.chmod(base, 0o755)
             argv = [info.python, "-I", str(HARNESS)]
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=base or "/", start_new_session=True, user=uid, group=uid,
-                                extra_groups=[] if uid is not None else None,
-                                pass_fds=[info_w] if info_w is not None else [])
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=base or "/",
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+            pass_fds=[info_w] if info_w is not None else [],
+        )
         if info_w is not None:
             os.close(info_w)
             info_w = None
@@ -376,5 +442,13 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
     notes = list(frame.get("notes", [])) if frame else []
     if info.note:
         notes.append(info.note)
-    return Outcome(frame, ended, err.decode("utf-8", "replace"), proc.returncode, notes, usage["oom_kills"],
-                   usage["peak"], group.limit if group else nproc * job["memory"])
+    return Outcome(
+        frame,
+        ended,
+        err.decode("utf-8", "replace"),
+        proc.returncode,
+        notes,
+        usage["oom_kills"],
+        usage["peak"],
+        group.limit if group else nproc * job["memory"],
+    )

@@ -78,8 +78,11 @@ def interpreter(other_user: bool) -> str | None:
     if not other_user:
         return own
     for candidate in (own, SYSTEM_PYTHON):
-        if os.path.exists(candidate) and readable_by_all(candidate) and \
-                os.stat(os.path.realpath(candidate)).st_mode & stat.S_IXOTH:
+        if (
+            os.path.exists(candidate)
+            and readable_by_all(candidate)
+            and os.stat(os.path.realpath(candidate)).st_mode & stat.S_IXOTH
+        ):
             return os.path.realpath(candidate)
     return None
 
@@ -89,8 +92,14 @@ def version_of(python: str) -> tuple[int, int] | None:
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return tuple(sys.version_info[:2])
     try:
-        run = subprocess.run([python, "-I", "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
-                             text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        run = subprocess.run(
+            [python, "-I", "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+        )
         major, minor = map(int, run.stdout.split())
         return (major, minor) if run.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError):
@@ -149,9 +158,12 @@ def _make(python: str, other_user: bool) -> SiteDir:
         return SiteDir(None, note="numpy is not installed here")
     version = version_of(python)
     if version != tuple(sys.version_info[:2]):
-        return SiteDir(None, note=f"numpy is not offered: the interpreter {python} is Python "
-                                  f"{'.'.join(map(str, version)) if version else '(did not run)'}, numpy here is "
-                                  f"built for {sys.version_info[0]}.{sys.version_info[1]}")
+        return SiteDir(
+            None,
+            note=f"numpy is not offered: the interpreter {python} is Python "
+            f"{'.'.join(map(str, version)) if version else '(did not run)'}, numpy here is "
+            f"built for {sys.version_info[0]}.{sys.version_info[1]}",
+        )
     _sweep()
     target = tempfile.mkdtemp(prefix=f"relaxtune-site-{os.getpid()}-")
     atexit.register(shutil.rmtree, target, True)

@@ -34,9 +34,14 @@ __all__ = ["assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu", "murmu
 _MASK = 0xFFFFFFFF
 
 
-def assign_req_to_token_pool_cpu(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
-                                 start_offset: torch.Tensor, end_offset: torch.Tensor,
-                                 out_cache_loc: torch.Tensor, pool_len: int) -> None:
+def assign_req_to_token_pool_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
     """Write each request's new KV locations into its row of the request-to-token table, in place.
 
     For request ``r`` in order, ``req_to_token[req_pool_indices[r], start_offset[r]:end_offset[r]]``
@@ -62,12 +67,13 @@ def assign_req_to_token_pool_cpu(req_pool_indices: torch.Tensor, req_to_token: t
         raise ValueError(f"the ranges ask for {need} locations, out_cache_loc holds {out_cache_loc.numel()}")
     at = 0
     for row, s, e in zip(rows, starts, ends):
-        req_to_token[row, s:e] = out_cache_loc[at:at + e - s].to(req_to_token.dtype)
+        req_to_token[row, s:e] = out_cache_loc[at : at + e - s].to(req_to_token.dtype)
         at += e - s
 
 
-def copy_all_layer_kv_cache_cpu(data_ptrs: torch.Tensor, strides: torch.Tensor, tgt_loc: torch.Tensor,
-                                src_loc: torch.Tensor) -> None:
+def copy_all_layer_kv_cache_cpu(
+    data_ptrs: torch.Tensor, strides: torch.Tensor, tgt_loc: torch.Tensor, src_loc: torch.Tensor
+) -> None:
     """Copy KV rows ``src_loc[j] -> tgt_loc[j]`` inside every KV buffer, in place.
 
     Buffer ``i`` starts at address ``data_ptrs[i]`` and its rows are ``strides[i]`` bytes.
@@ -138,8 +144,10 @@ def murmur_hash32(seed: torch.Tensor, positions: torch.Tensor, col_indices: torc
         ValueError: not 1-D, or ``seed`` and ``positions`` differ in shape.
     """
     if seed.dim() != 1 or col_indices.dim() != 1 or seed.shape != positions.shape:
-        raise ValueError(f"seed and positions must be [n] and col_indices [m]; got {tuple(seed.shape)}, "
-                         f"{tuple(positions.shape)}, {tuple(col_indices.shape)}")
+        raise ValueError(
+            f"seed and positions must be [n] and col_indices [m]; got {tuple(seed.shape)}, "
+            f"{tuple(positions.shape)}, {tuple(col_indices.shape)}"
+        )
     s = seed.to(torch.int64)
     lo = (s & _MASK)[:, None]
     hi = ((s >> 32) & _MASK)[:, None]
@@ -165,17 +173,25 @@ def _murmur_fake(seed, positions, col_indices):
 
 def _speculative_only(name: str):
     def unavailable(*args, **kwargs):
-        raise NotImplementedError(f"sgl_kernel.{name}: speculative decoding does not run on a CPU without AMX "
-                                  "(this is relaxtune's pure-torch stand-in for sgl_kernel)")
+        raise NotImplementedError(
+            f"sgl_kernel.{name}: speculative decoding does not run on a CPU without AMX "
+            "(this is relaxtune's pure-torch stand-in for sgl_kernel)"
+        )
 
     unavailable.__name__ = name
     return unavailable
 
 
 # imported at module level by sglang/kernels/ops/speculative/*.py on CPU; only speculative decoding calls them
-_SPECULATIVE = ("build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu",
-                "fill_bonus_tokens_cpu", "rotate_input_ids_cpu", "assign_draft_cache_locs_contiguous_cpu",
-                "assign_extend_cache_locs_cpu")
+_SPECULATIVE = (
+    "build_tree_kernel_efficient_cpu",
+    "verify_tree_greedy_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    "rotate_input_ids_cpu",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+)
 for _name in _SPECULATIVE:
     globals()[_name] = _speculative_only(_name)
 __all__ += list(_SPECULATIVE)
