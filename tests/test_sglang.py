@@ -19,7 +19,7 @@ from .tiny_models import noisy_copy, tiny_lm
 
 GREEDY = SamplingParams(temperature=0.0)
 
-# A /generate response in SGLang 0.5.23's layout (shared/docs/sglang-protocol.md),
+# A /generate response in SGLang 0.5.23's layout (docs/reference/sglang-protocol.md),
 # for prompt [5, 9, 7] + drafts [3, 4] scored with logprob_start_len = 2 (each row's probabilities sum to at
 # most 1, as log-probabilities must: a row above 1 is refused).
 LAYOUT = {

@@ -1,7 +1,7 @@
 """Which rules a serving engine runs, and at which sampling: the filter behind
 ``relaxtune tune --deployable-on ENGINE`` and the engine list of every ``deploy:``
 block (``relaxtune.report.deploy``). Versions and sources:
-``shared/docs/engine-rules.md``.
+``docs/reference/engine-rules.md``.
 
 - ``vllm`` (0.33.0+): ``strict`` (``rejection_sample_method: "standard"``) and ``fly``
   (greedy and sampled requests).

@@ -8,7 +8,7 @@ version, the exact weights that were measured (``weights``) and the sampling. A
 rule no engine ships gives one line. ``plain_blocks`` is the recommendation when
 no speculative point pays: plain decoding of the verifier.
 
-Engines, versions and constraints (``shared/docs/engine-rules.md``):
+Engines, versions and constraints (``docs/reference/engine-rules.md``):
 - vLLM 0.33.0 ``--speculative-config`` JSON: lossless ``rejection_sample_method``
   ``standard``; FLy ``fly`` with ``fly_window_size``, ``fly_entropy_threshold``,
   ``fly_entropy_top_k`` (``vllm/config/speculative.py:652-660``), validated at
