@@ -47,6 +47,7 @@ from .tune.tuning import Tuner, choose
 
 __all__ = [
     "run_tune_job",
+    "deployable",
     "tune_job",
     "export_job",
     "prepare",
@@ -288,9 +289,33 @@ class _Job:
     measured: list  # this run's own cost measurement, for the estimate
 
 
+def deployable(settings: TuneSettings, log: Callable[[str], None] = print) -> TuneSettings:
+    """``settings`` with only the methods one of ``settings.deployable_on``'s engines runs
+    at the task's sampling (``relaxtune.decoding.deployable.deployable_methods``); each
+    refused method is named with why, before anything loads.
+
+    Raises:
+        JobError: no method left (each refusal named).
+    """
+    from .decoding.deployable import deployable_methods
+
+    spec = load_task(settings.task)
+    kept, refused = deployable_methods(settings.deployable_on, settings.methods, spec.sampling.temperature)
+    for why in refused.values():
+        log(f"--deployable-on {','.join(settings.deployable_on)}: refused {why}")
+    if not kept:
+        raise JobError(
+            f"--deployable-on {','.join(settings.deployable_on)}: no method of --methods "
+            f"{','.join(settings.methods)} runs there ({'; '.join(refused.values())})"
+        )
+    return settings.model_copy(update={"methods": kept})
+
+
 def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str], None], track: bool) -> _Job:
     """Checks, problems and the pair (``prepare``), the stores, the holdout split, the
     studies' problems (``check_search_problems``) and the forward costs (``job_costs``)."""
+    if new_trials and settings.deployable_on:
+        settings = deployable(settings, log)
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow

@@ -79,8 +79,9 @@ def test_a_flat_yaml_written_before_loads_and_dumps_back_byte_for_byte():
 
 def test_every_flat_name_belongs_to_exactly_one_group_and_reads_back():
     names = [n for model in GROUPS.values() for n in model.model_fields]
-    assert len(names) == len(set(names)) == 33  # plus the task: the 34 settings
-    assert list(flat_fields()) == list(TuneSettings(task="t").model_dump())
+    assert len(names) == len(set(names)) == 34  # plus the task: the 35 settings (deployable_on: issue 34)
+    # every field is dumped but deployable_on, applied where the job starts (the kept methods are dumped)
+    assert [n for n in flat_fields() if n != "deployable_on"] == list(TuneSettings(task="t").model_dump())
     settings = TuneSettings(**yaml.safe_load(OLD_JOB))
     for group, model in GROUPS.items():
         for name in model.model_fields:

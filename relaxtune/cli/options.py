@@ -143,7 +143,7 @@ def settings_from(config: str | None, flags: dict, base: dict | None = None):
     for key, value in flags.items():
         if value is None:
             continue
-        if key in ("methods", "n_drafts") and isinstance(value, str):
+        if key in ("methods", "n_drafts", "deployable_on") and isinstance(value, str):
             value = _split(key, value)
         if key == "c_rel" and value != "measured":
             try:

@@ -198,7 +198,7 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
     import sys
 
     from ..backends.load import lazy_backend
-    from ..job import JobError, prepare, run_tune_job
+    from ..job import JobError, deployable, prepare, run_tune_job
     from ..tune.checks import ConfirmationError
     from ..tune.settings import start, study_name
     from ..tune.stopping import guarded
@@ -206,6 +206,11 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
 
     check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
     log = say(json_output)
+    if new_trials and settings.deployable_on:  # the methods the named engines run, the rest refused by name
+        try:
+            settings = deployable(settings, log)
+        except JobError as err:
+            raise typer.BadParameter(str(err)) from None
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
         with status(loading, json_output):

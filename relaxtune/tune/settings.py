@@ -188,6 +188,12 @@ class SearchSettings(BaseModel):
     limit: int | None = Field(None, ge=1, description="first N problems only")
     seed: int = Field(0, description="base seed")
     stage_size: int = Field(4, ge=1, description="problems per evaluation stage (pruning granularity)")
+    deployable_on: list[str] | None = Field(
+        None,
+        exclude=True,  # applied where the job starts (the kept methods are what the job records)
+        description="comma-separated serving engines (vllm, sglang, trtllm, transformers): keep the methods one of "
+        "them runs at the task's sampling, refuse the rest by name",
+    )
 
     @field_validator("methods")
     @classmethod
@@ -199,6 +205,15 @@ class SearchSettings(BaseModel):
         if not methods:
             raise ValueError("give at least one method")
         return methods
+
+    @field_validator("deployable_on")
+    @classmethod
+    def _known_engines(cls, engines: list[str] | None) -> list[str] | None:
+        from ..decoding.deployable import ENGINES
+
+        if engines is not None and (not engines or any(e not in ENGINES for e in engines)):
+            raise ValueError(f"engines are {', '.join(ENGINES)}; got {', '.join(engines) or 'none'}")
+        return engines
 
     @field_validator("n_drafts")
     @classmethod

@@ -1,0 +1,58 @@
+"""``relaxtune tune --deployable-on ENGINE``: the methods the named engines run at the
+task's sampling are kept, the rest refused by name, before any model loads."""
+
+import pytest
+from typer.testing import CliRunner
+
+from relaxtune.cli import app
+from relaxtune.job import JobError, deployable
+from relaxtune.tune.settings import TuneSettings
+
+
+def test_keeps_what_the_engines_run_and_names_the_rest():
+    said = []
+    settings = TuneSettings(
+        task="humaneval", methods=["cactus", "ens", "sglang_threshold"], deployable_on=["transformers", "sglang"]
+    )
+    kept = deployable(settings, said.append)
+    assert kept.methods == ["ens", "sglang_threshold"]  # humaneval samples at 0.6: both run there
+    assert said == [
+        "--deployable-on transformers,sglang: refused cactus: not run by transformers, sglang (runs on no engine)"
+    ]
+    assert "deployable_on" not in kept.model_dump()  # applied where the job starts; the kept methods are recorded
+
+
+def test_nothing_left_is_refused_naming_each_method():
+    settings = TuneSettings(task="humaneval", methods=["cactus", "mentored"], deployable_on=["vllm"])
+    with pytest.raises(JobError, match=r"no method of --methods cactus,mentored runs there \(cactus: not run by vllm"):
+        deployable(settings, lambda m: None)
+
+
+@pytest.mark.parametrize(
+    ("engines", "message"),
+    [
+        ("vllm", "no method of --methods cactus runs there"),
+        ("tensorrt", "engines are vllm, sglang, trtllm, transformers; got tensorrt"),
+    ],
+)
+def test_the_cli_refuses_before_any_model_loads(tmp_path, engines, message):
+    res = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--task",
+            "humaneval",
+            "--methods",
+            "cactus",
+            "--deployable-on",
+            engines,
+            "--runtime",
+            "hf",
+            "--output-dir",
+            str(tmp_path / "runs"),
+        ],
+        env={"COLUMNS": "300"},
+    )
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+    assert not (tmp_path / "runs").exists()
