@@ -130,7 +130,7 @@ class SampleRecord(_Record):
     response_tokens: int | None = None
     stats: dict[str, Any] | None = None
     max_missing_mass: float | None = None
-    cached_tokens: int | None = None
+    cached_tokens: list[int] | None = None  # per round: the prefix a server found in its cache
     extracted: Any = None
     verdict: str | None = None
     correct: bool | None = None
