@@ -85,3 +85,13 @@ def test_paying_strict_deploys_every_engines_lossless_config(tmp_path):
     assert spec["num_speculative_tokens"] == 4 and spec["rejection_sample_method"] == "standard"
     assert rec.deploy["transformers"]["assistant_generation_config"]["num_assistant_tokens"] == 4
     assert rec.deploy["sglang"]["launch_args"][-2:] == ["--speculative-num-draft-tokens", "5"]
+
+
+def test_the_summary_recommends_plain_decoding_when_nothing_pays(tmp_path, capsys):
+    from relaxtune.cli.tune import _summary
+
+    _, config = tune(tmp_path, 0.9, cliff=-1.0, drop=0.25, strict_accept=0.05)
+    _summary(config, tmp_path / "t.yaml")
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps at its width
+    assert "recommendation: serve the verifier alone (plain decoding): no speculative point pays" in out
+    assert "recommendation: strict" not in out

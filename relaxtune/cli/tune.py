@@ -110,10 +110,12 @@ def _summary(config, path) -> None:
     )
     rec = config.recommendation
     knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
-    console.print(
-        f"[bold]recommendation[/bold]: {rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
-        f"{rec.reason}"
+    head = (
+        "" if rec.decoding == "plain" else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
     )
+    console.print(
+        f"[bold]recommendation[/bold]: {head}{rec.reason}"
+    )  # plain: the reason says "serve the verifier alone"
     for line in cautions(config):
         console.print(f"[bold yellow]warning[/bold yellow]: {escape(line)}", soft_wrap=True)
     console.print(f"tuned config: {path}", soft_wrap=True, markup=False)
