@@ -35,13 +35,15 @@ def summary(config_path: Path = CONFIG, shown_path: str = "relaxtune-runs/humane
     from relaxtune.report.export import load_config
 
     console = importlib.import_module("relaxtune.cli.app").console  # the module (the package exports the app)
-    width, color = console.width, console.no_color
+    color = console.no_color
     console.width, console.no_color = WIDTH, True
     try:
         with console.capture() as captured:
             _summary(load_config(config_path), shown_path)
     finally:
-        console.width, console.no_color = width, color
+        # back to no fixed width (the app's console is made without one; only the CLI's main() fixes one): restoring
+        # the width read before would pin it, and every later table in this process would ignore $COLUMNS
+        console.width, console.no_color = None, color
     return "\n".join(line.rstrip() for line in captured.get().splitlines()).strip("\n") + "\n"
 
 
