@@ -145,29 +145,39 @@ def test_the_sample_output_is_the_jobs_own_summary():
     for line in shown:  # the README's sample is the output, trimmed: its lines in the same order
         assert line in lines[at:], f"not in the job's output (in order): {line!r}"
         at = lines.index(line, at) + 1
-    assert "recommendation: strict N=4" in "\n".join(shown)
+    assert "recommendation: serve the verifier alone (plain decoding)" in "\n".join(shown)
 
 
 def test_the_sample_configs_words_come_from_the_product():
     from relaxtune.certify.paired_bound import exact_upper
     from relaxtune.certify.planning import plan, split_confidence
-    from relaxtune.report.export import load_config, serving_args
+    from relaxtune.decoding.speed import CostProfile, modeled_speedup
+    from relaxtune.report.export import load_config
     from relaxtune.tune.confirm import RULE, promise
 
     c = load_config(sample.CONFIG)
     conf = c.confirmation
     assert conf["confidence_each"] == split_confidence(c.confidence, conf["planned"])
     assert conf["rule"] == RULE and conf["promise"] == promise("holdout", c.confidence, c.epsilon, conf["problems"])
-    p = plan(c.problems, c.repeats, c.epsilon, c.confidence, planned=conf["planned"], holdout=True)
-    assert c.sample["line"] == p.line() and c.sample["needed"] == p.needed
-    assert c.recommendation.serving == serving_args(
-        "strict", None, c.recommendation.n_draft, c.drafter, c.verifier, c.sampling
+    total = c.problems + conf["problems"]  # the search's problems and the held-out ones (--limit)
+    s = c.sample
+    p = plan(
+        total, c.repeats, c.epsilon, c.confidence, discordance=s["discordance"], planned=conf["planned"], holdout=True
     )
-    search = c.problems - conf["problems"]
+    assert c.sample["line"] == p.line() and c.sample["needed"] == p.needed
+    # a real run where no speculative point pays: plain decoding of the verifier, every engine's block saying so
+    assert c.recommendation.decoding == "plain" and c.recommendation.serving["decoding"] == "plain"
+    assert {b["decoding"] for b in c.recommendation.deploy.values()} == {"plain"}
+    sglang = c.recommendation.deploy["sglang"]
+    assert c.recommendation.serving["sglang_launch_args"] == ["--model-path", sglang["launch_args"][1]]
+    assert not any("speculative" in a for a in sglang["launch_args"])
+    search = c.problems  # the problems the search ran (the config's problems; the held-out ones apart)
     for m in c.methods.values():
         assert m.closest["drop_upper_bound"] == pytest.approx(exact_upper(search, 0, 0, c.confidence), abs=1e-4)
+        profile = CostProfile.from_dict(c.cost_profile)  # the measured costs (t_AR, t_draft, verify(N+1))
         assert m.closest["modeled_speedup"] == pytest.approx(
-            (m.closest["l_accept"] + 1) / (1 + m.closest["n_draft"] * c.c_rel) / m.closest["length_ratio"], abs=1e-4
+            modeled_speedup(profile, m.closest["l_accept"], m.closest["n_draft"], 1.0, m.closest["length_ratio"]),
+            abs=1e-4,
         )
 
 

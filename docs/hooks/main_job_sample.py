@@ -5,9 +5,9 @@
 
 The summary is printed by ``relaxtune.cli.tune._summary`` (what ``relaxtune tune`` prints at its end)
 from a tuned config that ``relaxtune.report.export.load_config`` validates:
-``docs/snippets/main-job.tuned.yaml`` by default, the outcome of the README's first command on the
-embedded default in the shape it takes there (8 problems, 4 held out, two trials per method, strict
-recommended; its measured numbers illustrative, not a captured run). Its words
+``docs/snippets/main-job.tuned.yaml`` by default, the tuned config of a real run of the README's first
+command on the embedded default (llama.cpp, 2 CPU cores, 2026-12-03: 8 problems, 4 held out, two trials
+per method, plain decoding recommended). Its words
 (``confirmation``, ``sample``, the notes, the recommendation's reason, ``serving``) come from the
 product's functions; ``tests/test_docs.py`` checks both, and that the README's sample is this output,
 trimmed, so neither can drift from the code.
