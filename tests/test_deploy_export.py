@@ -27,6 +27,13 @@ def test_speculation_pays_reads_strict_and_confirmed_points():
     out = plain_if_nothing_pays(
         {"method": "strict", "modeled_speedup": 0.7, "reason": "use strict: x"}, {4: {"modeled_speedup": 0.7}}, {}
     )
+    assert "(strict's best models 0.70x, no relaxed point confirmed)" in out["reason"]
+    out2 = plain_if_nothing_pays(
+        {"method": "strict", "modeled_speedup": 0.7, "reason": "use strict: x"},
+        {4: {"modeled_speedup": 0.7}},
+        {"cactus": R(True, 0.9)},
+    )
+    assert "(strict's best models 0.70x, every confirmed relaxed point below 1x too)" in out2["reason"]
     assert (
         out["decoding"] == "plain"
         and out["reason"].startswith(

@@ -70,7 +70,7 @@ def test_the_tune_summary_fits(tmp_path, monkeypatch, capsys, width):
         f"{config.methods['cactus'].drop_upper_bound:.3f}",
     ):
         assert cell in row  # the decision's columns are never the ones left out
-    assert ("not shown at" in text) == (width < 250) and "recommendation: cactus alpha=10 N=4" in text
+    assert ("not shown at" in text) == (width < 250) and "recommendation: cactus delta=10 N=4" in text
 
 
 def test_help_texts_have_no_source_line_breaks():

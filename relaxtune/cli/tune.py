@@ -109,7 +109,8 @@ def _summary(config, path) -> None:
         f"{sample['smallest_certifiable']:.3f}"
     )
     rec = config.recommendation
-    knob = "" if rec.knob is None else f" alpha={rec.knob:.3g}"
+    knobs = rec.knobs or ({} if rec.knob is None else {"alpha": rec.knob})  # the method's own knob names
+    knob = "".join(f" {name}={value:.3g}" for name, value in knobs.items())
     head = (
         "" if rec.decoding == "plain" else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
     )

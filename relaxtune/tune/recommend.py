@@ -144,12 +144,13 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict) -> 
     if speculation_pays(strict, methods):
         return out | {"decoding": "speculative"}
     best = max((v["modeled_speedup"] for v in strict.values()), default=out["modeled_speedup"])
+    confirmed = any(r.feasible for r in methods.values())
+    relaxed = "every confirmed relaxed point below 1x too" if confirmed else "no relaxed point confirmed"
     return out | {
         "decoding": "plain",
         "reason": (
             f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs "
-            f"(strict's best "
-            f"models {best:.2f}x, every confirmed relaxed point below 1x too); for reference, {out['reason']}"
+            f"(strict's best models {best:.2f}x, {relaxed}); for reference, {out['reason']}"
         ),
     }
 
