@@ -308,7 +308,7 @@ def deployable(settings: TuneSettings, log: Callable[[str], None] = print) -> Tu
             f"--deployable-on {','.join(settings.deployable_on)}: no method of --methods "
             f"{','.join(settings.methods)} runs there ({'; '.join(refused.values())})"
         )
-    return settings.model_copy(update={"methods": kept})
+    return settings.model_copy(update={"methods": kept, "deployable_on": None})  # applied: not again at the start
 
 
 def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str], None], track: bool) -> _Job:

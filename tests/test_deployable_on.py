@@ -19,6 +19,7 @@ def test_keeps_what_the_engines_run_and_names_the_rest():
     assert said == [
         "--deployable-on transformers,sglang: refused cactus: not run by transformers, sglang (runs on no engine)"
     ]
+    assert kept.deployable_on is None  # applied once: the job's start does not apply it again
     assert "deployable_on" not in kept.model_dump()  # applied where the job starts; the kept methods are recorded
 
 
