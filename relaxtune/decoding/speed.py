@@ -13,8 +13,8 @@ machine hits all of them alike; passes repeat until every shape's spread (the
 gap between its fastest and its median pass, relative to the fastest) is within
 ``SPREAD_TOLERANCE``, or ``MAX_PASSES`` have run. The spread is kept with the
 profile, and a profile still noisy after the last pass says so in its ``flags``.
-The model stays the paper's single-stream latency model: batching changes
-throughput, not the modeled speed-up.
+The model here is the paper's single-stream latency model; the speed at a serving batch
+size is the same model priced with that batch size's costs (``relaxtune.decoding.serving``).
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ class CostProfile:
         t_verify: optional measured verifier seconds for one pass over k tokens,
             keyed by k (a round with draft length N verifies k = N + 1 tokens).
         source: where the numbers come from (machine, batch size, date).
+        batch_size: the serving batch size B the times are for: every time is one
+            step of B rows together (a verify pass: B rows of k tokens each).
         spread: per timing ("t_ar", "t_draft", "t_verify[k]"), the relative gap
             between its fastest and its median pass (0.1 = 10 %).
         passes: interleaved passes the measurement took (0: not measured here).
@@ -110,8 +112,11 @@ class CostProfile:
     spread: dict[str, float] = field(default_factory=dict)
     passes: int = 0
     flags: list[str] = field(default_factory=list)
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
+        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("t_ar", self.t_ar)
         _positive("t_draft", self.t_draft)
         for k, t in self.t_verify.items():
@@ -135,6 +140,7 @@ class CostProfile:
             dict(raw.get("spread", {})),
             int(raw.get("passes", 0)),
             list(raw.get("flags", [])),
+            int(raw.get("batch_size", 1)),
         )
 
     @property
@@ -186,15 +192,17 @@ class CostProfile:
 def modeled_speedup(
     profile: CostProfile | float, l_accept: float, n_draft: int, L_ar: float = 1.0, L_relax: float = 1.0
 ) -> float:
-    """``speedup`` with a measured ``CostProfile`` (its round costs) or a c_rel value."""
-    if isinstance(profile, CostProfile):
+    """``speedup`` with measured costs (a ``CostProfile``, or a
+    ``relaxtune.decoding.serving.ServingProfile``: anything with ``speedup``) or a c_rel value."""
+    if not isinstance(profile, int | float):
         return profile.speedup(l_accept, n_draft, L_ar, L_relax)
     return speedup(l_accept, n_draft, float(profile), L_ar, L_relax)
 
 
 def c_rel_of(profile: CostProfile | float) -> float:
-    """The c_rel of a measured profile, or the value itself."""
-    return profile.c_rel if isinstance(profile, CostProfile) else float(profile)
+    """The c_rel of a measured profile (a serving profile's: at its declared batch
+    size), or the value itself."""
+    return float(profile) if isinstance(profile, int | float) else profile.c_rel
 
 
 def measure_interleaved(
