@@ -1,10 +1,10 @@
-"""The golden run: a tiny float32 pair, fixed seeds, one small job (tiny HF models,
-4 problems, one relaxed method, two trials, c_rel given, no MLflow). Run as a script
-it writes the job's records JSONL, Optuna storage and tuned YAML under a folder;
-``tests/fixtures/v2_run`` holds what the code at main 6bddc2b (records schema v2)
-wrote, and ``test_records.py`` runs it again on this code and compares.
+"""The job that wrote ``tests/fixtures/v2_run``: a tiny float32 pair, fixed seeds, one small
+job (tiny HF models, 4 problems, one relaxed method, two trials, c_rel given, no MLflow).
+``tests/fixtures/v2_run`` holds what the code at main 6bddc2b (records schema v2) wrote;
+``test_records.py`` re-exports and resumes it on this code. Run as a script it writes the
+job's records JSONL, Optuna storage and tuned YAML under a folder:
 
-    python -m tests.golden_run OUT_DIR
+    python -m tests.v2_run OUT_DIR
 """
 
 from __future__ import annotations
