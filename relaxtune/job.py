@@ -191,22 +191,23 @@ def tune_job(
     outcomes = _studies(job, tuner, "tuning", submit_trial, log)
     if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
         for outcome in outcomes:
-            outcome.mlflow_run_id = tracker.study_runs.get(outcome.method)
+            outcome.mlflow_run_id = tracker.wait().study_runs.get(outcome.method)
     confirmations = _choose(job, tuner, outcomes, [settings.mid_n_draft], new_trials=True, log=log)
     mlflow_info = None
     if tracker is not None:
+        made = tracker.wait()
         for method, confirmation in confirmations.items():
-            tracker.log_confirmation(method, confirmation)
+            made.log_confirmation(method, confirmation)
         mlflow_info = {
-            "tracking_uri": tracker.uri,
+            "tracking_uri": made.uri,
             "experiment": f"relaxtune-{job.spec.name}",
-            "experiment_id": tracker.experiment_id,
-            "run_id": tracker.task_run_id,
+            "experiment_id": made.experiment_id,
+            "run_id": made.task_run_id,
         }
     result = tuner.result(outcomes, confirmations, len(job.held_out))
     config, path = _write(result, mlflow_info, path)
     if tracker is not None:  # figures once strict is known at every N the trials used
-        tracker.finish(result, config, path)
+        tracker.wait().finish(result, config, path)
         tracker.close()
     return config, path
 

@@ -54,7 +54,7 @@ def test_calls_are_queued_in_order_on_one_thread_and_a_read_waits_for_them():
         assert tracker.log_trial("cactus", number, {}, {}, "COMPLETE", None) is None
     assert time.perf_counter() - began < 1.0 and calls == []  # nothing waited for the store
     gate.set()
-    assert tracker.task_run_id == "task-run"  # a read: every queued call has run
+    assert tracker.wait().task_run_id == "task-run"  # a read: every queued call has run
     assert [c[:2] for c in calls] == [("start_study", "cactus")] + [("log_trial", n) for n in range(5)]
     threads = {c[2] for c in calls}
     assert len(threads) == 1 and threads != {threading.current_thread().name}
@@ -72,7 +72,7 @@ def test_a_failed_call_is_raised_by_the_next_call():
     with pytest.raises(RuntimeError, match="went away at trial 1"):
         tracker.wait()
     tracker.log_trial("cactus", 2, {}, {}, "COMPLETE", None)  # raised once; the next calls run
-    assert tracker.task_run_id == "task-run" and [c[1] for c in calls] == [0, 2]
+    assert tracker.wait().task_run_id == "task-run" and [c[1] for c in calls] == [0, 2]
 
     tracker = BackgroundTracker(lambda: Recorder([], fail_on=0))
     tracker.log_trial("cactus", 0, {}, {}, "COMPLETE", None)

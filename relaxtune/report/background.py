@@ -8,7 +8,7 @@ and runs its calls on one thread of its own, in the order they were made, so
 neither holds the backend, a trial or the queue: the job's first samples are
 generated while the store is migrated. Calls that only write (``start_study``,
 ``log_trial``) return at once; everything else (``log_confirmation``,
-``finish``, the run ids) waits for every queued call first. A queued call that
+``finish``, the run ids) is called on ``wait()``, which waits for every queued call first. A queued call that
 failed is raised by the next call made to the tracker; a store that could not be
 made is raised as ``JobError``, with what to do (a job tracking to a server, with
 nothing to migrate, waits for the making: a wrong address fails before any
@@ -31,15 +31,14 @@ from .stores import StoreError
 
 __all__ = ["BackgroundTracker"]
 
-QUEUED = frozenset({"start_study", "log_trial"})  # calls whose result nobody reads
 SETTLE = 60.0  # seconds a stopped job waits for the tracker's thread
 
 
 class BackgroundTracker:
     """A ``Tracker`` made by ``make()`` and called on one thread of its own, in call order.
 
-    ``start_study`` and ``log_trial`` are queued and return None; any other attribute
-    (a method or a value, e.g. ``task_run_id``) is read once every queued call has run.
+    ``start_study`` and ``log_trial`` are queued and return None; everything else is read
+    from ``wait()``, the ``Tracker`` once every queued call has run.
 
     Args:
         make: builds the ``Tracker`` (and prepares its store); runs on the tracker's thread.
@@ -66,10 +65,13 @@ class BackgroundTracker:
         if self._made in done and self._made.exception() is None:
             self._made.result().end(status)
 
-    def __getattr__(self, name: str):
-        if name in QUEUED:
-            return lambda *args, **kwargs: self._queue(name, args, kwargs)
-        return getattr(self.wait(), name)
+    def start_study(self, method: str, study) -> None:
+        """Queue ``Tracker.start_study`` (its run id is read later from ``wait().study_runs``)."""
+        self._queue("start_study", (method, study), {})
+
+    def log_trial(self, *args, **kwargs) -> None:
+        """Queue ``Tracker.log_trial`` with these arguments."""
+        self._queue("log_trial", args, kwargs)
 
     def _queue(self, name: str, args: tuple, kwargs: dict) -> None:
         self._raise_failed(wait=False)
