@@ -233,6 +233,26 @@ def test_the_tuned_config_example_uses_the_schemas_keys():
     assert keys <= set(export.Recommendation.model_fields), keys - set(export.Recommendation.model_fields)
 
 
+def test_the_tuned_config_examples_values_are_the_codes():
+    """What the annotated example spells out (not ``...``) is what the code writes for that task and method."""
+    import yaml
+
+    from relaxtune.decoding.methods import get_method
+    from relaxtune.report.export import SCHEMA_VERSION, serving_args
+    from relaxtune.tasks.spec import load_task
+
+    example = yaml.safe_load(fenced((DOCS / "reference" / "tuned-config.md").read_text(), "yaml")[0])
+    task = load_task(example["task"])
+    assert example["schema_version"] == SCHEMA_VERSION
+    assert (example["task_version"], example["grader"]["kind"]) == (task.version, task.grader.kind)
+    assert example["sampling"] == task.sampling.model_dump()
+    cactus = example["methods"]["cactus"]
+    assert cactus["knob_name"] == get_method("cactus").knob and set(cactus["knobs"]) == {cactus["knob_name"]}
+    served = serving_args("cactus", cactus["knob"], cactus["n_draft"], "d", "v", {})["relaxtune"]
+    assert {k: v for k, v in cactus["serving"]["relaxtune"].items() if k != "..."}.items() <= served.items()
+    assert example["mlflow"]["experiment"] == f"relaxtune-{task.name}"
+
+
 def test_the_methods_reference_is_the_registry():
     from relaxtune.decoding.methods import METHODS
 
@@ -375,3 +395,14 @@ def test_the_api_page_documents_modules_that_exist():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_sample_renderer_refuses_a_missing_config_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sample, "OUTPUT", tmp_path / "out.txt")
+    for argv in (["--help"], [str(tmp_path / "nope.yaml")]):
+        with pytest.raises(SystemExit) as done:
+            sample.main(argv)
+        assert done.value.code == (0 if argv == ["--help"] else 2)
+    assert "no tuned config at" in capsys.readouterr().err and not (tmp_path / "out.txt").exists()
+    sample.main([str(sample.CONFIG)])
+    assert (tmp_path / "out.txt").read_text() == sample.summary(sample.CONFIG)

@@ -47,7 +47,18 @@ def summary(config_path: Path = CONFIG, shown_path: str = "relaxtune-runs/humane
     return "\n".join(line.rstrip() for line in captured.get().splitlines()).strip("\n") + "\n"
 
 
-if __name__ == "__main__":
-    source = Path(sys.argv[1]) if len(sys.argv) > 1 else CONFIG
-    OUTPUT.write_text(summary(source))
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite ``OUTPUT`` from a tuned config (``--help``: usage; a missing file: exit 2, naming it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Rewrite docs/snippets/main-job-output.txt from a tuned config.")
+    parser.add_argument("config", nargs="?", type=Path, default=CONFIG, help=f"a tuned config (default: {CONFIG})")
+    args = parser.parse_args(argv)
+    if not args.config.is_file():
+        parser.error(f"no tuned config at {args.config}")
+    OUTPUT.write_text(summary(args.config))
     print(OUTPUT.read_text(), end="")
+
+
+if __name__ == "__main__":
+    main()
