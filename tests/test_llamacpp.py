@@ -363,3 +363,20 @@ def test_extra_buffer_types_are_probed_once_and_a_crash_loads_without_them(files
         model = llamacpp_model.LlamaModel(files["d64"], 1, 64, threads=1)
     slot = model.acquire()
     assert model.decode([(slot, 0, [5, 9, 14], 1)]).shape == (1, model.n_vocab)
+
+
+def test_llama_cpps_log_keeps_errors_and_drops_warnings(capfd):
+    """llama-cpp-python's own callback reads an older ggml level enum and printed load-time warnings
+    ("control-looking token") among the job's progress lines; ours keeps errors and their continuations."""
+    from relaxtune.backends import llamacpp_model as lm
+
+    for level, text in [
+        (3, b"load: control-looking token: 128247 '</s>' was not control-type\n"),  # WARN
+        (5, b"  continued warning\n"),
+        (2, b"llama_model_loader: loaded meta data\n"),  # INFO
+        (4, b"llama_decode: failed to decode\n"),  # ERROR
+        (5, b"  ret = -1\n"),
+        (1, b"debug\n"),
+    ]:
+        lm._errors_only(level, text, None)
+    assert capfd.readouterr().err == "llama_decode: failed to decode\n  ret = -1\n"

@@ -190,3 +190,15 @@ def test_a_storage_deleted_after_its_first_opening_is_made_again_by_the_same_pro
     queue = studies.TrialQueue(url, heartbeat=2, stale_after=10, worker="w")
     optuna.create_study(storage=queue.storage, study_name="s").enqueue_trial({})
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 1
+
+
+def test_a_fresh_store_says_so_in_one_line_of_ours_not_mlflows(tmp_path, capfd):
+    """MLflow's INFO lines ("Creating initial MLflow database tables...", "Updating database tables") were
+    printed among the job's progress lines; a fresh store now gets one line of the job's own log."""
+    said = []
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_mlflow(uri, said.append)
+    prepare_mlflow(uri, said.append)  # ready: nothing to say
+    out = capfd.readouterr()
+    assert "database tables" not in out.out + out.err
+    assert said == [f"creating the MLflow store at {uri} (its first use: MLflow's migrations take a few seconds)"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import threading
 import warnings
 from collections.abc import Sequence
@@ -59,9 +60,29 @@ def require_llama_cpp():
         ) from None
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     if not getattr(require_llama_cpp, "_init", False):
+        global _log_callback
+        _log_callback = llama_cpp.llama_log_callback(_errors_only)  # kept: llama.cpp holds the pointer
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         require_llama_cpp._init = True
     return llama_cpp
+
+
+GGML_LOG_ERROR, GGML_LOG_CONT = 4, 5  # enum ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_log_callback = None
+_last_level = [0]
+
+
+def _errors_only(level: int, text: bytes, user_data) -> None:
+    """llama.cpp's log callback: errors (and their continuation lines) to stderr, the rest
+    dropped. llama-cpp-python's own callback reads the levels of an older ggml enum (today's
+    WARN as its ERROR), so load-time warnings such as "control-looking token" were printed
+    among the job's progress lines."""
+    level = _last_level[0] if level == GGML_LOG_CONT else level
+    _last_level[0] = level
+    if level == GGML_LOG_ERROR:
+        sys.stderr.write(text.decode("utf-8", "replace"))
+        sys.stderr.flush()
 
 
 class LlamaModel:

@@ -19,6 +19,7 @@ migrates its own store when it starts: nothing to prepare.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ _DRIVERS = {
     "mysql": "install a MySQL driver (e.g. pip install pymysql) and write mysql+pymysql://...",
     "mssql": "install a SQL Server driver (e.g. pip install pyodbc) and write mssql+pyodbc://...",
 }
+QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # MLflow's migration chatter
 LEFTOVER = "_alembic_tmp_"  # the tables alembic's batch migrations build on SQLite, then rename
 
 
@@ -284,10 +286,14 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
     import mlflow.store.db.utils
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401   before the lock that other workers wait for
 
+    for name in QUIET_LOGGERS:  # their INFO lines ("Creating initial MLflow database tables...") broke the progress
+        logging.getLogger(name).setLevel(logging.WARNING)
     with storage_lock(uri)():
         state = mlflow_state(uri)
         if state["complete"]:
             return
+        if not state["tables"]:
+            log(f"creating the MLflow store at {uri} (its first use: MLflow's migrations take a few seconds)")
         broken = bool(state["leftovers"]) or (state["tables"] and not state["complete"] and state["runs"] == 0)
         if broken and state["runs"] == 0 and sqlite:
             _move_aside(uri, url.database, state, log)
