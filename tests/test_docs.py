@@ -154,6 +154,7 @@ def test_the_sample_configs_words_come_from_the_product():
     from relaxtune.decoding.speed import CostProfile, modeled_speedup
     from relaxtune.report.export import load_config
     from relaxtune.tune.confirm import RULE, promise
+    from relaxtune.tune.recommend import plain_if_nothing_pays
 
     c = load_config(sample.CONFIG)
     conf = c.confirmation
@@ -167,6 +168,10 @@ def test_the_sample_configs_words_come_from_the_product():
     assert c.sample["line"] == p.line() and c.sample["needed"] == p.needed
     # a real run where no speculative point pays: plain decoding of the verifier, every engine's block saying so
     assert c.recommendation.decoding == "plain" and c.recommendation.serving["decoding"] == "plain"
+    inner = c.recommendation.reason.split("; for reference, ", 1)[1]
+    strict = {int(n): v for n, v in c.strict_by_n_draft.items()}
+    reason = plain_if_nothing_pays({"reason": inner, "modeled_speedup": 0.0}, strict, c.methods)["reason"]
+    assert c.recommendation.reason == reason  # the product's words for this outcome (none confirmed)
     assert {b["decoding"] for b in c.recommendation.deploy.values()} == {"plain"}
     sglang = c.recommendation.deploy["sglang"]
     assert c.recommendation.serving["sglang_launch_args"] == ["--model-path", sglang["launch_args"][1]]

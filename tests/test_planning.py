@@ -209,3 +209,25 @@ def test_the_fewest_problems_is_where_the_search_finds_a_perfect_sample_first_ce
     k = fewest_problems(epsilon, confidence)
     assert smallest_certifiable_drop(k, 1, confidence) <= epsilon < smallest_certifiable_drop(k - 1, 1, confidence)
     assert k >= math.log(1 - confidence) / math.log(1 - epsilon)  # no valid bound does better
+
+
+def test_the_planning_discordance_is_an_upper_bound_never_a_lucky_zero():
+    from scipy.stats import binom
+
+    from relaxtune.certify.planning import DEFAULT_DISCORDANCE, planning_discordance
+
+    assert planning_discordance(0, 16, 0.9) == pytest.approx(1 - 0.1 ** (1 / 16))  # 0.1340
+    assert planning_discordance(0, 0, 0.9) == DEFAULT_DISCORDANCE and planning_discordance(5, 5, 0.9) == 1.0
+    ucb = planning_discordance(10, 100, 0.9)
+    assert binom.cdf(10, 100, ucb) == pytest.approx(0.1)  # Clopper-Pearson: P(X <= 10 | ucb) = 1 - c
+    assert 0.10 < ucb < 0.15 and planning_discordance(2.5, 16, 0.9) > planning_discordance(2, 16, 0.9)
+    for bad in [(-1, 4), (5, 4), (float("nan"), 4), (0, -1), (0, 2.5)]:
+        with pytest.raises(ValueError):
+            planning_discordance(*bad, 0.9)
+    with pytest.raises(ValueError):
+        planning_discordance(1, 4, 1.0)
+    # what the README job's export advised from 16 agreeing pairs: 162 problems (discordance 1e-6); now more
+    # than the default's 702, as 0.134 is above 0.10
+    from relaxtune.certify.planning import plan
+
+    assert plan(8, 1, 0.05, 0.9, discordance=planning_discordance(0, 16, 0.9), planned=4).needed > 702

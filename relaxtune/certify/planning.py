@@ -46,6 +46,7 @@ __all__ = [
     "certified_power",
     "sample_power",
     "split_confidence",
+    "planning_discordance",
     "DEFAULT_DISCORDANCE",
     "MAX_EXACT",
 ]
@@ -53,6 +54,31 @@ __all__ = [
 DEFAULT_DISCORDANCE = 0.1  # typical of common random numbers: about 10 discordant pairs per 100 problems
 MAX_EXACT = 4000  # problems beyond which the need is the normal approximation
 _COARSE = 32  # discordance grid of the search for the certified outcomes (the full grid checks the result)
+
+
+def planning_discordance(discordant: float, pairs: int, confidence: float) -> float:
+    """The discordance a plan assumes after ``discordant`` of ``pairs`` paired samples
+    disagreed (a mean over repeats may be fractional): the one-sided Clopper-Pearson
+    upper bound at ``confidence`` (Clopper and Pearson 1934, Biometrika 26:404),
+    ``DEFAULT_DISCORDANCE`` without pairs. An upper bound, so that a few agreeing pairs
+    never promise a small sample: 0 of 16 plans for 0.134 at 0.9, not for the 0
+    observed (which needs a fraction of the problems).
+
+    Raises:
+        ValueError: ``pairs`` not an integer >= 0, ``discordant`` outside [0, pairs],
+            confidence outside (0, 1).
+    """
+    from scipy.stats import beta
+
+    pairs, discordant = check_count("pairs", pairs, 0), check_finite(discordant, "discordant")
+    if not 0 <= discordant <= pairs:
+        raise ValueError(f"discordant pairs must lie in [0, pairs = {pairs}], got {discordant}")
+    confidence = check_confidence(confidence)
+    if pairs == 0:
+        return DEFAULT_DISCORDANCE
+    if discordant == pairs:
+        return 1.0
+    return float(beta.ppf(confidence, discordant + 1, pairs - discordant))
 
 
 def split_confidence(confidence: float, planned: int) -> float:

@@ -353,7 +353,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     Args:
         mlflow_info: where the job's MLflow runs are (the config's ``mlflow``), or None.
     """
-    from ..certify.planning import DEFAULT_DISCORDANCE, plan
+    from ..certify.planning import plan, planning_discordance
     from ..decoding.speed import CostProfile, c_rel_of
     from ..tune.confirm import RULE, planned_confirmations, promise, split_confidence
     from ..tune.judge import drop_ucb_at
@@ -407,8 +407,8 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         for t in o.study.get_trials(deepcopy=False)
         if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None
     ]
-    pairs = sum(m.n for m in tried)  # discordance pooled over every completed trial, else the default
-    discordance = sum(m.strict_only + m.relaxed_only for m in tried) / pairs if pairs else DEFAULT_DISCORDANCE
+    pairs = sum(m.n for m in tried)  # pooled over every completed trial (its upper bound), else the default
+    discordance = planning_discordance(sum(m.strict_only + m.relaxed_only for m in tried), pairs, s.confidence)
     holdout = s.confirm == "holdout"
     held = result.confirm_problems
     total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
@@ -417,7 +417,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         spec.repeats,
         s.epsilon,
         s.confidence,
-        discordance=max(discordance, 1e-6),
+        discordance=discordance,
         planned=max(planned, 1),
         holdout=holdout,
     )
