@@ -203,7 +203,11 @@ def test_batched_equals_one_sequence(tiny_pair_dirs, method, knob):
 def test_cost_per_drafted_token_is_near_zero(tiny_pair_dirs):
     backend = load_pair("prompt-lookup:4", tiny_pair_dirs[1], dtype="float32")
     assert backend.max_ngram == 4
-    profile = backend.cost_profile(list(range(3, 40)), [4], min_passes=3, max_passes=5)
+    serving = backend.cost_profile(list(range(3, 40)), [4], (1, 4), min_passes=3, max_passes=5)
+    profile = serving.at(1)
+    # a batch of 4 looks up row by row: four lookups a drafting step; the verifier's costs its own at batch 4
+    assert serving.at(4).t_draft == 4 * profile.t_draft and serving.at(4).batch_size == 4
+    assert "prompt lookup" in serving.at(4).source and serving.at(4).spread["t_draft"] == profile.spread["t_draft"]
     # a lookup on ~100 tokens and its logit row: far below any real verifier step (0.24 s for the embedded
     # 1.5B on 2 idle cores), so c_rel is near 0 there; the tiny verifier here is itself sub-millisecond
     assert 0 < profile.t_draft < 0.02 and "t_draft" in profile.spread
