@@ -48,6 +48,7 @@ from .tune.tuning import Tuner, choose
 __all__ = [
     "run_tune_job",
     "deployable",
+    "declared",
     "tune_job",
     "export_job",
     "prepare",

@@ -287,3 +287,52 @@ def test_a_fast_recommendation_has_no_cautions(tmp_path):
         log=lambda m: None,
     )
     assert config.recommendation.modeled_speedup > 1 and cautions(config) == []
+
+
+def test_the_search_prices_at_the_declared_batch_size_and_the_config_says_so(tmp_path):
+    """--serving-batch-size 4: trials, recommendation and c_rel priced with batch 4's costs, every measured
+    batch size in the config; an export declaring a batch size the saved profile lacks is refused by name."""
+    import optuna
+
+    from relaxtune.backends.costs import CostsError
+    from relaxtune.job import declared
+    from relaxtune.tune.records import trial_metrics
+    from relaxtune.tune.settings import study_name
+
+    settings, spec, problems = _setup(
+        tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2, serving_batch_sizes=[1, 16], serving_batch_size=4
+    )
+    assert settings.serving_batch_sizes == [1, 4, 16]
+    # batch 1 verifies 5 tokens at one step's cost (speculation pays); batch 4 at 4 steps, batch 16 at 5
+    measured = ServingProfile(
+        {
+            1: _at(1, 0.1, 0.01, {5: 0.1}),
+            4: _at(4, 0.12, 0.03, {5: 0.48}),
+            16: _at(16, 0.2, 0.08, {5: 1.0}),
+        }
+    )
+    pair = MeasuringPair(measured)
+    config, _ = run_tune_job(
+        settings, pair, evaluate_fn=Synthetic(strict_accept=0.5), progress=False, track=False, log=lambda m: None
+    )
+    assert pair.sizes[0][0] == [1, 4, 16]
+    assert config.serving_batch_sizes == [1, 4, 16] and config.recommendation.batch_size == 4
+    assert config.c_rel == pytest.approx(0.25)  # batch 4's t_draft / t_AR
+    back = ServingProfile.from_dict(config.cost_profile)
+    assert back.batch_sizes == [1, 4, 16] and back.weights == {4: 1.0} and back.at(16) == measured.at(16)
+    storage = f"sqlite:///{Path(settings.output_dir).resolve() / 'optuna.db'}"
+    trial = optuna.load_study(study_name=study_name(spec.name, "cactus", pair.name), storage=storage).trials[0]
+    m = trial_metrics(trial, "cactus")
+    assert m.batch_size == 4 and m.c_rel == pytest.approx(0.25)
+    assert m.speedup == pytest.approx(back.reweighted({4: 1.0}).speedup(m.l_accept, 4, 1.0, m.length_ratio))
+    strict4 = config.strict_by_n_draft[4]
+    assert strict4["modeled_speedup"] == pytest.approx(back.at(4).speedup(strict4["l_accept"], 4))
+    # a job (an export) declaring a batch size the saved profile lacks is refused by name, before any trial is read
+    with pytest.raises(CostsError, match=r"holds batch sizes 1, 4, 16, not 32: .*--serving-batch-sizes 1,4,16,32"):
+        declared(back, settings.model_copy(update={"serving_batch_size": 32}), Path("cost_profile.json"))
+    weighted = declared(
+        back, settings.model_copy(update={"serving_batch_size": None, "serving_batch_weights": "1=1,16=3"}), Path("x")
+    )
+    assert (
+        weighted.weights == {1: 1.0, 16: 3.0} and weighted.declared == 16 and declared(0.2, settings, Path("x")) == 0.2
+    )
