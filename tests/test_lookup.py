@@ -258,4 +258,9 @@ def test_tune_with_prompt_lookup_and_the_new_rules(tmp_path, tiny_pair_dirs):
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert set(config.methods) == {"typical", "ears"} and config.drafter == "prompt-lookup"
     # measured, not the 0.2 default (near 0 against a real verifier; a tiny one runs in a fraction of a millisecond)
-    assert config.c_rel != 0.2 and "prompt lookup" in config.cost_profile["source"]
+    from relaxtune.decoding.serving import ServingProfile
+
+    profile = ServingProfile.from_dict(config.cost_profile)  # at every serving batch size the job resolved
+    assert config.c_rel != 0.2 and all("prompt lookup" in p.source for p in profile.profiles.values())
+    assert config.serving_batch_sizes == profile.batch_sizes and len(profile.batch_sizes) >= 3
+    assert config.recommendation.batch_size == 1 and config.c_rel == pytest.approx(profile.at(1).c_rel, rel=1e-3)
