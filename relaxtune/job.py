@@ -48,6 +48,7 @@ from .tune.tuning import Tuner, choose
 __all__ = [
     "run_tune_job",
     "deployable",
+    "declared",
     "tune_job",
     "export_job",
     "prepare",
@@ -285,7 +286,7 @@ class _Job:
     held_out: list
     backend: object
     pair: str
-    profile: object
+    profile: object  # ServingProfile (weighted as the search prices) or a fixed c_rel
     saved: Path  # the cost profile's file
     measured: list  # this run's own cost measurement, for the estimate
 
@@ -338,15 +339,38 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
             lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]),
             settings.n_drafts,
             saved,
+            batch_sizes=settings.serving_batch_sizes,
             c_rel=settings.c_rel,
             remeasure=settings.remeasure_costs,
             new_trials=new_trials,
             log=log,
             on_measured=measured.append,
         )
+        profile = declared(profile, settings, saved)
     except (SearchProblemsError, CostsError) as err:
         raise JobError(str(err)) from None
     return _Job(settings, spec, everything, problems, held_out, backend, pair, profile, saved, measured)
+
+
+def declared(profile, settings: TuneSettings, saved: Path):
+    """The job's serving profile weighted as the search prices (``--serving-batch-size``,
+    or ``--serving-batch-weights``: ``StatsSettings.serving_weights``); a fixed c_rel as is.
+
+    Raises:
+        CostsError: a weighted batch size the profile lacks (an export of a job that
+            never measured it).
+    """
+    if isinstance(profile, int | float):
+        return profile
+    weights = settings.stats.serving_weights
+    lacking = sorted(set(weights) - set(profile.batch_sizes))
+    if lacking:
+        raise CostsError(
+            f"the cost profile at {saved} holds batch sizes {', '.join(map(str, profile.batch_sizes))}, not "
+            f"{', '.join(map(str, lacking))}: price at one it holds (--serving-batch-size), or run `relaxtune tune` "
+            f"with --serving-batch-sizes {','.join(map(str, sorted(set(profile.batch_sizes) | set(lacking))))}"
+        )
+    return profile.reweighted(weights)
 
 
 def _tuner(job: _Job, tracker, evaluate_fn, progress: bool, new_trials: bool, log, run_ranges, worker) -> Tuner:

@@ -8,6 +8,7 @@ from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.decoding.speed import SPREAD_TOLERANCE
 from relaxtune.engine.sequence import generate
 
+from .clocks import SquareClock, timed
 from .conftest import P_FLOOR, chi2_pvalue
 from .tiny_models import noisy_copy, tiny_lm, tiny_pair
 
@@ -168,9 +169,54 @@ def test_mismatched_vocabularies_are_refused():
 
 def test_cost_profile_prices_every_draft_length_at_least_one_step():
     backend = tiny_pair(noise=0.2)
-    profile = backend.cost_profile(PROMPTS[1], [2, 5], min_passes=2, max_passes=3)
-    assert set(profile.t_verify) == {3, 6} and 2 <= profile.passes <= 3
+    serving = backend.cost_profile(PROMPTS[1], [2, 5], min_passes=2, max_passes=3)
+    assert serving.batch_sizes == [1] and serving.declared == 1
+    profile = serving.at(1)
+    assert set(profile.t_verify) == {3, 6} and 2 <= profile.passes <= 3 and profile.batch_size == 1
     assert all(t >= profile.t_ar > 0 for t in profile.t_verify.values()) and profile.t_draft > 0
     assert set(profile.spread) == {"t_ar", "t_draft", "t_verify[3]", "t_verify[6]"}
     noisy = [k for k, v in profile.spread.items() if v > SPREAD_TOLERANCE]
     assert bool(profile.flags) == bool(noisy) and all(k in profile.flags[0] for k in noisy)
+
+
+def test_cost_profile_times_every_batch_size_in_one_interleaved_measurement():
+    backend = tiny_pair(noise=0.2)
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, a, kw, name=name: shapes.append((name, tuple(kw["input_ids"].shape))), with_kwargs=True
+        )
+        for name, m in (("v", backend.verifier), ("d", backend.drafter))
+    ]
+    try:
+        serving = backend.cost_profile(PROMPTS[1], [2, 5], (3, 1), min_passes=3, max_passes=4, clock=SquareClock())
+    finally:
+        for h in hooks:
+            h.remove()
+    assert serving.batch_sizes == [1, 3] and [p.batch_size for p in serving.profiles.values()] == [1, 3]
+    # one measurement: batch 3's shapes were timed after batch 1's in the same pass (the m-th timed call)
+    one, three = serving.at(1), serving.at(3)
+    assert (one.t_ar, one.t_draft, one.t_verify[3], one.t_verify[6]) == pytest.approx([timed(m) for m in range(4)])
+    assert (three.t_ar, three.t_draft, three.t_verify[3], three.t_verify[6]) == pytest.approx(
+        [timed(m) for m in range(4, 8)]
+    )
+    # every timing grew pass after pass: all four passes ran, each batch size flagged on its own
+    assert one.passes == three.passes == 4 and len(one.flags) == len(three.flags) == 1
+    assert "batch 3" in three.source and "batch 1" in one.source
+    assert [f.split(":")[0] for f in serving.flags] == ["batch 1", "batch 3"]
+    # the forwards ran B rows of k tokens: a warm-up and four timed passes of each shape
+    timed_shapes = [s for s in shapes if s[1][1] < 10]  # the prefills feed the whole context
+    for shape in [
+        ("v", (1, 1)),
+        ("d", (1, 1)),
+        ("v", (1, 3)),
+        ("v", (1, 6)),
+        ("v", (3, 1)),
+        ("d", (3, 1)),
+        ("v", (3, 3)),
+        ("v", (3, 6)),
+    ]:
+        assert timed_shapes.count(shape) == 5, shape
+    assert len(timed_shapes) == 40
+    with pytest.raises(ValueError, match="integers >= 1"):
+        backend.cost_profile(PROMPTS[1], [2], (0, 4))

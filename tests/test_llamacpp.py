@@ -18,6 +18,7 @@ from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.engine.batch import Request, generate_batch
 from relaxtune.engine.sequence import generate
 
+from .clocks import SquareClock, timed
 from .conftest import P_FLOOR, chi2_pvalue
 from .test_batch import EOS, LENGTHS
 from .tiny_gguf import write_tiny_gguf
@@ -204,10 +205,28 @@ def test_load_gguf_pair_reads_the_tokenizer_given(files):
 
 def test_cost_profile_prices_every_draft_length_at_least_one_step(files):
     backend = _pair(files, "64")
-    profile = backend.cost_profile([5, 6, 7], [2, 4], min_passes=3, max_passes=4)
+    serving = backend.cost_profile([5, 6, 7], [2, 4], min_passes=3, max_passes=4)
+    assert serving.batch_sizes == [1]
+    profile = serving.at(1)
     assert set(profile.t_verify) == {3, 5} and profile.t_ar > 0 and profile.t_draft > 0
     assert all(t >= profile.t_ar for t in profile.t_verify.values())
     assert "@" not in profile.source and "threads" in profile.source
+    assert sorted(backend.verifier.free) == list(range(8))
+
+
+def test_cost_profile_decodes_every_batch_size_in_one_interleaved_measurement(files):
+    backend = _pair(files, "64")
+    serving = backend.cost_profile([5, 6, 7], [2, 4], (8, 1, 4), min_passes=3, max_passes=4, clock=SquareClock())
+    assert serving.batch_sizes == [1, 4, 8] and [p.batch_size for p in serving.profiles.values()] == [1, 4, 8]
+    for i, b in enumerate((1, 4, 8)):  # shapes t_ar, t_draft, verify(3), verify(5) of each batch size, in one pass
+        p = serving.at(b)
+        assert (p.t_ar, p.t_draft, p.t_verify[3], p.t_verify[5]) == pytest.approx(
+            [timed(m) for m in range(4 * i, 4 * i + 4)]
+        )
+        assert p.passes == 4 and f"batch {b}," in p.source and len(p.flags) == 1
+    assert sorted(backend.verifier.free) == sorted(backend.drafter.free) == list(range(8))  # every slot back
+    with pytest.raises(ValueError, match=r"batch size 9 .* hold 8 sequences \(n_seq_max, from --batch-size 8\)"):
+        backend.cost_profile([5, 6, 7], [2], (1, 9))
     assert sorted(backend.verifier.free) == list(range(8))
 
 

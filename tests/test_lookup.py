@@ -203,7 +203,11 @@ def test_batched_equals_one_sequence(tiny_pair_dirs, method, knob):
 def test_cost_per_drafted_token_is_near_zero(tiny_pair_dirs):
     backend = load_pair("prompt-lookup:4", tiny_pair_dirs[1], dtype="float32")
     assert backend.max_ngram == 4
-    profile = backend.cost_profile(list(range(3, 40)), [4], min_passes=3, max_passes=5)
+    serving = backend.cost_profile(list(range(3, 40)), [4], (1, 4), min_passes=3, max_passes=5)
+    profile = serving.at(1)
+    # a batch of 4 looks up row by row: four lookups a drafting step; the verifier's costs its own at batch 4
+    assert serving.at(4).t_draft == 4 * profile.t_draft and serving.at(4).batch_size == 4
+    assert "prompt lookup" in serving.at(4).source and serving.at(4).spread["t_draft"] == profile.spread["t_draft"]
     # a lookup on ~100 tokens and its logit row: far below any real verifier step (0.24 s for the embedded
     # 1.5B on 2 idle cores), so c_rel is near 0 there; the tiny verifier here is itself sub-millisecond
     assert 0 < profile.t_draft < 0.02 and "t_draft" in profile.spread
@@ -254,4 +258,9 @@ def test_tune_with_prompt_lookup_and_the_new_rules(tmp_path, tiny_pair_dirs):
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert set(config.methods) == {"typical", "ears"} and config.drafter == "prompt-lookup"
     # measured, not the 0.2 default (near 0 against a real verifier; a tiny one runs in a fraction of a millisecond)
-    assert config.c_rel != 0.2 and "prompt lookup" in config.cost_profile["source"]
+    from relaxtune.decoding.serving import ServingProfile
+
+    profile = ServingProfile.from_dict(config.cost_profile)  # at every serving batch size the job resolved
+    assert config.c_rel != 0.2 and all("prompt lookup" in p.source for p in profile.profiles.values())
+    assert config.serving_batch_sizes == profile.batch_sizes and len(profile.batch_sizes) >= 3
+    assert config.recommendation.batch_size == 1 and config.c_rel == pytest.approx(profile.at(1).c_rel, rel=1e-3)

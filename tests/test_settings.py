@@ -72,6 +72,12 @@ def test_a_flat_yaml_written_before_loads_and_dumps_back_byte_for_byte():
     assert settings.search.n_drafts == [4, 10] and settings.stores.output_dir == "runs"
     dumped = settings.model_dump()
     dumped.pop("remeasure_costs")  # save_job leaves the one-off action out
+    # what issue 37 adds, at their defaults (a job before it profiled batch size 1 alone, and priced there)
+    assert [dumped.pop(k) for k in ("serving_batch_sizes", "serving_batch_size", "serving_batch_weights")] == [
+        "auto",
+        None,
+        None,
+    ]
     assert yaml.safe_dump(dumped, sort_keys=False) == OLD_JOB  # the saved job's layout, key order included
     assert TuneSettings(**settings.model_dump()) == settings
     assert TuneSettings.model_validate_json(settings.model_dump_json()) == settings
@@ -79,7 +85,8 @@ def test_a_flat_yaml_written_before_loads_and_dumps_back_byte_for_byte():
 
 def test_every_flat_name_belongs_to_exactly_one_group_and_reads_back():
     names = [n for model in GROUPS.values() for n in model.model_fields]
-    assert len(names) == len(set(names)) == 34  # plus the task: the 35 settings (deployable_on: issue 34)
+    # plus the task: the 38 settings (deployable_on: issue 34; the three serving_batch_*: issue 37)
+    assert len(names) == len(set(names)) == 37
     # every field is dumped but deployable_on, applied where the job starts (the kept methods are dumped)
     assert [n for n in flat_fields() if n != "deployable_on"] == list(TuneSettings(task="t").model_dump())
     settings = TuneSettings(**yaml.safe_load(OLD_JOB))
@@ -121,6 +128,34 @@ def test_reading_settings_touches_nothing_and_start_resolves_auto(tmp_path, monk
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="--output-dir file/sub: .*file is a file"):
         start(s.model_copy(update={"output_dir": "file/sub"}))
+
+
+def test_serving_batch_sizes_resolve_where_the_job_starts(tmp_path, monkeypatch):
+    import torch
+
+    from relaxtune.decoding.serving import default_batch_sizes
+
+    monkeypatch.chdir(tmp_path)
+    here = list(default_batch_sizes("cuda" if torch.cuda.is_available() else "cpu"))
+    s = TuneSettings(task="t", drafter="prompt-lookup", verifier=str(tmp_path))
+    assert s.serving_batch_sizes == "auto" and s.stats.serving_weights == {1: 1.0}
+    started = start(s)
+    assert started.serving_batch_sizes == here and started.model_dump()["serving_batch_sizes"] == here
+    assert start(started) == started  # resolved once: a second start (the job's, after the CLI's) keeps it
+    # the declared size, or the weighted ones, are measured too
+    assert start(s.model_copy(update={"serving_batch_size": 24})).serving_batch_sizes == sorted({*here, 24})
+    weighted = s.model_copy(update={"serving_batch_weights": "1=0.2,64=0.8"})
+    assert weighted.stats.serving_weights == {1: 0.2, 64: 0.8} and start(weighted).serving_batch_sizes == sorted(
+        {*here, 64}
+    )
+    given = TuneSettings(task="t", serving_batch_sizes="16,4", serving_batch_size=8)
+    assert given.serving_batch_sizes == [4, 8, 16] and given.stats.serving_weights == {8: 1.0}
+    # llama.cpp: a CPU's sizes, at most its contexts' sequence slots (--batch-size)
+    llama = s.model_copy(update={"drafter": "m", "runtime": "llamacpp", "batch_size": 8})
+    assert start(llama).serving_batch_sizes == [1, 4]
+    assert start(llama.model_copy(update={"batch_size": None})).serving_batch_sizes == [1, 4, 16]
+    with pytest.raises(ValueError, match="llama.cpp's contexts hold 8 sequences"):
+        start(llama.model_copy(update={"serving_batch_size": 16}))
 
 
 # ------------------------------------------------------------------ options and flow parameters made from the fields
@@ -290,6 +325,31 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--trials", "0"], "--trials 0"),
     ([*TUNE, "--limit", "0"], "--limit 0"),
     ([*TUNE, "--batch-size", "0"], "--batch-size 0"),
+    ([*TUNE, "--serving-batch-sizes", "1,x"], "--serving-batch-sizes 1,x: 'x' is not an integer"),
+    (
+        [*TUNE, "--serving-batch-sizes", "0,4"],
+        "--serving-batch-sizes 0,4: serving_batch_sizes must be integers >= 1, got [0, 4]",
+    ),
+    ([*TUNE, "--serving-batch-sizes", ","], "--serving-batch-sizes: ',' is not an integer"),
+    ([*TUNE, "--serving-batch-size", "0"], "--serving-batch-size 0: input should be greater than or equal to 1"),
+    ([*TUNE, "--serving-batch-size", "4.5"], "--serving-batch-size 4.5: input should be a valid integer"),
+    ([*TUNE, "--serving-batch-weights", "1:0.2"], "--serving-batch-weights: '1:0.2' is not <batch size>=<weight>"),
+    ([*TUNE, "--serving-batch-weights", "1=a"], "--serving-batch-weights: '1=a' is not <batch size>=<weight>"),
+    ([*TUNE, "--serving-batch-weights", "1=1,1=2"], "'1=2' is not <batch size>=<weight> (each size once)"),
+    ([*TUNE, "--serving-batch-weights", "16=0"], "--serving-batch-weights: '16=0': a weight must be a finite"),
+    ([*TUNE, "--serving-batch-weights", "1=nan"], "--serving-batch-weights: '1=nan': a weight must be a finite"),
+    (
+        [*TUNE, "--serving-batch-weights", "0=1"],
+        "--serving-batch-weights 0=1: batch size 0: batch sizes are integers >= 1",
+    ),
+    (
+        [*TUNE, "--serving-batch-size", "16", "--serving-batch-weights", "1=0.2,16=0.8"],
+        "--serving-batch-size 16 and --serving-batch-weights both say what the search prices at",
+    ),
+    (
+        [*TUNE, "--runtime", "llamacpp", "--batch-size", "4", "--serving-batch-sizes", "1,8"],
+        "--serving-batch-sizes 1,8: llama.cpp's contexts hold 4 sequences (--batch-size 4)",
+    ),
     ([*TUNE, "--heartbeat", "30", "--grace-period", "10"], "grace_period (10 s) must exceed heartbeat (30 s)"),
     ([*TUNE, "--storage", "postgres://u@h/db"], "--storage: 'postgres://u@h/db': SQLAlchemy"),
     ([*TUNE, "--storage", "sqlite://"], "--storage: 'sqlite://' is an in-memory"),

@@ -25,13 +25,14 @@ import functools
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
+from ..decoding.serving import ServingProfile
+from ..decoding.speed import MAX_PASSES, MIN_PASSES
 from .base import DraftResult, Pick, SequenceState
-from .costs import measure_profile
+from .costs import check_batch_sizes, measure_profile
 from .hf_batch import BatchedForwards, common_prefix
 from .lookup import PromptLookupBackend
 from .naming import pair_name, parse_lookup
@@ -182,36 +183,58 @@ class HFBackend(BatchedForwards):
         self,
         prompt_ids: Sequence[int],
         n_drafts: Sequence[int],
+        batch_sizes: Sequence[int] = (1,),
         min_passes: int = MIN_PASSES,
         max_passes: int = MAX_PASSES,
-    ) -> CostProfile:
-        """Forward costs on this machine, one sequence at a time
-        (``relaxtune.backends.costs.measure_profile``), each forward on a
-        ``DynamicCache`` of the prompt plus 64 tokens, cropped back after it."""
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> ServingProfile:
+        """Forward costs on this machine at each serving batch size B
+        (``relaxtune.backends.costs.measure_profile``): per model and B, a ``DynamicCache``
+        of B rows, each the prompt plus 64 tokens (prefilled once, its rows repeated,
+        ``DynamicCache.batch_repeat_interleave``); a timed forward feeds every row the
+        same k tokens (``[B, k]``, logits of all B x k positions to the CPU, as a round
+        reads them) and crops the cache back after it.
+
+        Raises:
+            ValueError: bad batch sizes (``check_batch_sizes``).
+        """
         from transformers import DynamicCache
 
+        sizes = check_batch_sizes(batch_sizes)
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
         models = {"verify": self.verifier} | ({"draft": self.drafter} if self.drafter is not None else {})
         caches = {}
         for name, model in models.items():
-            caches[name] = DynamicCache(config=model.config)
-            self._forward(model, caches[name], ctx, 1)
-        base = caches["verify"].get_seq_length()
+            for b in sizes:
+                cache = DynamicCache(config=model.config)
+                self._forward(model, cache, ctx, 1)
+                if b > 1:
+                    cache.batch_repeat_interleave(b)
+                caches[(name, b)] = cache
+        base = len(ctx)
 
-        def job(name: str, k: int):
+        def job(name: str, k: int, b: int):
+            model, cache = models[name], caches[(name, b)]
+            ids = torch.tensor([ctx[-k:]] * b, device=self.device)
+
             def run() -> None:
-                self._forward(models[name], caches[name], ctx[-k:], k)
-                _crop(caches[name], base)
+                with torch.inference_mode():
+                    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=k)
+                out.logits[:, -k:].float().cpu()
+                _crop(cache, base)
 
             return run
 
         return measure_profile(
             job,
             n_drafts,
+            sizes,
             "draft" in models,
             f"{self.name} on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
             min_passes,
             max_passes,
+            clock=clock,
         )
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -33,14 +33,15 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile
+from ..decoding.serving import ServingProfile
+from ..decoding.speed import MAX_PASSES, MIN_PASSES
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
-from .costs import measure_profile
+from .costs import check_batch_sizes, measure_profile
 from .hf_batch import common_prefix
 from .llamacpp_model import LlamaModel
 from .naming import LLAMACPP as RUNTIME
@@ -276,40 +277,64 @@ class LlamaCppBackend:
         self,
         prompt_ids: Sequence[int],
         n_drafts: Sequence[int],
+        batch_sizes: Sequence[int] = (1,),
         min_passes: int = MIN_PASSES,
         max_passes: int = MAX_PASSES,
-    ) -> CostProfile:
-        """Forward costs on this machine, one sequence at a time, as every in-process
-        backend measures them (``relaxtune.backends.costs.measure_profile``): decodes
-        in a slot holding the prompt plus 64 tokens, rolled back after each."""
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> ServingProfile:
+        """Forward costs on this machine at each serving batch size B, as every
+        in-process backend measures them (``relaxtune.backends.costs.measure_profile``):
+        B slots of each context hold the prompt plus 64 tokens; a timed forward is one
+        ``decode`` of all B slots, k tokens each, rolled back after it.
+
+        Raises:
+            ValueError: bad batch sizes, or a batch size above the contexts' sequence
+                slots (llama.cpp's ``n_seq_max``, the backend's ``--batch-size``).
+        """
+        sizes = check_batch_sizes(batch_sizes)
+        slots = min(m.slots for m in self.models.values())
+        if sizes[-1] > slots:
+            raise ValueError(
+                f"serving batch size {sizes[-1]} cannot be measured on llama.cpp here: its contexts hold "
+                f"{slots} sequences (n_seq_max, from --batch-size {self.batch_size}); give --serving-batch-sizes "
+                f"up to {slots}, or --batch-size {sizes[-1]}"
+            )
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
-        state = self.start(ctx)
+        states = []
         try:
+            for _ in range(sizes[-1]):
+                states.append(self.start(ctx))
             models = {"verify": "v"} | ({"draft": "d"} if self.drafter is not None else {})
-            for key in models.values():
-                self.models[key].decode([(state.extra["slots"][key], 0, ctx, 1)])
+            for key in models.values():  # every slot prefilled in one decode (split by n_batch)
+                self.models[key].decode([(s.extra["slots"][key], 0, ctx, 1) for s in states])
             base = len(ctx)
 
-            def job(name: str, k: int):
+            def job(name: str, k: int, b: int):
                 key = models[name]
-                model, slot = self.models[key], state.extra["slots"][key]
+                model, rows = self.models[key], [s.extra["slots"][key] for s in states[:b]]
+                feeds = [(slot, base, ctx[-k:], k) for slot in rows]
 
                 def run() -> None:
-                    model.decode([(slot, base, ctx[-k:], k)])
-                    model.rollback(slot, base)
+                    model.decode(feeds)
+                    for slot in rows:
+                        model.rollback(slot, base)
 
                 return run
 
             return measure_profile(
                 job,
                 n_drafts,
+                sizes,
                 "draft" in models,
                 f"{self.name} on {platform.processor() or platform.machine()}, {self.verifier.threads} threads",
                 min_passes,
                 max_passes,
+                clock=clock,
             )
         finally:
-            state.extra["release"]()
+            for state in states:
+                state.extra["release"]()
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""

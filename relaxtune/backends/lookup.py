@@ -53,7 +53,8 @@ from dataclasses import replace
 
 import torch
 
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved
+from ..decoding.serving import ServingProfile
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, measure_interleaved
 from .base import Batch, BatchPick, SequenceState
 from .naming import MAX_NGRAM, NAME, lookup_name, parse_lookup
 
@@ -236,16 +237,28 @@ class PromptLookupBackend:
         self,
         prompt_ids: Sequence[int],
         n_drafts: Sequence[int],
+        batch_sizes: Sequence[int] = (1,),
         min_passes: int = MIN_PASSES,
         max_passes: int = MAX_PASSES,
-    ) -> CostProfile:
-        """The verifier backend's profile with ``t_draft`` measured for lookup
-        (``draft_seconds``)."""
-        profile = self.inner.cost_profile(prompt_ids, n_drafts, min_passes=min_passes, max_passes=max_passes)
+        **kwargs,
+    ) -> ServingProfile:
+        """The verifier backend's serving profile with ``t_draft`` measured for lookup
+        (``draft_seconds``): at batch size B, B lookups (a batch drafts row by row on
+        the CPU, ``draft_batch``), so ``t_draft = B x`` one lookup's seconds.
+        ``kwargs`` go to the verifier backend's ``cost_profile`` (its ``clock``)."""
+        serving = self.inner.cost_profile(
+            prompt_ids, n_drafts, batch_sizes, min_passes=min_passes, max_passes=max_passes, **kwargs
+        )
         seconds, spread, _ = self.draft_seconds(prompt_ids, min_passes, max_passes)
-        return replace(
-            profile,
-            t_draft=seconds,
-            spread=profile.spread | {"t_draft": spread},
-            source=f"{profile.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram})",
+        return ServingProfile(
+            {
+                b: replace(
+                    p,
+                    t_draft=seconds * b,
+                    spread=p.spread | {"t_draft": spread},
+                    source=f"{p.source}; drafter: prompt lookup (n-grams {self.max_ngram}..{self.min_ngram})",
+                )
+                for b, p in serving.profiles.items()
+            },
+            serving.weights,
         )

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         backend = load_backend(drafter, VERIFIER.name, dtype=args.dtype, runtime=args.runtime)
         prompts, problems = _prompts(backend.tokenizer, args.code, args.math)
         if profile is None:  # the pair's costs; lookup then shares its verifier costs and measures its drafting
-            profile = backend.cost_profile(prompts[0], [args.n_draft], min_passes=2, max_passes=4)
+            profile = backend.cost_profile(prompts[0], [args.n_draft], min_passes=2, max_passes=4).at(1)
         else:
             seconds, spread, _ = backend.draft_seconds(prompts[0], min_passes=2, max_passes=4)
             profile = replace(profile, t_draft=seconds, spread=profile.spread | {"t_draft": spread})

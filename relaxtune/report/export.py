@@ -354,6 +354,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         mlflow_info: where the job's MLflow runs are (the config's ``mlflow``), or None.
     """
     from ..certify.planning import plan, planning_discordance
+    from ..decoding.serving import ServingProfile
     from ..decoding.speed import CostProfile, c_rel_of
     from ..tune.confirm import RULE, planned_confirmations, promise, split_confidence
     from ..tune.judge import drop_ucb_at
@@ -421,7 +422,9 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         planned=max(planned, 1),
         holdout=holdout,
     )
-    profile = result.profile
+    profile = ServingProfile.single(result.profile) if isinstance(result.profile, CostProfile) else result.profile
+    serving = isinstance(profile, ServingProfile)
+    rec["batch_size"] = profile.declared if serving else _declared(s.stats.serving_weights)
     return TunedConfig(
         task=spec.name,
         task_version=spec.version,
@@ -438,7 +441,8 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         epsilon=s.epsilon,
         confidence=s.confidence,
         c_rel=c_rel_of(profile),
-        cost_profile=profile.to_dict() if isinstance(profile, CostProfile) else None,
+        cost_profile=profile.to_dict() if serving else None,
+        serving_batch_sizes=profile.batch_sizes if serving else [rec["batch_size"]],
         strict_by_n_draft=strict,
         methods=methods,
         confirmation={
@@ -456,6 +460,12 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         mlflow=mlflow_info,
     )
+
+
+def _declared(weights: dict[int, float]) -> int:
+    """The declared batch size of a weighting: the largest weight's, the smallest on a tie
+    (``relaxtune.decoding.serving.ServingProfile.declared``'s rule, for a fixed c_rel)."""
+    return max(weights, key=lambda b: (weights[b], -b))
 
 
 def save_config(config: TunedConfig, path: str | Path) -> Path:
@@ -512,7 +522,12 @@ def load_config(path: str | Path) -> TunedConfig:
 def cautions(config: TunedConfig) -> list[str]:
     """What a reader of the tuned config must not miss: cost-profile flags, and a
     recommendation slower than plain decoding (modeled speed-up below 1)."""
-    out = [f"cost profile: {flag}" for flag in (config.cost_profile or {}).get("flags", [])]
+    from ..decoding.serving import ServingProfile
+
+    flags = ServingProfile.from_dict(config.cost_profile).flags if config.cost_profile else []
+    if config.cost_profile and "batch_sizes" not in config.cost_profile:  # a single profile: its flags as they read
+        flags = [f.split(": ", 1)[1] for f in flags]
+    out = [f"cost profile: {flag}" for flag in flags]
     rec = config.recommendation
     if rec.modeled_speedup < 1:
         out.append(

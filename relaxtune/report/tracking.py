@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 from ..decoding.methods import get_method
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of
 from ..tune.pareto import Point, baseline_points, point_label, points_table
 from ..tune.stopping import on_stop
@@ -143,14 +144,19 @@ class Tracker(Runs):
     # ------------------------------------------------------------------ studies
 
     def log_costs(self, profile) -> None:
-        """The job's cost profile on the task run: an artifact, c_rel and the worst
-        spread, a flag tag (``relaxtune.cost_flags``)."""
+        """The job's cost profile on the task run: an artifact (a serving profile's
+        ``to_dict``, every batch size), c_rel at the declared batch size, the worst
+        spread over every batch size, a flag tag (``relaxtune.cost_flags``, each flag
+        prefixed with its batch size)."""
         client, run = self.client, self.task_run_id
         client.log_metric(run, "c_rel", c_rel_of(profile))
         if isinstance(profile, CostProfile):
+            profile = ServingProfile.single(profile)
+        if isinstance(profile, ServingProfile):
             client.log_dict(run, profile.to_dict(), "cost_profile.json")
-            if profile.spread:
-                client.log_metric(run, "cost_spread_max", max(profile.spread.values()))
+            spreads = [v for p in profile.profiles.values() for v in p.spread.values()]
+            if spreads:
+                client.log_metric(run, "cost_spread_max", max(spreads))
             with self._lock():  # every worker sets it at its start (concurrent inserts of one tag clash)
                 client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
 

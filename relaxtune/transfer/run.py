@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
 from ..report.export import TunedConfig, load_config
 from ..tasks.spec import Problem, TaskSpec, load_problems, load_task
@@ -71,7 +72,8 @@ class TunedTask:
             rambling guards) and locate its samples (seed, problems, output folder).
         search: the problems its search ran on (off-diagonal cells);
         confirm: those its confirmations ran on (the diagonal).
-        profile: the costs its trials were priced with (``CostProfile`` or c_rel).
+        profile: the costs its trials were priced with (``ServingProfile``, weighted as
+            they were priced, or c_rel).
     """
 
     spec: TaskSpec
@@ -80,7 +82,7 @@ class TunedTask:
     settings: TuneSettings
     search: list[Problem] = field(repr=False)
     confirm: list[Problem] = field(repr=False)
-    profile: CostProfile | float
+    profile: ServingProfile | float
 
 
 def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
@@ -155,7 +157,7 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
         output_dir=str(output_dir),
         **keep,
     )
-    profile = CostProfile.from_dict(config.cost_profile) if config.cost_profile else config.c_rel
+    profile = ServingProfile.from_dict(config.cost_profile) if config.cost_profile else config.c_rel
     return TunedTask(spec, config, path, settings, search, held, profile)
 
 
@@ -175,20 +177,22 @@ def plan_cells(tuned: dict[str, TunedTask], methods: list[str]) -> list[tuple[st
     return [(m, s, t) for m in methods for s in tuned if tuned_point(tuned[s].config, m) is not None for t in tuned]
 
 
-def _profile(target: TunedTask, source: TunedTask, n_draft: int) -> CostProfile | float:
+def _profile(target: TunedTask, source: TunedTask, n_draft: int) -> ServingProfile | float:
     """The target's costs; a round cost at a draft length the target never measured
-    comes from the source's profile (same pair and machine) when it has it."""
+    comes from the source's profile (same pair and machine) at the same batch size,
+    when it has it."""
     mine, theirs = target.profile, source.profile
-    if (
-        isinstance(mine, CostProfile)
-        and isinstance(theirs, CostProfile)
-        and n_draft + 1 not in mine.t_verify
-        and n_draft + 1 in theirs.t_verify
-    ):
-        return CostProfile(
-            mine.t_ar, mine.t_draft, {**mine.t_verify, n_draft + 1: theirs.t_verify[n_draft + 1]}, mine.source
-        )
-    return mine
+    if not (isinstance(mine, ServingProfile) and isinstance(theirs, ServingProfile)):
+        return mine
+    k = n_draft + 1
+    profiles = dict(mine.profiles)
+    for b, p in mine.profiles.items():
+        other = theirs.profiles.get(b)
+        if k not in p.t_verify and other is not None and k in other.t_verify:
+            profiles[b] = CostProfile(
+                p.t_ar, p.t_draft, {**p.t_verify, k: other.t_verify[k]}, p.source, batch_size=p.batch_size
+            )
+    return ServingProfile(profiles, mine.weights)
 
 
 def evaluate_cells(

@@ -200,7 +200,7 @@ def fresh_point(
 
     Args:
         spec, backend: the task and the model pair; method, knob, n_draft: the point.
-        profile: costs (``CostProfile`` or c_rel) for the modeled speed-up.
+        profile: costs (``ServingProfile``, ``CostProfile`` or c_rel) for the modeled speed-up.
         confidence: one-sided confidence of the drop bound in the metrics.
         evaluate_fn: evaluation override with ``relaxtune.tune.evaluation.evaluate``'s signature.
 

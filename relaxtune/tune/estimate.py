@@ -4,7 +4,8 @@ The plan counts samples and response tokens per phase: strict at each draft leng
 the search will use, every method's trials (each in stages of ``stage_size``
 problems; pruning can stop it after the first), and the confirmations (only when a
 point is chosen). The wall time prices those tokens with the forward costs just
-measured (``relaxtune.decoding.speed.CostProfile``, one sequence at a time):
+measured (``relaxtune.decoding.speed.CostProfile``, one sequence at a time: a serving
+profile's smallest batch size, ``one_row``):
 
     seconds(phase) = tokens * round_seconds(N) / (l_accept + 1) / batch_gain(B)
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..decoding.methods import get_method
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
 from .progress import LENGTH_PRIOR, prior_length
 
@@ -50,11 +52,21 @@ __all__ = [
     "LENGTH_PRIOR",
     "BATCH_EXPONENT",
     "BUSY_FACTOR",
+    "one_row",
 ]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
 BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9, "llamacpp": 0.1}  # throughput of B rows = B ** exponent x one row's
 BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
+
+
+def one_row(profile) -> CostProfile | None:
+    """The one-sequence costs the estimate prices with: a serving profile's at its
+    smallest batch size (batch 1 unless the job measured without it), a
+    ``CostProfile`` itself, None for a fixed c_rel."""
+    if isinstance(profile, ServingProfile):
+        return profile.at(profile.batch_sizes[0])
+    return profile if isinstance(profile, CostProfile) else None
 
 
 @dataclass
@@ -185,9 +197,9 @@ def estimate_job(
     spec,
     n_search: int,
     n_confirm: int,
-    profile: CostProfile | float,
-    measured: CostProfile | None = None,
-    saved: CostProfile | None = None,
+    profile: ServingProfile | CostProfile | float,
+    measured: ServingProfile | CostProfile | None = None,
+    saved: ServingProfile | CostProfile | None = None,
     *,
     length: tuple[float, str] | None = None,
     batch_size: int = 8,
@@ -231,7 +243,8 @@ def estimate_job(
         LENGTH_PRIOR * spec.max_new_tokens,
         f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token budget",
     )
-    speed = measured or (profile if isinstance(profile, CostProfile) else None)
+    measured, saved = one_row(measured), one_row(saved)
+    speed = measured or one_row(profile)
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
 
@@ -322,7 +335,7 @@ def announce(
     held_out: list,
     backend,
     profile,
-    measured: CostProfile | None,
+    measured: ServingProfile | CostProfile | None,
     saved_path: Path,
     log: Callable[[str], None],
 ) -> JobEstimate:
@@ -337,10 +350,10 @@ def announce(
     """
     from .evaluation import DecodeConfig, finished_samples
 
-    saved = None
+    saved, measured = None, one_row(measured)
     if saved_path.exists() and measured is not None:
         try:
-            saved = CostProfile.from_dict(json.loads(saved_path.read_text()))
+            saved = one_row(ServingProfile.from_dict(json.loads(saved_path.read_text())))
         except (ValueError, KeyError, TypeError):
             saved = None
         if (

@@ -12,6 +12,7 @@ import numpy as np
 from ..certify.inputs import check_count
 from ..certify.stats import DropBound, drop_bound, paired_counts
 from ..decoding.rambling import loop_rate
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .evaluation import EvalResult
 from .settings import StatsSettings
@@ -32,7 +33,11 @@ VIOLATED = 1.0  # constraint value recorded for pruned and failed trials
 
 
 def point_metrics(
-    strict: EvalResult, relaxed: EvalResult, n_draft: int, profile: CostProfile | float, confidence: float
+    strict: EvalResult,
+    relaxed: EvalResult,
+    n_draft: int,
+    profile: ServingProfile | CostProfile | float,
+    confidence: float,
 ) -> dict:
     """Metrics of one evaluated point against the strict baseline at the same N.
 
@@ -100,7 +105,11 @@ def point_metrics(
 
 
 def speedup_upper(
-    pairs: list[tuple[dict, dict]], speedup_: float, n_draft: int, profile: CostProfile | float, confidence: float
+    pairs: list[tuple[dict, dict]],
+    speedup_: float,
+    n_draft: int,
+    profile: ServingProfile | CostProfile | float,
+    confidence: float,
 ) -> float:
     """Upper one-sided ``confidence`` bound of a point's modeled speed-up (dimensionless):
     ``speedup_ + z_c SE``, the standard error the jackknife's over problems (Efron and

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from .evaluation import EvalResult
 
@@ -45,11 +46,15 @@ class SpeedMargin:
         return self.difference > self.margin
 
 
-def cost_spread(profile: CostProfile | float) -> float | None:
+def cost_spread(profile: ServingProfile | CostProfile | float) -> float | None:
     """The profile's worst relative spread of its timings (a fraction: the gap between
-    the fastest and the median of its interleaved passes, ``CostProfile.spread``);
-    None for a fixed ``c_rel`` or a profile measured without repeats."""
-    spread = getattr(profile, "spread", None) or {}
+    the fastest and the median of its interleaved passes, ``CostProfile.spread``); a
+    serving profile's over the batch sizes its objective weighs; None for a fixed
+    ``c_rel`` or a profile measured without repeats."""
+    if isinstance(profile, ServingProfile):
+        spread = {f"{b}:{k}": v for b in profile.weights for k, v in profile.at(b).spread.items()}
+    else:
+        spread = getattr(profile, "spread", None) or {}
     return max((float(v) for v in spread.values() if math.isfinite(v) and v >= 0), default=None)
 
 
@@ -74,7 +79,7 @@ def speed_margin(
     n_draft: int,
     strict: EvalResult,
     strict_n: int,
-    profile: CostProfile | float,
+    profile: ServingProfile | CostProfile | float,
     confidence: float,
     seed: int = 0,
 ) -> SpeedMargin:

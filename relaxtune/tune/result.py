@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
 from ..tasks.spec import TaskSpec
 from .evaluation import EvalResult
@@ -35,7 +36,8 @@ class JobResult:
         strict_speedups: N -> strict's modeled speed-up at N (length ratio 1).
         outcomes: each method's ``MethodOutcome`` (its study, chosen point, MLflow run id).
         confirmations: method -> ``Confirmation`` (a method without one exports no point).
-        profile: the cost profile (``CostProfile``) or a bare c_rel (float).
+        profile: the serving profile (``ServingProfile``, weighted as the search priced), a
+            single ``CostProfile``, or a bare c_rel (float).
         pinned: methods the backend serves at one point only (a native speculative server).
     """
 
@@ -47,7 +49,7 @@ class JobResult:
     strict_speedups: Mapping[int, float]
     outcomes: tuple[MethodOutcome, ...]
     confirmations: Mapping[str, object]  # method -> relaxtune.tune.confirm.Confirmation (confirm imports tuning)
-    profile: CostProfile | float
+    profile: ServingProfile | CostProfile | float
     pinned: frozenset[str]
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ keys, Prefect flow parameters, the saved ``<task>.job.yaml``, MLflow params); st
 Each field holds its one default and its one description: ``relaxtune.cli.options`` makes every
 command-line option from them, ``flows/`` every flow parameter. Nothing here touches the disk or
 the machine: ``start`` (called where a job starts) makes the output folder and resolves the
-``auto`` runtime, which the job then records.
+``auto`` runtime and serving batch sizes, which the job then records.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "flat_fields",
     "storage_url",
     "start",
+    "auto_batch_sizes",
     "study_name",
     "job_id",
     "spec_digest",
@@ -152,6 +153,23 @@ class StatsSettings(BaseModel):
     remeasure_costs: bool = Field(
         False, description="measure the cost profile anew, replacing the one saved in --output-dir"
     )
+    serving_batch_sizes: list[int] | Literal["auto"] = Field(
+        "auto",
+        description="comma-separated serving batch sizes the cost profile is measured at, or auto: 1,4,16 on a "
+        "CPU or llama.cpp, 1,8,32,128 on a GPU (resolved when the job starts, and recorded); the declared size "
+        "and the weighted ones are added",
+    )
+    serving_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="the serving batch size the search prices at and the export deploys at (default 1; "
+        "exclusive with --serving-batch-weights)",
+    )
+    serving_batch_weights: dict[int, float] | None = Field(
+        None,
+        description="weights of serving batch sizes in the search's speed objective, e.g. 1=0.2,16=0.8 "
+        "(the weighted mean of their speed-ups; exclusive with --serving-batch-size)",
+    )
     max_length_ratio: float | None = Field(None, gt=0, description="optional guard on L_relax / L_strict")
     max_truncated: float | None = Field(None, ge=0, le=1, description="optional guard on the truncated share")
     confirm: Literal["holdout", "seeds"] = Field(
@@ -173,6 +191,79 @@ class StatsSettings(BaseModel):
         if c_rel != "measured" and not (math.isfinite(c_rel) and c_rel >= 0):
             raise ValueError(f"c_rel must be a finite number >= 0 or 'measured', got {c_rel}")
         return c_rel
+
+    @field_validator("serving_batch_sizes", mode="before")
+    @classmethod
+    def _batch_sizes_text(cls, sizes):
+        """A flag's text: ``auto``, or comma-separated integers."""
+        if not isinstance(sizes, str) or sizes.strip() == "auto":
+            return sizes.strip() if isinstance(sizes, str) else sizes
+        items = [v.strip() for v in sizes.split(",") if v.strip()]
+        bad = [v for v in items if not v.lstrip("-").isdigit()]
+        if bad or not items:
+            raise ValueError(f"{(bad or [sizes])[0]!r} is not an integer: give auto or e.g. 1,4,16")
+        return [int(v) for v in items]
+
+    @field_validator("serving_batch_sizes")
+    @classmethod
+    def _positive_batch_sizes(cls, sizes):
+        if sizes != "auto" and (not sizes or any(b < 1 for b in sizes)):
+            raise ValueError(f"serving_batch_sizes must be integers >= 1, got {sizes}")
+        return sizes if sizes == "auto" else sorted(set(sizes))
+
+    @field_validator("serving_batch_weights", mode="before")
+    @classmethod
+    def _weights_text(cls, weights):
+        """A flag's text: comma-separated ``<batch size>=<weight>`` pairs."""
+        if not isinstance(weights, str):
+            return weights
+        out = {}
+        for item in (v.strip() for v in weights.split(",") if v.strip()):
+            size, eq, weight = (t.strip() for t in item.partition("="))
+            try:
+                if not eq or not size.isdigit() or int(size) in out:
+                    raise ValueError
+                out[int(size)] = float(weight)
+            except ValueError:
+                raise ValueError(
+                    f"{item!r} is not <batch size>=<weight> (each size once): give e.g. 1=0.2,16=0.8"
+                ) from None
+            if not (math.isfinite(out[int(size)]) and out[int(size)] > 0):
+                raise ValueError(f"{item!r}: a weight must be a finite number > 0")
+        if not out:
+            raise ValueError(f"{weights!r} holds no <batch size>=<weight>: give e.g. 1=0.2,16=0.8")
+        return out
+
+    @field_validator("serving_batch_weights")
+    @classmethod
+    def _positive_weights(cls, weights):
+        if weights is None:
+            return None
+        if not weights:
+            raise ValueError("give one <batch size>=<weight> at least, e.g. 1=0.2,16=0.8")
+        for size, weight in weights.items():
+            if size < 1:
+                raise ValueError(f"batch size {size}: batch sizes are integers >= 1")
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"batch size {size}: a weight must be a finite number > 0, got {weight}")
+        return dict(sorted(weights.items()))
+
+    @model_validator(mode="after")
+    def _declared_among_sizes(self):
+        if self.serving_batch_size is not None and self.serving_batch_weights is not None:
+            raise ValueError(
+                f"--serving-batch-size {self.serving_batch_size} and --serving-batch-weights both say what the "
+                "search prices at: give one or the other"
+            )
+        if self.serving_batch_sizes != "auto":  # the declared and weighted sizes are measured too
+            self.serving_batch_sizes = sorted(set(self.serving_batch_sizes) | set(self.serving_weights))
+        return self
+
+    @property
+    def serving_weights(self) -> dict[int, float]:
+        """Batch size -> weight of its speed-up in the search's objective:
+        ``serving_batch_weights``, else ``{serving_batch_size or 1: 1}``."""
+        return dict(self.serving_batch_weights or {self.serving_batch_size or 1: 1.0})
 
 
 class SearchSettings(BaseModel):
@@ -335,6 +426,9 @@ _FLAT_ORDER = (
     "confidence",
     "c_rel",
     "remeasure_costs",
+    "serving_batch_sizes",
+    "serving_batch_size",
+    "serving_batch_weights",
     "n_drafts",
     "trials",
     "limit",
@@ -391,6 +485,12 @@ class TuneSettings(BaseModel):
                 given = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
                 out[group] = given | {key: value}
         return out
+
+    @model_validator(mode="after")
+    def _llamacpp_slots(self):
+        if self.pair.runtime == "llamacpp":  # auto resolves to it where the job starts (``start`` checks there)
+            check_slots(self.pair, self.stats.serving_batch_sizes)
+        return self
 
     @model_serializer(mode="wrap")
     def _flat(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -486,17 +586,61 @@ def make_output_dir(stores: StoreSettings) -> Path:
 
 
 def start(settings: TuneSettings) -> TuneSettings:
-    """Where a job starts: the output folder made (``make_output_dir``) and the ``auto``
-    runtime resolved on this machine, so records, studies, the saved job and MLflow name it.
+    """Where a job starts: the output folder made (``make_output_dir``), the ``auto``
+    runtime and the ``auto`` serving batch sizes (``auto_batch_sizes``, with the declared
+    and weighted ones added) resolved on this machine, so records, studies, the saved job
+    and MLflow name them.
 
     Raises:
         ValueError: an output folder that is a file, or a runtime that cannot run here.
     """
     make_output_dir(settings.stores)
+    update = {}
     runtime = settings.pair.resolved_runtime()
-    if runtime == settings.pair.runtime:
-        return settings
-    return settings.model_copy(update={"runtime": runtime})
+    if runtime != settings.pair.runtime:
+        update["runtime"] = runtime
+    if settings.stats.serving_batch_sizes == "auto":
+        update["serving_batch_sizes"] = auto_batch_sizes(settings.pair, runtime)
+    started = settings.model_copy(update=update) if update else settings
+    if runtime == "llamacpp":
+        check_slots(started.pair, started.stats.serving_batch_sizes)
+    return started
+
+
+def check_slots(pair: PairSettings, sizes: list[int] | str) -> None:
+    """Refuse serving batch sizes above llama.cpp's sequence slots (its contexts'
+    ``n_seq_max``: ``--batch-size``, default ``BATCH_SIZE_LLAMACPP``): they cannot be measured.
+
+    Raises:
+        ValueError: naming the flags that fix it.
+    """
+    from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
+
+    slots = pair.batch_size or BATCH_SIZE_LLAMACPP
+    if sizes != "auto" and max(sizes) > slots:
+        raise ValueError(
+            f"--serving-batch-sizes {','.join(map(str, sizes))}: llama.cpp's contexts hold {slots} sequences "
+            f"(--batch-size {pair.batch_size or f'default {slots}'}), so batch size {max(sizes)} cannot be "
+            f"measured: give sizes up to {slots}, or --batch-size {max(sizes)}"
+        )
+
+
+def auto_batch_sizes(pair: PairSettings, runtime: str) -> list[int]:
+    """``--serving-batch-sizes auto`` on this machine
+    (``relaxtune.decoding.serving.default_batch_sizes``): llama.cpp's (a CPU's) for
+    ``runtime`` llamacpp, at most its contexts' sequence slots (``--batch-size``, default
+    ``BATCH_SIZE_LLAMACPP``); else a GPU's when this machine has CUDA (the transformers
+    runtime loads there; SGLang servers are taken to run beside it), else a CPU's."""
+    from ..decoding.serving import default_batch_sizes
+
+    if runtime == "llamacpp":
+        from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
+
+        slots = pair.batch_size or BATCH_SIZE_LLAMACPP
+        return [b for b in default_batch_sizes("llamacpp") if b <= slots]
+    import torch
+
+    return list(default_batch_sizes("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
@@ -518,6 +662,8 @@ JOB_FIELDS = (
     "max_length_ratio",
     "max_truncated",
 )
+# the same, entering the id only when given (what prices the search: a job of the defaults keeps the id it had)
+JOB_FIELDS_GIVEN = ("serving_batch_size", "serving_batch_weights")
 
 
 def spec_digest(spec) -> str:
@@ -527,7 +673,8 @@ def spec_digest(spec) -> str:
 
 def job_id(settings: TuneSettings, spec, pair: str) -> str:
     """The tuning job's id: ``settings.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
-    the Optuna storage (password left out), the task spec, the model pair and ``JOB_FIELDS``. Every
+    the Optuna storage (password left out), the task spec, the model pair, ``JOB_FIELDS`` and those of
+    ``JOB_FIELDS_GIVEN`` given. Every
     worker of one job computes the same id (neither the output folder, the server URLs nor the number
     of trials enter it); a job with other settings gets another."""
     if settings.stores.job_id:
@@ -537,4 +684,5 @@ def job_id(settings: TuneSettings, spec, pair: str) -> str:
     storage = make_url(storage_url(settings.stores)).render_as_string(hide_password=True)
     flat = settings.model_dump()
     key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: flat[f] for f in JOB_FIELDS}
+    key |= {f: flat[f] for f in JOB_FIELDS_GIVEN if flat[f] is not None}
     return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"

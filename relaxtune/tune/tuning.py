@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..decoding.methods import get_method
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
 from .claims import claim, claim_path
@@ -89,7 +90,8 @@ class Tuner:
         settings: the job.
         spec: the task; problems: its loaded problems.
         backend: the model pair.
-        profile: measured ``CostProfile`` or a c_rel value.
+        profile: the measured ``ServingProfile`` (weighted as the search prices:
+            ``modeled_speedup`` reads its objective), a ``CostProfile`` or a c_rel value.
         tracker: an optional ``relaxtune.report.tracking.Tracker``.
         evaluate_fn: how a range of problems is evaluated; default
             ``relaxtune.tune.evaluation.evaluate``.
@@ -110,7 +112,7 @@ class Tuner:
     spec: TaskSpec
     problems: list[Problem]
     backend: object
-    profile: CostProfile | float
+    profile: ServingProfile | CostProfile | float
     tracker: object | None = None
     evaluate_fn: Callable[..., EvalResult] | None = None
     progress: bool = True
@@ -489,7 +491,8 @@ class Tuner:
         ``relaxtune.tune.records``); LOST when another worker failed it as stale meanwhile."""
         import optuna
 
-        stored = metrics_attr(metrics, method, trial.params.get("knob")) if metrics else metrics
+        declared = self.profile.declared if isinstance(self.profile, ServingProfile) else 1
+        stored = metrics_attr(metrics, method, trial.params.get("knob"), batch_size=declared) if metrics else metrics
 
         states = optuna.trial.TrialState
         try:
