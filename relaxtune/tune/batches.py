@@ -22,7 +22,13 @@ from types import MappingProxyType
 from ..decoding.serving import ServingProfile, stops_paying_at
 from ..decoding.speed import CostProfile, modeled_speedup
 
-__all__ = ["Prices", "Candidate", "candidates", "by_batch", "paying_line"]
+__all__ = ["Prices", "Candidate", "candidates", "by_batch", "paying_line", "strict_speedup"]
+
+
+def strict_speedup(profile: ServingProfile | CostProfile | float, l_accept: float, n_draft: int) -> float:
+    """Strict's modeled speed-up at N from its mean accepted drafts per round (capped at
+    N; length ratio 1: strict has AR's lengths), priced with ``profile``."""
+    return modeled_speedup(profile, min(float(l_accept), float(n_draft)), n_draft)
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,9 @@ def candidates(strict: Mapping[int, Mapping], methods: Mapping, prices: Prices) 
         methods: method -> ``relaxtune.report.export.MethodResult`` (``feasible``,
             ``l_accept``, ``length_ratio``, ``n_draft``, ``knob``, ``knobs``).
     """
+    priced = sorted(prices.by_batch.items())
     out = [
-        Candidate(f"strict N={n}", "strict", None, {}, n, prices.speedups(min(float(v["l_accept"]), float(n)), n))
+        Candidate(f"strict N={n}", "strict", None, {}, n, {b: strict_speedup(p, v["l_accept"], n) for b, p in priced})
         for n, v in sorted(strict.items())
     ]
     for name, r in methods.items():
