@@ -18,6 +18,7 @@ point holds on other tasks, and theirs on it (``relaxtune.transfer``).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 from dataclasses import asdict
@@ -520,12 +521,14 @@ def cost_profile_section(profile, costs: dict | None = None) -> dict | None:
     weights) after ``source`` (where the costs came from: ``costs["source"]``, else the
     tuning run's own measurement), the flags of every batch size (``ServingProfile.flags``)
     and, re-priced, ``repriced`` (what was re-priced and what keeps the tuning run's
-    prices); a single ``CostProfile``'s ``to_dict`` (its own ``source``); None for a fixed c_rel."""
+    prices; batch sizes as string keys, as in the YAML); a single ``CostProfile``'s ``to_dict``
+    (its own ``source``); None for a fixed c_rel."""
     costs = costs or {}
     if isinstance(profile, ServingProfile):
         head = {"source": costs.get("source", "measured by the tuning run (each batch size's own source below)")}
         extra = {k: costs[k] for k in ("repriced", "tuning_c_rel") if k in costs}
-        return head | extra | {"flags": profile.flags} | profile.to_dict()
+        # as the YAML holds it (batch sizes as string keys): a loaded config equals the built one
+        return json.loads(json.dumps(head | extra | {"flags": profile.flags} | profile.to_dict()))
     if isinstance(profile, CostProfile):
         return profile.to_dict()
     return None
@@ -588,9 +591,10 @@ def cautions(config: TunedConfig) -> list[str]:
     out = [f"cost profile: {flag}" for flag in (config.cost_profile or {}).get("flags", [])]
     rec = config.recommendation
     if rec.modeled_speedup < 1:
+        at = "" if rec.batch_size == 1 else f" at serving batch size {rec.batch_size}"
         out.append(
             f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
-            f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
+            f"than plain decoding on these costs{at} (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
             "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)"
         )
     return out
