@@ -40,10 +40,13 @@ class Prices:
             step of B rows, or a fixed c_rel: ``relaxtune.decoding.speed.modeled_speedup``
             reads either), by increasing B.
         weights: batch size -> weight of its speed-up in the search's objective.
+        declared: the batch size the recommendation is modeled at
+            (``ServingProfile.declared``; a single profile's or c_rel's only batch size).
     """
 
     by_batch: Mapping[int, CostProfile | float]
     weights: Mapping[int, float]
+    declared: int
 
     @classmethod
     def of(cls, profile: ServingProfile | CostProfile | float) -> Prices:
@@ -51,21 +54,17 @@ class Prices:
         single ``CostProfile`` at its own batch size, weighted 1; a fixed c_rel at batch
         size 1, weighted 1."""
         if isinstance(profile, ServingProfile):
-            return cls(MappingProxyType(dict(profile.profiles)), MappingProxyType(dict(profile.weights)))
-        if isinstance(profile, CostProfile):
-            return cls(MappingProxyType({profile.batch_size: profile}), MappingProxyType({profile.batch_size: 1.0}))
-        return cls(MappingProxyType({1: float(profile)}), MappingProxyType({1: 1.0}))
+            by_batch, weights, declared = dict(profile.profiles), dict(profile.weights), profile.declared
+        elif isinstance(profile, CostProfile):
+            by_batch, weights, declared = {profile.batch_size: profile}, {profile.batch_size: 1.0}, profile.batch_size
+        else:
+            by_batch, weights, declared = {1: float(profile)}, {1: 1.0}, 1
+        return cls(MappingProxyType(by_batch), MappingProxyType(weights), declared)
 
     @property
     def batch_sizes(self) -> list[int]:
         """The priced batch sizes, increasing."""
         return sorted(self.by_batch)
-
-    @property
-    def declared(self) -> int:
-        """The batch size the recommendation is modeled at: the largest weight's (the
-        smallest batch size on a tie), as ``ServingProfile.declared``."""
-        return max(self.weights, key=lambda b: (self.weights[b], -b))
 
     @property
     def weighted(self) -> bool:
