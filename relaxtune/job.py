@@ -33,6 +33,8 @@ from .report.reexport import (
     export_path,
     export_storage,
     job_file,
+    read_cost_profile,
+    reprice,
     save_job,
     tuning_settings,
 )
@@ -224,20 +226,26 @@ def export_job(
     submit_trial: Callable | None = None,
     run_ranges: Callable | None = None,
     worker: str | None = None,
+    cost_profile: str | Path | None = None,
 ) -> tuple[TunedConfig, Path]:
     """Export the tuned config again from what the studies and records of a tuning job
     hold (another epsilon or confidence, say): it never generates, and never modifies
     the tuning run's files, MLflow artifacts, tables or status. Arguments as
     ``tune_job``'s; with ``track``, it logs to an MLflow run of its own (``ExportRun``),
-    nested under the tuning run it reads.
+    nested under the tuning run it reads. With ``cost_profile`` (a cost table measured on
+    the serving host: ``relaxtune.report.reexport.read_cost_profile``), the confirmed points
+    and strict are re-priced with it and the recommendation chosen again
+    (``relaxtune.report.reexport.reprice``), without running any trial.
 
     Returns:
         ``(config, path)`` of the exported YAML (``export_path``).
 
     Raises:
         JobError: an export with nothing to export (``check_exportable``: before the
-            backend loads), or one that would mix runs, or a study searched other problems.
+            backend loads), or one that would mix runs, or a study searched other problems,
+            or a ``cost_profile`` that cannot price the job (before its MLflow run starts).
     """
+    serving = None if cost_profile is None else read_cost_profile(cost_profile)  # before anything loads
     job = _start(settings, backend, False, log, track)
     settings = job.settings
     tuning = tuning_settings(settings.output_dir, job.spec.name)  # the job it reads
@@ -248,10 +256,15 @@ def export_job(
     pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
     check_outcomes(outcomes, job.problems, job.profile, settings.n_drafts, pinned)
     confirmations = _choose(job, tuner, outcomes, [], new_trials=False, log=log)
-    mlflow_info = None
+    mlflow_info = costs = None
     if exporter is not None:
         for outcome in outcomes:  # the tuning job's study runs, read only
             outcome.mlflow_run_id = exporter.study_run(outcome.study.study_name)
+    result = tuner.result(outcomes, confirmations, len(job.held_out))
+    if serving is not None:  # refused here, before the export's MLflow run starts
+        result, costs = reprice(result, serving, cost_profile)
+        log(f"re-priced with {cost_profile}: {serving.summary()}")
+    if exporter is not None:
         mlflow_info = {
             "tracking_uri": exporter.uri,
             "experiment": f"relaxtune-{job.spec.name}",
@@ -260,8 +273,7 @@ def export_job(
             "tuning_run_id": exporter.tuning_run_id,
         }
     try:
-        result = tuner.result(outcomes, confirmations, len(job.held_out))
-        config, path = _write(result, mlflow_info, path)
+        config, path = _write(result, mlflow_info, path, costs)
         if exporter is not None:
             exporter.finish(result, config, path)
     except Exception as err:
@@ -425,9 +437,10 @@ def _choose(
     return confirm(tuner, outcomes, job.held_out, new_trials=new_trials, log=log)
 
 
-def _write(result, mlflow_info: dict | None, path: Path) -> tuple[TunedConfig, Path]:
-    """The tuned config of a finished job, written (atomically) at ``path``."""
-    config = build_config(result, mlflow_info)
+def _write(result, mlflow_info: dict | None, path: Path, costs: dict | None = None) -> tuple[TunedConfig, Path]:
+    """The tuned config of a finished job, written (atomically) at ``path`` (``costs``: a
+    re-priced export's, ``relaxtune.report.reexport.reprice``)."""
+    config = build_config(result, mlflow_info, costs)
     return config, save_config(config, path)
 
 

@@ -56,8 +56,8 @@ DROP = (
 # with any edit of that code by design (records of other code are regenerated), so it is no output of the run
 CODE_DIGESTS = ("decoder", "decoding", "grader")  # "grader": the grading code's digest (the same policy)
 # what schema v3 (relaxtune.tune.records) adds to what the base commit wrote (v2): the records' and metrics' schema,
-# a point's named knobs, its relaxation scope and serving batch size, and the tuned config's version and batch sizes;
-# the comparison is of everything else
+# a point's named knobs, its relaxation scope and serving batch size, and the tuned config's version, batch sizes
+# and best point per batch size; the comparison is of everything else
 SCHEMA_V3 = (
     "schema",
     "schema_version",
@@ -65,6 +65,7 @@ SCHEMA_V3 = (
     "scope",
     "batch_size",
     "serving_batch_sizes",
+    "by_batch_size",
     "deploy",
     "decoding",
     "runtime",

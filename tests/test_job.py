@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from relaxtune.certify.stats import smallest_certifiable_drop
 from relaxtune.cli import app
+from relaxtune.decoding.serving import ServingProfile
+from relaxtune.decoding.speed import CostProfile
 from relaxtune.report.export import load_config
 
 from .tiny_task import write_tiny_task
@@ -158,7 +160,7 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     for extra, message in [
         (["--limit", "5"], "trials ran on 4 problems, this export asks for 5"),
         (["--limit", "3"], "trials ran on 4 problems, this export asks for 3"),
-        (["--c-rel", "0.5"], "an export cannot re-price trials"),
+        (["--c-rel", "0.5"], "an export cannot re-price the search's trials"),
         (["--methods", "mentored"], "mentored (study tiny_math__mentored__"),
         (["--n-drafts", "8"], "trials ran at N=2, which --n-drafts 8 leaves out"),
     ]:
@@ -166,6 +168,31 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
         assert out.exit_code != 0 and message in " ".join(out.output.split()), (extra, out.output)
     assert load_config(tmp_path / "runs" / "tiny_math.tuned.eps0.5.yaml") == exported  # nothing overwritten
     assert (tmp_path / "runs" / "tiny_math.tuned.yaml").read_bytes() == tuned
+
+    # a serving host's cost table re-prices strict and the confirmed points, no trial run; verify(3) costs 1 step
+    # at batch 1 and 20 at batch 32, where nothing can pay: l_accept <= N = 2, so (l + 1) / (0.5 + 20) < 0.15
+    costs = tmp_path / "serving-costs.json"
+    serving = ServingProfile({b: CostProfile(1.0, 0.25, {3: v}, batch_size=b) for b, v in ((1, 1.0), (32, 20.0))})
+    costs.write_text(json.dumps(serving.to_dict()))
+    repriced_path = tmp_path / "repriced.yaml"
+    out = CliRunner().invoke(
+        app,
+        base + ["--epsilon", "0.5", "--export", str(repriced_path), "--cost-profile", str(costs)],
+        env={"COLUMNS": "250"},
+    )
+    assert out.exit_code == 0, out.output
+    repriced = load_config(repriced_path)
+    strict = repriced.strict_by_n_draft[2]
+    assert strict["modeled_speedup"] == pytest.approx((min(strict["l_accept"], 2) + 1) / 1.5, rel=1e-12)
+    assert repriced.c_rel == 0.25 and repriced.cost_profile["source"].startswith(f"{costs} (sha256 ")
+    assert sorted(repriced.by_batch_size.best) == [1, 32] and repriced.by_batch_size.best[32].decoding == "plain"
+    assert repriced.recommendation.batch_size == 1 and repriced.methods.keys() == exported.methods.keys()
+    flat = " ".join(out.output.split())
+    assert "best confirmed point by serving batch size" in flat
+    assert "speculative decoding stops paying from batch" in flat and "on the serving host that measured" in flat
+    costs.write_text(json.dumps(ServingProfile({8: CostProfile(1.0, 0.25, batch_size=8)}).to_dict()))
+    out = CliRunner().invoke(app, base + ["--cost-profile", str(costs)], env={"COLUMNS": "250"})
+    assert out.exit_code == 2 and "no cost profile at serving batch size 1" in " ".join(out.output.split())
 
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):

@@ -184,7 +184,15 @@ def tuned_config() -> str:
     from relaxtune.report import export
 
     out = [f"Schema version {export.SCHEMA_VERSION} (`relaxtune.report.export.SCHEMA_VERSION`).\n"]
-    for name in ("TunedConfig", "MethodResult", "Recommendation", "Transfer", "TransferCell"):
+    for name in (
+        "TunedConfig",
+        "MethodResult",
+        "Recommendation",
+        "ByBatchSize",
+        "BatchBest",
+        "Transfer",
+        "TransferCell",
+    ):
         out.append(f"### `{name}`\n\n{fields(getattr(export, name))}")
     return "\n".join(out)
 

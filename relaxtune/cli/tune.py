@@ -108,6 +108,7 @@ def _summary(config, path) -> None:
         else f"with {sample['problems']} problems x {sample['repeats']} the smallest certifiable drop is "
         f"{sample['smallest_certifiable']:.3f}"
     )
+    _by_batch(config)
     rec = config.recommendation
     knobs = rec.knobs or ({} if rec.knob is None else {"alpha": rec.knob})  # the method's own knob names
     knob = "".join(f" {name}={value:.3g}" for name, value in knobs.items())
@@ -136,12 +137,56 @@ def _summary(config, path) -> None:
             )
 
 
+def _by_batch(config) -> None:
+    """The best confirmed point per serving batch size and where speculation stops paying
+    (``by_batch_size``), when more than one batch size was priced."""
+    batches = config.by_batch_size
+    if batches is None or len(batches.best) < 2:
+        return
+    declared = config.recommendation.batch_size
+    rows = []
+    for b, best in sorted(batches.best.items()):
+        knob = "".join(f" {name}={value:.3g}" for name, value in best.knobs.items())
+        plain = best.decoding == "plain"
+        rows.append(
+            [
+                f"{b} (declared)" if b == declared else str(b),
+                f"{best.method}{knob} N={best.n_draft}",
+                f"{best.modeled_speedup:.2f}",
+                "[yellow]plain[/yellow] (verifier alone)" if plain else "speculative",
+            ]
+        )
+    show(
+        "best confirmed point by serving batch size (modeled speed-up over batched AR at the same size)",
+        [Col("batch size", justify="right"), Col("best point"), Col("speed-up", justify="right"), Col("decoding", 1)],
+        rows,
+    )
+    console.print(batches.line, soft_wrap=True, markup=False)
+
+
 def _json_option(fn):
     """Add ``--json`` to a ``tune_options`` command's signature."""
     import inspect
 
     option = typer.Option(False, "--json", help="print the tuned config as JSON on stdout (progress goes to stderr)")
     param = inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=option, annotation=bool)
+    fn.__signature__ = fn.__signature__.replace(parameters=[*fn.__signature__.parameters.values(), param])
+    return fn
+
+
+def _cost_profile_option(fn):
+    """Add ``--cost-profile`` to ``export``'s signature."""
+    import inspect
+
+    option = typer.Option(
+        None,
+        "--cost-profile",
+        help="re-price the finished job with this cost table (JSON, measured on the serving host by "
+        "`relaxtune costs`; a job's cost_profile.json reads as batch size 1): strict's and every confirmed "
+        "point's speed-ups, the recommendation and the best point per batch size, without running any trial",
+        show_default=False,
+    )
+    param = inspect.Parameter("cost_profile", inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None)
     fn.__signature__ = fn.__signature__.replace(parameters=[*fn.__signature__.parameters.values(), param])
     return fn
 
@@ -155,20 +200,27 @@ def tune(config: str | None = None, json_output: bool = False, **flags) -> None:
 
 
 @app.command("export")
+@_cost_profile_option
 @_json_option
 @tune_options
-def export_(config: str | None = None, json_output: bool = False, **flags) -> None:
+def export_(config: str | None = None, json_output: bool = False, cost_profile: str | None = None, **flags) -> None:
     """Re-export the tuned config from finished studies with another budget (no new trials).
 
     Starts from the settings of the task's last tuning run (<output-dir>/<task>.job.yaml); options override them,
     e.g. another --epsilon. Writes its own file (<output-dir>/<task>.tuned.eps<epsilon>.yaml, or --export) and its
     own MLflow run, linked to the tuning run it read, which it never modifies. Refuses, before loading any model,
-    when there is nothing to export."""
+    when there is nothing to export. With --cost-profile, re-prices the confirmed points with the serving host's
+    costs and chooses the recommendation again."""
     import yaml
 
-    from ..report.reexport import job_file
+    from ..report.reexport import JobError, job_file, read_cost_profile
     from ..tasks.spec import load_task
 
+    if cost_profile is not None:  # a bad file is refused before anything is read or loaded
+        try:
+            read_cost_profile(cost_profile)
+        except JobError as err:
+            raise typer.BadParameter(str(err)) from None
     tell = say(json_output)
     base = None
     from_file = {}
@@ -193,10 +245,10 @@ def export_(config: str | None = None, json_output: bool = False, **flags) -> No
             tell(f"starting from the tuning run's settings: {saved}")
         else:
             tell(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
-    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output)
+    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output, cost_profile=cost_profile)
 
 
-def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
+def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile: str | None = None) -> None:
     import shlex
     import sys
 
@@ -242,7 +294,8 @@ def _run_job(settings, new_trials: bool, json_output: bool = False) -> None:
             passthrough=(JobError,),
             exit_now=True,
         ):
-            config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log)
+            extra = {} if cost_profile is None else {"cost_profile": cost_profile}  # export only
+            config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log, **extra)
     except JobError as err:
         raise typer.BadParameter(str(err)) from None
     finally:

@@ -36,7 +36,10 @@ class Decision:
             ``<method>.speedup`` and ``<method>.drop_ucb``.
         tags: ``relaxtune.recommended`` (e.g. ``cactus delta=1 N=4``),
             ``relaxtune.recommended_method``, ``relaxtune.feasible_methods``
-            (comma-separated, or ``none``), ``relaxtune.task``, ``relaxtune.epsilon``.
+            (comma-separated, or ``none``), ``relaxtune.task``, ``relaxtune.epsilon``; with more
+            than one serving batch size priced, ``relaxtune.batch_size`` (the recommendation's)
+            and ``relaxtune.stops_paying_at`` (a batch size, or ``none``), and the metrics
+            ``best_speedup_batch_<B>`` (the best confirmed point's at each, ``by_batch_size``).
         label: the recommended point, e.g. ``cactus delta=1 N=4`` or ``strict N=4``.
         description: one sentence: what was decided and why.
     """
@@ -110,6 +113,11 @@ def decide(config) -> Decision:
         "relaxtune.feasible_methods": ",".join(feasible) or "none",
         "relaxtune.epsilon": f"{config.epsilon:g}",
     }
+    batches = config.by_batch_size
+    if batches is not None and len(batches.best) > 1:  # the speed a deployment sees at each batch size
+        metrics |= {f"best_speedup_batch_{b}": v.modeled_speedup for b, v in batches.best.items()}
+        tags["relaxtune.batch_size"] = str(rec.batch_size)
+        tags["relaxtune.stops_paying_at"] = str(batches.stops_paying_at or "none")
     if config.confirmation.get("promise"):  # what the exported bound promises, in words (weaker with --confirm seeds)
         tags["relaxtune.promise"] = config.confirmation["promise"][:5000]
         tags["relaxtune.confirm"] = config.confirmation.get("samples", "?")

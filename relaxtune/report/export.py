@@ -18,6 +18,7 @@ point holds on other tasks, and theirs on it (``relaxtune.transfer``).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 from dataclasses import asdict
@@ -28,6 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
+from ..decoding.serving import ServingProfile
+from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
 from ..tune.judge import feasible as within_budget
 from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
@@ -38,6 +41,9 @@ __all__ = [
     "upgrade_config",
     "MethodResult",
     "Recommendation",
+    "BatchBest",
+    "ByBatchSize",
+    "cost_profile_section",
     "TransferCell",
     "Transfer",
     "TunedConfig",
@@ -115,6 +121,34 @@ class Recommendation(_Model):
     deploy: dict | str | None = None  # engine -> block (relaxtune.report.deploy)
 
 
+class BatchBest(_Model):
+    """The best confirmed point at one serving batch size (``relaxtune.tune.batches.by_batch``):
+    strict at its fastest N there, or a method's confirmed point, priced with that batch
+    size's costs against batched AR at the same batch size. ``decoding`` is ``plain`` where
+    even the best is below 1 (serve the verifier alone at that batch size)."""
+
+    method: str
+    knob: float | None = None
+    knobs: dict[str, float] = {}
+    n_draft: int
+    modeled_speedup: float  # over batched AR at this batch size
+    decoding: str = "speculative"
+
+
+class ByBatchSize(_Model):
+    """The speed a deployment sees at each profiled serving batch size, for information
+    beside the one deployable ``recommendation`` (engines set N and the rule server-wide):
+    ``best`` per batch size, every candidate's modeled speed-up per batch size
+    (``speedups``: ``strict N=<n>`` or a method -> batch size -> speed-up), the batch size
+    from which speculative decoding stops paying (``relaxtune.decoding.serving.stops_paying_at``
+    of the best per batch size; None: it pays up to the largest) and that, in one ``line``."""
+
+    best: dict[int, BatchBest]
+    speedups: dict[str, dict[int, float]]
+    stops_paying_at: int | None = None
+    line: str
+
+
 class TransferCell(_Model):
     """A tuned point of one task judged on another (``relaxtune.transfer``): a
     source task's confirmed point of a method against the target's strict at the
@@ -182,6 +216,7 @@ class TunedConfig(_Model):
     c_rel: float
     cost_profile: dict | None = None
     serving_batch_sizes: list[int] = [1]  # v3: the batch sizes the speed-ups are modeled at
+    by_batch_size: ByBatchSize | None = None  # v3: the best confirmed point per serving batch size
     strict_by_n_draft: dict[int, dict]
     methods: dict[str, MethodResult]
     confirmation: dict  # {samples: holdout | seeds, problems, per_method, planned, confidence_each, rule, promise}
@@ -239,8 +274,15 @@ def _grader_versions(kind: str) -> dict:
     return out
 
 
-def _closest(trials: list, ucb, method: str) -> dict | None:
-    """The tried point with the smallest drop bound (then the fastest)."""
+def _priced(profile, m, n_draft: int) -> float:
+    """A point's modeled speed-up with ``profile`` from its stored acceptance and mean
+    lengths (``m``: ``PointMetrics``): the computation ``relaxtune.tune.judge.point_metrics``
+    made, so the same costs give the stored value exactly and others re-price it."""
+    return modeled_speedup(profile, m.l_accept, n_draft, m.strict_length, m.length)
+
+
+def _closest(trials: list, ucb, method: str, profile) -> dict | None:
+    """The tried point with the smallest drop bound (then the fastest), priced with ``profile``."""
     tried = [(x, m) for x in trials if (m := trial_metrics(x, method)) is not None]
     best, m = min(tried, key=lambda xm: (ucb(xm[1]), -xm[1].speedup), default=(None, None))
     if best is None:
@@ -257,7 +299,7 @@ def _closest(trials: list, ucb, method: str) -> dict | None:
         "discordance": (m.strict_only + m.relaxed_only) / m.n,
         "l_accept": m.l_accept,
         "length_ratio": m.length_ratio,
-        "modeled_speedup": m.speedup,
+        "modeled_speedup": _priced(profile, m, best.params["n_draft"]),
     }
 
 
@@ -266,8 +308,9 @@ def _within_budget(o, settings) -> int:
     return sum(within_budget(t, settings) for t in o.study.get_trials(deepcopy=False))
 
 
-def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResult:
-    """One method's entry: the confirmed point's confirmation numbers, or why there is none."""
+def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> MethodResult:
+    """One method's entry: the confirmed point's confirmation numbers, or why there is none;
+    speed-ups priced with ``profile`` (the job's costs, or a serving host's: ``_priced``)."""
     import optuna
 
     states = optuna.trial.TrialState
@@ -305,7 +348,11 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
         )
         search = None if o.chosen is None else ucb(trial_metrics(o.chosen, o.method))
         return MethodResult(
-            feasible=False, closest=_closest(trials, ucb, o.method), search_drop_upper_bound=search, note=note, **base
+            feasible=False,
+            closest=_closest(trials, ucb, o.method, profile),
+            search_drop_upper_bound=search,
+            note=note,
+            **base,
         )
     knobs = knobs_of(o.method, done.knob)
     m = load_metrics(done.metrics, knobs, where=f"{o.method}'s confirmation")
@@ -326,7 +373,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
         search_drop_upper_bound=done.search_drop_upper_bound,
         l_accept=m.l_accept,
         length_ratio=m.length_ratio,
-        modeled_speedup=m.speedup,
+        modeled_speedup=_priced(profile, m, done.n_draft),
         truncated=m.truncated,
         loop_rate=m.loop_rate,
         modeled_speedup_by_c_rel=m.speedup_by_c_rel,
@@ -345,17 +392,22 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict) -> MethodResu
     )
 
 
-def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedConfig:
+def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict | None = None) -> TunedConfig:
     """Assemble the tuned config from a finished job (``Tuner.result``): its
     ``MethodOutcome``s and their confirmations (``relaxtune.tune.confirm.confirm``: a
-    method without one exports no point), strict's baselines and the cost profile.
+    method without one exports no point), strict's baselines and the cost profile
+    (``result.profile``: every exported speed-up, the recommendation and ``by_batch_size``
+    are priced with it).
 
     Args:
         mlflow_info: where the job's MLflow runs are (the config's ``mlflow``), or None.
+        costs: for a re-priced export (``relaxtune.report.reexport.reprice``), what the
+            config's ``cost_profile`` says beside the profile: ``source`` (where the costs
+            came from), ``repriced`` (what was and was not re-priced), ``where`` (the host,
+            for ``by_batch_size.line``); None: the job's own costs, "on this host".
     """
     from ..certify.planning import plan, planning_discordance
-    from ..decoding.serving import ServingProfile
-    from ..decoding.speed import CostProfile, c_rel_of
+    from ..tune.batches import Prices, by_batch
     from ..tune.confirm import RULE, planned_confirmations, promise, split_confidence
     from ..tune.judge import drop_ucb_at
     from ..tune.recommend import recommend
@@ -363,7 +415,8 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     s, spec, confirmations, outcomes = result.settings, result.spec, result.confirmations, result.outcomes
     ucb = lambda m: drop_ucb_at(m.dump(), s.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
-    methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling) for o in outcomes}
+    profile = result.profile
+    methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling, profile) for o in outcomes}
     strict = {
         n: {
             "accuracy": b.accuracy,
@@ -422,9 +475,9 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         planned=max(planned, 1),
         holdout=holdout,
     )
-    profile = ServingProfile.single(result.profile) if isinstance(result.profile, CostProfile) else result.profile
-    serving = isinstance(profile, ServingProfile)
-    rec["batch_size"] = profile.declared if serving else _declared(s.stats.serving_weights)
+    prices = Prices.of(profile)
+    points = strict or any(r.feasible for r in methods.values())  # nothing to price: no section
+    batches = by_batch(strict, methods, prices, (costs or {}).get("where", "on this host")) if points else None
     return TunedConfig(
         task=spec.name,
         task_version=spec.version,
@@ -441,8 +494,9 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
         epsilon=s.epsilon,
         confidence=s.confidence,
         c_rel=c_rel_of(profile),
-        cost_profile=profile.to_dict() if serving else None,
-        serving_batch_sizes=profile.batch_sizes if serving else [rec["batch_size"]],
+        cost_profile=cost_profile_section(profile, costs),
+        serving_batch_sizes=prices.batch_sizes,
+        by_batch_size=None if batches is None else ByBatchSize(**batches),
         strict_by_n_draft=strict,
         methods=methods,
         confirmation={
@@ -462,10 +516,22 @@ def build_config(result: JobResult, mlflow_info: dict | None = None) -> TunedCon
     )
 
 
-def _declared(weights: dict[int, float]) -> int:
-    """The declared batch size of a weighting: the largest weight's, the smallest on a tie
-    (``relaxtune.decoding.serving.ServingProfile.declared``'s rule, for a fixed c_rel)."""
-    return max(weights, key=lambda b: (weights[b], -b))
+def cost_profile_section(profile, costs: dict | None = None) -> dict | None:
+    """The config's ``cost_profile``: a serving profile's ``to_dict`` (batch sizes and
+    weights) after ``source`` (where the costs came from: ``costs["source"]``, else the
+    tuning run's own measurement), the flags of every batch size (``ServingProfile.flags``)
+    and, re-priced, ``repriced`` (what was re-priced and what keeps the tuning run's
+    prices; batch sizes as string keys, as in the YAML); a single ``CostProfile``'s ``to_dict``
+    (its own ``source``); None for a fixed c_rel."""
+    costs = costs or {}
+    if isinstance(profile, ServingProfile):
+        head = {"source": costs.get("source", "measured by the tuning run (each batch size's own source below)")}
+        extra = {k: costs[k] for k in ("repriced", "tuning_c_rel") if k in costs}
+        # as the YAML holds it (batch sizes as string keys): a loaded config equals the built one
+        return json.loads(json.dumps(head | extra | {"flags": profile.flags} | profile.to_dict()))
+    if isinstance(profile, CostProfile):
+        return profile.to_dict()
+    return None
 
 
 def save_config(config: TunedConfig, path: str | Path) -> Path:
@@ -530,9 +596,10 @@ def cautions(config: TunedConfig) -> list[str]:
     out = [f"cost profile: {flag}" for flag in flags]
     rec = config.recommendation
     if rec.modeled_speedup < 1:
+        at = "" if rec.batch_size == 1 else f" at serving batch size {rec.batch_size}"
         out.append(
             f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
-            f"than plain decoding on these costs (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
+            f"than plain decoding on these costs{at} (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
             "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)"
         )
     return out

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..decoding.methods import get_method
 from ..tune.pareto import Point, points_table, study_points
+from .batch_figure import batch_figure
 from .decision import decide
 from .figures import combined_figure, knob_figure, method_figure
 from .stores import DEFAULT_URI, prepare_mlflow
@@ -28,6 +29,7 @@ __all__ = [
     "find_runs",
     "log_table",
     "dataset_entity",
+    "batch_table",
 ]
 
 KIND_TAG, TRAINING = "mlflow.experimentKind", "custom_model_development"
@@ -206,6 +208,16 @@ class Runs:
                 [(run_id, "pareto_fronts_by_method.png")],
             )
         ]
+        batches = config.by_batch_size
+        if batches is not None and len(batches.best) > 1:
+            title = f"{self.task.name}: modeled speed-up by serving batch size\n{batches.line}"
+            jobs.append(
+                (
+                    "speedup_vs_batch_size.png",
+                    lambda: batch_figure(config, title),
+                    [(run_id, "speedup_vs_batch_size.png")],
+                )
+            )
         for method, points in per_method.items():
             for name, draw in self._figures(method, points, baselines, config.epsilon).items():
                 places = [(run_id, f"figures/{method}_{name}")] + ([(study_runs[method], name)] if study_runs else [])
@@ -250,6 +262,8 @@ class Runs:
             for _, draw, places in jobs:
                 self._log_figure(draw, places)
         self._log_table(run_id, points_table([p for ps in per_method.values() for p in ps] + baselines), "points.json")
+        if config.by_batch_size is not None:
+            self._log_table(run_id, batch_table(config), "by_batch_size.json")
         self.client.log_artifact(run_id, str(config_path))
 
     def _points(self, result, config) -> dict[str, list[Point]]:
@@ -261,6 +275,30 @@ class Runs:
             )
             for o in result.outcomes
         }
+
+
+def batch_table(config) -> list[dict]:
+    """A config's ``by_batch_size`` as table rows, one per batch size: ``batch_size``,
+    ``declared`` (the recommendation's), the best point (``method``, ``knob``, ``n_draft``),
+    its ``modeled_speedup`` over batched AR there, ``decoding`` (plain: below 1), every
+    candidate's speed-up there (``speedup <label>``) and ``stops_paying`` (at or above
+    ``stops_paying_at``)."""
+    batches = config.by_batch_size
+    stops = batches.stops_paying_at
+    return [
+        {
+            "batch_size": b,
+            "declared": b == config.recommendation.batch_size,
+            "method": best.method,
+            "knob": best.knob,
+            "n_draft": best.n_draft,
+            "modeled_speedup": best.modeled_speedup,
+            "decoding": best.decoding,
+            "stops_paying": stops is not None and b >= stops,
+        }
+        | {f"speedup {label}": speeds.get(b) for label, speeds in batches.speedups.items()}
+        for b, best in sorted(batches.best.items())
+    ]
 
 
 def _frame(rows: list[dict]):

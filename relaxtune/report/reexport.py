@@ -2,7 +2,15 @@
 reads and where it writes, checked before any model loads: the tuning run's
 settings, the file the export writes (never the tuning run's own), and what it
 must find (the Optuna storage, each method's finished trials on as many
-problems, the cost profile, strict's records). ``relaxtune.job`` runs it."""
+problems, the cost profile, strict's records). ``relaxtune.job`` runs it.
+
+``relaxtune export --cost-profile FILE`` re-prices a finished job with a cost table
+measured on the serving host (``read_cost_profile``, ``reprice``): strict's and every
+confirmed point's modeled speed-ups are recomputed from their stored acceptance, lengths
+and N, so the recommendation and the best point per batch size are chosen again for the
+serving host. The search itself (which points were tried, chosen and confirmed) rests on
+the tuning run's prices and cannot be re-priced without running it again.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from ..decoding.serving import ServingProfile
 from ..decoding.speed import c_rel_of
+from ..tune.batches import Prices, strict_speedup
 from ..tune.evaluation import DecodeConfig, records_complete, records_path
 from ..tune.records import trial_metrics
 from ..tune.settings import TuneSettings, study_name
@@ -27,6 +37,8 @@ __all__ = [
     "same_problems",
     "check_outcomes",
     "save_job",
+    "read_cost_profile",
+    "reprice",
 ]
 
 
@@ -197,8 +209,9 @@ def check_outcomes(outcomes, problems, profile, n_drafts: list[int], pinned: set
         if priced and priced != {round(c_rel_of(profile), 9)}:
             raise JobError(
                 f"{o.method}'s trials were priced at c_rel {', '.join(f'{c:.3f}' for c in sorted(priced))}, "
-                f"this export at {c_rel_of(profile):.3f}: an export cannot re-price trials; tune again "
-                "with the new --c-rel"
+                f"this export at {c_rel_of(profile):.3f}: an export cannot re-price the search's trials (which "
+                "points were chosen and confirmed rests on their prices); tune again with the new --c-rel, or "
+                "re-price the confirmed points with `relaxtune export --cost-profile FILE` and the tuning run's --c-rel"
             )
 
 
@@ -211,3 +224,96 @@ def save_job(output_dir: str | Path, task: str, settings: dict) -> Path:
     tmp.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "remeasure_costs"}, sort_keys=False))
     os.replace(tmp, saved)
     return saved
+
+
+def read_cost_profile(path: str | Path) -> ServingProfile:
+    """The cost table in ``path`` (JSON): a ``ServingProfile.to_dict`` (``relaxtune costs``
+    on the serving host), or a single ``CostProfile.to_dict`` (a profile saved before batch
+    sizes: ``cost_profile.json`` of a job's output folder), read as batch size 1.
+
+    Raises:
+        JobError: the file is missing or unreadable, not JSON, or not a cost profile (the
+            message names the file and what is wrong).
+    """
+    import json
+
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise JobError(f"--cost-profile {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise JobError(f"--cost-profile {path}: cannot read it ({err})") from None
+    except json.JSONDecodeError as err:
+        raise JobError(f"--cost-profile {path}: not JSON ({err})") from None
+    try:
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        return ServingProfile.from_dict(raw)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise JobError(
+            f"--cost-profile {path}: not a cost profile ({type(err).__name__}: {err}); give the JSON that "
+            "`relaxtune costs` writes, or a job's cost_profile.json"
+        ) from None
+
+
+def reprice(result, profile: ServingProfile, source: str | Path) -> tuple[object, dict]:
+    """``result`` (a finished ``relaxtune.tune.result.JobResult``) priced with ``profile``,
+    the costs of a serving host, weighted as the job declared (its batch size, or its
+    weighting: ``relaxtune.tune.batches.Prices``): strict's speed-ups recomputed at every
+    evaluated N; the export (``relaxtune.report.export.build_config``) then prices each
+    confirmed (and closest) point from its stored acceptance and lengths, and chooses the
+    recommendation and ``by_batch_size`` again.
+
+    Returns:
+        ``(result, costs)``: the re-priced result, and what the config's ``cost_profile``
+        says about it (``source``, ``repriced``, ``tuning_c_rel``, ``where``).
+
+    Raises:
+        JobError: ``profile`` has no cost profile at a batch size the job declares or
+            weighs, or, at some batch size, verify times that leave out N + 1 for an
+            evaluated draft length N (the model would price that round as one AR step).
+    """
+    import dataclasses
+    import hashlib
+
+    weights = dict(Prices.of(result.profile).weights)
+    missing = sorted(set(weights) - set(profile.batch_sizes))
+    if missing:
+        raise JobError(
+            f"--cost-profile {source}: no cost profile at serving batch size {', '.join(map(str, missing))}, "
+            f"which the job declares (measured there: {', '.join(map(str, profile.batch_sizes))}); measure it "
+            "with `relaxtune costs --serving-batch-sizes ...` including that batch size"
+        )
+    for b, p in profile.profiles.items():
+        lacking = [n for n in result.baselines if p.t_verify and n + 1 not in p.t_verify]
+        if lacking:
+            raise JobError(
+                f"--cost-profile {source}: at batch size {b} it times verify(k) for k = "
+                f"{', '.join(map(str, sorted(p.t_verify)))} but not k = N + 1 for N = {', '.join(map(str, lacking))}, "
+                "where the job's points run: measure it with the job's --n-drafts"
+            )
+    profile = profile.reweighted(weights)
+    old = c_rel_of(result.profile)
+    repriced = dataclasses.replace(
+        result,
+        profile=profile,
+        strict_speedups={n: strict_speedup(profile, b.l_accept, n) for n, b in result.baselines.items()},
+    )
+    try:
+        digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
+        named = f"{source} (sha256 {digest}), re-priced by `relaxtune export --cost-profile`"
+    except OSError:
+        named = f"{source}, re-priced by `relaxtune export --cost-profile`"
+    costs = {
+        "source": named,
+        "repriced": (
+            "strict's and each confirmed (and closest) point's modeled speed-ups, from their stored acceptance, "
+            "lengths and N; the speed margin, the recommendation and by_batch_size. The search's trials, which "
+            "points it chose and confirmed, and each confirmation attempt keep the tuning run's prices "
+            f"(c_rel {old:.4g})"
+        ),
+        "tuning_c_rel": old,
+        "where": f"on the serving host that measured {Path(source).name}",
+    }
+    return repriced, costs

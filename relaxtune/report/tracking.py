@@ -8,6 +8,9 @@ Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
     |                                     (``relaxtune.report.decision``); the combined figure,
     |                                     one Pareto and one speed-vs-knob figure per
     |                                     method (``figures/``), every point as a table,
+    |                                     the best point per serving batch size as a table
+    |                                     (``by_batch_size.json``) and, with more than one
+    |                                     batch size, its figure (``speedup_vs_batch_size.png``),
     |                                     the tuned config, the settings, the dataset
     +-- <method> study: <knob> N=<n> chosen (<S>x)
     |   |                                 study run: its Pareto and speed-vs-knob figures,
@@ -54,6 +57,7 @@ from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of
 from ..tune.pareto import Point, baseline_points, point_label, points_table
+from ..tune.recommend import cost_spread
 from ..tune.stopping import on_stop
 from .decision import study_summary
 from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_url
@@ -144,19 +148,16 @@ class Tracker(Runs):
     # ------------------------------------------------------------------ studies
 
     def log_costs(self, profile) -> None:
-        """The job's cost profile on the task run: an artifact (a serving profile's
-        ``to_dict``, every batch size), c_rel at the declared batch size, the worst
-        spread over every batch size, a flag tag (``relaxtune.cost_flags``, each flag
-        prefixed with its batch size)."""
+        """The job's cost profile on the task run: an artifact (a serving profile's: every
+        batch size), c_rel (at the declared batch size) and the worst spread, a flag tag
+        (``relaxtune.cost_flags``)."""
         client, run = self.client, self.task_run_id
         client.log_metric(run, "c_rel", c_rel_of(profile))
-        if isinstance(profile, CostProfile):
-            profile = ServingProfile.single(profile)
-        if isinstance(profile, ServingProfile):
+        if isinstance(profile, CostProfile | ServingProfile):
             client.log_dict(run, profile.to_dict(), "cost_profile.json")
-            spreads = [v for p in profile.profiles.values() for v in p.spread.values()]
-            if spreads:
-                client.log_metric(run, "cost_spread_max", max(spreads))
+            spread = cost_spread(profile)
+            if spread is not None:
+                client.log_metric(run, "cost_spread_max", spread)
             with self._lock():  # every worker sets it at its start (concurrent inserts of one tag clash)
                 client.set_tag(run, "relaxtune.cost_flags", " | ".join(profile.flags)[:5000] or "none")
 

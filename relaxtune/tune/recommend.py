@@ -23,6 +23,7 @@ import numpy as np
 
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
+from .batches import Prices
 from .evaluation import EvalResult
 
 __all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "speculation_pays", "plain_if_nothing_pays"]
@@ -48,14 +49,12 @@ class SpeedMargin:
 
 def cost_spread(profile: ServingProfile | CostProfile | float) -> float | None:
     """The profile's worst relative spread of its timings (a fraction: the gap between
-    the fastest and the median of its interleaved passes, ``CostProfile.spread``); a
-    serving profile's over the batch sizes its objective weighs; None for a fixed
-    ``c_rel`` or a profile measured without repeats."""
-    if isinstance(profile, ServingProfile):
-        spread = {f"{b}:{k}": v for b in profile.weights for k, v in profile.at(b).spread.items()}
-    else:
-        spread = getattr(profile, "spread", None) or {}
-    return max((float(v) for v in spread.values() if math.isfinite(v) and v >= 0), default=None)
+    the fastest and the median of its interleaved passes, ``CostProfile.spread``), over
+    the batch sizes the objective weighs; None for a fixed ``c_rel`` or a profile
+    measured without repeats."""
+    prices = Prices.of(profile)
+    spreads = [getattr(prices.by_batch[b], "spread", None) or {} for b in prices.weights]
+    return max((float(v) for s in spreads for v in s.values() if math.isfinite(v) and v >= 0), default=None)
 
 
 def _per_problem(result: EvalResult, ids: list[str]) -> np.ndarray:
@@ -142,10 +141,15 @@ def speculation_pays(strict: dict[int, dict], methods: dict) -> bool:
     return any(s >= 1.0 for s in speeds)
 
 
-def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict) -> dict:
+def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict, at: str = "") -> dict:
     """``out`` with ``decoding`` set: ``"plain"`` (serve the verifier alone, the reason
     saying why) when ``speculation_pays`` is False, else ``"speculative"``. The
-    method, knob and N stay the fastest speculative point's, for reference."""
+    method, knob and N stay the fastest speculative point's, for reference.
+
+    Args:
+        at: where the speed-ups are modeled, for the reason (``" at serving batch size 32"``;
+            empty for a job priced at batch size 1 alone).
+    """
     if speculation_pays(strict, methods):
         return out | {"decoding": "speculative"}
     best = max((v["modeled_speedup"] for v in strict.values()), default=out["modeled_speedup"])
@@ -154,7 +158,7 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict) -> 
     return out | {
         "decoding": "plain",
         "reason": (
-            f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs "
+            f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs{at} "
             f"(strict's best models {best:.2f}x, {relaxed}); for reference, {out['reason']}"
         ),
     }
@@ -166,6 +170,13 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
     fastest confirmed method when its modeled speed-up beats strict's best (at any
     evaluated N) by more than the ``speed_margin``, else strict at its fastest N.
 
+    Every speed-up here is the job's objective (``result.profile``): the modeled speed-up
+    at the declared serving batch size, or the weighted mean over a weighting
+    (``relaxtune.decoding.serving.ServingProfile.speedup``), so the one deployable point
+    (engines set N and the rule server-wide) is chosen for the batch size a team runs;
+    ``batch_size`` is the declared one (``relaxtune.tune.batches.Prices``), and where
+    plain decoding wins there, the reason says at which batch size.
+
     Args:
         result: the finished job (``relaxtune.tune.result.JobResult``); methods: method -> ``MethodResult``;
         confirmations: method -> ``relaxtune.tune.confirm.Confirmation``;
@@ -174,12 +185,15 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
             dominates each (the reason names them).
     """
     s = result.settings
+    prices = Prices.of(result.profile)
+    at = "" if prices.batch_sizes == [1] else f" at {prices.objective()}"
     best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
     strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
     out = dict(
         method="strict",
         knob=None,
         n_draft=best_n,
+        batch_size=prices.declared,
         modeled_speedup=strict_speed,
         strict_modeled_speedup=strict_speed,
         speed_margin=None,
@@ -196,7 +210,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
                 else ""
             )
         )
-        return plain_if_nothing_pays(out, strict, methods)
+        return plain_if_nothing_pays(out, strict, methods, at)
     done = confirmations[best.method].confirmed
     sm = speed_margin(
         done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile, s.confidence, s.seed
@@ -208,7 +222,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
     )
     if not sm.beats:
         out["reason"] = f"use strict: {best.method}'s confirmed point {speeds}, so it is not faster beyond the noise"
-        return plain_if_nothing_pays(out, strict, methods)
+        return plain_if_nothing_pays(out, strict, methods, at)
     out.update(
         method=best.method,
         knob=best.knob,
@@ -220,4 +234,4 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
             f"within epsilon {s.epsilon:g}; it {speeds}"
         ),
     )
-    return plain_if_nothing_pays(out, strict, methods)
+    return plain_if_nothing_pays(out, strict, methods, at)

@@ -49,6 +49,7 @@ from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
+from .batches import strict_speedup
 from .claims import claim, claim_path
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
 from .helping import help_running, stage_attr
@@ -187,8 +188,7 @@ class Tuner:
 
     def strict_speedup(self, n_draft: int) -> float:
         """Modeled speed-up of strict at N (length ratio 1)."""
-        b = self.baseline(n_draft)
-        return modeled_speedup(self.profile, min(b.l_accept, float(n_draft)), n_draft)
+        return strict_speedup(self.profile, self.baseline(n_draft).l_accept, n_draft)
 
     def strict_points(self) -> dict[int, tuple[float, float]]:
         """Strict at every draft length evaluated so far: N -> (modeled speed-up, accuracy)."""
