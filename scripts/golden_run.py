@@ -74,13 +74,21 @@ SCHEMA_V3 = (
 WORK = Path("/tmp/relaxtune-golden-work")  # a fixed folder: study names hold the models' paths
 
 
-def _keep(key: str) -> bool:
+# what a fix changed on purpose since the base commit, by the section that holds it: the sample plan assumes the
+# trials' pooled discordance at its upper bound (relaxtune.certify.planning.planning_discordance; it took the
+# observed value, 1e-6 when every pair agreed), so its discordance, the problems needed and their line differ
+CHANGED = {"sample": ("discordance", "needed", "power_needed", "line")}
+
+
+def _keep(key: str, section: str | None = None) -> bool:
+    if key in CHANGED.get(section, ()):
+        return False
     return not any(d in str(key).lower() for d in DROP) and key not in CODE_DIGESTS and key not in SCHEMA_V3
 
 
-def _clean(value):
+def _clean(value, section: str | None = None):
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in sorted(value.items()) if _keep(k)}
+        return {k: _clean(v, k) for k, v in sorted(value.items()) if _keep(k, section)}
     if isinstance(value, list):
         return [_clean(v) for v in value]
     if isinstance(value, float):
