@@ -22,10 +22,11 @@ def test_the_profile_has_every_batch_size_and_draft_length_timed_concurrently(li
     try:  # max_concurrency 1 caps the client's requests, not the measurement's
         profile = backend.cost_profile(PROMPT, [1, 3], batch_sizes=(3, 1), min_passes=2, max_passes=3)
         shapes = request_shapes(backend, PROMPT, [1, 3], batch_size=3)
-        bodies = {
-            label: backend.http.run(asyncio.gather(*(server.agenerate(p) for p in payloads)))
-            for label, (server, payloads) in shapes.items()
-        }
+
+        async def together(server, payloads):
+            return await asyncio.gather(*(server.agenerate(p) for p in payloads))
+
+        bodies = {label: backend.http.run(together(*shape)) for label, shape in shapes.items()}
     finally:
         backend.close()
     assert isinstance(profile, ServingProfile) and profile.batch_sizes == [1, 3] and dict(profile.weights) == {1: 1.0}
