@@ -112,8 +112,8 @@ def concurrent_job(server: ServerClient, payloads: list[dict]) -> Callable[[], N
 
 class ServerCosts:
     """``cost_profile`` for ``relaxtune.backends.sglang.SGLangBackend`` (reads its
-    ``verifier``, ``drafter``, ``native``, ``http``, ``vocab_size``, ``asked_ids``,
-    ``name`` and ``_request``)."""
+    ``verifier``, ``drafter``, ``native``, ``http``, ``vocab_size``, ``top_logprobs``,
+    ``asked_ids``, ``name`` and ``_request``)."""
 
     def cost_profile(
         self,
@@ -183,7 +183,11 @@ class ServerCosts:
         return CostProfile(
             t_ar=t_ar,
             t_draft=t_draft,
-            t_verify={int(x[9:-1]): max(fastest[(b, x)], t_ar) for x in labels if x.startswith("t_verify")},
+            t_verify={
+                int(x.removeprefix("t_verify[").rstrip("]")): max(fastest[(b, x)], t_ar)
+                for x in labels
+                if x.startswith("t_verify[")
+            },
             source=self._source(b),
             spread=mine,
             passes=passes,
