@@ -39,7 +39,7 @@ class AsyncHTTP:
     """
 
     def __init__(self, timeout: float = 120.0, max_concurrency: int = 8) -> None:
-        self.closed = False
+        self.closed, self.timeout = False, timeout
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="relaxtune-sglang-http", daemon=True)
         self.thread.start()

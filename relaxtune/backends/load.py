@@ -153,8 +153,9 @@ class LazyBackend:
         load: loads the backend (e.g. ``lambda: load_backend(**kwargs)``).
         name: the name the loaded backend will have.
         native: whether the loaded backend has a native speculative server.
-        measures: whether the loaded backend measures its costs (``cost_profile``;
-            SGLang servers do not), known without loading.
+        measures: whether the job measures the loaded backend's costs (``cost_profile``;
+            not yet through SGLang servers: ``job_costs`` reads a single profile, the
+            SGLang client measures a serving profile), known without loading.
     """
 
     def __init__(self, load, name: str, native: bool = False, measures: bool = True) -> None:

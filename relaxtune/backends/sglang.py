@@ -59,6 +59,7 @@ import torch
 from .base import DraftResult, Pick, SequenceState
 from .http import AsyncHTTP, ServerClient, SGLangError
 from .rows import RowByRow
+from .sglang_costs import ServerCosts
 
 __all__ = [
     "SGLangBackend",
@@ -246,10 +247,11 @@ def _configs(path: str) -> tuple:
     return tuple(out)
 
 
-class SGLangBackend(RowByRow):
+class SGLangBackend(RowByRow, ServerCosts):
     """A drafter and a verifier served by SGLang. Its batches run row by row, the
     rows' requests in flight together (``relaxtune.backends.rows``): R rows keep R
-    requests in flight, at most ``max_concurrency`` (``batch_size``).
+    requests in flight, at most ``max_concurrency`` (``batch_size``). ``cost_profile``
+    times the servers at serving batch sizes (``relaxtune.backends.sglang_costs``).
 
     Args:
         drafter_url, verifier_url: base URLs of the two servers; ``drafter_url`` None for
