@@ -79,3 +79,35 @@ def test_spread_marks_a_disturbed_figure():
     assert mid == 2.0 and abs(spread - 0.2) < 1e-12
     assert fmt([2.0, 2.2, 1.8]) == "2.00 ±20%!" and spread > NOISY
     assert fmt([2.0, 2.02, 2.01]) == "2.01 ±1%"
+
+
+def test_transformers_generate_gets_only_what_it_takes_from_its_keywords(caplog):
+    """The (a)/(b) runs of the engine benchmark on a pair with an EOS id (the embedded pair has
+    one): no logits processor passed twice (``min_new_tokens`` made assisted generation hand
+    transformers' own MinNewTokensLengthLogitsProcessor back to the assistant), every round
+    drafts exactly N (``num_assistant_tokens`` as a keyword was ignored: 20 drafts, confidence
+    threshold 0.4), fixed lengths though EOS is likely, the drafter's config restored after."""
+    from transformers.generation import utils as generation_utils
+    from transformers.testing_utils import CaptureLogger
+
+    from relaxtune.backends.hf import HFBackend
+    from relaxtune.backends.transformers_compat import record_assisted_rounds
+    from relaxtune.bench.harness import hf_generate
+
+    from .tiny_models import noisy_copy
+
+    verifier = tiny_lm(vocab=64, seed=0)
+    drafter = noisy_copy(verifier, 0.05)
+    eos = int(verifier.lm_head.weight.norm(dim=1).argmax())  # a likely token
+    for m in (verifier, drafter):
+        m.generation_config.eos_token_id = eos
+    backend = HFBackend(drafter, verifier, name="tiny")
+    before = drafter.generation_config.to_dict()
+    generation_utils.logger.warning_once.cache_clear()
+    with CaptureLogger(generation_utils.logger) as log, record_assisted_rounds() as rounds:
+        assert hf_generate(backend, [[1, 2, 3]], 12, n_draft=3, seed=0) == 12
+        assert hf_generate(backend, [[1, 2, 3], [4, 5]], 12, seed=1) == 24  # AR, batched, left-padded
+    assert "logits processor" not in log.out
+    assert rounds and all(drafted == 3 for drafted, _ in rounds[:-1]) and rounds[-1][0] <= 3
+    assert sum(acc + 1 for _, acc in rounds) == 12
+    assert drafter.generation_config.to_dict() == before
