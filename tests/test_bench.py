@@ -1,6 +1,7 @@
 """The engine benchmark runs on CPU with random weights (tiny configs): both tables,
 every batch size, the spread of its repeats. Speeds are printed, never asserted."""
 
+import json
 import re
 
 import torch
@@ -46,11 +47,20 @@ def test_random_weights_bench_prints_both_tables(tmp_path, capsys):
                 "4",
                 "--repeats",
                 "2",
+                "--json",
+                str(tmp_path / "engine.json"),
             ]
         )
         == 0
     )
     out = capsys.readouterr().out
+    result = json.loads((tmp_path / "engine.json").read_text())
+    assert result["benchmark"] == "engine" and "--json" not in result["command"]
+    single, batch = result["tables"]
+    assert single["columns"] == ["N", "(a)", "(b)", "(c)", "(d)", "(e)", "(d) l_accept", "d/a", "d/b", "e/d"]
+    assert [r[0] for r in single["rows"]] == [2] and all(v > 0 for v in single["rows"][0][1:6])
+    assert batch["columns"] == ["B", "A tok/s", "S tok/s", "S l_accept", "S/A"]
+    assert [r[0] for r in batch["rows"]] == [1, 2, 4]
     assert "float32 on cpu" in out and "median ±spread of 2 repeats" in out
     assert "(a) transformers AR" in out and "(d) relaxtune strict" in out and "c_rel" in out
     assert "random weights: acceptance is not meaningful; S_max at l_accept = N" in out
