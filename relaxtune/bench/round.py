@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     print(f"verify_rounds vs softmax, V = {args.vocab}, threads = {torch.get_num_threads()}, torch {torch.__version__}")
     print(f"{'method':<16} {'B':>3} {'N':>3} {'round ms':>9} {'softmax ms':>10} {'ratio':>6} {'target':>6}  ok")
-    failures, rows = 0, []
+    failures, table = 0, []
     for b in batches:
         for n in drafts:
             inputs = _inputs(b, n, args.vocab, g)
@@ -99,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{spec.id:<16} {b:>3} {n:>3} {t * 1e3:>9.3f} {t_soft * 1e3:>10.3f} "
                     f"{t / t_soft:>6.2f} {target:>6.1f}  {'yes' if ok else 'NO'}"
                 )
-                rows.append([spec.id, b, n, round(t * 1e3, 3), round(t_soft * 1e3, 3), round(t / t_soft, 2), target])
+                table.append([spec.id, b, n, round(t * 1e3, 3), round(t_soft * 1e3, 3), round(t / t_soft, 2), target])
     print(f"{failures} configuration(s) over target")
     rec.table(
         f"verify_rounds against one softmax over the same logits, V = {args.vocab}, {torch.get_num_threads()} threads",
         ["method", "B", "N", "round ms", "softmax ms", "ratio", "target"],
-        rows,
+        table,
         [f"{failures} configuration(s) over target"],
         show=False,
     )
