@@ -398,10 +398,6 @@ def test_the_api_page_documents_modules_that_exist():
         assert (ROOT / (m.replace(".", "/") + ".py")).exists(), m
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_sample_renderer_refuses_a_missing_config_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sample, "OUTPUT", tmp_path / "out.txt")
     for argv in (["--help"], [str(tmp_path / "nope.yaml")]):
@@ -411,3 +407,21 @@ def test_the_sample_renderer_refuses_a_missing_config_and_writes_nothing(tmp_pat
     assert "no tuned config at" in capsys.readouterr().err and not (tmp_path / "out.txt").exists()
     sample.main([str(sample.CONFIG)])
     assert (tmp_path / "out.txt").read_text() == sample.summary(sample.CONFIG)
+
+
+def test_the_benchmarks_page_lists_every_benchmark_and_ci_runs_each_short_form(tmp_path):
+    runnable = sorted(
+        p.stem for p in (ROOT / "relaxtune" / "bench").glob("*.py") if 'if __name__ == "__main__":' in p.read_text()
+    )
+    assert {"coverage", "engine", "serving", "soak", "tuning"} <= set(runnable)
+    (tmp_path / "serving.json").write_text("{}")
+    page = gen.benchmark_scripts(tmp_path)
+    for name in runnable:
+        row = next(line for line in page.splitlines() if f"`python -m relaxtune.bench.{name}`" in line)
+        assert row.endswith("| below |" if name == "serving" else "| not written yet |")
+    short = (ROOT / "tests" / "test_bench_short.py").read_text() + (ROOT / "tests" / "test_soak.py").read_text()
+    assert [n for n in runnable if f'run(tmp_path, "{n}"' not in short and f"bench import {n}" not in short] == []
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

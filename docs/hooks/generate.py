@@ -314,12 +314,29 @@ def grading_policy(path: Path = POLICY) -> str:
 # --------------------------------------------------------------------------- benchmarks
 
 
+def benchmark_scripts(folder: Path = RESULTS) -> str:
+    """Every runnable benchmark (a ``relaxtune/bench`` module with a ``__main__`` block, read
+    without importing it): its command, what it measures, and whether results of it are here."""
+    import ast
+
+    rows = []
+    for path in sorted((ROOT / "relaxtune" / "bench").glob("*.py")):
+        source = path.read_text()
+        if 'if __name__ == "__main__":' not in source:
+            continue
+        doc = (ast.get_docstring(ast.parse(source)) or "").split("\n\n")[0].replace("\n", " ")
+        written = (folder / f"{path.stem}.json").is_file()
+        rows.append([code(f"python -m relaxtune.bench.{path.stem}"), doc, "below" if written else "not written yet"])
+    return table(["benchmark", "what it measures", "current results"], rows)
+
+
 def benchmark_results(folder: Path = RESULTS) -> str:
-    """Every benchmark result file: what ran, where, when, and its tables as written."""
+    """The benchmark scripts (``benchmark_scripts``), then every benchmark result file: what ran,
+    where, when, and its tables as written."""
     files = sorted(folder.glob("*.json"))
+    out = [benchmark_scripts(folder)]
     if not files:
-        return "No benchmark has written its results yet.\n"
-    out = []
+        return "\n".join(out + ["No benchmark has written its results yet.\n"])
     for f in files:
         r = json.loads(f.read_text())
         m = r["machine"]

@@ -20,7 +20,13 @@ import torch
 import transformers
 from transformers.generation import utils as _generation_utils
 
-__all__ = ["TRANSFORMERS_VERSION", "SPECULATIVE_SAMPLING_PARAMS", "speculative_sampling", "record_assisted_rounds"]
+__all__ = [
+    "TRANSFORMERS_VERSION",
+    "SPECULATIVE_SAMPLING_PARAMS",
+    "speculative_sampling",
+    "record_assisted_rounds",
+    "pinned_generation_config",
+]
 
 TRANSFORMERS_VERSION = transformers.__version__
 SPECULATIVE_SAMPLING_PARAMS = (
@@ -121,3 +127,25 @@ def record_assisted_rounds():
         yield rounds
     finally:
         AssistedCandidateGenerator.update_candidate_strategy = original
+
+
+@contextlib.contextmanager
+def pinned_generation_config(model, fields: dict):
+    """Set ``fields`` on ``model.generation_config`` inside the block, and restore them after.
+
+    For settings ``generate()`` reads from a model's own generation config rather than
+    from its keywords: an assistant's draft length and confidence threshold
+    (transformers 5.24.0 ``AssistedCandidateGenerator.__init__`` reads
+    ``assistant_model.generation_config``) and its ``eos_token_id`` (the assistant's
+    ``generate`` fills unset fields from it, so a verifier run without EOS still drafts
+    with one).
+    """
+    config = model.generation_config
+    saved = {k: getattr(config, k, None) for k in fields}
+    try:
+        for k, v in fields.items():
+            setattr(config, k, v)
+        yield config
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)

@@ -27,8 +27,8 @@ higher floor).
 "old t" is the bound this replaced (Student t over samples taken as
 independent); "cluster t" (repeats only) is a t bound over per-problem means,
 shown as the rejected alternative.
-``--json PATH`` also writes the tables, the command and the machine as JSON
-(``relaxtune.bench.results``), which the documentation's benchmarks page renders.
+``--json PATH`` (every benchmark takes it) also writes the tables, the command and the
+machine as JSON (``relaxtune.bench.results``), which the documentation's benchmarks page renders.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.certify.cluster_bound import betting_upper
 from relaxtune.certify.paired_bound import exact_pvalue_table, exact_upper
 
@@ -135,11 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=int, default=3, help="datasets per cell bounded directly (one sample per problem)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="problems 8 and 30 only, 500 datasets")
-    ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
+    add_json_option(ap)
     args = ap.parse_args(argv)
-    from .results import machine, started, write_results
-
-    host, when, begin, tables = machine(), started(), time.perf_counter(), []
+    rec = Recorder("coverage", "Coverage of the drop bound", argv)
     datasets = 500 if args.quick else args.datasets
     grid = [(k, r) for r in REPEATS for k in (PROBLEMS[:2] if args.quick else PROBLEMS)]
     rng = np.random.default_rng(args.seed)
@@ -179,29 +178,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{mismatches} ({time.perf_counter() - start:.0f} s)"
         )
         print(f"\n{summary}")
-        tables.append(
-            {
-                "caption": f"one-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, "
-                f"Monte Carlo SE {se:.4f}; ! = below nominal - 3 SE)",
-                "columns": [
-                    "problems",
-                    "repeats",
-                    "discordance",
-                    "true drop = epsilon",
-                    "product bound",
-                    "old t bound",
-                    "cluster t",
-                    "betting",
-                ],
-                "rows": rows,
-                "notes": [summary],
-            }
+        rec.table(
+            f"one-sided coverage at nominal {confidence:g} ({datasets} datasets per cell, "
+            f"Monte Carlo SE {se:.4f}; ! = below nominal - 3 SE)",
+            [
+                "problems",
+                "repeats",
+                "discordance",
+                "true drop = epsilon",
+                "product bound",
+                "old t bound",
+                "cluster t",
+                "betting",
+            ],
+            rows,
+            [summary],
+            show=False,
         )
-    if args.json:
-        path = write_results(
-            args.json, "coverage", "Coverage of the drop bound", argv, when, time.perf_counter() - begin, host, tables
-        )
-        print(f"results: {path}")
+    rec.write(args.json)
     return 0
 
 

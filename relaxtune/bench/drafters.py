@@ -22,6 +22,7 @@ configuration, and prints one table:
 
     python -m relaxtune.bench.drafters            # the README's table
     python -m relaxtune.bench.drafters --quick    # a smoke run
+    python -m relaxtune.bench.drafters --json PATH  # also the results as JSON
 
 Needs the embedded pair (``pip install 'relaxtune[embedded]'``); ``--runtime auto``
 (the default) runs it on llama.cpp's GGUF files when ``relaxtune[llamacpp]`` is
@@ -42,6 +43,7 @@ from relaxtune.backends.embedded import DRAFTER, VERIFIER
 from relaxtune.backends.load import AUTO, RUNTIMES, load_backend, resolve_runtime
 from relaxtune.backends.lookup import NAME as LOOKUP
 from relaxtune.bench.harness import PROMPTS, chat_ids
+from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.decoding.methods import get_method
 from relaxtune.decoding.rambling import ends_in_loop
 from relaxtune.decoding.speed import CostProfile
@@ -145,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         help="in-process runtime (default: llama.cpp when installed, else transformers)",
     )
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts, 24 tokens: a smoke run")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    rec = Recorder("drafters", "Relaxed rules with a language-model drafter and with prompt lookup", argv)
     args.runtime = resolve_runtime(args.runtime, DRAFTER.name, VERIFIER.name)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -183,19 +187,19 @@ def main(argv: list[str] | None = None) -> None:
                 | row
             )
             print(f"# {rows[-1]['drafter']} {rows[-1]['method']}: done at {time.perf_counter() - t0:.0f} s", flush=True)
-    _print(rows, args, time.perf_counter() - t0)
+    _record(rec, rows, args, time.perf_counter() - t0)
+    rec.write(args.json)
 
 
-def _print(rows: list[dict], args, seconds: float) -> None:
+def _record(rec: Recorder, rows: list[dict], args, seconds: float) -> None:
     cols = ["drafter", "method", "l_accept", "len/strict", "loops", "trunc", "math acc", "c_rel", "speed-up"]
-    print(
-        f"\n{args.code} coding + {args.math} GSM8K prompts, N = {args.n_draft}, {args.max_new_tokens} tokens at "
+    caption = (
+        f"{args.code} coding + {args.math} GSM8K prompts, N = {args.n_draft}, {args.max_new_tokens} tokens at "
         f"most, T 0.6 / top-p 0.95 / top-k 20, "
         f"{'llama.cpp, Q4_K_M GGUF' if args.runtime == 'llamacpp' else 'transformers, ' + args.dtype}; "
-        f"{seconds:.0f} s\n"
+        f"{seconds:.0f} s"
     )
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
+    table = []
     for r in rows:
         cells = []
         for c in cols:
@@ -208,7 +212,8 @@ def _print(rows: list[dict], args, seconds: float) -> None:
                 cells.append(f"{v:.3f}" if v >= 0.001 else f"{v:.1e}")
             else:
                 cells.append(f"{v:.2f}")
-        print("| " + " | ".join(cells) + " |")
+        table.append(cells)
+    rec.table(caption, cols, table)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python -m relaxtune.bench.engine [--tables single,batch] [--drafts 2,4,8] [--batch-sizes 1,4,8]
         [--max-new-tokens 128] [--prompts 8] [--repeats 3] [--device cpu|cuda] [--random-weights]
-        [--runtime hf|llamacpp]
+        [--runtime hf|llamacpp] [--short] [--json PATH]
 
 On the embedded pair (or ``--drafter`` / ``--verifier``), two tables:
 
@@ -29,6 +29,9 @@ ignore EOS, so every response has exactly ``--max-new-tokens`` tokens. Every
 figure is the median of ``--repeats`` interleaved repeats with its spread
 ((max - min) / median); a spread above 10 % marks a run disturbed by other work.
 
+``--short`` is the CI form (N = 2, B = 1 and 2, 2 prompts x 4 tokens, one repeat);
+``--json PATH`` also writes every table's medians as JSON (``relaxtune.bench.results``).
+
 ``--random-weights`` builds both models from the embedded pair's architectures
 (or from ``--drafter`` / ``--verifier`` folders holding a ``config.json``) with
 random weights and random prompts: speeds, forward costs, c_rel, S_max and
@@ -47,6 +50,7 @@ import torch
 from relaxtune.backends.hf import HFBackend
 from relaxtune.bench.batching import batch_table
 from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate
+from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.engine.sequence import generate
 from relaxtune.tune.settings import DTYPES, field_info
 
@@ -87,8 +91,9 @@ def _ours(backend: HFBackend, prompts: list[list[int]], max_new: int, method: st
 
 def single_table(
     backend: HFBackend, prompts: list[list[int]], drafts: list[int], max_new: int, repeats: int, random_weights: bool
-) -> None:
-    """One sequence at a time: (a)..(e) per N, each the median of interleaved repeats."""
+) -> dict[str, list]:
+    """One sequence at a time: (a)..(e) per N, each the median of interleaved repeats; returns
+    every repeat's figures by run (``a``, ``c``, ``b<N>``, ``d<N>``, ``e<N>``)."""
     runs: dict[str, list] = {}
     for _ in range(repeats):
         runs.setdefault("a", []).append(_hf_single(backend, prompts, max_new, None))
@@ -125,6 +130,7 @@ def single_table(
         if random_weights:
             ceiling = [(n + 1) * ar / (v + n * dr) for ar, v, dr in zip(t_ar, t_v, t_d)]
             print(f"  random weights: acceptance is not meaningful; S_max at l_accept = N: {fmt(ceiling)}")
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per run (the batch table needs one per row)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every figure")
+    ap.add_argument("--short", action="store_true", help="N = 2, B = 1,2, 2 prompts x 4 tokens, 1 repeat: the CI form")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    if args.short:
+        args.drafts, args.batch_sizes, args.prompts, args.max_new_tokens, args.repeats = "2", "1,2", 2, 4, 1
+    rec = Recorder("engine", "relaxtune's engine against transformers and llama.cpp", argv)
     llama = args.runtime == "llamacpp"
     tables = {t.strip() for t in (args.tables or ("batch" if llama else "single,batch")).split(",") if t.strip()}
     if not tables <= {"single", "batch"} or args.repeats < 1 or args.prompts < 1:
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if llama and (tables != {"batch"} or args.random_weights):
         ap.error("--runtime llamacpp runs the batch table on the GGUF files (no --random-weights, --tables batch)")
     if llama:
-        return _llamacpp(args)
+        return _llamacpp(args, rec)
 
     backend, prompts = build(args)
     print(
@@ -170,16 +181,61 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "single" in tables:
         drafts = [int(s) for s in args.drafts.split(",")]
-        single_table(
+        runs = single_table(
             backend, prompts[: min(5, len(prompts))], drafts, args.max_new_tokens, args.repeats, args.random_weights
         )
+        _record_single(rec, runs, drafts, f"{backend.name}, {args.dtype} on {backend.device}")
     if "batch" in tables:
         sizes = [int(s) for s in args.batch_sizes.split(",")]
-        batch_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
+        out = batch_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
+        _record(
+            rec,
+            f"batched, transformers: {len(prompts)} responses x {args.max_new_tokens} tokens; A = transformers "
+            f"generate (AR), S = relaxtune strict N={args.batch_n_draft}; tok/s aggregate, medians",
+            out,
+            {"A tok/s": "hf_tps", "S tok/s": "tps", "S l_accept": "l_accept"},
+            ("S/A", "tps", "hf_tps"),
+        )
+    rec.write(args.json)
     return 0
 
 
-def _llamacpp(args) -> int:
+def _med(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def _record_single(rec: Recorder, runs: dict[str, list], drafts: list[int], what: str) -> None:
+    """The single table's medians, one row per N (tok/s of (a)..(e), l_accept, d/a, d/b, e/d)."""
+    tps = lambda key: [r["tps"] if isinstance(r, dict) else r for r in runs[key]]  # noqa: E731
+    rows = []
+    for n in drafts:
+        a, b, d, e = tps("a"), tps(f"b{n}"), tps(f"d{n}"), tps(f"e{n}")
+        rows.append(
+            [n, _med(a), _med(b), _med(tps("c")), _med(d), _med(e), _med([r["l_accept"] for r in runs[f"d{n}"]])]
+            + [_med([x / y for x, y in zip(p, q)]) for p, q in ((d, a), (d, b), (e, d))]
+        )
+    rec.table(
+        f"one sequence at a time, {what}: (a) transformers AR, (b) transformers assisted, (c) relaxtune AR, "
+        "(d) relaxtune strict, (e) relaxtune cactus 1.0; tok/s, medians",
+        ["N", "(a)", "(b)", "(c)", "(d)", "(e)", "(d) l_accept", "d/a", "d/b", "e/d"],
+        rows,
+        show=False,
+    )
+
+
+def _record(rec: Recorder, caption: str, out: dict, columns: dict[str, str], *ratios: tuple[str, str, str]) -> None:
+    """A batch table's medians, one row per B: ``columns`` (name -> key of ``out[B]``) and
+    ``ratios`` (name, numerator key, denominator key: the median of the repeats' ratios)."""
+    rows = [
+        [b]
+        + [_med(r[key]) for key in columns.values()]
+        + [_med([x / y for x, y in zip(r[num], r[den])]) for _, num, den in ratios]
+        for b, r in out.items()
+    ]
+    rec.table(caption, ["B", *columns, *(name for name, _, _ in ratios)], rows, show=False)
+
+
+def _llamacpp(args, rec: Recorder) -> int:
     """The llama.cpp table (``relaxtune.bench.llamacpp``) on the pair's GGUF files."""
     from relaxtune.backends.llamacpp import load_gguf_pair
     from relaxtune.bench.harness import chat_ids
@@ -195,8 +251,20 @@ def _llamacpp(args) -> int:
         f"{backend.name}, GGUF on llama.cpp, {len(prompts)} prompts x {args.max_new_tokens} new tokens, T 0.6 "
         f"top-k 20 top-p 0.95, median ±spread of {args.repeats} repeats ('!': spread over {NOISY:.0%})"
     )
-    llamacpp_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
+    out = llamacpp_table(backend, prompts, sizes, args.batch_n_draft, args.max_new_tokens, args.repeats)
     backend.close()
+    _record(
+        rec,
+        f"batched, llama.cpp: {len(prompts)} responses x {args.max_new_tokens} tokens; L = llama.cpp batched AR, "
+        f"S = relaxtune strict N={args.batch_n_draft}, R = relaxtune cactus 1 N={args.batch_n_draft}, both on "
+        "LlamaCppBackend; tok/s aggregate, medians",
+        out,
+        {"L tok/s": "l_tps", "S tok/s": "s_tps", "S l_accept": "s_l_accept"}
+        | {"R tok/s": "r_tps", "R l_accept": "r_l_accept"},
+        ("S/L", "s_tps", "l_tps"),
+        ("R/L", "r_tps", "l_tps"),
+    )
+    rec.write(args.json)
     return 0
 
 

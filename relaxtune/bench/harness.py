@@ -6,6 +6,7 @@ and the median and spread of repeated figures (``fmt``).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
@@ -112,28 +113,38 @@ def build(args) -> tuple[HFBackend, list[list[int]]]:
 def hf_generate(
     backend: HFBackend, batch: list[list[int]], max_new: int, n_draft: int | None = None, seed: int = 0
 ) -> int:
-    """transformers ``generate`` on ``batch`` (left-padded); returns new tokens."""
+    """transformers ``generate`` on ``batch`` (left-padded), with the assistant at draft
+    length ``n_draft`` when given (else AR); returns new tokens.
+
+    Fixed lengths as relaxtune's runs have them (``eos_token_ids`` empty: EOS is sampled
+    like any token and ends nothing): ``eos_token_id=None`` for the verifier and the
+    assistant alike. Only what ``generate()`` takes from its keywords is passed as one:
+    no ``min_new_tokens`` (its logits processor would be built twice in assisted
+    generation, and it would take EOS out of the distribution); the assistant's draft
+    length, schedule and confidence threshold are read from the assistant's own
+    generation config, so they are pinned there (``relaxtune.report.deploy.assistant_config``).
+    """
+    from relaxtune.backends.transformers_compat import pinned_generation_config
+    from relaxtune.report.deploy import assistant_config
+
     kw = dict(
         do_sample=True,
         temperature=PAPER.temperature,
         top_k=PAPER.top_k,
         top_p=PAPER.top_p,
         max_new_tokens=max_new,
-        min_new_tokens=max_new,
+        eos_token_id=None,
         pad_token_id=0,
     )
+    assistant = contextlib.nullcontext()
     if n_draft is not None:
-        kw.update(
-            assistant_model=backend.drafter,
-            num_assistant_tokens=n_draft,
-            num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0,
-        )
+        kw["assistant_model"] = backend.drafter
+        assistant = pinned_generation_config(backend.drafter, assistant_config(n_draft) | {"eos_token_id": None})
     width = max(map(len, batch))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=backend.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=backend.device)
     torch.manual_seed(seed)
-    with torch.inference_mode():
+    with torch.inference_mode(), assistant:
         out = backend.verifier.generate(ids, attention_mask=mask, **kw)
     sync(backend.device)
     return (out.shape[1] - width) * len(batch)

@@ -2,6 +2,8 @@
 
 The documentation's benchmarks page (``docs/benchmarks/index.md``) is rendered from these files
 (``docs/benchmarks/results/*.json``), so a figure shown as current is one a benchmark wrote.
+Every benchmark script takes ``--json PATH`` (``add_json_option``) and records its tables
+with a ``Recorder``, which prints each table (``markdown``) and writes them all at the end.
 Layout (``write_results``)::
 
     {"benchmark": "coverage", "title": ..., "command": "python -m relaxtune.bench.coverage ...",
@@ -21,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["machine", "started", "write_results"]
+__all__ = ["machine", "started", "write_results", "Recorder", "add_json_option", "markdown"]
 
 
 def machine() -> dict:
@@ -108,3 +110,67 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
+
+
+def add_json_option(parser) -> None:
+    """Add ``--json PATH`` (also write the results as JSON to PATH) to an ``argparse`` parser."""
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
+
+
+def markdown(columns: list[str], rows: list[list]) -> str:
+    """A markdown table (values as ``str``), as the documentation's page renders it."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
+
+
+class Recorder:
+    """One benchmark run's tables, from its start (the machine and clock are read then).
+
+    Args:
+        benchmark: the module name under ``relaxtune.bench`` (the command is built from it).
+        title: the heading of its section on the benchmarks page.
+        argv: the script's arguments (None: ``sys.argv[1:]``).
+    """
+
+    def __init__(self, benchmark: str, title: str, argv: list[str] | None = None) -> None:
+        import time
+
+        self.benchmark, self.title, self.argv = benchmark, title, argv
+        self.host, self.when, self._begin, self.tables = machine(), started(), time.perf_counter(), []
+
+    def table(
+        self, caption: str, columns: list[str], rows: list[list], notes: list[str] = (), show: bool = True
+    ) -> dict:
+        """Record a table (values JSON-able: numbers or strings) and print it (``show``) as
+        markdown under its caption, its notes after it.
+
+        Raises:
+            ValueError: a row without one value per column.
+        """
+        for row in rows:
+            if len(row) != len(columns):
+                raise ValueError(f"{caption}: row {row} has {len(row)} values for {len(columns)} columns")
+        t = {"caption": caption, "columns": list(columns), "rows": [list(r) for r in rows], "notes": list(notes)}
+        self.tables.append(t)
+        if show:
+            print(f"\n{caption}\n\n{markdown(t['columns'], t['rows'])}" + "".join(f"\n{n}" for n in notes), flush=True)
+        return t
+
+    def write(self, path: str | Path | None) -> Path | None:
+        """Write the recorded tables to ``path`` (``write_results``) and say where; nothing when None."""
+        import time
+
+        if path is None:
+            return None
+        out = write_results(
+            path,
+            self.benchmark,
+            self.title,
+            self.argv,
+            self.when,
+            time.perf_counter() - self._begin,
+            self.host,
+            self.tables,
+        )
+        print(f"results: {out}")
+        return out

@@ -1,6 +1,6 @@
 """Cost of one verification round, as a ratio to one softmax over the same logits.
 
-    python -m relaxtune.bench.round [--quick] [--vocab 151936] [--threads 2]
+    python -m relaxtune.bench.round [--quick] [--vocab 151936] [--threads 2] [--json PATH]
 
 For each method, draft length N and batch size B, times ``verify_rounds`` on
 random rows ``[B, N+1, V]`` (hot path: ``validate=False``, rows built by the
@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.decoding.methods import METHODS, Needs
 from relaxtune.decoding.round import verify_rounds
 from relaxtune.decoding.sampling import sample_from_rows
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS), help="method ids, comma separated")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="N = 3, 10 and B = 1, 16 only, shorter timing")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    rec = Recorder("round", "Cost of one verification round", argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     drafts = [3, 10] if args.quick else [int(s) for s in args.drafts.split(",")]
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     print(f"verify_rounds vs softmax, V = {args.vocab}, threads = {torch.get_num_threads()}, torch {torch.__version__}")
     print(f"{'method':<16} {'B':>3} {'N':>3} {'round ms':>9} {'softmax ms':>10} {'ratio':>6} {'target':>6}  ok")
-    failures = 0
+    failures, table = 0, []
     for b in batches:
         for n in drafts:
             inputs = _inputs(b, n, args.vocab, g)
@@ -96,7 +99,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{spec.id:<16} {b:>3} {n:>3} {t * 1e3:>9.3f} {t_soft * 1e3:>10.3f} "
                     f"{t / t_soft:>6.2f} {target:>6.1f}  {'yes' if ok else 'NO'}"
                 )
+                table.append([spec.id, b, n, round(t * 1e3, 3), round(t_soft * 1e3, 3), round(t / t_soft, 2), target])
     print(f"{failures} configuration(s) over target")
+    rec.table(
+        f"verify_rounds against one softmax over the same logits, V = {args.vocab}, {torch.get_num_threads()} threads",
+        ["method", "B", "N", "round ms", "softmax ms", "ratio", "target"],
+        table,
+        [f"{failures} configuration(s) over target"],
+        show=False,
+    )
+    rec.write(args.json)
     return 0
 
 

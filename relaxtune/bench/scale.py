@@ -1,7 +1,7 @@
 """Wall time of one fixed tuning job run by 1, 2 and 4 workers sharing its studies.
 
     python -m relaxtune.bench.scale [--workers 1,2,4] [--repeats 2] [--problems 32]
-                                    [--trials 12] [--delay 0.25] [--storage URL] [--quick]
+                                    [--trials 12] [--delay 0.25] [--storage URL] [--quick] [--json PATH]
 
 Each run starts W worker processes (``python -m relaxtune.testing.synthetic``) and,
 once every one has imported, sets them going at the same instant (as W hosts
@@ -36,6 +36,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from relaxtune.bench.results import Recorder, add_json_option
 
 TARGET = 0.30  # 4 workers' job wall time over one worker's
 
@@ -159,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", default=None, help="Optuna storage URL (default: a fresh SQLite file per run)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     ap.add_argument("--quick", action="store_true", help="16 problems, 4 trials, 0.05 s per sample, one repeat")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    rec = Recorder("scale", "One tuning job run by several workers", argv)
     if args.quick:
         args.problems, args.trials, args.delay, args.repeats = 16, 4, 0.05, 1
     counts = [int(w) for w in args.workers.split(",")]
@@ -185,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{'workers':>7} {'job wall s (range)':>20} {'ratio':>6} {'process wall s (range)':>24} {'ratio':>6}  "
         f"{'samples s':>9} {'CPU s':>6}  {'configs agree':>13}  trials finished per worker"
     )
+    rows = []
     for w in counts:
         job, proc = [x["job"] for x in runs[w]], [x["process"] for x in runs[w]]
         agree = all(x["agree"] for x in runs[w])
@@ -195,21 +200,43 @@ def main(argv: list[str] | None = None) -> int:
             f"{'yes' if agree else 'NO':>13}  "
             f"{runs[w][-1]['ran']}"
         )
+        rows.append(
+            [
+                w,
+                _spread(job).strip(),
+                round(statistics.median(job) / base_job, 2),
+                _spread(proc).strip(),
+                round(statistics.median(proc) / base_proc, 2),
+                round(samples, 1),
+                round(cpu, 1),
+                "yes" if agree else "NO",
+            ]
+        )
     print(
         "samples s: seconds of samples (sleeps) per worker; CPU s: the CPU seconds each worker's job took (every "
         f"thread), which {os.cpu_count()} cores share"
     )
     jobs = {w: [x["job"] for x in runs[w]] for w in counts}
     noisy = [w for w in counts if (max(jobs[w]) - min(jobs[w])) / statistics.median(jobs[w]) > 0.1]
+    notes = []
     if noisy:
-        print(f"noisy: job times of {', '.join(map(str, noisy))} worker(s) spread over 10 % between repeats")
+        notes.append(f"noisy: job times of {', '.join(map(str, noisy))} worker(s) spread over 10 % between repeats")
+        print(notes[-1])
     if 4 in runs and counts[0] == 1:
         ratio = statistics.median(x["job"] for x in runs[4]) / base_job
         verdict = "met" if ratio <= TARGET else "MISSED"
-        print(
-            f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}; load average now "
-            f"{os.getloadavg()[0]:.1f}"
-        )
+        notes.append(f"4 workers / 1 worker (job wall time): {ratio:.2f}, target <= {TARGET}: {verdict}")
+        print(f"{notes[-1]}; load average now {os.getloadavg()[0]:.1f}")
+    rec.table(
+        f"scale: 2 methods x {args.trials} trials, {args.problems} problems x {args.delay:g} s per sample, "
+        f"median (range) of {args.repeats} repeat(s)",
+        ["workers", "job wall s (range)", "ratio", "process wall s (range)", "ratio"]
+        + ["samples s", "CPU s", "configs agree"],
+        rows,
+        notes,
+        show=False,
+    )
+    rec.write(args.json)
     return 0
 
 

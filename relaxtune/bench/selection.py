@@ -1,8 +1,8 @@
 """Does the exported promise hold over the whole job (search, selection, confirmation)?
 And does ``relaxtune plan``'s sample certify with the power it states?
 
-    python -m relaxtune.bench.selection [--jobs 200] [--confirm holdout,seeds] [--quick]
-    python -m relaxtune.bench.selection --planner [--datasets 2000]
+    python -m relaxtune.bench.selection [--jobs 200] [--confirm holdout,seeds] [--quick] [--json PATH]
+    python -m relaxtune.bench.selection --planner [--datasets 2000] [--json PATH]
 
 Selection: each simulated job drives the product's own path, records -> judging ->
 candidates -> confirmation: ``Tuner.evaluate_point`` evaluates every candidate point on
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.tasks.spec import Problem
 from relaxtune.testing.synthetic import SPEC, SyntheticPair
 from relaxtune.tune.confirm import confirm, holdout_split
@@ -156,7 +157,7 @@ def one_job(
     return any(c.confirmed is not None for c in result.values())
 
 
-def selection(args) -> int:
+def selection(args, rec) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -169,7 +170,7 @@ def selection(args) -> int:
     )
     print("| harm | outcomes | candidates | " + " | ".join(f"--confirm {m}" for m in modes) + " |")
     print("|---|---|---|" + "---|" * len(modes))
-    start = time.perf_counter()
+    start, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as folder:
         for structure in STRUCTURES:
             for outcome in OUTCOMES:
@@ -209,16 +210,26 @@ def selection(args) -> int:
                         bad += over and mode == "holdout"
                         cells.append(f"{p:.3f} ({se:.3f})" + (" !" if over else ""))
                     print(f"| {structure} | {outcome} | {k} | " + " | ".join(cells) + " |", flush=True)
-    print(f"\n--confirm holdout cells above 1 - c + 3 SE: {bad} ({time.perf_counter() - start:.0f} s)")
+                    rows.append([structure, outcome, k, *cells])
+    note = f"--confirm holdout cells above 1 - c + 3 SE: {bad} ({time.perf_counter() - start:.0f} s)"
+    print(f"\n{note}")
+    rec.table(
+        f"P(an exported point's true drop > epsilon): {args.problems} problems x 1, epsilon {args.epsilon:g}, "
+        f"c {args.confidence:g}, every candidate's true drop {args.drop:g}, {jobs} jobs per cell (SE in brackets)",
+        ["harm", "outcomes", "candidates", *(f"--confirm {m}" for m in modes)],
+        rows,
+        [note],
+        show=False,
+    )
     return 0
 
 
-def planner(args) -> int:
+def planner(args, rec) -> int:
     eps = args.plan_epsilon
     from relaxtune.certify.planning import plan
     from relaxtune.certify.stats import drop_bound, paired_counts
 
-    rng, low = np.random.default_rng(args.seed), 0
+    rng, low, rows = np.random.default_rng(args.seed), 0, []
     print(
         f"\nrelaxtune plan's sample (held-out half, 2 methods x 2 confirmations) at epsilon {eps:g}, "
         f"true drop {args.plan_drop:g}, discordance {args.discordance:g} (loss spread evenly), power "
@@ -251,13 +262,25 @@ def planner(args) -> int:
             se = math.sqrt(measured * (1 - measured) / args.datasets)
             ok = measured >= p.power_needed - 3 * se
             low += not ok
+            power = f"{measured:.3f} ({se:.3f})" + " !" * (not ok)
+            rows.append([confidence, repeats, p.needed, k, round(p.power_needed, 3), power])
             print(
                 f"| {confidence:g} | {repeats} | {p.needed} | {k} | {p.power_needed:.3f} | {measured:.3f} ({se:.3f})"
                 + ("" if ok else " !")
                 + " |",
                 flush=True,
             )
-    print(f"\nrows below stated - 3 SE: {low} ({time.perf_counter() - start:.0f} s)")
+    note = f"rows below stated - 3 SE: {low} ({time.perf_counter() - start:.0f} s)"
+    print(f"\n{note}")
+    rec.table(
+        f"relaxtune plan's sample (held-out half, 2 methods x 2 confirmations) at epsilon {eps:g}, true drop "
+        f"{args.plan_drop:g}, discordance {args.discordance:g}, power {args.power:g}; {args.datasets} simulated "
+        "confirmations per row",
+        ["c", "repeats", "problems (--limit)", "confirmation problems", "stated power", "measured power (SE)"],
+        rows,
+        [note],
+        show=False,
+    )
     return 0
 
 
@@ -278,10 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-drop", type=float, default=0.0, help="planner: the true drop planned for")
     ap.add_argument("--discordance", type=float, default=0.1, help="planner: discordance per sample")
     ap.add_argument("--power", type=float, default=0.8)
+    add_json_option(ap)
     args = ap.parse_args(argv)
-    if args.planner:
-        return planner(args)
-    return selection(args)
+    rec = Recorder("selection", "The exported promise over the whole job, and the planner's power", argv)
+    status = planner(args, rec) if args.planner else selection(args, rec)
+    rec.write(args.json)
+    return status
 
 
 if __name__ == "__main__":

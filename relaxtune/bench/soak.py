@@ -1,7 +1,7 @@
 """Soak test: many workers from a cold start, one killed, the job still right.
 
     python -m relaxtune.bench.soak [--rounds 20] [--trials 3] [--problems 12] [--delay 0.03]
-                                   [--postgres ADMIN_URL] [--seed 0] [--quiet]
+                                   [--postgres ADMIN_URL] [--seed 0] [--json PATH]
 
 Each round starts 2-4 worker processes (``python -m relaxtune.testing.synthetic``,
 the synthetic evaluation: a sleep of ``--delay`` s per new sample) at the same
@@ -31,6 +31,8 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+
+from relaxtune.bench.results import Recorder, add_json_option
 
 METHODS = ["cactus", "mentored"]
 
@@ -232,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--postgres", default=None, help="admin URL of a PostgreSQL server: every other round on it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600, help="seconds one round may take")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    rec = Recorder("soak", "Soak: many workers from a cold start, one killed", argv)
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="relaxtune-soak-"))
     print(
@@ -259,13 +263,37 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     failed = [r for r in rounds if r["failures"]]
-    print(
+    total = (
         f"total: {len(rounds)} rounds, {sum(r['workers'] for r in rounds)} workers started at once "
         f"+ {len(rounds)} restarted, {len(rounds)} killed ({sum(r['killed_while'] != 'running' for r in rounds)} "
         f"after they had finished: *), {sum(r['runs'] for r in rounds)} MLflow trial runs, "
         f"{sum(r['samples'] for r in rounds)} samples, {sum(r['twice'] for r in rounds)} generated twice, "
-        f"{len(failed)} round(s) failed; load average now {os.getloadavg()[0]:.1f}"
+        f"{len(failed)} round(s) failed"
     )
+    print(f"{total}; load average now {os.getloadavg()[0]:.1f}")
+    rec.table(
+        f"soak: {args.rounds} rounds, {len(METHODS)} studies x {args.trials} trials, {args.problems} problems x "
+        f"{args.delay:g} s per sample",
+        ["round", "store", "workers", "killed at s", "job s", "runs", "samples", "twice", "configs", "checks"],
+        [
+            [
+                r["round"],
+                r["store"],
+                r["workers"],
+                round(r["kill_after"], 1),
+                round(r["job"], 1),
+                r["runs"],
+                r["samples"],
+                r["twice"],
+                r["configs"],
+                "ok" if not r["failures"] else "FAILED",
+            ]
+            for r in rounds
+        ],
+        [total],
+        show=False,
+    )
+    rec.write(args.json)
     return 1 if failed else 0
 
 

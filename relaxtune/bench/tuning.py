@@ -2,7 +2,7 @@
 on simulated tasks with a known truth.
 
     python -m relaxtune.bench.tuning [--tasks 5] [--families aime,gpqa,lcb] [--methods cactus,mentored,ens]
-                                     [--seeds 1] [--jobs 2] [--quick]
+                                     [--seeds 1] [--jobs 2] [--quick] [--json PATH]
 
 Each simulated task (``relaxtune.bench.simulated``: accuracy, acceptance and
 length surfaces over (knob, N), calibrated as stated there) is tuned per method
@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from relaxtune.bench.results import Recorder, add_json_option, markdown
 from relaxtune.bench.simulated import FAMILIES, GAINS, PAPER_N, SimPair, SimTask, Truth
 from relaxtune.certify.stats import wilson_interval
 from relaxtune.decoding.methods import get_method
@@ -291,34 +292,49 @@ def _reach_ratio(result: dict, strategy: str) -> float:
     return math.inf if to_reach is None else to_reach / result["grid"]["tokens"]
 
 
-def summarize(results: list[dict]) -> list[str]:
-    """The table's lines and the target line (markdown)."""
+def summary_table(results: list[dict]) -> tuple[list[str], list[list[str]], str]:
+    """The table's columns and rows (one per strategy), and the target line."""
     n = len(results)
     grid_mean = statistics.mean(r["grid"]["tokens"] for r in results)
-    lines = [
-        "| strategy | model tokens, mean (M) | vs grid | tokens to reach the grid's pick / grid's, median "
-        f"| reached within {TARGET_TOKENS * 100:g} % (90 % CI) | regret, median / p90 | infeasible picks (90 % CI) |",
-        "|---|---|---|---|---|---|---|",
+    columns = [
+        "strategy",
+        "model tokens, mean (M)",
+        "vs grid",
+        "tokens to reach the grid's pick / grid's, median",
+        f"reached within {TARGET_TOKENS * 100:g} % (90 % CI)",
+        "regret, median / p90",
+        "infeasible picks (90 % CI)",
     ]
+    rows = []
     for s in STRATEGIES:
         mean = statistics.mean(r[s]["tokens"] for r in results)
         ratios = [_reach_ratio(r, s) for r in results]
         med = statistics.median(ratios)
         regret = sorted(r[s]["regret"] for r in results)
-        lines.append(
-            f"| {s} | {mean / 1e6:.1f} | {mean / grid_mean:.2f} | {'never' if math.isinf(med) else f'{med:.2f}'} "
-            f"| {_share(sum(x <= TARGET_TOKENS for x in ratios), n)} "
-            f"| {statistics.median(regret):.1%} / {regret[min(n - 1, int(0.9 * n))]:.1%} "
-            f"| {_share(sum(r[s]['infeasible'] for r in results), n)} |"
+        rows.append(
+            [
+                s,
+                f"{mean / 1e6:.1f}",
+                f"{mean / grid_mean:.2f}",
+                "never" if math.isinf(med) else f"{med:.2f}",
+                _share(sum(x <= TARGET_TOKENS for x in ratios), n),
+                f"{statistics.median(regret):.1%} / {regret[min(n - 1, int(0.9 * n))]:.1%}",
+                _share(sum(r[s]["infeasible"] for r in results), n),
+            ]
         )
     within = sum(_reach_ratio(r, "search") <= TARGET_TOKENS for r in results)
     verdict = "met" if within / n >= TARGET_SHARE else "MISSED"
-    lines.append("")
-    lines.append(
+    target = (
         f"target: the search reaches the grid's pick with <= {TARGET_TOKENS:.0%} of the grid's tokens in "
         f"{within} of {n} runs ({_share(within, n)}); wanted >= {TARGET_SHARE:.0%}: {verdict}"
     )
-    return lines
+    return columns, rows, target
+
+
+def summarize(results: list[dict]) -> list[str]:
+    """The table's lines and the target line (markdown)."""
+    columns, rows, target = summary_table(results)
+    return [*markdown(columns, rows).splitlines(), "", target]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="search seeds per (task, method)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--quick", action="store_true", help="2 tasks per family")
+    add_json_option(ap)
     args = ap.parse_args(argv)
+    rec = Recorder("tuning", "Tuning efficiency on simulated tasks", argv)
     tasks = 2 if args.quick else args.tasks
     families, methods = args.families.split(","), args.methods.split(",")
     for f in families:
@@ -367,6 +385,16 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"\n{len(results)} runs in {time.perf_counter() - start:.0f} s\n")
     print("\n".join(summarize(results)))
+    columns, rows, target = summary_table(results)
+    rec.table(
+        f"tuning efficiency: {len(items)} runs ({tasks} simulated task(s) per family x {len(families)} families x "
+        f"{len(methods)} methods x {args.seeds} seed(s))",
+        columns,
+        rows,
+        [target],
+        show=False,
+    )
+    rec.write(args.json)
     return 0
 
 

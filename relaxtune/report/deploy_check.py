@@ -151,7 +151,8 @@ def transformers_side(
 ) -> Side:
     """The point through transformers' assisted generation: ``verifier.generate(
     assistant_model=drafter, assistant_ensemble_weight=weight, do_sample=...)`` with
-    the assistant's generation config pinned (``relaxtune.report.deploy.assistant_config``),
+    the assistant's generation config pinned (``relaxtune.report.deploy.assistant_config``,
+    and its EOS to ``eos``),
     the sampling transform given explicitly (no repetition penalty), ``stop_strings``
     with ``tokenizer`` when ``stop`` is given. Per-round counts come from
     ``relaxtune.backends.transformers_compat.record_assisted_rounds``.
@@ -160,11 +161,8 @@ def transformers_side(
         drafter, verifier: the transformers models; weight: ``assistant_ensemble_weight``
             (None: lossless); eos: end-of-sequence ids (empty: none).
     """
-    from ..backends.transformers_compat import record_assisted_rounds
+    from ..backends.transformers_compat import pinned_generation_config, record_assisted_rounds
 
-    saved = drafter.generation_config.to_dict()
-    for k, v in assistant_config(n_draft).items():
-        setattr(drafter.generation_config, k, v)
     greedy = not sampling.temperature
     kw: dict[str, Any] = dict(
         do_sample=not greedy,
@@ -185,7 +183,8 @@ def transformers_side(
         kw.update(stop_strings=list(stop), tokenizer=tokenizer)
     side = Side(label, n_draft)
     device = next(verifier.parameters()).device
-    try:
+    # the assistant's own EOS too: its generate() fills an unset eos_token_id from its generation config
+    with pinned_generation_config(drafter, assistant_config(n_draft) | {"eos_token_id": list(eos) or None}):
         for i, ids in enumerate(prompts):
             torch.manual_seed(seed + i)
             x = torch.tensor([list(ids)], device=device)
@@ -199,9 +198,6 @@ def transformers_side(
             side.counts += _keep(kept, n_draft, max_new_tokens)
             side.lengths.append(len(new))
             side.texts.append(tokenizer.decode(new) if tokenizer is not None else "")
-    finally:
-        for k in assistant_config(n_draft):
-            setattr(drafter.generation_config, k, saved.get(k))
     return side
 
 
