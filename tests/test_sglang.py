@@ -232,6 +232,41 @@ def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
     assert config.methods["cactus"].trials == 2 and path.exists()
 
 
+def test_a_job_through_sglang_measures_its_serving_profile_through_the_servers(servers, tiny_backend, tmp_path):
+    """A job through SGLang servers was priced with a fixed c_rel of 0.2: it measures its costs through them now,
+    at the batch sizes of the device the verifier server reports (a CPU's here: 1, 4, 16)."""
+    from relaxtune.backends.sglang_costs import server_batch_sizes
+    from relaxtune.decoding.serving import ServingProfile
+    from relaxtune.job import run_tune_job
+    from relaxtune.tune.settings import PairSettings, auto_batch_sizes
+    from relaxtune.tune.tuning import TuneSettings
+
+    from .tiny_task import write_tiny_task
+
+    d, v = servers
+    assert auto_batch_sizes(PairSettings(drafter_url=d.url, verifier_url=v.url), "hf") == [1, 4, 16]
+    v.launch["device"] = "cuda"
+    assert server_batch_sizes(v.url) == (1, 8, 32, 128)
+    assert server_batch_sizes("http://127.0.0.1:9", timeout=1) == (1, 8, 32, 128)  # no answer: SGLang's default
+    backend = sglang(servers, tiny_backend.tokenizer)
+    settings = TuneSettings(
+        task=write_tiny_task(tmp_path),
+        methods=["cactus"],
+        n_drafts=[2],
+        trials=1,
+        limit=4,
+        serving_batch_sizes=[1, 2],
+        output_dir=str(tmp_path / "runs"),
+        stage_size=4,
+        confirm="seeds",
+    )
+    config, _ = run_tune_job(settings, backend, progress=False, track=False, log=lambda m: None)
+    profile = ServingProfile.from_dict(config.cost_profile)
+    assert profile.batch_sizes == [1, 2] == config.serving_batch_sizes and set(profile.at(2).t_verify) == {3}
+    assert all("concurrent HTTP" in p.source for p in profile.profiles.values())
+    assert config.c_rel == pytest.approx(float(f"{profile.c_rel:.4g}"))
+
+
 def test_requests_in_flight_are_bounded_by_max_concurrency(servers, tiny_backend):
     from concurrent.futures import ThreadPoolExecutor
 

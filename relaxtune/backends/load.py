@@ -153,15 +153,15 @@ class LazyBackend:
         load: loads the backend (e.g. ``lambda: load_backend(**kwargs)``).
         name: the name the loaded backend will have.
         native: whether the loaded backend has a native speculative server.
-        measures: whether the job measures the loaded backend's costs (``cost_profile``;
-            not yet through SGLang servers: ``job_costs`` reads a single profile, the
-            SGLang client measures a serving profile), known without loading.
     """
 
-    def __init__(self, load, name: str, native: bool = False, measures: bool = True) -> None:
+    def __init__(self, load, name: str, native: bool = False) -> None:
         self.name, self._load, self._native, self._backend = name, load, native, None
-        if measures:
-            self.cost_profile = lambda *args, **kwargs: self.backend.cost_profile(*args, **kwargs)
+
+    def cost_profile(self, *args, **kwargs):
+        """The loaded backend's ``cost_profile`` (every backend ``load_backend`` makes measures
+        its costs: in process, or through the SGLang servers)."""
+        return self.backend.cost_profile(*args, **kwargs)
 
     @property
     def loaded(self) -> bool:
@@ -234,5 +234,4 @@ def lazy_backend(**kwargs) -> LazyBackend:
         lambda: module.load_backend(**kwargs),
         backend_name(**kwargs),
         native=bool(kwargs.get("native_url")),
-        measures=not kwargs.get("verifier_url"),
     )

@@ -39,10 +39,36 @@ from ..decoding.serving import ServingProfile
 from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
 from .http import AsyncHTTP, ServerClient, SGLangError
 
-__all__ = ["ServerCosts", "DECODE_TOKENS", "CONTEXT_TOKENS", "stream_prefixes", "request_shapes", "concurrent_job"]
+__all__ = [
+    "ServerCosts",
+    "DECODE_TOKENS",
+    "CONTEXT_TOKENS",
+    "stream_prefixes",
+    "request_shapes",
+    "concurrent_job",
+    "server_batch_sizes",
+]
 
 DECODE_TOKENS = 32  # new tokens per decode request: a decode step is its wall / DECODE_TOKENS
 CONTEXT_TOKENS = 64  # tokens of each stream's own after the prompt, in its cached prefix
+
+
+def server_batch_sizes(url: str, timeout: float = 10.0) -> tuple[int, ...]:
+    """The serving batch sizes ``--serving-batch-sizes auto`` profiles on an SGLang server:
+    ``relaxtune.decoding.serving.default_batch_sizes`` of the ``device`` its
+    ``GET /server_info`` reports (its launch flags: ``cuda``, ``cpu``, ...). A server that
+    does not answer is taken to be a GPU's (SGLang's default device); the job then fails on
+    its health check with the server's own error."""
+    import httpx
+
+    from ..decoding.serving import default_batch_sizes
+
+    try:
+        info = httpx.get(f"{url.rstrip('/')}/server_info", timeout=timeout).json()
+        device = str(info.get("device") or "cuda") if isinstance(info, dict) else "cuda"
+    except (httpx.HTTPError, ValueError):
+        device = "cuda"
+    return default_batch_sizes(device)
 
 
 def stream_prefixes(prompt_ids: Sequence[int], batch_size: int, vocab_size: int) -> list[list[int]]:

@@ -126,6 +126,7 @@ class StandInServer:
         self.vocab_size = int(model.config.vocab_size)
         self.preferred = dict(preferred_sampling_params or {})
         self.launch = {
+            "device": "cpu",  # a stand-in runs on the CPU (SGLang's ServerArgs.device)
             "speculative_algorithm": None,
             "speculative_num_steps": None,
             "speculative_eagle_topk": None,
@@ -255,8 +256,12 @@ class StandInServer:
         """The response body for a ``/generate`` payload."""
         ids = [int(t) for t in payload["input_ids"]]
         sp = self.sampling_params(payload)
+        if sp["temperature"] == 0 and sp["max_new_tokens"] > 1 and not payload.get("return_logprob"):
+            return self._decode(ids, int(sp["max_new_tokens"]))
         if sp["max_new_tokens"] not in (0, 1) or sp["temperature"] != 0:
-            raise ValueError("the stand-in serves greedy requests for at most one token only")
+            raise ValueError(
+                "the stand-in serves greedy requests for at most one token, or greedy decodes without logprobs only"
+            )
         n_out = int(sp["max_new_tokens"])
         start = int(payload.get("logprob_start_len", len(ids) - 1))
         k = int(payload.get("top_logprobs_num", 0))
@@ -291,6 +296,25 @@ class StandInServer:
             meta["output_token_ids_logprobs"] = [[_entry(last[t], t) for t in asked]]
         meta.update(reasoning_tokens=0, completion_tokens=n_out, cached_tokens=min(cached, start))
         return {"text": "", "output_ids": [nxt][:n_out], "meta_info": meta}
+
+    def _decode(self, ids: list[int], n_out: int) -> dict:
+        """A plain greedy decode of ``n_out`` tokens (EOS ignored; no logprobs): the shape of
+        plain AR serving, which the SGLang client's cost profile times
+        (``relaxtune.backends.sglang_costs``)."""
+        out = []
+        with torch.inference_mode(), self._lock:
+            for _ in range(n_out):
+                out.append(int(self.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+            cached = max((common_prefix(ids, list(s)) for s in self.seen), default=0)
+            self.seen.append(tuple(ids))
+        meta = {
+            "id": f"req-{self.requests}",
+            "finish_reason": {"type": "length", "length": n_out},
+            "prompt_tokens": len(ids),
+            "completion_tokens": n_out,
+            "cached_tokens": min(cached, len(ids) - 1),
+        }
+        return {"text": "", "output_ids": out, "meta_info": meta}
 
 
 class StandInSpecServer(StandInServer):

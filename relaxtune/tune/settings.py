@@ -630,9 +630,14 @@ def auto_batch_sizes(pair: PairSettings, runtime: str) -> list[int]:
     (``relaxtune.decoding.serving.default_batch_sizes``): llama.cpp's (a CPU's) for
     ``runtime`` llamacpp, at most its contexts' sequence slots (``--batch-size``, default
     ``BATCH_SIZE_LLAMACPP``); else a GPU's when this machine has CUDA (the transformers
-    runtime loads there; SGLang servers are taken to run beside it), else a CPU's."""
+    runtime loads there), else a CPU's; SGLang servers: the device the verifier server
+    reports (``relaxtune.backends.sglang_costs.server_batch_sizes``)."""
     from ..decoding.serving import default_batch_sizes
 
+    if pair.verifier_url:
+        from ..backends.sglang_costs import server_batch_sizes
+
+        return list(server_batch_sizes(pair.verifier_url))
     if runtime == "llamacpp":
         from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
 
