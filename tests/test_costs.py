@@ -273,6 +273,11 @@ def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summa
     assert config.recommendation.method == "strict" and config.recommendation.modeled_speedup < 1
     lines = cautions(config)
     assert lines[0] == f"cost profile: batch 1: {noisy.flags[0]}" and "slower than plain decoding" in lines[1]
+    # the point is named as the fastest, never as what to deploy: the recommendation is plain decoding
+    assert config.recommendation.decoding == "plain" and lines[1].startswith(
+        f"the fastest speculative point (strict at N={config.recommendation.n_draft}) models "
+    )
+    assert "the recommendation is plain decoding (serve the verifier alone)" in lines[1]
     assert "remeasure_costs" not in yaml.safe_load((Path(settings.output_dir) / "tiny_math.job.yaml").read_text())
 
 

@@ -586,8 +586,10 @@ def load_config(path: str | Path) -> TunedConfig:
 
 
 def cautions(config: TunedConfig) -> list[str]:
-    """What a reader of the tuned config must not miss: cost-profile flags, and a
-    recommendation slower than plain decoding (modeled speed-up below 1)."""
+    """What a reader of the tuned config must not miss: cost-profile flags, and that the
+    fastest speculative point is slower than plain decoding (modeled speed-up below 1; the
+    recommendation is then plain decoding, and the point is named as the fastest, never as
+    what to deploy)."""
     from ..decoding.serving import ServingProfile
 
     flags = ServingProfile.from_dict(config.cost_profile).flags if config.cost_profile else []
@@ -598,8 +600,13 @@ def cautions(config: TunedConfig) -> list[str]:
     if rec.modeled_speedup < 1:
         at = "" if rec.batch_size == 1 else f" at serving batch size {rec.batch_size}"
         out.append(
-            f"the recommendation ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: slower "
-            f"than plain decoding on these costs{at} (c_rel {config.c_rel:.3f}); speculative decoding does not pay "
-            "here: serve the verifier alone, or check the costs (--remeasure-costs, --c-rel)"
+            f"the fastest speculative point ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: "
+            f"slower than plain decoding on these costs{at} (c_rel {config.c_rel:.3f}); "
+            + (
+                "the recommendation is plain decoding (serve the verifier alone)"
+                if rec.decoding == "plain"
+                else "speculative decoding does not pay here: serve the verifier alone"
+            )
+            + "; if the costs look wrong, check them (--remeasure-costs, --c-rel)"
         )
     return out
