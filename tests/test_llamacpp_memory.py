@@ -54,12 +54,13 @@ def test_context_cells_is_the_longest_round_or_the_cost_profile():
             context_cells(*bad)
 
 
-def test_the_weights_are_read_not_mapped_and_the_cache_is_made_at_first_use(files):
+def test_the_weights_are_read_not_mapped_and_the_cache_is_made_at_first_use(files, capfd):
     model = LlamaModel(files["v"], 2, 300, threads=1)
     assert _mapped(files["v"]) == 0  # direct I/O: the GGUF's pages are not resident a second time
     assert model.ctx is None and model.n_ctx_seq == 300  # no KV cache yet
     slot = model.acquire()
-    assert model.ctx is not None and model.n_ctx_seq == 512  # 300 padded by llama.cpp to a multiple of 256
+    assert model.ctx is not None and model.n_ctx_seq == 512  # 300 rounded up to a multiple of 256, as llama.cpp would
+    assert "rounding down" not in capfd.readouterr().err  # without llama.cpp's warning about it
     with pytest.raises(RuntimeError, match="while sequences hold slots"):
         model.resize(256)
     model.release(slot)

@@ -39,6 +39,7 @@ from .llamacpp_check import extra_buffers_run
 
 __all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp"]
 
+CTX_PAD = 1  # llama.cpp pads a context's cells per sequence to a multiple of this
 _warned: set[str] = set()
 
 
@@ -84,8 +85,8 @@ class LlamaModel:
         n_batch: most tokens one llama.cpp decode takes (longer feeds are split).
 
     The weights load here; the context (the KV cache) is made at its first use
-    (``acquire``, ``decode``, ``rollback``), ``n_ctx_seq`` then padded by llama.cpp
-    to a multiple of 256.
+    (``acquire``, ``decode``, ``rollback``), ``n_ctx_seq`` then rounded up to a
+    multiple of ``CTX_PAD`` (as llama.cpp pads it).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -142,7 +143,8 @@ class LlamaModel:
             return
         L = self.L
         cp = L.llama_context_default_params()
-        cp.n_seq_max, cp.n_ctx = self.slots, self.slots * self.n_ctx_seq
+        cells = -(-self.n_ctx_seq // CTX_PAD) * CTX_PAD  # as llama.cpp pads it, without its warning
+        cp.n_seq_max, cp.n_ctx = self.slots, self.slots * cells
         cp.n_batch = cp.n_ubatch = self.n_batch
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.kv_unified, cp.no_perf = False, True
@@ -153,7 +155,7 @@ class LlamaModel:
                 "tokens: too little memory?)"
             )
         self.ctx, self.mem = ctx, L.llama_get_memory(ctx)
-        self.n_ctx_seq = int(L.llama_n_ctx_seq(ctx))  # llama.cpp pads it to a multiple of 256
+        self.n_ctx_seq = int(L.llama_n_ctx_seq(ctx))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
 
     def resize(self, n_ctx_seq: int) -> None:
