@@ -19,7 +19,7 @@ live tuner. The CLI (``relaxtune tune`` / ``export``) and the Prefect flow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from .report.reexport import (
     tuning_settings,
 )
 from .report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
-from .tasks.spec import build_prompt_ids, load_problems, load_task
+from .tasks.spec import Problem, build_prompt_ids, load_problems, load_task
 from .tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
 from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.estimate import announce
@@ -62,6 +62,7 @@ __all__ = [
     "check_exportable",
     "JobError",
     "cautions",
+    "fit_contexts",
 ]
 
 
@@ -325,12 +326,26 @@ def deployable(settings: TuneSettings, log: Callable[[str], None] = print) -> Tu
     return settings.model_copy(update={"methods": kept, "deployable_on": None})  # applied: not again at the start
 
 
+def fit_contexts(backend, spec, problems: Sequence[Problem], n_drafts: Sequence[int]) -> int | None:
+    """Size a backend's KV caches to the job's longest sequence, where it can
+    (``fit_context``: llama.cpp, whose caches take ``slots x 4096`` cells otherwise):
+    the longest prompt of ``problems``, the task's budget and the longest N.
+    Returns the cells per sequence, or None for a backend that sizes its own."""
+    fit = getattr(backend, "fit_context", None)
+    if fit is None or not problems:
+        return None
+    longest = max(len(build_prompt_ids(backend.tokenizer, spec, p)) for p in problems)
+    return fit(longest, spec.max_new_tokens, max(n_drafts))
+
+
 def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str], None], track: bool) -> _Job:
     """Checks, problems and the pair (``prepare``), the stores, the holdout split, the
     studies' problems (``check_search_problems``) and the forward costs (``job_costs``)."""
     if new_trials and settings.deployable_on:
         settings = deployable(settings, log)
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
+    if new_trials:
+        fit_contexts(backend, spec, everything, settings.n_drafts)
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: _tracker)

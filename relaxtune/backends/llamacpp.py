@@ -47,9 +47,36 @@ from .llamacpp_model import LlamaModel
 from .naming import LLAMACPP as RUNTIME
 from .naming import gguf_pair_name
 
-__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "BATCH_SIZE_LLAMACPP"]
+__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "context_cells", "BATCH_SIZE_LLAMACPP"]
 
 BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
+_PROFILE_TOKENS = 64  # the tokens cost_profile's slots hold past its prompt
+
+
+def context_cells(prompt_tokens: int, max_new_tokens: int, n_draft: int) -> int:
+    """KV cells per sequence that sequences of a task need, at most.
+
+    A round starts on a sequence of fewer than ``prompt_tokens + max_new_tokens``
+    tokens (one that reached the budget has ended) and feeds each context at most
+    N positions past it (the verifier its drafts, the drafter its drafts and the
+    extra step), so generation fills ``prompt_tokens + max_new_tokens - 1 + N``
+    cells; ``cost_profile`` fills its prompt, 64 tokens and N + 1 more. The larger
+    of the two (llama.cpp pads it to a multiple of 256).
+
+    Args:
+        prompt_tokens: the longest prompt (tokens, after the chat template).
+        max_new_tokens: the task's budget (tokens, a thinking task's total).
+        n_draft: the longest draft length N (0: plain decoding).
+
+    Raises:
+        ValueError: a count below 0, or a budget below 1.
+    """
+    if min(prompt_tokens, n_draft) < 0 or max_new_tokens < 1:
+        raise ValueError(
+            f"context_cells needs counts >= 0 and a budget >= 1 (prompt {prompt_tokens}, budget "
+            f"{max_new_tokens}, N {n_draft})"
+        )
+    return prompt_tokens + n_draft + max(max_new_tokens - 1, _PROFILE_TOKENS + 1)
 
 
 class LlamaCppBackend:
@@ -98,6 +125,20 @@ class LlamaCppBackend:
     def models(self) -> dict[str, LlamaModel]:
         """The contexts by key: "v" the verifier, "d" the drafter (when there is one)."""
         return {"v": self.verifier} | ({"d": self.drafter} if self.drafter is not None else {})
+
+    def fit_context(self, prompt_tokens: int, max_new_tokens: int, n_draft: int) -> int:
+        """Size each context's KV cache to what a task's sequences fill
+        (``context_cells``) instead of ``n_ctx_seq`` cells each; before any
+        sequence starts (the caches are made at their first use). Returns the cells
+        per sequence asked for.
+
+        Raises:
+            ValueError: as ``context_cells``. RuntimeError: a sequence holds a slot.
+        """
+        cells = context_cells(prompt_tokens, max_new_tokens, n_draft)
+        for model in self.models.values():
+            model.resize(cells)
+        return cells
 
     # ---------------------------------------------------------------- states
 

@@ -12,6 +12,15 @@ same number of tokens and the sequence ids run consecutively
 (``llama_batch_allocr::split_equal`` with ``sequential``): ``decode`` orders the
 feeds by slot, and slots are handed out lowest first, so a batch whose rows all
 feed the same number of tokens runs as one forward.
+
+Memory (the embedded pair, 2026-12-03, llama-cpp-python 0.3.36): the weights are
+read with direct I/O (``LLAMA_LOAD_MODE_DIRECT_IO``) into the process, not
+mapped: mapped, the file's pages stay resident beside the copies llama.cpp
+repacks for this CPU (0.6 GB of the verifier's 1.1 GB held twice), and a read
+through the page cache is charged to the process tree's cgroup again. The KV
+cache (f16, ``slots x n_ctx_seq`` cells, all written at creation) is the other
+large part: the context is made at its first use, so ``resize`` can fit
+``n_ctx_seq`` to a job's longest sequence before any memory is spent on it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from .llamacpp_check import extra_buffers_run
 
 __all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp"]
 
+CTX_PAD = 1  # llama.cpp pads a context's cells per sequence to a multiple of this
 _warned: set[str] = set()
 
 
@@ -95,10 +105,14 @@ class LlamaModel:
         threads: CPU threads (default: torch's thread count).
         n_batch: most tokens one llama.cpp decode takes (longer feeds are split).
 
+    The weights load here; the context (the KV cache) is made at its first use
+    (``acquire``, ``decode``, ``rollback``), ``n_ctx_seq`` then rounded up to a
+    multiple of ``CTX_PAD`` (as llama.cpp pads it).
+
     Raises:
         FileNotFoundError: no file at ``path``.
         ValueError: llama.cpp cannot load it (not a GGUF, an unknown architecture),
-            naming the file.
+            naming the file; at first use, it cannot make the context.
         LlamaCppMissing: llama-cpp-python is not installed.
     """
 
@@ -111,6 +125,8 @@ class LlamaModel:
             raise FileNotFoundError(f"no GGUF file {self.path}")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if "load_mode" in dict(type(mp)._fields_):  # read into memory once: see the module doc
+            mp.load_mode = L.LLAMA_LOAD_MODE_DIRECT_IO
         if "use_extra_bufts" in dict(type(mp)._fields_):  # repacked / AMX weights, where this CPU runs them
             runs, why = extra_buffers_run(self.path)
             if not runs:
@@ -127,26 +143,63 @@ class LlamaModel:
                 f"llama.cpp cannot load {self.path} (not a GGUF model, or an architecture this "
                 "llama-cpp-python build does not know)"
             )
-        cp = L.llama_context_default_params()
-        cp.n_seq_max, cp.n_ctx = int(slots), int(slots) * int(n_ctx_seq)
-        cp.n_batch = cp.n_ubatch = int(n_batch)
-        cp.n_threads = cp.n_threads_batch = int(threads or torch.get_num_threads())
-        cp.kv_unified, cp.no_perf = False, True
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            L.llama_model_free(self.model)
-            raise ValueError(
-                f"llama.cpp cannot make a context for {self.path} ({slots} sequences of {n_ctx_seq} "
-                "tokens: too little memory?)"
-            )
-        self.mem = L.llama_get_memory(self.ctx)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
-        self.n_batch, self.slots, self.threads = int(n_batch), int(slots), int(cp.n_threads)
-        self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))
-        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.n_batch, self.slots = int(n_batch), int(slots)
+        self.threads = int(threads or torch.get_num_threads())
+        self.n_ctx_seq = int(n_ctx_seq)
+        self.ctx = self.mem = self.batch = None  # made at its first use (_context)
         self.free = list(range(self.slots))
         self.lock = threading.Lock()
+
+    # ------------------------------------------------------------ context
+
+    def _context(self) -> None:
+        """Make the context (``slots`` sequences of ``n_ctx_seq`` cells) unless it exists.
+
+        Raises:
+            ValueError: llama.cpp cannot make it (too little memory?).
+        """
+        if self.ctx is not None:
+            return
+        L = self.L
+        cp = L.llama_context_default_params()
+        cells = -(-self.n_ctx_seq // CTX_PAD) * CTX_PAD  # as llama.cpp pads it, without its warning
+        cp.n_seq_max, cp.n_ctx = self.slots, self.slots * cells
+        cp.n_batch = cp.n_ubatch = self.n_batch
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.kv_unified, cp.no_perf = False, True
+        ctx = L.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise ValueError(
+                f"llama.cpp cannot make a context for {self.path} ({self.slots} sequences of {self.n_ctx_seq} "
+                "tokens: too little memory?)"
+            )
+        self.ctx, self.mem = ctx, L.llama_get_memory(ctx)
+        self.n_ctx_seq = int(L.llama_n_ctx_seq(ctx))
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+
+    def resize(self, n_ctx_seq: int) -> None:
+        """Hold ``n_ctx_seq`` KV cells per sequence from now on: a context made
+        already is freed, and made again (empty) at the next use.
+
+        Raises:
+            ValueError: ``n_ctx_seq`` < 1.
+            RuntimeError: a sequence holds a slot (its cache would be lost).
+        """
+        if n_ctx_seq < 1:
+            raise ValueError(f"n_ctx_seq must be >= 1, got {n_ctx_seq}")
+        with self.lock:
+            if len(self.free) != self.slots:
+                raise RuntimeError(f"{self.path.name}: cannot resize the context while sequences hold slots")
+            self._free_context()
+            self.n_ctx_seq = int(n_ctx_seq)
+
+    def _free_context(self) -> None:
+        if self.ctx is not None:
+            self.L.llama_batch_free(self.batch)
+            self.L.llama_free(self.ctx)
+            self.ctx = self.mem = self.batch = None
 
     # ------------------------------------------------------------ slots
 
@@ -157,6 +210,7 @@ class LlamaModel:
             RuntimeError: every slot is taken.
         """
         with self.lock:
+            self._context()
             if not self.free:
                 raise RuntimeError(
                     f"{self.path.name}: all {self.slots} sequence slots are in use (a larger batch_size gives more)"
@@ -175,6 +229,7 @@ class LlamaModel:
     def rollback(self, slot: int, keep: int) -> None:
         """Keep only positions ``[0, keep)`` of ``slot``."""
         with self.lock:
+            self._context()
             if not self.L.llama_memory_seq_rm(self.mem, slot, int(keep), -1):
                 raise RuntimeError(f"{self.path.name}: llama.cpp could not roll sequence {slot} back to {keep}")
 
@@ -196,6 +251,8 @@ class LlamaModel:
                 twice, or a sequence longer than its ``n_ctx_seq`` cells.
             RuntimeError: llama.cpp fails to decode (its return code).
         """
+        with self.lock:
+            self._context()  # its n_ctx_seq, as llama.cpp padded it
         if len({f[0] for f in feeds}) != len(feeds):
             raise ValueError("one feed per sequence slot")
         for slot, pos, ids, keep in feeds:
@@ -275,11 +332,10 @@ class LlamaModel:
     def close(self) -> None:
         """Free the context and the model (idempotent)."""
         with self.lock:
-            if self.ctx is not None:
-                self.L.llama_batch_free(self.batch)
-                self.L.llama_free(self.ctx)
+            self._free_context()
+            if self.model is not None:
                 self.L.llama_model_free(self.model)
-                self.ctx = self.model = None
+                self.model = None
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:

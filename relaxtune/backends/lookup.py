@@ -163,6 +163,8 @@ class PromptLookupBackend:
         self.max_concurrency = getattr(verifier, "max_concurrency", None)
         if hasattr(verifier, "cost_profile"):
             self.cost_profile = self._cost_profile
+        if hasattr(verifier, "fit_context"):  # llama.cpp: its contexts sized to the task
+            self.fit_context = verifier.fit_context
 
     def close(self) -> None:
         """Close the verifier backend (an SGLang client), when it can be closed."""
