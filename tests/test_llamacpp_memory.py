@@ -83,7 +83,7 @@ def test_a_fitted_context_holds_a_response_to_its_budget_and_the_cost_profile(fi
     # the profile's slots hold 187 + 64 tokens and decode N + 1 = 5 more: 256 cells again
     assert backend.fit_context(187, 1, 4) == 256
     profile = backend.cost_profile([3 + i % 60 for i in range(187)], [4], min_passes=3, max_passes=3)
-    assert profile.t_ar > 0 and sorted(backend.verifier.free) == list(range(4))
+    assert profile.at(1).t_ar > 0 and sorted(backend.verifier.free) == list(range(4))
 
 
 def test_the_job_fits_the_contexts_to_its_longest_prompt(files):

@@ -155,7 +155,7 @@ def test_prompt_lookup_over_sglang_equals_in_process():
     server = StandInServer(verifier).start()
     try:
         backend = PromptLookupBackend(SGLangBackend(None, server.url, Tok(), vocab_size=v, top_logprobs=v))
-        assert backend.drafter is None and backend.native is None and not hasattr(backend, "cost_profile")
+        assert backend.drafter is None and backend.native is None and hasattr(backend, "cost_profile")
         prompt = [1, 2, 3, 1, 2]
         local = _lookup_backend(verifier)
         for method, knob in (("strict", None), ("ears", 0.5), ("typical", 0.09)):

@@ -341,7 +341,7 @@ class LlamaCppBackend:
                 f"{slots} sequences (n_seq_max, from --batch-size {self.batch_size}); give --serving-batch-sizes "
                 f"up to {slots}, or --batch-size {sizes[-1]}"
             )
-        ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(64)]
+        ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(_PROFILE_TOKENS)]
         states = []
         try:
             for _ in range(sizes[-1]):
