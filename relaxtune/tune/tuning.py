@@ -54,6 +54,7 @@ from .helping import help_running, stage_attr
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
+from .phases import phase
 from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
@@ -180,7 +181,8 @@ class Tuner:
         with self._baseline_lock:
             if n_draft not in self.baselines:
                 config = DecodeConfig("strict", None, n_draft, self.settings.seed)
-                self.baselines[n_draft] = self._evaluate(config, self.problems)
+                with phase("strict"):
+                    self.baselines[n_draft] = self._evaluate(config, self.problems)
             return self.baselines[n_draft]
 
     def strict_speedup(self, n_draft: int) -> float:
