@@ -43,6 +43,7 @@ from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.estimate import announce, clock
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from .tune.phases import activate, phase
+from .tune.phases import active as timer_now
 from .tune.settings import TuneSettings, job_id, start
 from .tune.tuning import Tuner, choose
 
@@ -204,6 +205,7 @@ def _tune_job(settings, backend, progress, evaluate_fn, track, log, submit_trial
             job.saved,
             log,
         )  # the plan and its expected wall time, before the first generation
+        tuner.on_baseline = _reviser(settings, timer_now(), estimate, log)
     with phase("trials"):
         outcomes = _studies(job, tuner, "tuning", submit_trial, log)
     with phase("MLflow"):
@@ -233,6 +235,28 @@ def _tune_job(settings, backend, progress, evaluate_fn, track, log, submit_trial
     return config, path, estimate
 
 
+def _reviser(settings: TuneSettings, timer, estimate, log: Callable[[str], None]):
+    """``Tuner.on_baseline``: once strict at the middle N ran, the estimate revised from its
+    measured wall time (``JobEstimate.revised``), said once; None without a timer."""
+    if timer is None or estimate is None or estimate.seconds is None:
+        return None
+    said = []
+
+    generated = estimate.phases[0].samples  # strict's samples this job generates (a resumed one reads the rest)
+
+    def revise(n_draft: int, result, seconds: float) -> None:
+        if said or n_draft != settings.mid_n_draft or generated < 1:
+            return
+        imports = timer.phases.get("imports")
+        elapsed = timer.wall + (imports.wall if imports is not None else 0.0)
+        total, line = estimate.revised(elapsed, generated, seconds)
+        estimate.revised_seconds = total
+        said.append(total)
+        log(line)
+
+    return revise
+
+
 def _timing_path(settings: TuneSettings, config: TunedConfig) -> Path:
     """Where a tuning job keeps its phase table: ``<output_dir>/<task>.phases.json``."""
     return Path(settings.output_dir) / f"{config.task}.phases.json"
@@ -244,7 +268,8 @@ def _timing_line(timer, estimate, saved: Path) -> str:
     parts = ", ".join(f"{p['name']} {p['wall']:.0f}" for p in data["phases"] if not p["overlapped"])
     total = sum(p["wall"] for p in data["phases"] if not p["overlapped"])
     said = getattr(estimate, "job_seconds", None)
-    versus = f"; estimated {clock(said)}" if said else ""
+    after = getattr(estimate, "revised_seconds", None)
+    versus = (f"; estimated {clock(said)}" if said else "") + (f", {clock(after)} after strict" if after else "")
     return f"time: {clock(total)} ({parts} s){versus}; phases and work counts: {saved}"
 
 

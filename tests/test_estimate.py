@@ -184,3 +184,21 @@ def test_a_serving_profile_prices_rows_at_the_measured_batch_sizes():
     est = estimate_job(readme_job(), SPEC, 4, 4, serving, length=(100.0, "given"), device="llamacpp", load=(0.5, 2))
     assert est.phases[0].seconds == pytest.approx(4 * 100 * (one * 3 / 4) / (0.6 * 4 + 1))
     assert est.tokens_per_second == pytest.approx((0.6 * 4 + 1) / one)
+
+
+def test_the_estimate_revised_from_strict_prices_the_trials_at_its_measured_time_a_sample():
+    profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
+    est = estimate_job(
+        readme_job(), SPEC, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2), figures=5
+    )
+    assert est.search_samples == 4 + 2 * 2 * 4  # strict, and 2 trials of 4 samples per method
+    total, line = est.revised(elapsed=100.0, samples=4, seconds=48.0)
+    assert total == pytest.approx(100.0 + 16 * 12.0 + MLFLOW_SECONDS + 5 * FIGURE_SECONDS)
+    assert line == (
+        f"estimate after strict: about {_clock(total)} for the job (1:40 so far; strict took 48 s for 4 samples, "
+        "12.0 s a sample: the other 16 samples of the trials priced alike, plus 0:12 for MLflow and the figures; "
+        "confirmations not counted)"
+    )
+    for bad in (dict(samples=0), dict(seconds=-1.0), dict(elapsed=-2.0)):
+        with pytest.raises(ValueError, match="revised: "):
+            est.revised(**(dict(elapsed=1.0, samples=4, seconds=1.0) | bad))

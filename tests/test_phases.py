@@ -97,3 +97,27 @@ def test_process_age_is_positive_on_linux():
     assert age is not None
     wall, cpu = age
     assert wall > 0 and cpu > 0
+
+
+def test_the_job_revises_its_estimate_once_after_strict_at_the_middle_n():
+    from relaxtune.decoding.speed import CostProfile
+    from relaxtune.job import _reviser
+    from relaxtune.tune.estimate import estimate_job
+    from relaxtune.tune.settings import TuneSettings
+
+    settings = TuneSettings(task="humaneval", methods=["cactus", "mentored"], limit=8, n_drafts=[4], trials=2)
+    profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
+    spec = type("Spec", (), {"repeats": 1, "max_new_tokens": 384})()
+    est = estimate_job(settings, spec, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2))
+    c = Clock()
+    t = timer(c)
+    t.add("imports", 5.0, 4.0)
+    said = []
+    revise = _reviser(settings, t, est, said.append)
+    c.tick(30, 30)
+    revise(2, None, 10.0)  # another N: nothing
+    revise(4, None, 40.0)
+    revise(4, None, 99.0)  # said once
+    assert len(said) == 1 and said[0].startswith("estimate after strict: about ")
+    assert est.revised_seconds == est.revised(35.0, 4, 40.0)[0]
+    assert _reviser(settings, None, est, said.append) is None  # no timer: nothing to revise

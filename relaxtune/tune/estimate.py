@@ -115,6 +115,7 @@ class JobEstimate:
         busy: why the machine looks busy (empty: it does not).
         elapsed: wall seconds the job spent before the plan (imports, model load, cost profiles).
         finish: expected wall seconds of the finish (MLflow's runs and the figures).
+        revised_seconds: the job's wall seconds as revised after strict (``revised``), once said.
     """
 
     phases: list[Phase]
@@ -129,6 +130,7 @@ class JobEstimate:
     busy: list[str] = field(default_factory=list)
     elapsed: float = 0.0
     finish: float = 0.0
+    revised_seconds: float | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -153,6 +155,31 @@ class JobEstimate:
         """Expected wall seconds of the whole job: ``elapsed`` + strict and every trial at full
         size + ``finish`` (confirmations left out, as ``seconds``). None without a profile."""
         return None if self.seconds is None else self.elapsed + self.seconds + self.finish
+
+    @property
+    def search_samples(self) -> int:
+        """Samples of strict and every trial at full size (confirmations left out)."""
+        return sum(p.samples for p in self.phases if p.name != "confirmations")
+
+    def revised(self, elapsed: float, samples: int, seconds: float) -> tuple[float, str]:
+        """The job's wall seconds once ``samples`` samples took ``seconds`` (strict's, on the
+        job's own problems) and ``elapsed`` seconds have passed: the search's other samples
+        priced at that measured wall time a sample, plus the finish. Returns ``(seconds,
+        the line the job prints)``.
+
+        Raises:
+            ValueError: ``samples`` below 1 or a time below 0.
+        """
+        if samples < 1 or min(elapsed, seconds) < 0:
+            raise ValueError(f"revised: samples >= 1 and times >= 0 (got {samples}, {elapsed}, {seconds})")
+        per_sample = seconds / samples
+        left = max(self.search_samples - samples, 0)
+        total = elapsed + left * per_sample + self.finish
+        return total, (
+            f"estimate after strict: about {clock(total)} for the job ({clock(elapsed)} so far; strict took "
+            f"{seconds:.0f} s for {samples} samples, {per_sample:.1f} s a sample: the other {left} samples of the "
+            f"trials priced alike, plus {clock(self.finish)} for MLflow and the figures; confirmations not counted)"
+        )
 
     def lines(self) -> list[str]:
         """The plan as the job prints it: one line per phase, the estimate, the machine."""
