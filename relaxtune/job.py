@@ -42,8 +42,10 @@ from .report.stores import StoreError, prepare_stores, reach_storage, reach_trac
 from .tasks.spec import Problem, build_prompt_ids, load_problems, load_task
 from .tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
 from .tune.confirm import confirm, holdout_split, planned_confirmations
-from .tune.estimate import announce
+from .tune.estimate import announce, clock
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
+from .tune.phases import activate, phase
+from .tune.phases import active as timer_now
 from .tune.settings import TuneSettings, job_id, start
 from .tune.tuning import Tuner, choose
 
@@ -124,7 +126,8 @@ def prepare(
         search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
         check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(**settings.backend))
     if backend is None:
-        backend = load_backend(**settings.backend)
+        with phase("model load"):
+            backend = load_backend(**settings.backend)
     return spec, problems, backend
 
 
@@ -175,45 +178,104 @@ def tune_job(
     Raises:
         JobError: a store that cannot be reached, or a study searched other problems.
     """
-    job = _start(settings, backend, True, log, track)
-    settings = job.settings  # the auto runtime resolved: what the job records
-    path = Path(settings.export or Path(settings.output_dir) / f"{job.spec.name}.tuned.yaml")
-    tracker = _tracker(settings, job, log) if track else None
-    tuner = _tuner(job, tracker, evaluate_fn, progress, True, log, run_ranges, worker)
-    save_job(settings.output_dir, job.spec.name, settings.model_dump())
-    announce(
-        settings,
-        job.spec,
-        job.problems,
-        job.held_out,
-        job.backend,
-        job.profile,
-        (job.measured or [None])[0],
-        job.saved,
-        log,
-    )  # the plan and its expected wall time, before the first generation
-    outcomes = _studies(job, tuner, "tuning", submit_trial, log)
-    if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
-        for outcome in outcomes:
-            outcome.mlflow_run_id = tracker.wait().study_runs.get(outcome.method)
-    confirmations = _choose(job, tuner, outcomes, [settings.mid_n_draft], new_trials=True, log=log)
-    mlflow_info = None
-    if tracker is not None:
-        made = tracker.wait()
-        for method, confirmation in confirmations.items():
-            made.log_confirmation(method, confirmation)
-        mlflow_info = {
-            "tracking_uri": made.uri,
-            "experiment": f"relaxtune-{job.spec.name}",
-            "experiment_id": made.experiment_id,
-            "run_id": made.task_run_id,
-        }
-    result = tuner.result(outcomes, confirmations, len(job.held_out))
-    config, path = _write(result, mlflow_info, path)
-    if tracker is not None:  # figures once strict is known at every N the trials used
-        tracker.wait().finish(result, config, path)
-        tracker.close()
+    with activate() as timer:
+        config, path, estimate = _tune_job(
+            settings, backend, progress, evaluate_fn, track, log, submit_trial, run_ranges, worker
+        )
+        timing = _timing_path(settings, config)
+        timer.save(timing)
+        log(_timing_line(timer, estimate, timing))
     return config, path
+
+
+def _tune_job(settings, backend, progress, evaluate_fn, track, log, submit_trial, run_ranges, worker):
+    """``tune_job``'s steps, each a phase of the active timer (``relaxtune.tune.phases``);
+    returns ``(config, path, the job's JobEstimate)``."""
+    with phase("start"):
+        job = _start(settings, backend, True, log, track)
+        settings = job.settings  # the auto runtime resolved: what the job records
+        path = Path(settings.export or Path(settings.output_dir) / f"{job.spec.name}.tuned.yaml")
+        tracker = _tracker(settings, job, log) if track else None
+        tuner = _tuner(job, tracker, evaluate_fn, progress, True, log, run_ranges, worker)
+        save_job(settings.output_dir, job.spec.name, settings.model_dump())
+        estimate = announce(
+            settings,
+            job.spec,
+            job.problems,
+            job.held_out,
+            job.backend,
+            job.profile,
+            (job.measured or [None])[0],
+            job.saved,
+            log,
+        )  # the plan and its expected wall time, before the first generation
+        tuner.on_baseline = _reviser(settings, timer_now(), estimate, log)
+    with phase("trials"):
+        outcomes = _studies(job, tuner, "tuning", submit_trial, log)
+    with phase("MLflow"):
+        if tracker is not None:  # its calls were queued (BackgroundTracker): the study runs are known once they ran
+            for outcome in outcomes:
+                outcome.mlflow_run_id = tracker.wait().study_runs.get(outcome.method)
+    with phase("confirmations"):
+        confirmations = _choose(job, tuner, outcomes, [settings.mid_n_draft], new_trials=True, log=log)
+    mlflow_info = None
+    with phase("MLflow"):
+        if tracker is not None:
+            made = tracker.wait()
+            for method, confirmation in confirmations.items():
+                made.log_confirmation(method, confirmation)
+            mlflow_info = {
+                "tracking_uri": made.uri,
+                "experiment": f"relaxtune-{job.spec.name}",
+                "experiment_id": made.experiment_id,
+                "run_id": made.task_run_id,
+            }
+    with phase("export"):
+        result = tuner.result(outcomes, confirmations, len(job.held_out))
+        config, path = _write(result, mlflow_info, path)
+    with phase("MLflow"):
+        if tracker is not None:  # figures once strict is known at every N the trials used
+            tracker.wait().finish(result, config, path)
+            tracker.close()
+    return config, path, estimate
+
+
+def _reviser(settings: TuneSettings, timer, estimate, log: Callable[[str], None]):
+    """``Tuner.on_baseline``: once strict at the middle N ran, the estimate revised from its
+    measured wall time (``JobEstimate.revised``), said once; None without a timer."""
+    if timer is None or estimate is None or estimate.seconds is None:
+        return None
+    said = []
+
+    generated = estimate.phases[0].samples  # strict's samples this job generates (a resumed one reads the rest)
+
+    def revise(n_draft: int, result, seconds: float) -> None:
+        if said or n_draft != settings.mid_n_draft or generated < 1:
+            return
+        imports = timer.phases.get("imports")
+        elapsed = timer.wall + (imports.wall if imports is not None else 0.0)
+        total, line = estimate.revised(elapsed, generated, seconds)
+        estimate.revised_seconds = total
+        said.append(total)
+        log(line)
+
+    return revise
+
+
+def _timing_path(settings: TuneSettings, config: TunedConfig) -> Path:
+    """Where a tuning job keeps its phase table: ``<output_dir>/<task>.phases.json``."""
+    return Path(settings.output_dir) / f"{config.task}.phases.json"
+
+
+def _timing_line(timer, estimate, saved: Path) -> str:
+    """One line: the job's wall time by phase (seconds), against the estimate it announced."""
+    data = timer.to_dict()
+    parts = ", ".join(f"{p['name']} {p['wall']:.0f}" for p in data["phases"] if not p["overlapped"])
+    total = sum(p["wall"] for p in data["phases"] if not p["overlapped"])
+    said = getattr(estimate, "job_seconds", None)
+    after = getattr(estimate, "revised_seconds", None)
+    versus = (f"; estimated {clock(said)}" if said else "") + (f", {clock(after)} after strict" if after else "")
+    return f"time: {clock(total)} ({parts} s){versus}; phases and work counts: {saved}"
 
 
 def export_job(
@@ -349,9 +411,10 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: _tracker)
-        prepare_stores(
-            settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials, log=log
-        )
+        with phase("stores"):
+            prepare_stores(
+                settings.storage_url, settings.mlflow_uri, track=track and not new_trials, optuna=new_trials, log=log
+            )
     except StoreError as err:
         raise JobError(str(err)) from None
     pair = getattr(backend, "name", "backend")
@@ -361,18 +424,19 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     try:
         check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
-        profile = job_costs(
-            backend,
-            lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]),
-            settings.n_drafts,
-            saved,
-            batch_sizes=settings.serving_batch_sizes,
-            c_rel=settings.c_rel,
-            remeasure=settings.remeasure_costs,
-            new_trials=new_trials,
-            log=log,
-            on_measured=measured.append,
-        )
+        with phase("cost profile"):
+            profile = job_costs(
+                backend,
+                lambda: build_prompt_ids(backend.tokenizer, spec, problems[0]),
+                settings.n_drafts,
+                saved,
+                batch_sizes=settings.serving_batch_sizes,
+                c_rel=settings.c_rel,
+                remeasure=settings.remeasure_costs,
+                new_trials=new_trials,
+                log=log,
+                on_measured=measured.append,
+            )
         profile = declared(profile, settings, saved)
     except (SearchProblemsError, CostsError) as err:
         raise JobError(str(err)) from None

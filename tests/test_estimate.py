@@ -5,8 +5,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from relaxtune.decoding.serving import ServingProfile
 from relaxtune.decoding.speed import CostProfile
-from relaxtune.tune.estimate import estimate_job, prior_length
+from relaxtune.tune.estimate import (
+    FIGURE_SECONDS,
+    MLFLOW_SECONDS,
+    estimate_job,
+    figure_count,
+    prefill_seconds,
+    prior_length,
+    row_round,
+)
 from relaxtune.tune.settings import TuneSettings
 
 SPEC = SimpleNamespace(repeats=1, max_new_tokens=384)
@@ -47,8 +56,10 @@ def test_samples_tokens_and_seconds_per_phase():
         "plan: cactus trials: 8-16 samples, about 1,600 tokens (2 trials, each 8 samples in "
         "stages of 4 problems, 4 if pruned after the first)"
     )
-    minutes, seconds = divmod(round(est.seconds), 60)
-    assert lines[4].startswith(f"estimate: about {minutes}:{seconds:02d} for strict and the trials (")
+    assert lines[4].startswith(
+        f"estimate: about {_clock(est.seconds + 4)} for the job (0:00 so far, 0:04 for MLflow and the figures) of "
+        f"which {_clock(est.seconds)} for strict and the trials ("
+    )  # no figures, nothing spent before: the finish's MLflow prior alone
     assert len(lines) == 5  # an idle machine: no busy line
     # llama.cpp on a CPU gains little from rows (its README table): the README job on it took 6:28 for
     # strict and the trials against 3:10 estimated with the transformers exponent, 6:53 with its own
@@ -113,3 +124,81 @@ def test_the_response_length_comes_from_the_pair_records(tmp_path):
     rows = [{"response_tokens": 90}, {"response_tokens": 110}, {"failed": True, "response_tokens": 0}]
     (tmp_path / "strict__N4__seed0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut')
     assert prior_length(tmp_path, 384) == (100.0, "the mean of 2 recorded responses")
+
+
+def test_the_whole_job_adds_what_was_spent_the_prefill_and_the_finish():
+    # the README job on llama.cpp: 4 search problems (holdout), rows of 4, prompts of 150 tokens
+    profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
+    base = dict(length=(130.0, "given"), batch_size=16, device="llamacpp", load=(0.5, 2))
+    bare = estimate_job(readme_job(), SPEC, 4, 4, profile, **base)
+    full = estimate_job(
+        readme_job(),
+        SPEC,
+        4,
+        4,
+        profile,
+        **base,
+        prompt_tokens=150.0,
+        elapsed=40.0,
+        figures=figure_count(["cactus", "mentored"]),
+    )
+    per_prompt_token = 0.15 / 5 * (1 + 0.02 / 0.04)  # a verify token, and the drafter's half of it
+    assert prefill_seconds(profile, 4) == pytest.approx(per_prompt_token)
+    # strict: 4 samples in one batch of 4 rows; each trial: 4 samples; 2 methods x 2 trials
+    gain = 4**0.1
+    assert full.phases[0].seconds - bare.phases[0].seconds == pytest.approx(4 * 150 * per_prompt_token / gain)
+    assert full.seconds - bare.seconds == pytest.approx(20 * 150 * per_prompt_token / gain)  # 20 samples prefilled
+    assert figure_count(["cactus", "mentored"]) == 5  # combined + (Pareto, speed vs knob) per method
+    assert figure_count(["strict"]) == 2 and figure_count(["cactus"], extra_per_method=1) == 4
+    assert full.finish == pytest.approx(MLFLOW_SECONDS + 5 * FIGURE_SECONDS)
+    assert full.job_seconds == pytest.approx(40.0 + full.seconds + full.finish)
+    assert bare.job_seconds == pytest.approx(bare.seconds + MLFLOW_SECONDS)
+    assert full.lines()[-1].startswith(
+        f"estimate: about {_clock(full.job_seconds)} for the job (0:40 so far, 0:12 for MLflow and the figures) "
+        f"of which {_clock(full.seconds)} for strict and the trials"
+    )
+    for bad in (dict(prompt_tokens=-1.0), dict(elapsed=float("nan"))):
+        with pytest.raises(ValueError, match="estimate_job: prompt_tokens and elapsed"):
+            estimate_job(readme_job(), SPEC, 4, 4, profile, **base, **bad)
+
+
+def _clock(seconds):
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes}:{s:02d}"
+
+
+def test_a_serving_profile_prices_rows_at_the_measured_batch_sizes():
+    def at(b, scale):
+        return CostProfile(t_ar=0.04 * scale, t_draft=0.02 * scale, t_verify={5: 0.15 * scale}, batch_size=b)
+
+    serving = ServingProfile({1: at(1, 1.0), 4: at(4, 3.0), 16: at(16, 9.0)})
+    one = 4 * 0.02 + 0.15  # a round at batch 1: 4 drafter steps and a verify pass
+    assert row_round(serving, 4, 1, 0.1) == (pytest.approx(one), 1.0)
+    assert row_round(serving, 4, 4, 0.1) == (pytest.approx(one * 3 / 4), 1.0)  # a row's share of a batch of 4
+    assert row_round(serving, 4, 8, 0.1) == (pytest.approx(one * 3 / 4), pytest.approx(2**0.1))  # beyond 4
+    assert row_round(serving, 4, 16, 0.1) == (pytest.approx(one * 9 / 16), 1.0)
+    assert row_round(at(1, 1.0), 4, 8, 0.1) == (pytest.approx(one), pytest.approx(8**0.1))  # a single profile
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        row_round(serving, 4, 0, 0.1)
+    # the job priced with it: strict's 4 rows at batch 4's share, the prefill and the speed now at batch 1
+    est = estimate_job(readme_job(), SPEC, 4, 4, serving, length=(100.0, "given"), device="llamacpp", load=(0.5, 2))
+    assert est.phases[0].seconds == pytest.approx(4 * 100 * (one * 3 / 4) / (0.6 * 4 + 1))
+    assert est.tokens_per_second == pytest.approx((0.6 * 4 + 1) / one)
+
+
+def test_the_estimate_revised_from_strict_prices_the_trials_at_its_measured_time_a_sample():
+    profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
+    est = estimate_job(
+        readme_job(), SPEC, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2), figures=5
+    )
+    assert est.search_samples == 4 + 2 * 2 * 4  # strict, and 2 trials of 4 samples per method
+    total, line = est.revised(elapsed=100.0, samples=4, seconds=48.0)
+    assert total == pytest.approx(100.0 + 16 * 12.0 + MLFLOW_SECONDS + 5 * FIGURE_SECONDS)
+    assert line == (
+        f"estimate after strict: about {_clock(total)} for the job (1:40 so far; strict took 48 s for 4 samples, "
+        "12.0 s a sample: the other 16 samples of the trials priced alike, plus 0:12 for MLflow and the figures; "
+        "confirmations not counted)"
+    )
+    for bad in (dict(samples=0), dict(seconds=-1.0), dict(elapsed=-2.0)):
+        with pytest.raises(ValueError, match="revised: "):
+            est.revised(**(dict(elapsed=1.0, samples=4, seconds=1.0) | bad))

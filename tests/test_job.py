@@ -65,6 +65,17 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     )
     assert "problems x 1 (--limit) would certify 0.05" in text
     assert "promise: about these 4 problems, not new ones" in text
+    # where the time went (relaxtune.tune.phases): every phase of the job, the work counted, said in one line
+    timing = json.loads((tmp_path / "runs" / "tiny_math.phases.json").read_text())
+    names = [p["name"] for p in timing["phases"]]
+    for name in ("imports", "model load", "start", "cost profile", "strict", "trials", "MLflow", "figures", "export"):
+        assert name in names, names
+    assert {p["name"] for p in timing["phases"] if p["overlapped"]} >= {"MLflow (tracker thread)", "grading"}
+    counts = timing["counts"]
+    assert counts["samples generated"] == 4 * (1 + 3 + 3)  # strict and 3 trials per method (nothing to confirm)
+    assert counts["figures drawn"] == 5  # the combined figure, and per method a Pareto and a speed-vs-knob one
+    assert counts["tokens decoded"] > 0 and counts["rounds"] > 0
+    assert f"phases and work counts: {tmp_path / 'runs' / 'tiny_math.phases.json'}" in text
 
     config = load_config(tmp_path / "runs" / "tiny_math.tuned.yaml")
     assert set(config.methods) == {"cactus", "ens"}

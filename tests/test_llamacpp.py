@@ -399,3 +399,14 @@ def test_llama_cpps_log_keeps_errors_and_drops_warnings(capfd):
     ]:
         lm._errors_only(level, text, None)
     assert capfd.readouterr().err == "llama_decode: failed to decode\n  ret = -1\n"
+
+
+def test_the_tokenizer_loads_beside_the_models_and_each_failure_is_named(files, tmp_path):
+    # the GGUF's tokenizer is read on a thread of its own while llama.cpp loads the models
+    # (load_gguf_pair); a tiny test GGUF holds no tokenizer: the error names the file and the flag
+    with pytest.raises(ValueError, match=r"cannot read a tokenizer from .*v64.*give --tokenizer"):
+        load_gguf_pair(str(files["d64"]), str(files["v64"]), batch_size=2)
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"GGUF but not really")
+    with pytest.raises(ValueError, match="llama.cpp cannot load .*not-a-model.gguf"):  # the model's error, first
+        load_gguf_pair(None, str(bad), batch_size=2)

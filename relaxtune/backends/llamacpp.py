@@ -34,6 +34,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -476,13 +477,24 @@ def load_gguf_pair(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     v_path = resolve_gguf(verifier)
     d_path = resolve_gguf(drafter) if drafter is not None else None
-    # a verifier decode holds B x (N + 1) tokens (N up to 21 in one call); the drafter's hold B or 2B
-    v_model = LlamaModel(v_path, size, n_ctx_seq, threads, max(512, 22 * size))
-    d_model = LlamaModel(d_path, size, n_ctx_seq, threads, 512) if d_path is not None else None
-    tok = tokenizer
-    if tok is None or isinstance(tok, str):
+    # the tokenizer (transformers: Python, about 2.5 CPU s with its import) loads on a thread of its own
+    # while llama.cpp loads the models (C, the GIL released): the load takes the longer of the two, not both
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        tok = tokenizer
+        pending = pool.submit(_tokenizer, str(v_path), tok) if tok is None or isinstance(tok, str) else None
         try:
-            tok = _tokenizer(str(v_path), tok)
-        except Exception as err:
-            raise ValueError(f"cannot read a tokenizer from {tokenizer or v_path} ({err}); give --tokenizer") from err
+            # a verifier decode holds B x (N + 1) tokens (N up to 21 in one call); the drafter's hold B or 2B
+            v_model = LlamaModel(v_path, size, n_ctx_seq, threads, max(512, 22 * size))
+            d_model = LlamaModel(d_path, size, n_ctx_seq, threads, 512) if d_path is not None else None
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            raise
+        if pending is not None:
+            try:
+                tok = pending.result()
+            except Exception as err:
+                raise ValueError(
+                    f"cannot read a tokenizer from {tokenizer or v_path} ({err}); give --tokenizer"
+                ) from err
     return LlamaCppBackend(d_model, v_model, tok, name=gguf_pair_name(drafter, verifier), batch_size=size)

@@ -249,12 +249,22 @@ def export_(config: str | None = None, json_output: bool = False, cost_profile: 
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile: str | None = None) -> None:
+    from ..tune.phases import activate, process_age
+
+    with activate() as timer:
+        if (age := process_age()) is not None:
+            timer.add("imports", *age)  # the command's start: Python, relaxtune and what it imports
+        _run_job_timed(settings, new_trials, json_output, cost_profile)
+
+
+def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_profile: str | None = None) -> None:
     import shlex
     import sys
 
     from ..backends.load import lazy_backend
     from ..job import JobError, deployable, prepare, run_tune_job
     from ..tune.checks import ConfirmationError
+    from ..tune.phases import phase
     from ..tune.settings import start, study_name
     from ..tune.stopping import guarded
     from .checks import check_job
@@ -271,9 +281,10 @@ def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile
         with status(loading, json_output):
             # an export only reads records: the pair loads if something needs it, which nothing should
             lazy = None if new_trials else lazy_backend(**settings.backend)
-            spec, problems, backend = prepare(
-                settings, lazy, new_trials=new_trials, log=lambda m: None
-            )  # the job warns
+            with phase("start"):
+                spec, problems, backend = prepare(
+                    settings, lazy, new_trials=new_trials, log=lambda m: None
+                )  # the job warns
         settings = start(settings)  # the output folder made, the auto runtime resolved (and recorded by the job)
     except ConfirmationError as err:  # too few problems for epsilon: the flags that decide it, named
         raise typer.BadParameter(

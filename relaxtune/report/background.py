@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
+from ..tune.phases import phase
 from ..tune.stopping import on_stop
 from .reexport import JobError
 from .stores import StoreError
@@ -50,7 +51,7 @@ class BackgroundTracker:
 
     def __init__(self, make: Callable[[], object]) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow")
-        self._made: Future = self._pool.submit(make)
+        self._made: Future = self._pool.submit(_timed, make)
         self._queued: list[Future] = []
         self._guard = threading.Lock()
         on_stop(self._end)  # a job stopped or failed (relaxtune.tune.stopping): settle, then end the runs
@@ -76,7 +77,7 @@ class BackgroundTracker:
     def _queue(self, name: str, args: tuple, kwargs: dict) -> None:
         self._raise_failed(wait=False)
         with self._guard:
-            self._queued.append(self._pool.submit(lambda: getattr(self._made.result(), name)(*args, **kwargs)))
+            self._queued.append(self._pool.submit(_timed, lambda: getattr(self._made.result(), name)(*args, **kwargs)))
 
     def wait(self):
         """The tracker, once it is made and every queued call has run.
@@ -120,3 +121,9 @@ class BackgroundTracker:
             if not (wait and pending):
                 return
             wait_for(pending, return_when=FIRST_EXCEPTION)  # the calls run in order: those before a failure ran
+
+
+def _timed(call: Callable[[], object]) -> object:
+    """``call()`` as the phase ``MLflow (tracker thread)`` (beside the job: ``relaxtune.tune.phases``)."""
+    with phase("MLflow (tracker thread)"):
+        return call()

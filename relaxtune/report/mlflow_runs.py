@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..decoding.methods import get_method
 from ..tune.pareto import Point, points_table, study_points
+from ..tune.phases import count, phase
 from .batch_figure import batch_figure
 from .decision import decide
 from .figures import combined_figure, knob_figure, method_figure
@@ -140,15 +141,18 @@ class Runs:
         """Draw one figure (``draw()``: a matplotlib figure, or None: nothing to draw) and
         log it to every ``(run_id, artifact path)`` of ``places``, replacing an earlier
         one; the figure is closed."""
-        import matplotlib.pyplot as plt
+        with phase("figures"):
+            import matplotlib.pyplot as plt
 
-        fig = draw()
-        if fig is None:
-            return
+            fig = draw()
+            if fig is None:
+                return
+            count("figures drawn")
         with tempfile.TemporaryDirectory() as tmp:
             drawn = Path(tmp, "drawn.png")
-            fig.savefig(drawn)  # what MlflowClient.log_figure does
-            plt.close(fig)
+            with phase("figures"):
+                fig.savefig(drawn)  # what MlflowClient.log_figure does
+                plt.close(fig)
             for i, (run_id, artifact) in enumerate(places):
                 path = Path(tmp, str(i), artifact)
                 path.parent.mkdir(parents=True, exist_ok=True)

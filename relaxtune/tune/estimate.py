@@ -20,6 +20,21 @@ batch 8: 3.95x batch 1, 8 ** 0.66 = 3.95); on a GPU rows are nearly free (0.9);
 llama.cpp on a CPU is bound by arithmetic even at batch 1 (README, the llama.cpp
 backend: its own AR at batch 16 is 1.47x batch 1, relaxtune strict 1.2x), so 0.1.
 
+With a ``ServingProfile`` (cost profiles at several batch sizes,
+``relaxtune.decoding.serving``), ``R`` rows are priced with the profile at the
+largest measured batch size ``b <= R``: a row-round costs ``round_seconds_b(N) / b``,
+and the rows beyond ``b`` gain ``(R / b) ** BATCH_EXPONENT`` more.
+
+Every evaluation prefills its prompts in both models: ``prompt tokens x
+prefill_seconds``, one prompt token priced as a token of the verify pass of the
+largest N (``t_verify(N+1) / (N+1)``, the CPU bound by arithmetic) plus the
+drafter's share of it (``t_draft / t_AR`` of that).
+
+The whole job's wall time (``JobEstimate.job_seconds``) adds what was spent before
+the plan (imports, model load, the cost profiles at every batch size: measured,
+``relaxtune.tune.phases``) and the finish: MLflow's runs (``MLFLOW_SECONDS``) and
+the figures (``FIGURE_SECONDS`` each; ``figure_count``), priors for a 2-core CPU.
+
 The machine looks busy when this run's single-step cost ``t_AR`` is more than
 ``BUSY_FACTOR`` times the saved profile's, or when the 1-minute load average exceeds
 the cores this process may use; the plan then says by how much and what the job
@@ -53,11 +68,16 @@ __all__ = [
     "BATCH_EXPONENT",
     "BUSY_FACTOR",
     "one_row",
+    "FIGURE_SECONDS",
+    "MLFLOW_SECONDS",
+    "figure_count",
 ]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
 BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9, "llamacpp": 0.1}  # throughput of B rows = B ** exponent x one row's
 BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
+FIGURE_SECONDS = 1.5  # one figure drawn (matplotlib Agg, two panels) and saved to PNG on a 2-core CPU (prior)
+MLFLOW_SECONDS = 4.0  # the finish's MLflow calls on a local SQLite store: runs closed, tables, config (prior)
 
 
 def one_row(profile) -> CostProfile | None:
@@ -104,6 +124,9 @@ class JobEstimate:
         slowdown: this run's t_AR over the saved profile's (None: nothing to compare).
         load, cores: the 1-minute load average and the cores available.
         busy: why the machine looks busy (empty: it does not).
+        elapsed: wall seconds the job spent before the plan (imports, model load, cost profiles).
+        finish: expected wall seconds of the finish (MLflow's runs and the figures).
+        revised_seconds: the job's wall seconds as revised after strict (``revised``), once said.
     """
 
     phases: list[Phase]
@@ -116,6 +139,9 @@ class JobEstimate:
     load: float | None
     cores: int
     busy: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+    finish: float = 0.0
+    revised_seconds: float | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -135,6 +161,37 @@ class JobEstimate:
         """Wall seconds of every confirmation the job allows (None without a profile)."""
         return next((p.seconds for p in self.phases if p.name == "confirmations"), 0.0)
 
+    @property
+    def job_seconds(self) -> float | None:
+        """Expected wall seconds of the whole job: ``elapsed`` + strict and every trial at full
+        size + ``finish`` (confirmations left out, as ``seconds``). None without a profile."""
+        return None if self.seconds is None else self.elapsed + self.seconds + self.finish
+
+    @property
+    def search_samples(self) -> int:
+        """Samples of strict and every trial at full size (confirmations left out)."""
+        return sum(p.samples for p in self.phases if p.name != "confirmations")
+
+    def revised(self, elapsed: float, samples: int, seconds: float) -> tuple[float, str]:
+        """The job's wall seconds once ``samples`` samples took ``seconds`` (strict's, on the
+        job's own problems) and ``elapsed`` seconds have passed: the search's other samples
+        priced at that measured wall time a sample, plus the finish. Returns ``(seconds,
+        the line the job prints)``.
+
+        Raises:
+            ValueError: ``samples`` below 1 or a time below 0.
+        """
+        if samples < 1 or min(elapsed, seconds) < 0:
+            raise ValueError(f"revised: samples >= 1 and times >= 0 (got {samples}, {elapsed}, {seconds})")
+        per_sample = seconds / samples
+        left = max(self.search_samples - samples, 0)
+        total = elapsed + left * per_sample + self.finish
+        return total, (
+            f"estimate after strict: about {clock(total)} for the job ({clock(elapsed)} so far; strict took "
+            f"{seconds:.0f} s for {samples} samples, {per_sample:.1f} s a sample: the other {left} samples of the "
+            f"trials priced alike, plus {clock(self.finish)} for MLflow and the figures; confirmations not counted)"
+        )
+
     def lines(self) -> list[str]:
         """The plan as the job prints it: one line per phase, the estimate, the machine."""
         out = [f"plan: {p.name}: {_samples(p)}, about {_num(p.tokens)} tokens ({p.detail})" for p in self.phases]
@@ -146,7 +203,9 @@ class JobEstimate:
             out.append(f"estimate: no wall time (no measured cost profile to price tokens with); assumes {assumed}")
         else:
             out.append(
-                f"estimate: about {clock(self.seconds)} for strict and the trials ({clock(self.least_seconds)}"
+                f"estimate: about {clock(self.job_seconds)} for the job ({clock(self.elapsed)} so far, "
+                f"{clock(self.finish)} for MLflow and the figures) of which {clock(self.seconds)} for strict "
+                f"and the trials ({clock(self.least_seconds)}"
                 f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
                 f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
                 f"now; assumes {assumed}; the progress lines correct it from the measured throughput"
@@ -206,6 +265,9 @@ def estimate_job(
     device: str = "cpu",
     strict_done: int = 0,
     load: tuple[float | None, int] | None = None,
+    prompt_tokens: float = 0.0,
+    elapsed: float = 0.0,
+    figures: int = 0,
 ) -> JobEstimate:
     """The job's plan and expected wall time (see the module doc for the formula).
 
@@ -222,6 +284,9 @@ def estimate_job(
             (llama.cpp on a CPU), which sets the batch exponent (``BATCH_EXPONENT``).
         strict_done: strict samples at the middle N already recorded (a resumed job).
         load: ``(load average, cores)``; default ``machine_load()``.
+        prompt_tokens: mean prompt tokens of a sample (prefilled in both models).
+        elapsed: wall seconds the job spent before the plan.
+        figures: figures the finish draws (``figure_count``).
 
     Returns:
         ``JobEstimate``; its ``seconds`` is None when there is no ``CostProfile``.
@@ -235,6 +300,10 @@ def estimate_job(
             f"estimate_job: counts must be >= 0 and batch_size >= 1 (n_search {n_search}, n_confirm "
             f"{n_confirm}, strict_done {strict_done}, batch_size {batch_size})"
         )
+    if not (math.isfinite(prompt_tokens) and prompt_tokens >= 0 and math.isfinite(elapsed) and elapsed >= 0):
+        raise ValueError(
+            f"estimate_job: prompt_tokens and elapsed must be finite numbers >= 0, got {prompt_tokens}, {elapsed}"
+        )
     if length is not None and not (math.isfinite(length[0]) and length[0] >= 0):
         raise ValueError(f"estimate_job: the response length must be a finite number >= 0, got {length[0]}")
     repeats = spec.repeats
@@ -243,17 +312,17 @@ def estimate_job(
         LENGTH_PRIOR * spec.max_new_tokens,
         f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token budget",
     )
-    measured, saved = one_row(measured), one_row(saved)
-    speed = measured or one_row(profile)
+    speed = measured or (profile if isinstance(profile, (CostProfile, ServingProfile)) else None)
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
+    prefill = 0.0 if speed is None else prefill_seconds(one_row(speed), max(settings.n_drafts))
 
     def seconds(samples: int, n_draft: int, rows: int) -> float | None:
         if speed is None or samples == 0:
             return None if speed is None else 0.0
-        per_token = speed.round_seconds(n_draft) / (ACCEPT_PRIOR * n_draft + 1)
-        gain = max(1, min(batch_size, rows)) ** exponent
-        return samples * length_tokens * per_token / gain
+        round_seconds, gain = row_round(speed, n_draft, max(1, min(batch_size, rows)), exponent)
+        per_token = round_seconds / (ACCEPT_PRIOR * n_draft + 1)
+        return samples * (length_tokens * per_token + prompt_tokens * prefill) / gain
 
     def phase(name, samples, least, n_draft, rows, least_rows, detail) -> Phase:
         return Phase(
@@ -314,18 +383,56 @@ def estimate_job(
         )
     )
 
-    slowdown = measured.t_ar / saved.t_ar if measured is not None and saved is not None else None
+    now, saved = one_row(measured), one_row(saved)  # t_AR one row at a time, now and when saved
+    slowdown = now.t_ar / saved.t_ar if now is not None and saved is not None else None
     avg, cores = load if load is not None else machine_load()
     busy = []
     if slowdown is not None and slowdown > BUSY_FACTOR:
         busy.append(
-            f"one forward step takes {slowdown:.1f}x the saved profile's (t_AR {measured.t_ar * 1e3:.0f} ms "
+            f"one forward step takes {slowdown:.1f}x the saved profile's (t_AR {now.t_ar * 1e3:.0f} ms "
             f"now, {saved.t_ar * 1e3:.0f} ms saved)"
         )
     if avg is not None and avg > cores:
         busy.append(f"load average {avg:.1f} on {cores} core{'s' if cores > 1 else ''}")
-    tps = None if speed is None else (ACCEPT_PRIOR * mid + 1) / speed.round_seconds(mid)
-    return JobEstimate(phases, length_tokens, length_from, ACCEPT_PRIOR, tps, batch_size, slowdown, avg, cores, busy)
+    tps = None if speed is None else (ACCEPT_PRIOR * mid + 1) / one_row(speed).round_seconds(mid)
+    finish = MLFLOW_SECONDS + FIGURE_SECONDS * figures
+    return JobEstimate(
+        phases, length_tokens, length_from, ACCEPT_PRIOR, tps, batch_size, slowdown, avg, cores, busy, elapsed, finish
+    )
+
+
+def row_round(speed: CostProfile | ServingProfile, n_draft: int, rows: int, exponent: float) -> tuple[float, float]:
+    """``(seconds of one round of one row alone, gain of ``rows`` rows together)``: a single
+    profile prices the round at batch 1 and the gain as ``rows ** exponent``; a serving
+    profile at the largest measured batch size ``b <= rows`` (else its smallest): a row's
+    share of a batched round, ``round_seconds_b(N) / b``, with the gain ``(rows / b) ** exponent``
+    beyond ``b``; ``seconds = work per row / gain`` (see the module doc).
+
+    Raises:
+        ValueError: ``rows`` below 1.
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    if not isinstance(speed, ServingProfile):
+        return speed.round_seconds(n_draft), rows**exponent
+    b = max((size for size in speed.batch_sizes if size <= rows), default=speed.batch_sizes[0])
+    return speed.at(b).round_seconds(n_draft) / b, (rows / b) ** exponent if rows > b else 1.0
+
+
+def prefill_seconds(profile: CostProfile, n_draft: int) -> float:
+    """Seconds to prefill one prompt token in both models: a token of the verify pass over
+    ``n_draft + 1`` tokens (``t_verify(N+1) / (N+1)``), plus the drafter's share
+    (``t_draft / t_AR`` of it)."""
+    k = n_draft + 1
+    per_token = profile.t_verify.get(k, profile.t_ar * k) / k if k > 1 else profile.t_ar
+    return per_token * (1 + profile.t_draft / profile.t_ar)
+
+
+def figure_count(methods: list[str], extra_per_method: int = 0) -> int:
+    """Figures a tuning job's finish draws: the combined Pareto figure, and per method its
+    Pareto figure and, for a method with a knob, its speed-vs-knob figure (``extra_per_method``:
+    more per method, e.g. speed-up against batch size)."""
+    return 1 + sum(1 + (1 if get_method(m).knob else 0) + extra_per_method for m in methods)
 
 
 def announce(
@@ -348,19 +455,17 @@ def announce(
         problems / held_out: the search's problems and a confirmation's.
         measured: this run's cost measurement (None: nothing was measured).
     """
+    from ..tasks.spec import build_prompt_ids
     from .evaluation import DecodeConfig, finished_samples
+    from .phases import active
 
-    saved, measured = None, one_row(measured)
-    if saved_path.exists() and measured is not None:
+    saved, now = None, one_row(measured)
+    if saved_path.exists() and now is not None:
         try:
             saved = one_row(ServingProfile.from_dict(json.loads(saved_path.read_text())))
         except (ValueError, KeyError, TypeError):
             saved = None
-        if (
-            saved is not None
-            and math.isclose(saved.t_ar, measured.t_ar)
-            and math.isclose(saved.t_draft, measured.t_draft)
-        ):
+        if saved is not None and math.isclose(saved.t_ar, now.t_ar) and math.isclose(saved.t_draft, now.t_draft):
             saved = None  # the profile was measured just now: nothing earlier to compare with
     device = getattr(backend, "device", "cpu")
     device = str(getattr(device, "type", device) or "cpu")
@@ -383,7 +488,30 @@ def announce(
         batch_size=batch,
         device=device,
         strict_done=done,
+        prompt_tokens=_mean_prompt(backend, spec, problems, build_prompt_ids),
+        elapsed=_elapsed(active()),
+        figures=figure_count(list(settings.methods)),
     )
     for line in est.lines():
         log(line)
     return est
+
+
+def _mean_prompt(backend, spec, problems: list, build) -> float:
+    """Mean prompt tokens of ``problems`` (0 when the backend has no tokenizer to count them)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None or not problems:
+        return 0.0
+    try:
+        return sum(len(build(tokenizer, spec, p)) for p in problems) / len(problems)
+    except Exception:  # a tokenizer that cannot build prompts here: the estimate leaves prefill out
+        return 0.0
+
+
+def _elapsed(timer) -> float:
+    """Wall seconds the job spent before its plan: since the active timer started, plus the
+    imports it holds (the command's start); 0 without a timer."""
+    if timer is None:
+        return 0.0
+    imports = timer.phases.get("imports")
+    return timer.wall + (imports.wall if imports is not None else 0.0)

@@ -42,6 +42,7 @@ from ..graders.base import THINK_START, answer_section
 from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems
 from .claims import claim, claim_path
 from .identity import decoding_identity, grader_identity
+from .phases import count, phase
 from .records import RecordError, SampleRecord, Scope, knobs_of, load_record
 from .stopping import check_stop
 
@@ -210,7 +211,24 @@ def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
     return answer_section(tokenizer.decode(list(prompt_ids[-16:]))) is None
 
 
+def _count_work(stats) -> None:
+    """A generated response's work on the active phase timer (``relaxtune.tune.phases``)."""
+    count("samples generated")
+    count("tokens decoded", stats.response_tokens)
+    count("rounds", stats.rounds)
+    count("drafted tokens", stats.drafted)
+    count("draft forward s", stats.draft_seconds)
+    count("verify forward s", stats.verify_seconds)
+    count("prefill s", stats.prefill_seconds)
+    count("generation wall s", stats.wall_seconds)
+
+
 def _grade(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verdict:
+    with phase("grading"):
+        return _grade_now(spec, problem, text, truncated)
+
+
+def _grade_now(spec: TaskSpec, problem: Problem, text: str, truncated: bool) -> Verdict:
     opts: dict = {}
     if spec.grader.kind == "math" and spec.grader.integer_range:
         opts["integer_range"] = tuple(spec.grader.integer_range)
@@ -415,6 +433,7 @@ def _evaluate_claimed(
                         record["max_missing_mass"] = max(gen.extra["missing_mass"], default=0.0)
                     if "cached_tokens" in gen.extra:
                         record["cached_tokens"] = gen.extra["cached_tokens"]
+                    _count_work(gen.stats)
                     truncated = gen.stats.finish_reason == "length"
                     text = THINK_START + gen.text if opens[problem.id] else gen.text
                     pending.append((record, graders.submit(_grade, spec, problem, text, truncated)))

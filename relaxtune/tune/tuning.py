@@ -56,6 +56,7 @@ from .helping import help_running, stage_attr
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
+from .phases import phase
 from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
@@ -107,6 +108,9 @@ class Tuner:
             ``evaluate_fn`` on one range after the other, in an order drawn from
             ``worker``, so that workers evaluating the same configuration spread over
             its ranges.
+        on_baseline: ``on_baseline(n_draft, result, seconds)`` after strict at N was
+            evaluated by this worker (not read from memory), with its wall seconds (the
+            job revises its time estimate from it).
     """
 
     settings: TuneSettings
@@ -122,6 +126,7 @@ class Tuner:
     baselines: dict[int, EvalResult] = field(default_factory=dict)
     worker: str = field(default_factory=default_worker)
     run_ranges: RangeRunner | None = None
+    on_baseline: Callable[[int, EvalResult, float], None] | None = None
 
     def __post_init__(self) -> None:
         self._baseline_lock = threading.Lock()
@@ -183,7 +188,11 @@ class Tuner:
         with self._baseline_lock:
             if n_draft not in self.baselines:
                 config = DecodeConfig("strict", None, n_draft, self.settings.seed)
-                self.baselines[n_draft] = self._evaluate(config, self.problems)
+                started = time.perf_counter()
+                with phase("strict"):
+                    self.baselines[n_draft] = self._evaluate(config, self.problems)
+                if self.on_baseline is not None:
+                    self.on_baseline(n_draft, self.baselines[n_draft], time.perf_counter() - started)
             return self.baselines[n_draft]
 
     def strict_speedup(self, n_draft: int) -> float:
