@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
-from .report.export import TunedConfig, build_config, cautions, save_config
+from .report.config_schema import TunedConfig
+from .report.export import build_config, cautions, save_config
 from .report.reexport import (
     JobError,
     check_exportable,
