@@ -45,7 +45,8 @@ from .tune.checks import SearchProblemsError, check_confirmable, check_methods, 
 from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.estimate import announce
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
-from .tune.settings import TuneSettings, job_id, start
+from .tune.job_identity import job_id
+from .tune.settings import TuneSettings, start
 from .tune.tuning import Tuner, choose
 
 __all__ = [

@@ -255,7 +255,8 @@ def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile
     from ..backends.load import lazy_backend
     from ..job import JobError, deployable, prepare, run_tune_job
     from ..tune.checks import ConfirmationError
-    from ..tune.settings import start, study_name
+    from ..tune.job_identity import study_name
+    from ..tune.settings import start
     from ..tune.stopping import guarded
     from .checks import check_job
 
