@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .backends.costs import CostsError, job_costs
 from .backends.load import backend_name, load_backend
-from .report.export import TunedConfig, build_config, cautions, save_config
+from .report.config_schema import TunedConfig
+from .report.export import build_config, cautions, save_config
 from .report.reexport import (
     JobError,
     check_exportable,
@@ -44,9 +45,10 @@ from .tune.checks import SearchProblemsError, check_confirmable, check_methods, 
 from .tune.confirm import confirm, holdout_split, planned_confirmations
 from .tune.estimate import announce, clock
 from .tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
+from .tune.job_identity import job_id
 from .tune.phases import activate, phase
 from .tune.phases import active as timer_now
-from .tune.settings import TuneSettings, job_id, start
+from .tune.settings import TuneSettings, start
 from .tune.tuning import Tuner, choose
 
 __all__ = [

@@ -301,8 +301,8 @@ def test_the_search_prices_at_the_declared_batch_size_and_the_config_says_so(tmp
 
     from relaxtune.backends.costs import CostsError
     from relaxtune.job import declared
+    from relaxtune.tune.job_identity import study_name
     from relaxtune.tune.records import trial_metrics
-    from relaxtune.tune.settings import study_name
 
     settings, spec, problems = _setup(
         tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2, serving_batch_sizes=[1, 16], serving_batch_size=4

@@ -207,7 +207,7 @@ def test_the_cli_reference_has_every_command_and_option():
 
 
 def test_the_settings_and_tuned_config_references_have_every_field():
-    from relaxtune.report import export
+    from relaxtune.report import config_schema as schema
 
     settings = gen.settings()
     names = gen.setting_names()
@@ -216,7 +216,7 @@ def test_the_settings_and_tuned_config_references_have_every_field():
         assert f"| `{name}` | `--{name.replace('_', '-')}` |" in settings
     assert "| `epsilon` | `--epsilon` | `float` | `0.05` | allowed accuracy drop vs strict |" in settings
     text = gen.tuned_config()
-    for model in (export.TunedConfig, export.MethodResult, export.Recommendation, export.Transfer, export.TransferCell):
+    for model in (schema.TunedConfig, schema.MethodResult, schema.Recommendation, schema.Transfer, schema.TransferCell):
         section = text.split(f"### `{model.__name__}`")[1].split("### ")[0]
         for name in model.model_fields:
             assert f"| `{name}` |" in section, (model.__name__, name)
@@ -224,18 +224,18 @@ def test_the_settings_and_tuned_config_references_have_every_field():
 
 
 def test_the_tuned_config_example_uses_the_schemas_keys():
-    from relaxtune.report import export
+    from relaxtune.report import config_schema as schema
 
     page = (DOCS / "reference" / "tuned-config.md").read_text()
     example = fenced(page, "yaml")[0]
     top = set(re.findall(r"^(\w+):", example, re.M))
-    assert top <= set(export.TunedConfig.model_fields), top - set(export.TunedConfig.model_fields)
+    assert top <= set(schema.TunedConfig.model_fields), top - set(schema.TunedConfig.model_fields)
     method = example.split("  cactus:\n")[1].split("\nconfirmation:")[0]
     keys = set(re.findall(r"^    (\w+):", method, re.M))
-    assert keys <= set(export.MethodResult.model_fields), keys - set(export.MethodResult.model_fields)
+    assert keys <= set(schema.MethodResult.model_fields), keys - set(schema.MethodResult.model_fields)
     rec = example.split("\nrecommendation:\n")[1].split("\nmlflow:")[0]
     keys = set(re.findall(r"^  (\w+):", rec, re.M))
-    assert keys <= set(export.Recommendation.model_fields), keys - set(export.Recommendation.model_fields)
+    assert keys <= set(schema.Recommendation.model_fields), keys - set(schema.Recommendation.model_fields)
 
 
 def test_the_tuned_config_examples_values_are_the_codes():
@@ -243,7 +243,8 @@ def test_the_tuned_config_examples_values_are_the_codes():
     import yaml
 
     from relaxtune.decoding.methods import get_method
-    from relaxtune.report.export import SCHEMA_VERSION, serving_args
+    from relaxtune.report.config_schema import SCHEMA_VERSION
+    from relaxtune.report.export import serving_args
     from relaxtune.tasks.spec import load_task
 
     example = yaml.safe_load(fenced((DOCS / "reference" / "tuned-config.md").read_text(), "yaml")[0])

@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from relaxtune.job import JobError, check_exportable, export_path, run_tune_job
 from relaxtune.tasks.spec import load_problems, load_task
-from relaxtune.tune.settings import TuneSettings, job_id
+from relaxtune.tune.job_identity import job_id
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task
 

@@ -13,7 +13,8 @@ import optuna
 import pytest
 import yaml
 
-from relaxtune.report.export import load_config, upgrade_config
+from relaxtune.report.config_schema import upgrade_config
+from relaxtune.report.export import load_config
 from relaxtune.tune import evaluation
 from relaxtune.tune.evaluation import DecodeConfig, _read_done
 from relaxtune.tune.records import (

@@ -238,7 +238,8 @@ def test_a_job_through_sglang_measures_its_serving_profile_through_the_servers(s
     from relaxtune.backends.sglang_costs import server_batch_sizes
     from relaxtune.decoding.serving import ServingProfile
     from relaxtune.job import run_tune_job
-    from relaxtune.tune.settings import PairSettings, auto_batch_sizes
+    from relaxtune.tune.serving_sizes import auto_batch_sizes
+    from relaxtune.tune.setting_groups import PairSettings
     from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task

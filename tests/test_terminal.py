@@ -376,7 +376,7 @@ def test_a_check_across_fields_is_reported_without_an_empty_flag():
 def test_version_plain_validation_messages_and_c_rel_precision():
     from importlib import metadata
 
-    from relaxtune.report.export import TunedConfig
+    from relaxtune.report.config_schema import TunedConfig
 
     out = runner.invoke(app, ["--version"])
     assert out.exit_code == 0 and out.output == f"relaxtune {metadata.version('relaxtune')}\n"

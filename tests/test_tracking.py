@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from relaxtune.report.tracking import Tracker, filter_literal
-from relaxtune.tune.settings import TuneSettings, job_id
+from relaxtune.tune.job_identity import job_id
+from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import PROBLEMS, SPEC
 

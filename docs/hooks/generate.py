@@ -180,10 +180,10 @@ def setting_names() -> list[str]:
 
 
 def tuned_config() -> str:
-    """The tuned config's schema, model by model (``relaxtune.report.export``)."""
-    from relaxtune.report import export
+    """The tuned config's schema, model by model (``relaxtune.report.config_schema``)."""
+    from relaxtune.report import config_schema
 
-    out = [f"Schema version {export.SCHEMA_VERSION} (`relaxtune.report.export.SCHEMA_VERSION`).\n"]
+    out = [f"Schema version {config_schema.SCHEMA_VERSION} (`relaxtune.report.config_schema.SCHEMA_VERSION`).\n"]
     for name in (
         "TunedConfig",
         "MethodResult",
@@ -193,7 +193,7 @@ def tuned_config() -> str:
         "Transfer",
         "TransferCell",
     ):
-        out.append(f"### `{name}`\n\n{fields(getattr(export, name))}")
+        out.append(f"### `{name}`\n\n{fields(getattr(config_schema, name))}")
     return "\n".join(out)
 
 

@@ -52,7 +52,8 @@ from relaxtune.bench.batching import batch_table
 from relaxtune.bench.harness import NOISY, PAPER, PROMPTS, build, fmt, hf_generate
 from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.engine.sequence import generate
-from relaxtune.tune.settings import DTYPES, field_info
+from relaxtune.tune.setting_groups import DTYPES
+from relaxtune.tune.settings import field_info
 
 
 def _hf_single(backend: HFBackend, prompts: list[list[int]], max_new: int, n_draft: int | None) -> float:

@@ -61,7 +61,7 @@ def plan_(
     drop and discordance. Power is exact (the bound's own test summed over every outcome); repeats change
     neither it nor the floor (the bound reads each problem's first repeat)."""
     from ..certify.planning import plan
-    from ..tune.settings import StatsSettings
+    from ..tune.setting_groups import StatsSettings
 
     group_of(StatsSettings, epsilon=epsilon, confidence=confidence, confirmations=confirmations, confirm=confirm)
     try:

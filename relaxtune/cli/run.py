@@ -38,7 +38,7 @@ def generate(
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
     from ..engine.sequence import generate as run
-    from ..tune.settings import PairSettings
+    from ..tune.setting_groups import PairSettings
     from .checks import check_pair
 
     try:
@@ -161,7 +161,7 @@ def eval_(
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
-    from ..tune.settings import PairSettings
+    from ..tune.setting_groups import PairSettings
     from .checks import check_folder, check_pair
 
     pair = group_of(

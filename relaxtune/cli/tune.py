@@ -264,8 +264,9 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
     from ..backends.load import lazy_backend
     from ..job import JobError, deployable, prepare, run_tune_job
     from ..tune.checks import ConfirmationError
+    from ..tune.job_identity import study_name
     from ..tune.phases import phase
-    from ..tune.settings import start, study_name
+    from ..tune.settings import start
     from ..tune.stopping import guarded
     from .checks import check_job
 

@@ -31,7 +31,8 @@ from prefect.cache_policies import NONE
 
 from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.tune.evaluation import DecodeConfig, EvalResult, evaluate
-from relaxtune.tune.settings import TuneSettings, spec_digest
+from relaxtune.tune.job_identity import spec_digest
+from relaxtune.tune.settings import TuneSettings
 
 __all__ = [
     "generate_and_grade",

@@ -2,8 +2,9 @@
 (``tracking``, ``mlflow_runs``; logged off the job's critical path by ``background``;
 their stores made once by ``stores``), the decision as params, metrics, tags and description
 (``decision``), figures (``figures``; speed-up by serving batch size: ``batch_figure``),
-the tuned config (``export``) and what an export reads and writes, a re-pricing on a
-serving host's costs included (``reexport``). It reads a finished job as ``relaxtune.tune.result.JobResult``
+the tuned config (its schema: ``config_schema``; built, saved and loaded: ``export``) and
+what an export reads and writes, a re-pricing on a serving host's costs included
+(``reexport``). It reads a finished job as ``relaxtune.tune.result.JobResult``
 (frozen), never the live tuner; every call of MLflow beyond its public API is in
 ``mlflow_compat`` (with its contract test).
 

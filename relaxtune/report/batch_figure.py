@@ -18,7 +18,7 @@ def batch_figure(config, title: str):
     """Modeled speed-up over batched AR against serving batch size, per point (module doc).
 
     Args:
-        config: a ``relaxtune.report.export.TunedConfig`` with ``by_batch_size``.
+        config: a ``relaxtune.report.config_schema.TunedConfig`` with ``by_batch_size``.
         title: the figure's title.
 
     Returns:

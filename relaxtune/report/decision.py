@@ -1,7 +1,7 @@
 """What a tuned config decided, in the forms MLflow shows on a run's page: params
 (what was decided, under which budget), metrics (the numbers behind it),
 searchable tags, a name and a one-sentence description. Pure functions of a
-``relaxtune.report.export.TunedConfig``; ``relaxtune.report.tracking`` logs them on the task
+``relaxtune.report.config_schema.TunedConfig``; ``relaxtune.report.tracking`` logs them on the task
 run of a tuning job and on every export's own run."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _num(value: float | None) -> str:
 
 
 def decide(config) -> Decision:
-    """The ``Decision`` of a tuned config (``relaxtune.report.export.TunedConfig``)."""
+    """The ``Decision`` of a tuned config (``relaxtune.report.config_schema.TunedConfig``)."""
     rec = config.recommendation
     chosen = config.methods.get(rec.method) if rec.method != "strict" else None
     strict = config.strict_by_n_draft.get(rec.n_draft, {})
@@ -144,7 +144,7 @@ def _sentence(config, label: str) -> str:
 
 def study_summary(result, epsilon: float) -> tuple[str, str]:
     """A study run's name and one-sentence description from its method's
-    ``relaxtune.report.export.MethodResult``: e.g. ``cactus study: delta=1 N=4 chosen (1.92x)``
+    ``relaxtune.report.config_schema.MethodResult``: e.g. ``cactus study: delta=1 N=4 chosen (1.92x)``
     or ``cactus study: none within eps 0.05``."""
     tried = f"{result.trials} trials ({result.pruned} pruned, {result.failed} failed)"
     if result.feasible:

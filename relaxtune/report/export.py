@@ -1,4 +1,7 @@
-"""The tuned per-task config a serving team deploys (YAML, with a schema).
+"""The tuned per-task config a serving team deploys: built from a finished job
+(``build_config``), saved and loaded as YAML (``save_config``, ``load_config``), and
+what its reader must not miss (``cautions``); its schema is
+``relaxtune.report.config_schema``.
 
 One file per task: for each method the confirmed knob and draft length (or
 "none feasible"), the capability-loss budget, strict and relaxed accuracy with
@@ -26,213 +29,24 @@ from importlib import metadata
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
 from ..tune.judge import feasible as within_budget
-from ..tune.records import RECORDS_SCHEMA, knobs_of, load_metrics, trial_metrics
+from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
+from .config_schema import ByBatchSize, MethodResult, Recommendation, TunedConfig, upgrade_config
 from .deploy import deploy_blocks, plain_blocks, weights
 
 __all__ = [
     "cautions",
-    "upgrade_config",
-    "MethodResult",
-    "Recommendation",
-    "BatchBest",
-    "ByBatchSize",
     "cost_profile_section",
-    "TransferCell",
-    "Transfer",
-    "TunedConfig",
     "build_config",
     "save_config",
     "load_config",
     "serving_args",
 ]
-
-SCHEMA_VERSION = RECORDS_SCHEMA  # 3: knobs (named), scope, serving batch sizes (relaxtune.tune.records);
-# 2: drop_upper_bound from the confirmation run; confirmation, sample, margins
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MethodResult(_Model):
-    """One method's outcome. ``knob``/``n_draft`` (and ``trial``, the confirmed
-    trial's number in its study) are None when no point was confirmed; the
-    point's numbers come from its confirmation run, the search's bound for it is
-    ``search_drop_upper_bound`` (at the job's confidence), and ``confirmation``
-    lists every attempt (``relaxtune.tune.confirm.Attempt.summary``)."""
-
-    method: str
-    knob_name: str | None
-    feasible: bool
-    knob: float | None = None
-    knobs: dict[str, float] | None = None  # v3: every named knob of the point (None: no point)
-    scope: str | None = None  # v3: the relaxation scope ("all" | "thinking")
-    n_draft: int | None = None
-    trial: int | None = None
-    strict_accuracy: float | None = None
-    accuracy: float | None = None
-    accuracy_ci: tuple[float, float] | None = None
-    n: int | None = None
-    drop: float | None = None
-    drop_upper_bound: float | None = None  # the confirmation's, at confirmation.confidence
-    drop_bound_method: str | None = None
-    search_drop_upper_bound: float | None = None
-    l_accept: float | None = None
-    length_ratio: float | None = None
-    modeled_speedup: float | None = None
-    modeled_speedup_by_c_rel: dict[str, float] = {}
-    truncated: float | None = None
-    loop_rate: float | None = None
-    trials: int = 0  # completed or pruned
-    pruned: int = 0
-    failed: int = 0
-    tokens_spent: int = 0
-    study_name: str
-    mlflow_run_id: str | None = None
-    serving: dict | None = None
-    closest: dict | None = None  # when infeasible: the tried point with the smallest drop bound
-    confirmation: dict | None = None  # {confidence, attempts: [...], missing}
-    note: str | None = None  # why no point is exported
-    deploy: dict | str | None = None  # engine -> block in its own syntax, or one line (relaxtune.report.deploy)
-
-
-class Recommendation(_Model):
-    """What to deploy for this task."""
-
-    method: str
-    knob: float | None
-    knobs: dict[str, float] = {}  # v3: every named knob ({} for strict)
-    scope: str = "all"  # v3
-    n_draft: int
-    batch_size: int = 1  # v3: the serving batch size the speed-up is modeled at
-    modeled_speedup: float
-    reason: str
-    serving: dict
-    strict_modeled_speedup: float | None = None  # strict's best, over every evaluated N
-    speed_margin: dict | None = None  # {difference, margin, confidence, how}: relaxed only when difference > margin
-    decoding: str = "speculative"  # "plain": no speculative point pays; serve the verifier alone
-    deploy: dict | str | None = None  # engine -> block (relaxtune.report.deploy)
-
-
-class BatchBest(_Model):
-    """The best confirmed point at one serving batch size (``relaxtune.tune.batches.by_batch``):
-    strict at its fastest N there, or a method's confirmed point, priced with that batch
-    size's costs against batched AR at the same batch size. ``decoding`` is ``plain`` where
-    even the best is below 1 (serve the verifier alone at that batch size)."""
-
-    method: str
-    knob: float | None = None
-    knobs: dict[str, float] = {}
-    n_draft: int
-    modeled_speedup: float  # over batched AR at this batch size
-    decoding: str = "speculative"
-
-
-class ByBatchSize(_Model):
-    """The speed a deployment sees at each profiled serving batch size, for information
-    beside the one deployable ``recommendation`` (engines set N and the rule server-wide):
-    ``best`` per batch size, every candidate's modeled speed-up per batch size
-    (``speedups``: ``strict N=<n>`` or a method -> batch size -> speed-up), the batch size
-    from which speculative decoding stops paying (``relaxtune.decoding.serving.stops_paying_at``
-    of the best per batch size; None: it pays up to the largest) and that, in one ``line``."""
-
-    best: dict[int, BatchBest]
-    speedups: dict[str, dict[int, float]]
-    stops_paying_at: int | None = None
-    line: str
-
-
-class TransferCell(_Model):
-    """A tuned point of one task judged on another (``relaxtune.transfer``): a
-    source task's confirmed point of a method against the target's strict at the
-    same N, paired on the same problems and seeds, bounded at the transfer's
-    ``confidence_each``. ``samples`` is "confirmation" on the diagonal (the
-    target's own point on the samples of its passed confirmation) and "search"
-    elsewhere (the target's search problems and seed); ``error`` says why a
-    cell has no numbers (its evaluation failed: not within epsilon)."""
-
-    knob: float | None
-    n_draft: int
-    within_epsilon: bool
-    epsilon: float  # the target's
-    drop_upper_bound: float | None = None
-    drop: float | None = None
-    n: int | None = None
-    problems: int
-    seed: int
-    samples: str
-    accuracy: float | None = None
-    strict_accuracy: float | None = None
-    modeled_speedup: float | None = None  # on the target, at the target's costs
-    error: str | None = None
-
-
-class Transfer(_Model):
-    """The ``transfer`` section of a tuned config, written by ``relaxtune transfer``.
-
-    ``sources``: source task -> method -> that task's tuned point judged on this
-    task (this task's own point is the diagonal, on its confirmation samples);
-    ``targets``: target task -> method -> this task's tuned point judged on
-    that task, against its epsilon (empty: never checked beyond its own task).
-    Every cell is judged at ``confidence_each``, the transfer's ``confidence``
-    split over its ``cells`` (``rule``)."""
-
-    tasks: list[str]
-    confidence: float
-    confidence_each: float
-    cells: int
-    rule: str
-    sources: dict[str, dict[str, TransferCell]] = {}
-    targets: dict[str, dict[str, TransferCell]] = {}
-    created: str
-    mlflow: dict | None = None
-
-
-class TunedConfig(_Model):
-    """The exported file (``transfer``: written later by ``relaxtune transfer``)."""
-
-    schema_version: int = SCHEMA_VERSION
-    task: str
-    task_version: int
-    grader: dict
-    drafter: str
-    verifier: str
-    dtype: str
-    runtime: str | None = None  # what ran the models (hf, llamacpp)
-    weights: dict | None = None  # drafter/verifier: the exact weights measured (relaxtune.report.deploy.weights)
-    sampling: dict
-    seed: int
-    problems: int
-    repeats: int
-    epsilon: float
-    confidence: float
-    c_rel: float
-    cost_profile: dict | None = None
-    serving_batch_sizes: list[int] = [1]  # v3: the batch sizes the speed-ups are modeled at
-    by_batch_size: ByBatchSize | None = None  # v3: the best confirmed point per serving batch size
-    strict_by_n_draft: dict[int, dict]
-    methods: dict[str, MethodResult]
-    confirmation: dict  # {samples: holdout | seeds, problems, per_method, planned, confidence_each, rule, promise}
-    sample: dict  # relaxtune.certify.planning.SamplePlan: smallest certifiable drop, problems needed; line
-    recommendation: Recommendation
-    relaxtune_version: str
-    created: str
-    mlflow: dict | None = None
-    transfer: Transfer | None = None
-
-    @field_validator("c_rel")
-    @classmethod
-    def _c_rel_precision(cls, c_rel: float) -> float:
-        """c_rel at 4 significant digits (a timing's noise is far above that); the raw
-        timings stay in ``cost_profile``."""
-        return float(f"{c_rel:.4g}")
 
 
 def serving_args(method: str, knob: float | None, n_draft: int, drafter: str, verifier: str, sampling: dict) -> dict:
@@ -542,38 +356,6 @@ def save_config(config: TunedConfig, path: str | Path) -> Path:
     tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, width=120))
     tmp.replace(path)
     return path
-
-
-def upgrade_config(data: dict) -> dict:
-    """A tuned config's YAML object, v2 (or v3) as v3: each exported point's and the
-    recommendation's ``knobs`` from its one ``knob`` (``relaxtune.tune.records.knobs_of``),
-    scope "all" and batch size 1 (what every v2 job measured); a v3 object is returned as is.
-
-    Raises:
-        ValueError: a schema version this code does not read.
-    """
-    version = data.get("schema_version")
-    if version == SCHEMA_VERSION:
-        return data
-    if version != 2:
-        raise ValueError(f"tuned config schema_version {version!r} is not one this code reads (2 or {SCHEMA_VERSION})")
-    out = dict(data) | {"schema_version": SCHEMA_VERSION}
-    out.setdefault("serving_batch_sizes", [1])
-    methods = {}
-    for name, m in (data.get("methods") or {}).items():
-        m = dict(m)
-        if m.get("n_draft") is not None:
-            m.setdefault("knobs", knobs_of(m.get("method", name), m.get("knob")))
-            m.setdefault("scope", "all")
-        methods[name] = m
-    out["methods"] = methods
-    if isinstance(rec := data.get("recommendation"), dict):
-        out["recommendation"] = {
-            "knobs": knobs_of(rec["method"], rec.get("knob")),
-            "scope": "all",
-            "batch_size": 1,
-        } | rec
-    return out
 
 
 def load_config(path: str | Path) -> TunedConfig:

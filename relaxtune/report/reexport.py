@@ -24,8 +24,9 @@ from ..decoding.serving import ServingProfile
 from ..decoding.speed import c_rel_of
 from ..tune.batches import Prices, strict_speedup
 from ..tune.evaluation import DecodeConfig, records_complete, records_path
+from ..tune.job_identity import study_name
 from ..tune.records import trial_metrics
-from ..tune.settings import TuneSettings, study_name
+from ..tune.settings import TuneSettings
 
 __all__ = [
     "JobError",

@@ -23,7 +23,7 @@ Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
 
 Metrics are logged with ``step = trial number`` on the study run too, so the
 MLflow UI charts a study's progress. Every run of a tuning job carries the job's
-id (``relaxtune.tune.settings.job_id``) and is found again by tags (kind, job, study,
+id (``relaxtune.tune.job_identity.job_id``) and is found again by tags (kind, job, study,
 trial number), never by name: a restart or another worker of the same job finds
 the same runs, a job with other settings never writes into them. Runs are
 created, and their params and tags written, under the job's MLflow lock
@@ -84,7 +84,7 @@ class Tracker(Runs):
         uri: tracking URI (default ``sqlite:///mlflow.db``).
         task: the task spec; pair: the pair's name; settings: a dict of the job's settings.
         problems: the problems (logged as the dataset input).
-        job_id: the tuning job's id (``relaxtune.tune.settings.job_id``).
+        job_id: the tuning job's id (``relaxtune.tune.job_identity.job_id``).
         lock: a context-manager factory that serialises run creation across the
             job's workers (``relaxtune.tune.studies.storage_lock(storage_url, "mlflow")``); default none.
         finish_lock: one that serialises ``finish`` across the workers without holding

@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     load_rdb_modules()  # what Optuna's RDBStorage imports on its first use in a process (its SQL models, alembic)
     record_identity()  # the code identity, computed once per process (source digests): part of starting it
     from relaxtune.tasks.spec import load_task
-    from relaxtune.tune.settings import TuneSettings, study_name
+    from relaxtune.tune.job_identity import study_name
+    from relaxtune.tune.settings import TuneSettings
     from relaxtune.tune.stopping import guarded
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))

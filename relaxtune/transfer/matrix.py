@@ -1,5 +1,5 @@
 """The cells of a transfer matrix (``relaxtune.transfer``), the matrix, and the
-``transfer`` sections they give the tuned configs (``relaxtune.report.export.Transfer``)."""
+``transfer`` sections they give the tuned configs (``relaxtune.report.config_schema.Transfer``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..report.export import Transfer, TransferCell, load_config, save_config
+from ..report.config_schema import Transfer, TransferCell
+from ..report.export import load_config, save_config
 
 __all__ = ["Cell", "TransferMatrix", "sections", "write_sections", "RULE"]
 

@@ -37,7 +37,8 @@ import yaml
 
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
-from ..report.export import TunedConfig, load_config
+from ..report.config_schema import TunedConfig
+from ..report.export import load_config
 from ..tasks.spec import Problem, TaskSpec, load_problems, load_task
 from ..tune.confirm import fresh_point, holdout_split, split_confidence
 from ..tune.judge import constraint_values

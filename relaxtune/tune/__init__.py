@@ -1,5 +1,7 @@
-"""The search: evaluation records (``evaluation``), the job's settings (``settings``),
-Optuna studies, their queues, heartbeats and lock (``studies``), where a study looks
+"""The search: evaluation records (``evaluation``), the job's settings (``settings``; their
+groups: ``setting_groups``; the serving batch sizes resolved on this machine:
+``serving_sizes``; the job's and its studies' names: ``job_identity``), Optuna studies,
+their queues, heartbeats and lock (``studies``), where a study looks
 after the grid (``search``), trials and their stages (``tuning``, ``outcomes``), a
 point's paired metrics and the loss constraint (``judge``), problem ranges (``ranges``),
 confirmation runs (``confirm``), the speed margin (``recommend``), a job's costs and its

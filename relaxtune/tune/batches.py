@@ -113,7 +113,7 @@ def candidates(strict: Mapping[int, Mapping], methods: Mapping, prices: Prices) 
 
     Args:
         strict: N -> strict's summary as exported (``l_accept``).
-        methods: method -> ``relaxtune.report.export.MethodResult`` (``feasible``,
+        methods: method -> ``relaxtune.report.config_schema.MethodResult`` (``feasible``,
             ``l_accept``, ``length_ratio``, ``n_draft``, ``knob``, ``knobs``).
     """
     priced = sorted(prices.by_batch.items())

@@ -8,7 +8,7 @@ from ..certify.planning import fewest_problems
 from ..certify.stats import smallest_certifiable_drop
 from ..decoding.methods import get_method
 from .confirm import split_confidence
-from .settings import study_name
+from .job_identity import study_name
 from .studies import SearchProblemsError, check_problems, open_rdb, search_digest
 
 __all__ = ["SearchProblemsError", "ConfirmationError", "check_methods", "check_confirmable", "check_search_problems"]

@@ -15,7 +15,7 @@ from ..decoding.rambling import loop_rate
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .evaluation import EvalResult
-from .settings import StatsSettings
+from .setting_groups import StatsSettings
 
 __all__ = [
     "point_metrics",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..decoding.methods import get_method
 from .judge import feasible
 from .records import trial_metrics
-from .settings import StatsSettings
+from .setting_groups import StatsSettings
 
 __all__ = ["MethodOutcome", "TrialReport", "candidates", "choose", "study_tokens", "trial_line"]
 

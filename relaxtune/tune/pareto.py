@@ -95,7 +95,7 @@ def _is(result, attr: str, trial) -> bool:
 def study_points(method: str, knob_name: str | None, study, result=None, stats=None) -> list[Point]:
     """Points of a study's completed and pruned trials (failed ones have no metrics),
     judged under ``stats`` (``StatsSettings``: an export's epsilon and confidence); ``result``, the
-    method's ``relaxtune.report.export.MethodResult``, marks the chosen and the closest point
+    method's ``relaxtune.report.config_schema.MethodResult``, marks the chosen and the closest point
     and gives every confirmed trial its confirmation's bound (passed or failed)."""
     from .judge import drop_ucb_at, feasible
 

@@ -53,6 +53,7 @@ from .batches import strict_speedup
 from .claims import claim, claim_path
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
 from .helping import help_running, stage_attr
+from .job_identity import study_name
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
@@ -61,7 +62,7 @@ from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
 from .search import PRUNED_BY, RelaxationSampler, strength
-from .settings import TuneSettings, make_output_dir, storage_url, study_name
+from .settings import TuneSettings, make_output_dir, storage_url
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
 

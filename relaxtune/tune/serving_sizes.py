@@ -1,0 +1,52 @@
+"""The serving batch sizes a job's cost profile is measured at, resolved on this machine:
+``--serving-batch-sizes auto`` (``auto_batch_sizes``) and llama.cpp's sequence slots,
+above which a size cannot be measured (``check_slots``). The sizes' fields and their
+checks are ``relaxtune.tune.setting_groups.StatsSettings``'.
+"""
+
+from __future__ import annotations
+
+from .setting_groups import PairSettings
+
+__all__ = ["auto_batch_sizes", "check_slots"]
+
+
+def check_slots(pair: PairSettings, sizes: list[int] | str) -> None:
+    """Refuse serving batch sizes above llama.cpp's sequence slots (its contexts'
+    ``n_seq_max``: ``--batch-size``, default ``BATCH_SIZE_LLAMACPP``): they cannot be measured.
+
+    Raises:
+        ValueError: naming the flags that fix it.
+    """
+    from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
+
+    slots = pair.batch_size or BATCH_SIZE_LLAMACPP
+    if sizes != "auto" and max(sizes) > slots:
+        raise ValueError(
+            f"--serving-batch-sizes {','.join(map(str, sizes))}: llama.cpp's contexts hold {slots} sequences "
+            f"(--batch-size {pair.batch_size or f'default {slots}'}), so batch size {max(sizes)} cannot be "
+            f"measured: give sizes up to {slots}, or --batch-size {max(sizes)}"
+        )
+
+
+def auto_batch_sizes(pair: PairSettings, runtime: str) -> list[int]:
+    """``--serving-batch-sizes auto`` on this machine
+    (``relaxtune.decoding.serving.default_batch_sizes``): llama.cpp's (a CPU's) for
+    ``runtime`` llamacpp, at most its contexts' sequence slots (``--batch-size``, default
+    ``BATCH_SIZE_LLAMACPP``); else a GPU's when this machine has CUDA (the transformers
+    runtime loads there), else a CPU's; SGLang servers: the device the verifier server
+    reports (``relaxtune.backends.sglang_costs.server_batch_sizes``)."""
+    from ..decoding.serving import default_batch_sizes
+
+    if pair.verifier_url:
+        from ..backends.sglang_costs import server_batch_sizes
+
+        return list(server_batch_sizes(pair.verifier_url))
+    if runtime == "llamacpp":
+        from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
+
+        slots = pair.batch_size or BATCH_SIZE_LLAMACPP
+        return [b for b in default_batch_sizes("llamacpp") if b <= slots]
+    import torch
+
+    return list(default_batch_sizes("cuda" if torch.cuda.is_available() else "cpu"))
