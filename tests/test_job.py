@@ -205,6 +205,35 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     out = CliRunner().invoke(app, base + ["--cost-profile", str(costs)], env={"COLUMNS": "250"})
     assert out.exit_code == 2 and "no cost profile at serving batch size 1" in " ".join(out.output.split())
 
+    # the command that measures such a table on the serving host, end to end on the tiny pair, then the export
+    measured = tmp_path / "measured.json"
+    args = ["costs", "--task", task, "--drafter", drafter, "--verifier", verifier, "--runtime", "hf"]
+    args += ["--dtype", "float32", "--n-drafts", "2", "--serving-batch-sizes", "1,2", "-o", str(measured)]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    profile = ServingProfile.from_dict(json.loads(measured.read_text()))
+    assert profile.batch_sizes == [1, 2] and all(set(p.t_verify) == {3} for p in profile.profiles.values())
+    assert f"relaxtune export --cost-profile {measured}" in " ".join(out.output.split())
+    again = base + ["--export", str(tmp_path / "measured.yaml"), "--cost-profile", str(measured)]
+    out = CliRunner().invoke(app, again, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert load_config(tmp_path / "measured.yaml").serving_batch_sizes == [1, 2]
+
+
+def test_costs_refuses_bad_input_before_a_model_loads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for extra, message in [
+        (["-o", str(tmp_path / "no" / "such" / "costs.json")], "give a file in an existing folder"),
+        (["-o", str(tmp_path)], "give a file in an existing folder"),
+        (["-o", "c.json", "--serving-batch-sizes", "0,4"], "serving_batch_sizes must be integers >= 1"),
+        (["-o", "c.json", "--n-drafts", "2,x"], "'x' is not an integer"),
+        (["-o", "c.json", "--task", "no_such_task"], "no task 'no_such_task'"),
+        (["-o", "c.json", "--drafter", str(tmp_path / "typo")], "typo"),
+    ]:
+        out = CliRunner().invoke(app, ["costs", *extra], env={"COLUMNS": "250"})
+        assert out.exit_code == 2 and message in " ".join(out.output.split()), (extra, out.output)
+    assert not (tmp_path / "c.json").exists()
+
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):
     runner = CliRunner()

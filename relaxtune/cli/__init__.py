@@ -6,7 +6,7 @@ May import: every wing and ``relaxtune.job``.
 
 from __future__ import annotations
 
-from . import deploy_check, info, plan, run, serve, transfer, tune  # noqa: F401 - each registers its commands on app
+from . import costs, deploy_check, info, plan, run, serve, transfer, tune  # noqa: F401 - each registers its commands on app
 from .app import app, console, fit_pipes
 
 __all__ = ["app", "console", "main"]

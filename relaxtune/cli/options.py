@@ -22,6 +22,7 @@ __all__ = [
     "BOOL_FLAGS",
     "group_of",
     "finite",
+    "split_list",
 ]
 
 # a boolean setting's two flags (the second is the default's)
@@ -108,7 +109,12 @@ def group_of(model, **values):
         raise typer.BadParameter("; ".join(lines)) from None
 
 
-def _split(key: str, value: str) -> list:
+def split_list(key: str, value: str) -> list:
+    """A comma-separated list flag's items (``--n-drafts``: integers, each refused by name).
+
+    Raises:
+        typer.BadParameter: an item of ``--n-drafts`` that is not an integer.
+    """
     flag = "--" + key.replace("_", "-")
     items = [v.strip() for v in value.split(",") if v.strip()]
     if key != "n_drafts":
@@ -144,7 +150,7 @@ def settings_from(config: str | None, flags: dict, base: dict | None = None):
         if value is None:
             continue
         if key in ("methods", "n_drafts", "deployable_on") and isinstance(value, str):
-            value = _split(key, value)
+            value = split_list(key, value)
         if key == "c_rel" and value != "measured":
             try:
                 value = float(value)
