@@ -128,6 +128,7 @@ def _settings(tmp_path, uri: str) -> TuneSettings:
     )
 
 
+@pytest.mark.slow
 def test_the_first_samples_are_generated_while_the_mlflow_store_is_made(tmp_path, monkeypatch):
     """The store's making waits for the first generated sample: a job that made the store
     before generating would wait the whole 30 s and fail here."""
@@ -168,6 +169,7 @@ def test_the_first_samples_are_generated_while_the_mlflow_store_is_made(tmp_path
     )
 
 
+@pytest.mark.slow
 def test_a_half_migrated_store_with_runs_stops_the_job_saying_what_to_do(tmp_path):
     uri = _half_migrated(tmp_path / "mlflow.db", runs=2)
     before = (tmp_path / "mlflow.db").read_bytes()
@@ -181,6 +183,7 @@ def test_a_half_migrated_store_with_runs_stops_the_job_saying_what_to_do(tmp_pat
         assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (2,)
 
 
+@pytest.mark.slow
 def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
     """A tracking server has nothing to migrate: the job waits for its tracker, so a wrong
     address ends the job before the first sample (not after a trial's worth of generation).

@@ -57,6 +57,7 @@ def _view(g):
     [("strict", None), ("spec_cont_dec", 0.5), ("r_fuzzy", 0.3), ("ar", None)],
     ids=["strict", "spec_cont_dec", "r_fuzzy", "ar"],
 )
+@pytest.mark.slow
 def test_a_response_does_not_depend_on_its_batch(method, knob):
     backend = _pair_with_eos()
     kw = dict(method=method, knob=knob, n_draft=3, sampling=SAMPLING)
@@ -87,6 +88,7 @@ def test_rows_are_charged_their_share_of_the_forwards():
         assert s.latency_seconds >= s.wall_seconds  # a share of the batch's time is less than its span
 
 
+@pytest.mark.slow
 def test_strict_is_lossless_on_the_batched_path():
     """The first two tokens of many batched responses follow the verifier's AR joint
     (chi-square), for two prompts of different lengths sharing the batches."""
@@ -121,6 +123,7 @@ class _FailingRound(HFBackend):
         return super().score_batch(batch, draft_ids)
 
 
+@pytest.mark.slow
 def test_failures_stay_with_their_rows():
     pair = tiny_pair(noise=0.2)
     requests = _requests()

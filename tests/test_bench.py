@@ -4,6 +4,7 @@ every batch size, the spread of its repeats. Speeds are printed, never asserted.
 import json
 import re
 
+import pytest
 import torch
 
 from relaxtune.bench.batching import batch_table
@@ -21,6 +22,7 @@ def _configs(tmp_path) -> tuple[str, str]:
     return dirs[0], dirs[1]
 
 
+@pytest.mark.slow
 def test_random_weights_bench_prints_both_tables(tmp_path, capsys):
     drafter, verifier = _configs(tmp_path)
     assert (

@@ -101,6 +101,7 @@ def test_grid_spends_exactly_its_points_on_every_problem_plus_strict(task, tmp_p
     assert best.speedup >= run.truth.speedup or run.truth.drop > task.family.epsilon  # nothing feasible beats the scan
 
 
+@pytest.mark.slow
 def test_search_counts_each_trial_up_to_its_last_stage(task, tmp_path):
     task.calls.clear()
     run = run_strategy(task, "cactus", "search", 0, str(tmp_path))
@@ -148,6 +149,7 @@ def test_target_line_counts_runs_within_40_percent_of_the_grid_tokens():
     assert "| 0.50 |" in row and row.split("|")[-2].strip().startswith("0% (")  # half the grid's tokens, all feasible
 
 
+@pytest.mark.slow
 def test_the_command_prints_a_row_per_strategy_and_the_target_line(capsys):
     from relaxtune.bench.tuning import main
 

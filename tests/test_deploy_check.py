@@ -29,6 +29,7 @@ def sides():
     return b, ours, theirs
 
 
+@pytest.mark.slow
 def test_ens_agrees_with_transformers_assisted_generation(sides):
     _, ours, theirs = sides
     c = compare(ours, theirs)
@@ -39,6 +40,7 @@ def test_ens_agrees_with_transformers_assisted_generation(sides):
     assert ours.lengths == theirs.lengths == [100] * 16  # no EOS on the tiny pair: the budget ends each
 
 
+@pytest.mark.slow
 def test_n_off_by_one_disagrees(sides):
     b, ours, _ = sides
     off = transformers_side(b.drafter, b.verifier, PROMPTS, weight=0.8, n_draft=4, sampling=SP, max_new_tokens=100)
@@ -47,6 +49,7 @@ def test_n_off_by_one_disagrees(sides):
     assert b.drafter.generation_config.num_assistant_tokens != 4  # the assistant's config is restored
 
 
+@pytest.mark.slow
 def test_mirrored_weight_disagrees(sides):
     b, ours, _ = sides
     mirrored = transformers_side(b.drafter, b.verifier, PROMPTS, weight=0.2, n_draft=3, sampling=SP, max_new_tokens=100)

@@ -62,6 +62,7 @@ def check(files, *extra):
     )
 
 
+@pytest.mark.slow
 def test_agree_then_the_control_disagrees(files):
     ok = check(files)
     assert ok.exit_code == 0, ok.output

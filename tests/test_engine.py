@@ -62,6 +62,7 @@ def _ar_joint(model, prompt, v):
 
 
 @pytest.mark.parametrize("method, knob", [("strict", None), ("ar", None), ("sglang_threshold", 1.0)])
+@pytest.mark.slow
 def test_sampled_first_two_tokens_follow_ar(method, knob):
     v = 6
     verifier = tiny_lm(vocab=v, seed=3, scale=3.0)

@@ -95,6 +95,7 @@ def files_of(folder: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(tmp_path, monkeypatch, uri):
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     tuning = settings(tmp_path, uri, "iso", epsilon=0.2)

@@ -41,6 +41,7 @@ def _settings(tmp_path, tiny_pair_dirs, **over) -> dict:
     } | over
 
 
+@pytest.mark.slow
 def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, monkeypatch):
     import optuna
 
@@ -124,6 +125,7 @@ def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness
     assert "tiny_math-v2" in bumped["path"] and bumped["mean_length"] <= 6  # evaluated anew, not v1's cached result
 
 
+@pytest.mark.slow
 def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_dirs, monkeypatch, user_tasks_only):
     import relaxtune.flows.tune
     from relaxtune.flows.tune import tune_new
@@ -170,6 +172,7 @@ def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
     assert set(transfer["parameters"]["tasks"]) <= set(per_task)
 
 
+@pytest.mark.slow
 def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_path, tiny_pair_dirs):
     """Two tiny tasks tuned at the same point (cactus delta = 0.1, N = 2): the diagonal is
     read from the confirmations' records, each other cell from the other task's search

@@ -35,6 +35,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_every_methods_responses_equal_the_base_commits(tmp_path, one_thread):
     _golden().engine_run(tmp_path)
     got, want = (tmp_path / "engine.jsonl").read_text().splitlines(), _expected("engine.jsonl").splitlines()

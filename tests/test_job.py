@@ -17,6 +17,7 @@ from relaxtune.report.export import load_config
 from .tiny_task import write_tiny_task
 
 
+@pytest.mark.slow
 def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)

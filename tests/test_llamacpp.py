@@ -147,6 +147,7 @@ def _ar_joint(model: LlamaModel, prompt: list[int], v: int) -> torch.Tensor:
     return (p1[:, None] * torch.stack(rows)).reshape(-1)
 
 
+@pytest.mark.slow
 def test_strict_is_lossless(files):
     """The first two tokens of strict responses follow the verifier's own joint
     (chi-square, fixed seeds), one sequence at a time and batched with a prompt of

@@ -223,6 +223,7 @@ def test_loading_names_and_refusals():
         load_backend("prompt-lookup", "v", verifier_url="http://v", native_url="http://n")
 
 
+@pytest.mark.slow
 def test_tune_with_prompt_lookup_and_the_new_rules(tmp_path, tiny_pair_dirs):
     """One flag picks the drafter; `tune` takes the new rules, measures lookup's costs and exports them."""
     import yaml

@@ -138,6 +138,7 @@ class Tok:
         return " ".join(map(str, ids))
 
 
+@pytest.mark.slow
 def test_sampled_strict_over_sglang_follows_ar():
     v = 4
     verifier = tiny_lm(vocab=v, seed=5, scale=3.0)

@@ -71,6 +71,7 @@ def _check(results, mlflow_uri: str, storage: str, n: int = 3) -> None:
     assert len(optuna.load_study(study_name="s", storage=storage).trials) == n
 
 
+@pytest.mark.slow
 def test_three_workers_starting_at_once_on_fresh_sqlite_stores(tmp_path):
     mlflow_uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", f"sqlite:///{tmp_path / 'optuna.db'}"
     _check(_start_together(tmp_path, mlflow_uri, storage), mlflow_uri, storage)

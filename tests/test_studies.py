@@ -124,6 +124,7 @@ def test_a_stale_trial_is_retried_once_with_its_parameters_then_replaced(tmp_pat
     assert failures(trials) == 0  # a retried stale trial is not a failure
 
 
+@pytest.mark.slow
 def test_a_stale_retry_is_not_retried_again_and_the_study_still_ends_exactly(tmp_path):
     tuner = make(tmp_path, "live", trials=2, grace_period=2)
     tuner.open_study("cactus")
