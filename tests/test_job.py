@@ -230,6 +230,7 @@ def test_costs_refuses_bad_input_before_a_model_loads(tmp_path, monkeypatch):
         (["-o", "c.json", "--n-drafts", "2,x"], "'x' is not an integer"),
         (["-o", "c.json", "--task", "no_such_task"], "no task 'no_such_task'"),
         (["-o", "c.json", "--drafter", str(tmp_path / "typo")], "typo"),
+        (["-o", "c.json", "--runtime", "llamacpp", "--serving-batch-sizes", "1,100000"], "hold 256 sequences"),
     ]:
         out = CliRunner().invoke(app, ["costs", *extra], env={"COLUMNS": "250"})
         assert out.exit_code == 2 and message in " ".join(out.output.split()), (extra, out.output)

@@ -348,8 +348,14 @@ BAD = [  # (arguments, what the message must name)
     ),
     (
         [*TUNE, "--runtime", "llamacpp", "--batch-size", "4", "--serving-batch-sizes", "1,8"],
-        "--serving-batch-sizes 1,8: llama.cpp's contexts hold 4 sequences (--batch-size 4)",
+        "--serving-batch-sizes 1,8: llama.cpp's contexts hold 4 sequences (--batch-size 4; at most 256)",
     ),
+    (
+        [*TUNE, "--runtime", "llamacpp", "--serving-batch-sizes", "1,100000"],
+        "hold 16 sequences (--batch-size default 16 on llama.cpp; at most 256), so batch size 100000 cannot be "
+        "measured: give sizes up to 16",
+    ),
+    ([*TUNE, "--runtime", "llamacpp", "--batch-size", "300"], "--batch-size 300: llama.cpp's contexts hold at most"),
     ([*TUNE, "--heartbeat", "30", "--grace-period", "10"], "grace_period (10 s) must exceed heartbeat (30 s)"),
     ([*TUNE, "--storage", "postgres://u@h/db"], "--storage: 'postgres://u@h/db': SQLAlchemy"),
     ([*TUNE, "--storage", "sqlite://"], "--storage: 'sqlite://' is an in-memory"),
@@ -432,3 +438,19 @@ def test_bad_input_is_refused_with_exit_code_2_before_any_model_loads(sandbox, a
     for part in (named,) if isinstance(named, str) else named:
         assert part in message, message
     assert _files(sandbox) == before  # no file created: no output folder, spec.json, database or log
+
+
+def test_auto_resolving_to_llamacpp_refuses_sizes_it_cannot_hold_before_loading(tmp_path, monkeypatch):
+    """The embedded pair's auto runtime is llama.cpp where it is installed: a size above its slots was refused
+    only after the models loaded, as a raw validation error."""
+    pytest.importorskip("llama_cpp")
+    from typer.testing import CliRunner
+
+    from relaxtune.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["tune", "--task", "humaneval", "--serving-batch-sizes", "1,100000", "--mlflow-uri", "sqlite:///t.db"]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    flat = " ".join(out.output.split())
+    assert out.exit_code == 2 and "batch size 100000 cannot be measured: give sizes up to 16" in flat
+    assert "loading" not in flat and "validation error" not in flat

@@ -51,6 +51,7 @@ from .naming import gguf_pair_name
 __all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "context_cells", "BATCH_SIZE_LLAMACPP"]
 
 BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequences a context holds (n_seq_max)
 _PROFILE_TOKENS = 64  # the tokens cost_profile's slots hold past its prompt
 
 

@@ -56,8 +56,10 @@ def costs(
         raise typer.BadParameter(f"--output {output}: give a file in an existing folder")
     try:
         sizes = auto_batch_sizes(pair, resolved) if sizes == "auto" else sizes
-        if resolved == "llamacpp":
-            check_slots(pair.model_copy(update={"batch_size": max(sizes)}), sizes)
+        if resolved == "llamacpp":  # its contexts are made with max(sizes) slots, at most llama.cpp's limit
+            from ..backends.llamacpp import MAX_SEQUENCES
+
+            check_slots(pair.model_copy(update={"batch_size": min(max(sizes), MAX_SEQUENCES)}), sizes)
         spec = load_task(task)
         problem = load_problems(spec, 1)[0]
     except (ValueError, FileNotFoundError, KeyError) as err:

@@ -270,7 +270,14 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
     from ..tune.stopping import guarded
     from .checks import check_job
 
-    check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
+    runtime = check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
+    if new_trials and runtime == "llamacpp":  # the sizes llama.cpp's contexts can hold, before they are made
+        from ..tune.serving_sizes import check_slots
+
+        try:
+            check_slots(settings.pair, settings.stats.serving_batch_sizes)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
     log = say(json_output)
     if new_trials and settings.deployable_on:  # the methods the named engines run, the rest refused by name
         try:

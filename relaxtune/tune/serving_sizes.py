@@ -18,14 +18,18 @@ def check_slots(pair: PairSettings, sizes: list[int] | str) -> None:
     Raises:
         ValueError: naming the flags that fix it.
     """
-    from ..backends.llamacpp import BATCH_SIZE_LLAMACPP
+    from ..backends.llamacpp import BATCH_SIZE_LLAMACPP, MAX_SEQUENCES
 
     slots = pair.batch_size or BATCH_SIZE_LLAMACPP
+    if slots > MAX_SEQUENCES:
+        raise ValueError(f"--batch-size {slots}: llama.cpp's contexts hold at most {MAX_SEQUENCES} sequences")
     if sizes != "auto" and max(sizes) > slots:
+        shown = ",".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]},...,{sizes[-1]}"
+        fix = f", or --batch-size {max(sizes)}" if max(sizes) <= MAX_SEQUENCES else ""
         raise ValueError(
-            f"--serving-batch-sizes {','.join(map(str, sizes))}: llama.cpp's contexts hold {slots} sequences "
-            f"(--batch-size {pair.batch_size or f'default {slots}'}), so batch size {max(sizes)} cannot be "
-            f"measured: give sizes up to {slots}, or --batch-size {max(sizes)}"
+            f"--serving-batch-sizes {shown}: llama.cpp's contexts hold {slots} sequences "
+            f"(--batch-size {pair.batch_size or f'default {slots} on llama.cpp'}; at most {MAX_SEQUENCES}), so "
+            f"batch size {max(sizes)} cannot be measured: give sizes up to {slots}{fix}"
         )
 
 
