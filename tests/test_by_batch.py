@@ -155,6 +155,21 @@ def test_a_weighting_prices_the_recommendation_at_its_weighted_mean(at_1):
     assert Prices.of(weighted).objective() == "the weighting 1: 0.5, 32: 0.5 of serving batch sizes"
 
 
+def test_the_summary_of_a_weighting_labels_the_weights_not_a_declared_size(at_1, tmp_path, capsys):
+    """A weighting declares no batch size: its rows say each weight (the table said '1 (declared)')."""
+    result, _, _ = at_1
+    weighted = serving({1: 0.5, 32: 0.5})
+    job = replace(
+        result, profile=weighted, strict_speedups={4: strict_speedup(weighted, result.baselines[4].l_accept, 4)}
+    )
+    _summary(build_config(job), tmp_path / "t.yaml")
+    out = capsys.readouterr().out
+    table = out.split("best confirmed point by serving batch size")[1].split("speculative decoding stops")[0]
+    labels = [line.replace("│", " ").split()[0:3] for line in table.splitlines() if "cactus" in line]
+    assert labels == [["1", "(weight", "0.5)"], ["8", "cactus", "delta=10"], ["32", "(weight", "0.5)"]]
+    assert "declared" not in table
+
+
 def test_prices_read_a_serving_profile_a_single_profile_and_a_fixed_c_rel():
     single = CostProfile(1.0, 0.25, {5: 2.0}, spread={"t_ar": 0.03}, batch_size=4)
     assert Prices.of(single).by_batch == {4: single} and Prices.of(single).declared == 4

@@ -144,13 +144,20 @@ def _by_batch(config) -> None:
     if batches is None or len(batches.best) < 2:
         return
     declared = config.recommendation.batch_size
+    weights = {int(b): w for b, w in ((config.cost_profile or {}).get("weights") or {}).items()}
+
+    def label(b: int) -> str:  # what the recommendation was chosen for: one declared size, or a weighting
+        if len(weights) > 1:
+            return f"{b} (weight {weights[b]:g})" if b in weights else str(b)
+        return f"{b} (declared)" if b == declared else str(b)
+
     rows = []
     for b, best in sorted(batches.best.items()):
         knob = "".join(f" {name}={value:.3g}" for name, value in best.knobs.items())
         plain = best.decoding == "plain"
         rows.append(
             [
-                f"{b} (declared)" if b == declared else str(b),
+                label(b),
                 f"{best.method}{knob} N={best.n_draft}",
                 f"{best.modeled_speedup:.2f}",
                 "[yellow]plain[/yellow] (verifier alone)" if plain else "speculative",
