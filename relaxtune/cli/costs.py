@@ -31,6 +31,7 @@ def costs(
     `relaxtune export --cost-profile FILE` re-prices a finished job with."""
     from pathlib import Path
 
+    from ..backends.costs import JOB_MAX_PASSES, JOB_MIN_PASSES
     from ..backends.load import load_backend
     from ..tasks.spec import build_prompt_ids, load_problems, load_task
     from ..tune.serving_sizes import auto_batch_sizes, check_slots
@@ -72,7 +73,13 @@ def costs(
             raise typer.BadParameter(str(err)) from None
     sizes_shown = ", ".join(map(str, sizes))
     with status(f"measuring forward costs at serving batch sizes {sizes_shown} (interleaved passes)", json_output):
-        profile = backend.cost_profile(build_prompt_ids(backend.tokenizer, spec, problem), drafts, batch_sizes=sizes)
+        profile = backend.cost_profile(
+            build_prompt_ids(backend.tokenizer, spec, problem),
+            drafts,
+            batch_sizes=sizes,
+            min_passes=JOB_MIN_PASSES,  # as a tuning job measures them
+            max_passes=JOB_MAX_PASSES,
+        )
     out.write_text(__import__("json").dumps(profile.to_dict(), indent=2))
     if json_output:
         print_json({"output": str(out), "profile": profile.to_dict()})
