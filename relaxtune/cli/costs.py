@@ -29,6 +29,7 @@ def costs(
     verification of N + 1 tokens; every shape timed interleaved, as a tuning job measures
     them) on this host or through its SGLang servers, and write them as JSON: the file
     `relaxtune export --cost-profile FILE` re-prices a finished job with."""
+    import json
     from pathlib import Path
 
     from ..backends.costs import JOB_MAX_PASSES, JOB_MIN_PASSES
@@ -80,7 +81,7 @@ def costs(
             min_passes=JOB_MIN_PASSES,  # as a tuning job measures them
             max_passes=JOB_MAX_PASSES,
         )
-    out.write_text(__import__("json").dumps(profile.to_dict(), indent=2))
+    out.write_text(json.dumps(profile.to_dict(), indent=2))
     if json_output:
         print_json({"output": str(out), "profile": profile.to_dict()})
         return
