@@ -74,6 +74,7 @@ def _spec_generate_two(method, knob, n, g):
     return out[0], out[1]
 
 
+@pytest.mark.slow
 def test_strict_joint_of_first_two_tokens_is_ar():
     g = torch.Generator().manual_seed(7)
     v, samples = 3, 6000

@@ -97,6 +97,7 @@ def test_two_workers_task_runs_share_a_study(harness, tmp_path, tiny_pair_dirs, 
     assert (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
 
 
+@pytest.mark.slow
 def test_ranges_merge_and_a_bumped_task_version_is_not_served_from_cache(harness, tmp_path, tiny_pair_dirs):
     from relaxtune.flows.tune import evaluate_point
 

@@ -226,6 +226,7 @@ def test_a_piped_evaluation_prints_lines_while_one_batch_decodes(tmp_path, tiny_
     assert decoded == sorted(decoded) and 0 < decoded[-1] <= 180 and decoded[0] < decoded[-1]
 
 
+@pytest.mark.slow
 def test_a_piped_command_prints_its_progress_as_plain_lines(tmp_path, tiny_pair_dirs):
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)
