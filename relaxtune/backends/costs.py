@@ -14,7 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..decoding.serving import ServingProfile
-from ..decoding.speed import COST_MARGIN, MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import (
+    COST_MARGIN,
+    MAX_PASSES,
+    MIN_PASSES,
+    CostProfile,
+    measure_interleaved,
+    noisy_flags,
+)
 
 __all__ = ["CostsError", "job_costs", "measure_profile", "check_batch_sizes", "JOB_MIN_PASSES", "JOB_MAX_PASSES"]
 
@@ -93,15 +100,8 @@ def measure_profile(
     profiles = {}
     for b in sizes:
         mine = {label: spread[(b, label)] for label in shapes}
-        noisy = {k: v for k, v in mine.items() if v > SPREAD_TOLERANCE}
-        flags = (
-            [
-                f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}); other work was running: re-measure on an "
-                "idle machine (--remeasure-costs) or give --c-rel"
-            ]
-            if noisy
-            else []
+        flags = noisy_flags(
+            mine, passes, "; other work was running: re-measure on an idle machine (--remeasure-costs) or give --c-rel"
         )
         t_ar = fastest[(b, "t_ar")]
         profiles[b] = CostProfile(

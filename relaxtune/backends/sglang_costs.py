@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..decoding.serving import ServingProfile
-from ..decoding.speed import MAX_PASSES, MIN_PASSES, SPREAD_TOLERANCE, CostProfile, measure_interleaved
+from ..decoding.speed import MAX_PASSES, MIN_PASSES, CostProfile, measure_interleaved, noisy_flags
 from .http import AsyncHTTP, ServerClient, SGLangError
 
 __all__ = [
@@ -196,15 +196,11 @@ class ServerCosts:
         t_ar = fastest[(b, "t_ar")] / DECODE_TOKENS
         t_draft = fastest[(b, "t_draft")] / DECODE_TOKENS if (b, "t_draft") in fastest else t_ar
         mine = {label: spread[(b, label)] for label in labels}
-        noisy = {k: v for k, v in mine.items() if v > SPREAD_TOLERANCE}
-        flags = (
-            [
-                f"noisy measurement: spread {', '.join(f'{k} {v:.0%}' for k, v in noisy.items())} after {passes} "
-                f"interleaved passes (tolerance {SPREAD_TOLERANCE:.0%}): other requests or other work were running; "
-                "re-measure with the servers and the machine idle, or give --c-rel"
-            ]
-            if noisy
-            else []
+        flags = noisy_flags(
+            mine,
+            passes,
+            ": other requests or other work were running; re-measure with the servers and the machine idle, or give "
+            "--c-rel",
         )
         return CostProfile(
             t_ar=t_ar,

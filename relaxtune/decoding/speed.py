@@ -31,6 +31,7 @@ __all__ = [
     "modeled_speedup",
     "c_rel_of",
     "measure_interleaved",
+    "noisy_flags",
     "SPREAD_TOLERANCE",
     "COST_MARGIN",
     "MIN_PASSES",
@@ -250,6 +251,20 @@ def measure_interleaved(
         if passes >= min_passes and max(spread.values()) <= tolerance:
             break
     return {name: min(t) for name, t in times.items()}, spread, passes
+
+
+def noisy_flags(spread: dict[str, float], passes: int, advice: str) -> list[str]:
+    """The flag a measurement carries when some timing's spread stays above
+    ``SPREAD_TOLERANCE`` after ``passes`` interleaved passes (none when every one is
+    within), ending with ``advice`` (what the reader should do)."""
+    noisy = {k: v for k, v in spread.items() if v > SPREAD_TOLERANCE}
+    if not noisy:
+        return []
+    shown = ", ".join(f"{k} {v:.0%}" for k, v in noisy.items())
+    return [
+        f"noisy measurement: spread {shown} after {passes} interleaved passes (tolerance {SPREAD_TOLERANCE:.0%})"
+        f"{advice}"
+    ]
 
 
 def _spread(times: list[float]) -> float:
