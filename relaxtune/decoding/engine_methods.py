@@ -7,7 +7,7 @@ their docstrings.
 
 from __future__ import annotations
 
-from .fly import FLY_DEFAULT_TOP_K, FLY_RULE, FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly
+from .fly import FLY_DEFAULT_TOP_K, FLY_MAX_DEFAULT_WINDOW, FLY_RULE, FLY_THRESHOLD, FLY_TOP_K, FLY_WINDOW, fly
 from .knobs import Knob
 from .rules import _strict_at
 from .spec import MethodSpec, Needs
@@ -42,6 +42,9 @@ ENGINE_METHODS: dict[str, MethodSpec] = {
                     1,
                     _INF,
                     derived="min(6, N - 1)",
+                    derive=lambda n: min(FLY_MAX_DEFAULT_WINDOW, n - 1),
+                    weaker_up=True,
+                    below_n=True,
                     doc="look-ahead window W: the next W drafts must be natively accepted (< N)",
                 ),
                 Knob(
@@ -65,12 +68,14 @@ ENGINE_METHODS: dict[str, MethodSpec] = {
                 ),
             ),
             from_alpha=lambda a: {FLY_WINDOW: None, FLY_THRESHOLD: a, FLY_TOP_K: FLY_DEFAULT_TOP_K},
+            primary=FLY_THRESHOLD,
             strict_when_any=True,
             round_rule=FLY_RULE,
             engine='vLLM 0.33.0+: --speculative-config rejection_sample_method "fly" (vllm/v1/spec_decode/fly.py); '
             "N >= 2, fly_window_size < N; greedy and sampled requests",
             description="vLLM FLy: flip a native rejection whose top-k entropy >= threshold when the next W drafts "
-            "are natively accepted (alpha = fly_entropy_threshold; W = min(6, N-1), k = 3)",
+            "are natively accepted (alpha = fly_entropy_threshold; W < N and k searched beside it, the grid at "
+            "W = min(6, N-1), k = 3)",
         ),
         MethodSpec(
             "trtllm_relaxed",
@@ -107,13 +112,15 @@ ENGINE_METHODS: dict[str, MethodSpec] = {
                 ),
             ),
             from_alpha=lambda d: {TRT_TOPK: TRT_PRESET_TOPK, TRT_DELTA: d},
+            primary=TRT_DELTA,
             strict_when_any=True,
             round_rule=TRTLLM_RULE,
             engine="TensorRT-LLM 0.20.0+ (by date): MTPDecodingConfig use_relaxed_acceptance_for_thinking, "
             "relaxed_topk, relaxed_delta (mtpKernels.cu mtpRelaxedAcceptanceKernel); MTP heads, greedy-only, "
             "between the thinking tokens",
             description="TensorRT-LLM relaxed MTP acceptance: inside thinking accept a draft among the top-k raw "
-            "probabilities >= top-1 - delta, else strict greedy (alpha = relaxed_delta, relaxed_topk 10)",
+            "probabilities >= top-1 - delta, else strict greedy (alpha = relaxed_delta; relaxed_topk searched beside "
+            "it, the grid at 10)",
         ),
     )
 }

@@ -4,10 +4,12 @@ the paper's letter for the paper's rules), its type, valid range, strict value a
 search scale.
 
 A method declares a tuple of ``Knob`` (``relaxtune.decoding.methods.MethodSpec.knobs``).
-The tuner's single knob, alpha, stays as a *view*: ``MethodSpec.from_alpha`` maps
-one number onto all the named knobs (the others at the engine's defaults, or tied
-to alpha: SGLang's two thresholds), so today's search, records and study names keep
-working while the named mapping (schema v3) is wired in.
+The tuner searches every named knob: the *primary* one (``MethodSpec.primary``) is
+alpha, the study's ``knob`` parameter, which ``MethodSpec.from_alpha`` maps onto
+all the named knobs (the others at the engine's defaults, or tied to alpha:
+SGLang's two thresholds); each *further* knob is a study parameter of its own,
+under its engine name (``relaxtune.tune.search``), and a point's value of it
+overrides the alpha view's (``MethodSpec.point_knobs``).
 
 Pure values: no tensors.
 """
@@ -15,7 +17,7 @@ Pure values: no tensors.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Knob", "KnobValues", "check_knob_values"]
@@ -42,6 +44,12 @@ class Knob:
         doc: one line: meaning and unit.
         derived: when set, None is a valid value meaning "the engine derives it"
             (this line says how, e.g. ``min(6, N - 1)``); the rule resolves it.
+        derive: the engine's derivation from the draft length N (``derived``'s formula),
+            for the tuner, which searches the knob as a number.
+        weaker_up: a larger value relaxes less (FLy's window W, SGLang's thresholds):
+            the tuner's strength runs from the top of the search range.
+        below_n: the value must stay below the draft length N (FLy's W < N): the
+            search range at N ends at N - 1.
     """
 
     name: str
@@ -55,6 +63,9 @@ class Knob:
     default: float | None = None
     doc: str = ""
     derived: str = ""
+    derive: Callable[[int], float] | None = None
+    weaker_up: bool = False
+    below_n: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("float", "int"):
@@ -88,6 +99,27 @@ class Knob:
                 raise ValueError(f"{self.name} of {method!r} is an integer, got {value!r}")
             return int(v)
         return v
+
+
+    def search_at(self, n_draft: int) -> tuple[float, float]:
+        """The tuner's range ``(low, high)`` for this knob at draft length ``n_draft``
+        (``search``, else the valid range; ``below_n`` ends it at N - 1).
+
+        Raises:
+            ValueError: an empty range (e.g. ``below_n`` at N = 1).
+        """
+        low, high = self.search if self.search is not None else (self.low, self.high)
+        if self.below_n:
+            high = min(high, n_draft - 1)
+        if high < low:
+            raise ValueError(f"{self.name} has no value in its range at N={n_draft} (it needs N >= {low + 1:g})")
+        return low, high
+
+    def resolve(self, value: float | None, n_draft: int) -> float | int | None:
+        """``value``, or the engine's derivation at ``n_draft`` for None (``derive``)."""
+        if value is None and self.derive is not None:
+            return self.derive(n_draft)
+        return value
 
 
 def check_knob_values(knobs: tuple[Knob, ...], values: KnobValues, method: str) -> dict[str, float | int]:

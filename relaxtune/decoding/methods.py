@@ -210,7 +210,8 @@ METHODS: dict[str, MethodSpec] = {
                     strict=1.0,
                     search=(0.05, 1.0),
                     default=1.0,
-                    doc="accept outright when p(x) >= this",
+                    weaker_up=True,
+                    doc="accept outright when p(x) >= this (any value >= the acc threshold is the tied rule)",
                 ),
                 Knob(
                     "speculative_accept_threshold_acc",
@@ -220,14 +221,16 @@ METHODS: dict[str, MethodSpec] = {
                     strict=1.0,
                     search=(0.05, 1.0),
                     default=1.0,
+                    weaker_up=True,
                     doc="else accept with probability min(1, p(x) / this)",
                 ),
             ),
             from_alpha=lambda t: {"speculative_accept_threshold_single": t, "speculative_accept_threshold_acc": t},
+            primary="speculative_accept_threshold_acc",
             engine="SGLang 0.5.23 (since 0.4.x): --speculative-accept-threshold-single / -acc, CUDA, non-greedy "
             "rows, server-wide (POST /set_internal_state); sampling.cuh TreeSpeculativeSamplingTargetOnly",
             description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t_single or u < p(x)/t_acc "
-            "(alpha ties both to t; not in the paper)",
+            "(alpha is t_acc, t_single searched beside it, tied to alpha in the paper-style grid; not in the paper)",
         ),
         MethodSpec(
             "typical",

@@ -79,6 +79,9 @@ class MethodSpec:
         refuses_sampling: greedy-only rule: T > 0 is refused (TensorRT-LLM).
         engine: which engine ships the rule, at which version and under which
             switch, or "no engine ships this" (one line).
+        primary: the named knob that alpha is (the study's ``knob`` parameter; default
+            the first); every other named knob is a *further* knob, searched as a
+            parameter of its own (``further_knobs``, ``relaxtune.tune.search``).
     """
 
     id: str
@@ -104,6 +107,7 @@ class MethodSpec:
     round_rule: Any = None
     refuses_sampling: bool = False
     engine: str = ""
+    primary: str | None = None
 
     def __post_init__(self) -> None:
         if not self.knobs and self.knob is not None:  # one-knob method: its knob is alpha itself
@@ -140,6 +144,53 @@ class MethodSpec:
     def knob_names(self) -> tuple[str, ...]:
         """The named knobs' names, in declared order (empty for knob-less methods)."""
         return tuple(k.name for k in self.knobs)
+
+    @property
+    def further_knobs(self) -> tuple[Knob, ...]:
+        """The named knobs searched beside alpha, in declared order (empty for one-knob and
+        knob-less methods)."""
+        if len(self.knobs) <= 1:
+            return ()
+        primary = self.primary or self.knobs[0].name
+        return tuple(k for k in self.knobs if k.name != primary)
+
+    def alpha_view(self, knob: float, n_draft: int) -> dict[str, Any]:
+        """The further knobs' values in the alpha view at draft length ``n_draft``
+        (``from_alpha``, a derived knob resolved: FLy's W = min(6, N - 1)).
+
+        Raises:
+            ValueError: as ``check_knob``.
+        """
+        view = self.named(knob) or {}
+        return {k.name: k.resolve(view[k.name], n_draft) for k in self.further_knobs}
+
+    def extra_of(self, knob: float, values: Mapping[str, Any], n_draft: int) -> tuple[tuple[str, Any], ...]:
+        """A point's further knobs that differ from the alpha view at ``n_draft``, as
+        ``((name, value), ...)`` in declared order: its identity beside alpha and N
+        (a point at the alpha view has none, so its records keep the alpha view's names).
+        Names absent from ``values`` take the alpha view.
+
+        Raises:
+            ValueError: a value outside its knob's range.
+        """
+        view = self.alpha_view(knob, n_draft)
+        out = []
+        for k in self.further_knobs:
+            if values.get(k.name) is not None and (v := k.check(values[k.name], self.id)) != view[k.name]:
+                out.append((k.name, v))
+        return tuple(out)
+
+    def point_knobs(self, knob: float | None, extra: Mapping[str, Any] | tuple = ()) -> dict[str, Any] | None:
+        """Every named knob of a point: the alpha view of ``knob`` with the further knobs
+        of ``extra`` (``extra_of``) in place, validated (None for knob-less methods).
+
+        Raises:
+            ValueError: as ``check_knob``.
+        """
+        named = self.named(knob)
+        if named is None or not extra:
+            return named
+        return check_knob_values(self.knobs, named | dict(extra), self.id)
 
     def named(self, knob: float | KnobValues | None) -> dict[str, Any] | None:
         """The named knob values for the alpha view (a number) or a mapping, validated.

@@ -100,7 +100,7 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     Raises:
         ValueError: as ``relaxtune.engine.sequence.generate``.
     """
-    kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())
+    kw = dict(method=config.method, knob=config.point_knob, n_draft=config.n_draft, sampling=spec.sampling.params())
     req = _first(spec, prompt_ids, seed)
     first = generate(
         backend,
@@ -154,7 +154,7 @@ def generate_responses(
         that failed (see ``relaxtune.engine.batch.generate_batch``).
     """
     queue = deque(_first(spec, list(ids), seed, (key, list(ids), None)) for key, ids, seed in items)
-    kw = dict(method=config.method, knob=config.knob, n_draft=config.n_draft, sampling=spec.sampling.params())
+    kw = dict(method=config.method, knob=config.point_knob, n_draft=config.n_draft, sampling=spec.sampling.params())
     for req, gen in generate_batch(backend, queue, batch_size=batch_size, on_tokens=on_tokens, **kw):
         key, prompt_ids, head = req.key
         if isinstance(gen, Exception):

@@ -79,25 +79,55 @@ def current_records(done: dict[tuple[str, int], SampleRecord]) -> tuple[dict, di
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """A point to evaluate: method, knob (alpha), draft length N, base seed, and the
-    relaxation scope (``relaxtune.tune.records``: "all", or "thinking" only)."""
+    """A point to evaluate: method, knob (alpha), draft length N, base seed, the
+    relaxation scope (``relaxtune.tune.records``: "all", or "thinking" only) and the
+    further named knobs that differ from alpha's view (``extra``: ``((engine name,
+    value), ...)`` in declared order, ``MethodSpec.extra_of``; empty for the paper's
+    one-knob rules and for a point at the alpha view)."""
 
     method: str = "strict"
     knob: float | None = None
     n_draft: int = 4
     seed: int = 0
     scope: Scope = "all"
+    extra: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of_point(cls, method: str, params: dict, seed: int, scope: Scope = "all") -> DecodeConfig:
+        """The point of a study's trial parameters (``knob``, ``n_draft`` and each further
+        knob under its engine name; ``relaxtune.tune.search``), normalised: further knobs
+        at the alpha view's values are left out, so the point keeps that view's records.
+
+        Raises:
+            ValueError: a further knob outside its range.
+        """
+        from ..decoding.methods import get_method
+
+        knob, n = params.get("knob"), params["n_draft"]
+        extra = () if knob is None else get_method(method).extra_of(knob, params, n)
+        return cls(method, knob, n, seed, scope, extra)
+
+    @property
+    def point_knob(self) -> float | dict | None:
+        """What the decoding core takes: alpha, or every named knob when ``extra`` is set."""
+        if not self.extra:
+            return self.knob
+        from ..decoding.methods import get_method
+
+        return get_method(self.method).point_knobs(self.knob, self.extra)
 
     @property
     def knobs(self) -> dict[str, float]:
         """The point's named knobs (``{registry knob name: knob}``, ``{}`` without one)."""
-        return knobs_of(self.method, self.knob)
+        return knobs_of(self.method, self.point_knob)
 
     @property
     def label(self) -> str:
         """File-name-safe label, e.g. ``cactus-1__N4__seed0`` (``__thinking`` after it for
-        that scope: the records of scope "all" keep the file names of v2)."""
+        that scope: the records of scope "all" keep the file names of v2); each further
+        knob follows alpha as ``+<engine name>=<value>``."""
         knob = "" if self.knob is None else f"-{self.knob:g}"
+        knob += "".join(f"+{name}={value:g}" for name, value in self.extra)
         scope = "" if self.scope == "all" else f"__{self.scope}"
         return f"{self.method}{knob}__N{self.n_draft}__seed{self.seed}{scope}"
 
@@ -311,7 +341,7 @@ def evaluate(
         ValueError: bad method/knob for this task's sampling, or a task spec that
             changed under the same version (before any generation).
     """
-    check_decode(config.method, config.knob, config.n_draft, spec.sampling.temperature)
+    check_decode(config.method, config.point_knob, config.n_draft, spec.sampling.temperature)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)

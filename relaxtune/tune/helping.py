@@ -65,7 +65,7 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
             if "n_draft" not in t.params or PRUNED_BY in t.user_attrs:  # not drawn yet; being pruned
                 continue
             problems = tuner.problems[: current_stage(stages_done(t.user_attrs), n, s.stage_size)]
-            config = DecodeConfig(method, t.params.get("knob"), t.params["n_draft"], s.seed)
+            config = DecodeConfig.of_point(method, t.params, s.seed)
             name = records_name(tuner.backend, method)
             records = records_path(Path(s.output_dir), tuner.spec, config, name)
             for r in split(len(problems), s.range_size):

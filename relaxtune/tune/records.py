@@ -61,19 +61,24 @@ class RecordError(ValueError):
     """A record or a point's metrics that does not match its schema (the message says where)."""
 
 
-def knobs_of(method: str, knob: float | None) -> dict[str, float]:
+def knobs_of(method: str, knob: float | Mapping | None) -> dict[str, float]:
     """The named knobs of a point given its one v2 knob value (the alpha view): the
     registry's ``MethodSpec.named`` (SGLang's threshold ``t`` is both of its named
-    thresholds), ``{}`` when ``knob`` is None. A method the registry no longer has, or
+    thresholds), ``{}`` when ``knob`` is None; or given every named knob (a mapping,
+    validated). A derived knob left to the engine (FLy's W at None) is left out. A method the registry no longer has, or
     one with no knob, keeps its value under ``"knob"``."""
     if knob is None:
         return {}
-    from ..decoding.methods import METHODS
+    from ..decoding.methods import ENGINE_METHODS, METHODS
 
-    spec = METHODS.get(method)
+    spec = METHODS.get(method) or ENGINE_METHODS.get(method)
     if spec is None or not spec.knob_names:
         return {"knob": float(knob)}
-    return {name: float(value) for name, value in spec.named(float(knob)).items()}
+    if isinstance(knob, Mapping):  # every named knob of a point (``DecodeConfig.knobs``)
+        named = spec.check_knob(knob)
+    else:
+        named = spec.named(float(knob))
+    return {name: float(value) for name, value in named.items() if value is not None}  # None: the engine derives it
 
 
 def knob_of(knobs: Mapping[str, float]) -> float | None:

@@ -22,6 +22,36 @@ regularities of relaxed speculative decoding steer the search:
    the fastest feasible point;
 3. otherwise whatever the wrapped sampler draws.
 
+Rules with several named knobs (``MethodSpec.further_knobs``: SGLang's single
+threshold beside the acc one, FLy's window W and top-k beside its threshold,
+TensorRT-LLM's top-k beside its delta) search each further knob as a study
+parameter of its own, under its engine name. The primary knob (alpha, the
+parameter ``knob``) keeps driving the model above; a further knob has no
+acceptance model of its own, so it is searched by coordinates around the fastest
+feasible point, with the loss regularity alone:
+
+- steps 1 and 2 run along a *line*: the further knobs held at the fastest feasible
+  point's values (before there is one: at the alpha view, ``MethodSpec.alpha_view``,
+  where the grid lies), and only the trials on that line enter the model, the
+  edges and "tried" (a point off the line is another rule);
+- 2b. coordinates: when the primary knob is resolved, each further knob in turn
+  (declared order) is bisected in ITS strength (its own search range at that N,
+  0 at its weaker end: ``Knob.weaker_up``) between the fastest feasible point's
+  value and the weakest infeasible one known with every other coordinate the
+  same, stronger side only (the weaker side cannot be faster); integer knobs are
+  rounded, and a rounded value tried already is not proposed again;
+- a further knob whose range depends on N (FLy's W < N: ``Knob.below_n``) is
+  clipped into that N's range when a point moves to another N, and a draft length
+  where a further knob has no valid value is not proposed at all.
+
+Why coordinates and not a joint model: the engines' knobs interact (SGLang's
+single threshold only matters below the acc one; FLy's W and k both gate the
+same flip), so a joint acceptance model would be a guess, while "stronger
+relaxation loses no less accuracy" holds along every single knob; the wrapped
+TPE still draws every knob jointly whenever no structured proposal applies.
+For the paper's one-knob rules nothing of this applies: their proposals are
+exactly the single-knob ones.
+
 Trials running on other workers count as tried, so workers draw different
 points. The regularities only choose where to look: every point is judged by its
 own evaluation, and a method where they fail (e.g. ``spec_cont_dec``, slower as
@@ -50,6 +80,7 @@ __all__ = [
     "GAIN",
     "RESOLUTION",
     "PRUNED_BY",
+    "valid_n",
 ]
 
 GAIN = 0.02  # a transfer must predict a speed-up this much (relative) above the point's own N
@@ -107,6 +138,17 @@ def per_token_acceptance(l_accept: float, n_draft: int) -> float:
     return (lo + hi) / 2
 
 
+def valid_n(spec: MethodSpec, n_draft: int) -> bool:
+    """Every further knob of ``spec`` has a value in its range at ``n_draft`` (FLy's W < N
+    needs N >= 2)."""
+    try:
+        for k in spec.further_knobs:
+            k.search_at(n_draft)
+    except ValueError:
+        return False
+    return True
+
+
 def _fits(distribution: BaseDistribution, value) -> bool:
     """``value`` is one the distribution can take (a pinned point's study draws nothing else)."""
     if isinstance(distribution, CategoricalDistribution):
@@ -130,7 +172,9 @@ class RelaxationSampler(BaseSampler):
     def __init__(
         self, method: str, n_drafts: list[int], speed: Callable[[float, int, float], float], fallback: BaseSampler
     ) -> None:
-        self.spec, self.n_drafts, self.speed, self.fallback = get_method(method), sorted(n_drafts), speed, fallback
+        self.spec, self.speed, self.fallback = get_method(method), speed, fallback
+        self.further = self.spec.further_knobs
+        self.n_drafts = [n for n in sorted(n_drafts) if valid_n(self.spec, n)]
         self._proposals: dict[int, dict | None] = {}
 
     # ------------------------------------------------------------------ Optuna
@@ -168,33 +212,42 @@ class RelaxationSampler(BaseSampler):
     def propose(self, trials: list[FrozenTrial]) -> dict | None:
         """The next point given a study's other trials (module doc), or None."""
         knob = self.spec.has_knob
-        tried = [
-            (self._s(t), t.params["n_draft"])
+        counted = [
+            t
             for t in trials
             if "n_draft" in t.params and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         ]
-        done = [
+        done_all = [
             t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("metrics")
         ]
-        good = [t for t in done if feasible(t)]
+        good_all = [t for t in done_all if feasible(t)]
+        best = max(good_all, key=lambda t: t.values[0], default=None)
+        line = self._extra(best) if best is not None else {}  # the further knobs held (module doc)
+        on = lambda t: self._on_line(t, line)  # noqa: E731
+        tried = [(self._s(t), t.params["n_draft"]) for t in counted if on(t)]
+        done = [t for t in done_all if on(t)]
+        good = [t for t in good_all if on(t)]
         bad = [t for t in done if not feasible(t) and t.user_attrs.get(PRUNED_BY) != "speed"]
-        best = max(good, key=lambda t: t.values[0], default=None)
         model = self._model(done)
 
         def new(s: float, n: int) -> bool:
             return not any(n == tn and abs(s - ts) < RESOLUTION / 2 for ts, tn in tried)
 
         def point(s: float, n: int) -> dict:
-            return {"n_draft": n} | ({"knob": knob_at(self.spec, s)} if knob else {})
+            k = knob_at(self.spec, s)
+            return {"n_draft": n} | ({"knob": k} if knob else {}) | self._line_at(line, k, n)
 
         if best is not None:  # 1. transfer the fastest feasible point to the draft length predicted fastest
             s_best, n_best = self._s(best), best.params["n_draft"]
             predicted = {n: self.predicted_speedup(model, s_best, n) for n in self.n_drafts}
             ahead = [n for n in self.n_drafts if predicted[n] > (1.0 + GAIN) * predicted[n_best] and new(s_best, n)]
             if ahead:
-                return {"n_draft": max(ahead, key=predicted.get)} | {
-                    k: v for k, v in best.params.items() if k == "knob"
-                }
+                n = max(ahead, key=predicted.get)
+                return (
+                    {"n_draft": n}
+                    | {k: v for k, v in best.params.items() if k == "knob"}
+                    | self._line_at(line, best.params.get("knob"), n)
+                )
         if not knob:
             return None
         lo = max((self._s(t) for t in good), default=0.0)  # 2. bisect between known-feasible and -infeasible
@@ -212,7 +265,84 @@ class RelaxationSampler(BaseSampler):
                 )
         floor = best.values[0] if best is not None else -math.inf
         options = [o for o in options if o[0] > floor and new(o[2], o[3])]
-        return point(*max(options)[2:]) if options else None
+        if options:
+            return point(*max(options)[2:])
+        return self._coordinate(best, counted, done_all) if best is not None else None
+
+    # ---------------------------------------------------------- further knobs
+
+    def _further(self, trial: FrozenTrial) -> dict:
+        """The trial's further knobs (``MethodSpec.further_knobs``), resolved: a parameter
+        the trial lacks (a grid point, a run from before they were searched) at the alpha view."""
+        if not self.further:
+            return {}
+        view = self.spec.alpha_view(trial.params["knob"], trial.params["n_draft"])
+        return {k.name: trial.params.get(k.name, view[k.name]) for k in self.further}
+
+    def _extra(self, trial: FrozenTrial) -> dict:
+        """The trial's further knobs that differ from its alpha view (``MethodSpec.extra_of``)."""
+        if not self.further:
+            return {}
+        return dict(self.spec.extra_of(trial.params["knob"], trial.params, trial.params["n_draft"]))
+
+    def _on_line(self, trial: FrozenTrial, line: dict) -> bool:
+        """The trial's further knobs are those of ``line`` at its own alpha and N."""
+        if not self.further or "knob" not in trial.params:
+            return True
+        want = self._line_at(line, trial.params["knob"], trial.params["n_draft"])
+        return self._further(trial) == want
+
+    def _line_at(self, line: dict, knob: float | None, n: int) -> dict:
+        """The further knobs' parameters of a point at ``knob`` and ``n`` on ``line`` (a point's
+        ``_extra``): the alpha view at ``knob`` and ``n`` with ``line``'s values in place,
+        clipped into the range at ``n`` (``Knob.search_at``)."""
+        if not self.further or knob is None:
+            return {}
+        view = self.spec.alpha_view(knob, n)
+        out = {}
+        for k in self.further:
+            low, high = k.search_at(n)
+            v = line.get(k.name, view[k.name])
+            out[k.name] = type(v)(min(max(v, low), high))
+        return out
+
+    def _f_strength(self, k, value: float, n: int) -> float:
+        low, high = k.search_at(n)
+        u = 0.0 if high == low else min(max((value - low) / (high - low), 0.0), 1.0)
+        return 1.0 - u if k.weaker_up else u
+
+    def _f_at(self, k, s: float, n: int) -> float:
+        low, high = k.search_at(n)
+        u = 1.0 - s if k.weaker_up else s
+        v = low + min(max(u, 0.0), 1.0) * (high - low)
+        return int(round(v)) if k.kind == "int" else min(max(float(f"{v:.6g}"), low), high)
+
+    def _coordinate(self, best: FrozenTrial, counted: list[FrozenTrial], done: list[FrozenTrial]) -> dict | None:
+        """2b. (module doc): the first further knob with a gap wider than ``RESOLUTION`` on the
+        stronger side of ``best``, its middle; None when every one is resolved."""
+        n, s_best, at = best.params["n_draft"], self._s(best), self._further(best)
+        for k in self.further:
+            others = {name: v for name, v in at.items() if name != k.name}
+
+            def same(t: FrozenTrial) -> bool:
+                if t.params.get("n_draft") != n or "knob" not in t.params:
+                    return False
+                f = self._further(t)
+                return abs(self._s(t) - s_best) < RESOLUTION / 2 and all(f[m] == v for m, v in others.items())
+
+            row = [t for t in counted if same(t)]
+            values = {self._further(t)[k.name] for t in row}
+            lo = self._f_strength(k, at[k.name], n)
+            bad = [t for t in done if same(t) and not feasible(t) and t.user_attrs.get(PRUNED_BY) != "speed"]
+            hi = min((s for t in bad if (s := self._f_strength(k, self._further(t)[k.name], n)) > lo), default=1.0)
+            edges = sorted({lo, hi} | {s for v in values if lo < (s := self._f_strength(k, v, n)) < hi})
+            if len(edges) < 2:
+                continue
+            gap, left = max((b - a, a) for a, b in zip(edges, edges[1:]))
+            value = self._f_at(k, left + gap / 2, n)
+            if gap > RESOLUTION and value not in values:
+                return {"n_draft": n, "knob": best.params["knob"]} | at | {k.name: value}
+        return None
 
     def _s(self, trial: FrozenTrial) -> float:
         return strength(self.spec, trial.params["knob"]) if "knob" in trial.params else 0.0

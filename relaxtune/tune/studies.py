@@ -165,12 +165,16 @@ class Plan:
         budget: failures after which a failed trial is no longer replaced.
         suggest: draws a taken trial's parameters (``trial.suggest_*``); enqueued and
             retried trials keep theirs.
+        optional: parameters a tried point may lack and still be a grid point (a rule's
+            further knobs, which runs from before they were searched did not set: such
+            a trial was at the alpha view, as the grid's point is).
     """
 
     wanted: int
     grid: list[dict]
     budget: int
     suggest: Callable[[optuna.Trial], None] = field(default=lambda trial: None, repr=False)
+    optional: tuple[str, ...] = ()
 
 
 class StorageLock:
@@ -423,7 +427,14 @@ class TrialQueue:
             return None
         missing = plan.wanted - sum(t.state in LIVE for t in trials)
         tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
-        return ([p for p in plan.grid if p not in tried] + [{}] * max(missing, 0))[: max(missing, 0)]
+
+        def done(point: dict) -> bool:  # tried already (a tried point may lack plan.optional's keys)
+            return any(
+                set(t) <= set(point) and all(t[k] == v if k in t else k in plan.optional for k, v in point.items())
+                for t in tried
+            )
+
+        return ([p for p in plan.grid if not done(p)] + [{}] * max(missing, 0))[: max(missing, 0)]
 
     def _stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's stale-trial callback (runs under the lock, in ``fail_stale``)."""

@@ -61,7 +61,7 @@ from .phases import phase
 from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
-from .search import PRUNED_BY, RelaxationSampler, strength
+from .search import PRUNED_BY, RelaxationSampler, strength, valid_n
 from .settings import TuneSettings, make_output_dir, storage_url
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
@@ -205,12 +205,18 @@ class Tuner:
         return {n: (self.strict_speedup(n), b.accuracy) for n, b in sorted(self.baselines.items())}
 
     def evaluate_point(
-        self, method: str, knob: float | None, n_draft: int, on_stage: Callable[[int, dict], None] | None = None
+        self,
+        method: str,
+        knob: float | None,
+        n_draft: int,
+        on_stage: Callable[[int, dict], None] | None = None,
+        extra: tuple = (),
     ) -> tuple[dict, EvalResult]:
-        """Evaluate (method, knob, N) in stages; ``on_stage(problems_done, metrics)``
-        runs after every stage but the last and may raise to stop (pruning)."""
+        """Evaluate (method, knob, N, further knobs ``extra``: ``DecodeConfig.extra``) in
+        stages; ``on_stage(problems_done, metrics)`` runs after every stage but the last
+        and may raise to stop (pruning)."""
         strict = self.baseline(n_draft)
-        config = DecodeConfig(method, knob, n_draft, self.settings.seed)
+        config = DecodeConfig(method, knob, n_draft, self.settings.seed, extra=extra)
         for end in stage_ends(len(self.problems), self.settings.stage_size):
             check_stop()
             result = self._evaluate(config, self.problems[:end])
@@ -253,7 +259,9 @@ class Tuner:
         )
 
     def _suggest(self, method: str) -> Callable:
-        """Draws a taken trial's parameters (enqueued and retried trials keep theirs)."""
+        """Draws a taken trial's parameters (enqueued and retried trials keep theirs): the draft
+        length, alpha as ``knob`` and each further named knob under its engine name
+        (``relaxtune.tune.search``)."""
         spec, pin = get_method(method), self.pinned(method)
 
         def suggest(trial) -> None:
@@ -261,10 +269,16 @@ class Tuner:
                 trial.suggest_categorical("n_draft", [pin["n_draft"]])
                 trial.suggest_float("knob", pin["knob"], pin["knob"])
                 return
-            trial.suggest_categorical("n_draft", self.settings.n_drafts)
+            n = trial.suggest_categorical("n_draft", [n for n in self.settings.n_drafts if valid_n(spec, n)])
             if spec.has_knob:
                 low, high, log = spec.search
                 trial.suggest_float("knob", low, high, log=log)
+            for k in spec.further_knobs:  # each further knob under its engine name, in its range at N
+                low, high = k.search_at(n)
+                if k.kind == "int":
+                    trial.suggest_int(k.name, int(low), int(high))
+                else:
+                    trial.suggest_float(k.name, low, high, log=k.log)
 
         return suggest
 
@@ -313,7 +327,8 @@ class Tuner:
         if self.new_trials:
             grid = [pin] if pin is not None else self.grid_points(method)
             wanted = 1 if pin is not None else self.settings.trials  # one point: one trial
-            plan = Plan(wanted, grid, self.settings.trials, self._suggest(method))
+            optional = tuple(k.name for k in get_method(method).further_knobs)  # runs from before they were searched
+            plan = Plan(wanted, grid, self.settings.trials, self._suggest(method), optional)
         digest = search_digest(self.problems)
         return self.queue.open(
             name,
@@ -327,10 +342,12 @@ class Tuner:
         """The points (``{"knob", "n_draft"}``) a study's queue holds before any sampled
         one: the paper's grid values at the middle draft length, the strongest relaxation
         first (``relaxtune.tune.search.strength``), so the weaker ones that follow a feasible
-        one are slower and pruned by speed after a stage."""
+        one are slower and pruned by speed after a stage. A rule's further knobs are at the
+        alpha view there (``MethodSpec.alpha_view``: SGLang's thresholds tied, FLy's
+        W = min(6, N - 1) and k = 3, TensorRT-LLM's top-k 10)."""
         mid, spec = self.settings.mid_n_draft, get_method(method)
         knobs = sorted(spec.grid, key=lambda k: -strength(spec, k)) if spec.has_knob else [None]
-        return [{"n_draft": mid} | ({"knob": v} if v is not None else {}) for v in knobs]
+        return [{"n_draft": mid} | ({"knob": v} | spec.alpha_view(v, mid) if v is not None else {}) for v in knobs]
 
     def tune(self, methods: list[str], submit: Callable[[Callable], Future] | None = None) -> list[MethodOutcome]:
         """Run (or resume, or join other workers on) the methods' studies until each
@@ -406,7 +423,7 @@ class Tuner:
     def _run_trial(self, method: str, trial) -> TrialReport:
         import optuna
 
-        knob, n = trial.params.get("knob"), trial.params["n_draft"]
+        point = DecodeConfig.of_point(method, trial.params, self.settings.seed)
         last: dict = {}
         bar: list = []  # [speed bar, when looked up]: again after a heartbeat interval
 
@@ -439,7 +456,7 @@ class Tuner:
         with self.queue.heartbeat(trial):  # first: the bar's lookup reads every trial of the study
             bar[:] = self.speed_bar(trial.study), time.monotonic()
             try:
-                metrics, result = self.evaluate_point(method, knob, n, on_stage)
+                metrics, result = self.evaluate_point(method, point.knob, point.n_draft, on_stage, point.extra)
                 if not all(math.isfinite(v) for v in (metrics["speedup"], metrics["accuracy"])):
                     raise ValueError(f"non-finite objective {metrics['speedup']}, {metrics['accuracy']}")
                 state = "COMPLETE"
@@ -502,7 +519,8 @@ class Tuner:
         import optuna
 
         declared = self.profile.declared if isinstance(self.profile, ServingProfile) else 1
-        stored = metrics_attr(metrics, method, trial.params.get("knob"), batch_size=declared) if metrics else metrics
+        knob = DecodeConfig.of_point(method, trial.params, self.settings.seed).point_knob  # every named knob
+        stored = metrics_attr(metrics, method, knob, batch_size=declared) if metrics else metrics
 
         states = optuna.trial.TrialState
         try:
