@@ -100,7 +100,6 @@ class Knob:
             return int(v)
         return v
 
-
     def search_at(self, n_draft: int) -> tuple[float, float]:
         """The tuner's range ``(low, high)`` for this knob at draft length ``n_draft``
         (``search``, else the valid range; ``below_n`` ends it at N - 1).

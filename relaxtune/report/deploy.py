@@ -36,6 +36,7 @@ Engines, versions and constraints (``docs/reference/engine-rules.md``):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..decoding.deployable import ENGINES, RUNS
@@ -249,7 +250,8 @@ def deploy_blocks(
     """The ``deploy:`` blocks of one point.
 
     Args:
-        method: method id; knob: alpha or a mapping of named knobs (None for strict);
+        method: method id; knob: alpha or a mapping of named knobs (None for strict;
+            every searched knob as searched: SGLang's two thresholds each at its value);
         n_draft: draft length N; sampling: the task's ``{temperature, top_p, top_k}``;
         drafter, verifier, dtype, runtime: the measured pair and how it ran.
 
@@ -264,6 +266,8 @@ def deploy_blocks(
         ValueError: an unknown method, or a knob outside the method's range.
     """
     spec = get_method(method)
+    if isinstance(knob, Mapping):  # a record's knobs leave a derived knob out (FLy's W): the engine derives it
+        knob = {k.name: None for k in spec.knobs if k.derived} | dict(knob)
     named = spec.named(knob) if spec.has_knob else None
     if spec.is_strict(named if named is not None else knob):
         method, named = "strict", None

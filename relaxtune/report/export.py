@@ -33,6 +33,7 @@ import yaml
 from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
+from ..tune.evaluation import DecodeConfig
 from ..tune.judge import feasible as within_budget
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
@@ -168,7 +169,8 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
             note=note,
             **base,
         )
-    knobs = knobs_of(o.method, done.knob)
+    point = DecodeConfig(o.method, done.knob, done.n_draft, done.seed, extra=getattr(done, "extra", ()))
+    knobs = knobs_of(o.method, point.point_knob)  # every named knob, as searched
     m = load_metrics(done.metrics, knobs, where=f"{o.method}'s confirmation")
     return MethodResult(
         feasible=True,
@@ -195,7 +197,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
         **base,
         deploy=deploy_blocks(
             o.method,
-            done.knob,
+            point.point_knob,
             done.n_draft,
             sampling,
             settings.drafter,
@@ -254,7 +256,14 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         plain_blocks(s.verifier, sampling, s.dtype, runtime)
         if rec["decoding"] == "plain"
         else deploy_blocks(
-            rec["method"], rec["knob"], rec["n_draft"], sampling, s.drafter, s.verifier, s.dtype, runtime
+            rec["method"],
+            rec.get("knobs") or rec["knob"],
+            rec["n_draft"],
+            sampling,
+            s.drafter,
+            s.verifier,
+            s.dtype,
+            runtime,
         )
     )
     if rec["decoding"] == "plain":

@@ -134,6 +134,12 @@ class Attempt:
     passed: bool
     strict: EvalResult | None = field(default=None, repr=False)
     relaxed: EvalResult | None = field(default=None, repr=False)
+    extra: tuple = ()  # further named knobs (``DecodeConfig.extra``)
+
+    @property
+    def point(self) -> DecodeConfig:
+        """The confirmed point (method-less: ``DecodeConfig.method`` is left at strict)."""
+        return DecodeConfig(knob=self.knob, n_draft=self.n_draft, seed=self.seed, extra=self.extra)
 
     def summary(self) -> dict:
         """The numbers the export and MLflow show."""
@@ -142,6 +148,7 @@ class Attempt:
             "attempt": self.attempt,
             "trial": self.trial,
             "knob": self.knob,
+            **({"extra_knobs": dict(self.extra)} if self.extra else {}),
             "n_draft": self.n_draft,
             "seed": self.seed,
             "confidence": self.confidence,
@@ -193,13 +200,15 @@ def fresh_point(
     output_dir: str,
     evaluate_fn: Callable | None = None,
     progress: bool = False,
+    extra: tuple = (),
 ) -> tuple[dict, EvalResult, EvalResult]:
     """Run a point and strict at the same draft length on ``problems`` with base
     ``seed`` (e.g. ``confirmation_seed(job seed, attempt)``) and judge the pair, for
     any task: a confirmation, or a point tuned on one task evaluated on another.
 
     Args:
-        spec, backend: the task and the model pair; method, knob, n_draft: the point.
+        spec, backend: the task and the model pair; method, knob, n_draft, extra (further
+            named knobs, ``DecodeConfig.extra``): the point.
         profile: costs (``ServingProfile``, ``CostProfile`` or c_rel) for the modeled speed-up.
         confidence: one-sided confidence of the drop bound in the metrics.
         evaluate_fn: evaluation override with ``relaxtune.tune.evaluation.evaluate``'s signature.
@@ -209,7 +218,7 @@ def fresh_point(
         ``drop_ucb``, ``bound_method``, counts) and the two evaluations.
     """
     fn = evaluate_fn or evaluate
-    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed)
+    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed, extra=extra)
     strict, relaxed = (
         fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs
     )
@@ -253,8 +262,10 @@ def confirm(
             continue
         out[method] = result = Confirmation(method, planned, level)
         for k, trial in enumerate(trials, 1):
-            knob, n_draft, seed = trial.params.get("knob"), trial.params["n_draft"], confirmation_seed(s.seed, k)
-            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems):
+            seed = confirmation_seed(s.seed, k)
+            point = DecodeConfig.of_point(method, trial.params, seed)  # every named knob of the trial
+            knob, n_draft, extra = point.knob, point.n_draft, point.extra
+            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems, extra):
                 result.missing = (
                     f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
                     "generates; run `relaxtune tune` to confirm"
@@ -274,11 +285,12 @@ def confirm(
                 output_dir=s.output_dir,
                 evaluate_fn=tuner.evaluate_ranges,
                 progress=tuner.progress,
+                extra=extra,
             )
             passed = all(v <= 0 for v in constraint_values(m, judge).values())
             search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
             result.attempts.append(
-                Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed, strict, relaxed)
+                Attempt(k, trial.number, knob, n_draft, seed, level, search_ucb, m, passed, strict, relaxed, extra)
             )
             log(
                 f"confirmation {k}/{len(trials)} of {method} (trial {trial.number}, N={n_draft}) on {m['problems']} "
@@ -290,7 +302,9 @@ def confirm(
     return out
 
 
-def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem]) -> bool:
+def _recorded(
+    tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem], extra: tuple = ()
+) -> bool:
     """Both evaluations of a confirmation are finished on disk (an export reads, never generates)."""
     from ..engine.sequence import native_server
 
@@ -300,6 +314,6 @@ def _recorded(tuner, method: str, knob: float | None, n_draft: int, seed: int, p
         records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
         for config, name in (
             (DecodeConfig("strict", None, n_draft, seed), pair),
-            (DecodeConfig(method, knob, n_draft, seed), pair + native),
+            (DecodeConfig(method, knob, n_draft, seed, extra=extra), pair + native),
         )
     )

@@ -320,7 +320,7 @@ class RelaxationSampler(BaseSampler):
     def _coordinate(self, best: FrozenTrial, counted: list[FrozenTrial], done: list[FrozenTrial]) -> dict | None:
         """2b. (module doc): the first further knob with a gap wider than ``RESOLUTION`` on the
         stronger side of ``best``, its middle; None when every one is resolved."""
-        n, s_best, at = best.params["n_draft"], self._s(best), self._further(best)
+        n, at = best.params["n_draft"], self._further(best)
         for k in self.further:
             others = {name: v for name, v in at.items() if name != k.name}
 
@@ -328,7 +328,7 @@ class RelaxationSampler(BaseSampler):
                 if t.params.get("n_draft") != n or "knob" not in t.params:
                     return False
                 f = self._further(t)
-                return abs(self._s(t) - s_best) < RESOLUTION / 2 and all(f[m] == v for m, v in others.items())
+                return t.params["knob"] == best.params["knob"] and all(f[m] == v for m, v in others.items())
 
             row = [t for t in counted if same(t)]
             values = {self._further(t)[k.name] for t in row}
