@@ -154,13 +154,18 @@ def test_fly_window_stays_below_the_draft_length_and_varies(tmp_path):
                 rec["stats"] = dict(rec["stats"], accepted=round(config.n_draft * (0.3 + 0.1 / w) * 10))
             return rec
 
-    settings = _settings(tmp_path, "fly", n_drafts=[1, 2, 4], mid_n_draft=4, trials=14, temperature=None)
+    settings = _settings(tmp_path, "fly", n_drafts=[1, 4, 6], trials=14)
     tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Fly(cliff=100.0), progress=False)
     trials = tuner.tune_method("fly").study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert all(t.params["n_draft"] >= 2 and t.params["fly_window_size"] < t.params["n_draft"] for t in done)
     assert len({t.params["fly_window_size"] for t in done}) >= 2
-    assert trials[0].params == {"n_draft": 4, "knob": 0.9, "fly_window_size": 3, "fly_entropy_top_k": 3}
+    assert trials[0].params == {
+        "n_draft": 4,
+        "knob": 0.3,
+        "fly_window_size": 3,
+        "fly_entropy_top_k": 3,
+    }  # the grid: alpha view
     assert knobs_of("fly", {"fly_window_size": None, "fly_entropy_threshold": 0.5, "fly_entropy_top_k": 3}) == {
         "fly_entropy_threshold": 0.5,
         "fly_entropy_top_k": 3.0,
