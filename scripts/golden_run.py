@@ -70,7 +70,9 @@ SCHEMA_V3 = (
     "decoding",
     "runtime",
     "weights",
-)  # the last four: each point's deployment (relaxtune.report.deploy)
+    "fastest_speculative",
+)  # deploy..weights: each point's deployment (relaxtune.report.deploy); fastest_speculative: the point a plain
+# recommendation (issue 34: serve the verifier alone when nothing pays) keeps beside it, null when a point pays
 WORK = Path("/tmp/relaxtune-golden-work")  # a fixed folder: study names hold the models' paths
 
 

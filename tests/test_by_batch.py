@@ -130,12 +130,20 @@ def test_the_recommendation_follows_the_declared_batch_size(at_1, at_32):
     assert at_1[1].c_rel == 0.1 and at_1[1].cost_profile["weights"] == {"1": 1.0}
 
     rec = at_32[1].recommendation  # at 32 nothing pays: plain decoding, the reason names the batch size
-    assert (rec.batch_size, rec.decoding, rec.method, rec.n_draft) == (32, "plain", "cactus", 4)
-    assert rec.modeled_speedup == pytest.approx(CACTUS[32], rel=1e-12)
-    assert rec.reason.startswith(
+    assert (rec.batch_size, rec.decoding, rec.method, rec.n_draft, rec.modeled_speedup) == (
+        32,
+        "plain",
+        "plain",
+        None,
+        1,
+    )
+    fast = rec.fastest_speculative  # the point plain decoding beats, for information
+    assert (fast.method, fast.knob, fast.n_draft) == ("cactus", 10.0, 4)
+    assert fast.modeled_speedup == pytest.approx(CACTUS[32], rel=1e-12)
+    assert fast.reason.startswith("fastest confirmed point")
+    assert rec.reason == (
         "serve the verifier alone (plain decoding): no speculative point pays on the measured costs at serving "
-        "batch size 32 (strict's best models 0.33x, every confirmed relaxed point below 1x too); for reference, "
-        "fastest confirmed point"
+        "batch size 32 (strict's best models 0.33x, every confirmed relaxed point below 1x too)"
     )
     assert {b["decoding"] for b in rec.deploy.values()} == {"plain"}
     assert at_32[1].cost_profile["weights"] == {"32": 1.0}
@@ -390,8 +398,8 @@ def test_an_export_reprices_the_confirmed_points_with_the_serving_hosts_costs(tm
     old = write(tmp_path / "cost_profile.json", CostProfile(1.0, 0.1, {5: 5.0}).to_dict())  # a profile from before
     config, _ = run(s.model_copy(update={"export": str(tmp_path / "old.yaml")}), new_trials=False, cost_profile=old)
     assert list(config.by_batch_size.best) == [1] and config.by_batch_size.stops_paying_at == 1
-    assert config.recommendation.decoding == "plain" and config.recommendation.batch_size == 1
-    assert config.recommendation.modeled_speedup == pytest.approx(CACTUS[32], rel=1e-12)
+    assert config.recommendation.method == "plain" and config.recommendation.batch_size == 1
+    assert config.recommendation.fastest_speculative.modeled_speedup == pytest.approx(CACTUS[32], rel=1e-12)
 
 
 def test_bad_cost_profile_files_are_refused_with_exit_2(tmp_path):

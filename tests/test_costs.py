@@ -271,12 +271,13 @@ def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summa
     assert run.data.tags["relaxtune.cost_flags"] == f"batch 1: {noisy.flags[0]}"
     assert run.data.metrics["cost_spread_max"] == 0.4
     # c_rel 1: strict at N = 4 models (l + 1) / 5 < 1, slower than plain decoding: called out
-    assert config.recommendation.method == "strict" and config.recommendation.modeled_speedup < 1
+    fast = config.recommendation.fastest_speculative
+    assert config.recommendation.method == "plain" and fast.method == "strict" and fast.modeled_speedup < 1
     lines = cautions(config)
     assert lines[0] == f"cost profile: batch 1: {noisy.flags[0]}" and "slower than plain decoding" in lines[1]
     # the point is named as the fastest, never as what to deploy: the recommendation is plain decoding
     assert config.recommendation.decoding == "plain" and lines[1].startswith(
-        f"the fastest speculative point (strict at N={config.recommendation.n_draft}) models "
+        f"the fastest speculative point (strict at N={fast.n_draft}) models "
     )
     assert "the recommendation is plain decoding (serve the verifier alone)" in lines[1]
     assert "remeasure_costs" not in yaml.safe_load((Path(settings.output_dir) / "tiny_math.job.yaml").read_text())

@@ -88,3 +88,26 @@ def test_methods_transformers_does_not_run_are_refused(files):
     assert out.exit_code == 2 and "no confirmed point of ens in the config: give --knob alpha=VALUE" in out.output
     out = runner.invoke(app, ["deploy-check", path, "--method", "ens", "--knob", "alpha"])
     assert out.exit_code == 2 and "--knob takes NAME=VALUE" in out.output
+
+
+def test_a_plain_recommendation_is_refused_by_name_and_its_fastest_point_checked_on_request(tmp_path):
+    from relaxtune.cli.deploy_check import resolve_point
+
+    _, config = tune(tmp_path, 0.9, cliff=-1.0, drop=0.25, strict_accept=0.05)  # nothing pays: plain decoding
+    path = str(save_config(config, tmp_path / "plain.tuned.yaml"))
+    out = runner.invoke(app, ["deploy-check", path])
+    assert out.exit_code == 2
+    assert " ".join(out.output.split()) == (
+        "refused: the recommendation is plain decoding (serve the verifier alone): no speculative rule to check; "
+        "give --method to check a point anyway (the fastest speculative (strict N=4): --method strict)"
+    )
+    assert resolve_point(config, "strict", None, None) == ("strict", 0.0, 4)  # the fastest speculative point's N
+    assert resolve_point(config, "ens", {"alpha": 0.2}, None) == ("ens", 0.2, 4)
+    with pytest.raises(ValueError, match="no confirmed point of ens in the config"):
+        resolve_point(config, "ens", None, None)
+
+
+def test_only_the_transformers_runtime_is_checked(files):
+    path, task = files
+    out = runner.invoke(app, ["deploy-check", path, "--task", task, "--runtime", "llamacpp"])
+    assert out.exit_code == 2 and "refused: --runtime llamacpp: transformers runs its own weights" in out.output

@@ -167,11 +167,17 @@ def test_the_sample_configs_words_come_from_the_product():
     )
     assert c.sample["line"] == p.line() and c.sample["needed"] == p.needed
     # a real run where no speculative point pays: plain decoding of the verifier, every engine's block saying so
-    assert c.recommendation.decoding == "plain" and c.recommendation.serving["decoding"] == "plain"
-    inner = c.recommendation.reason.split("; for reference, ", 1)[1]
+    rec, fast = c.recommendation, c.recommendation.fastest_speculative
+    assert (rec.method, rec.decoding, rec.n_draft, rec.modeled_speedup) == ("plain", "plain", None, 1.0)
+    assert rec.serving["decoding"] == "plain" and (fast.method, fast.n_draft) == ("strict", 4)
+    assert (c.runtime, c.dtype, c.weights["verifier"]["format"]) == ("llamacpp", None, "GGUF Q4_K_M")
     strict = {int(n): v for n, v in c.strict_by_n_draft.items()}
-    reason = plain_if_nothing_pays({"reason": inner, "modeled_speedup": 0.0}, strict, c.methods)["reason"]
-    assert c.recommendation.reason == reason  # the product's words for this outcome (none confirmed)
+    point = fast.model_dump(include={"method", "knob", "n_draft", "modeled_speedup", "speed_margin", "reason"})
+    words = plain_if_nothing_pays(point, strict, c.methods)
+    assert (rec.reason, words["fastest_speculative"]) == (
+        words["reason"],
+        point,
+    )  # the product's words (none confirmed)
     assert {b["decoding"] for b in c.recommendation.deploy.values()} == {"plain"}
     sglang = c.recommendation.deploy["sglang"]
     assert c.recommendation.serving["sglang_launch_args"] == ["--model-path", sglang["launch_args"][1]]

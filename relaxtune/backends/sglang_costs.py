@@ -32,6 +32,7 @@ SGLang, behind one request per response, with no step or verify pass to time apa
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -47,6 +48,7 @@ __all__ = [
     "request_shapes",
     "concurrent_job",
     "server_batch_sizes",
+    "served_dtype",
 ]
 
 DECODE_TOKENS = 32  # new tokens per decode request: a decode step is its wall / DECODE_TOKENS
@@ -69,6 +71,24 @@ def server_batch_sizes(url: str, timeout: float = 10.0) -> tuple[int, ...]:
     except (httpx.HTTPError, ValueError):
         device = "cuda"
     return default_batch_sizes(device)
+
+
+@functools.lru_cache(maxsize=8)  # a server's dtype is fixed at launch: one request per export
+def served_dtype(url: str, timeout: float = 10.0) -> str:
+    """The dtype an SGLang server runs its model at, from its ``GET /server_info`` (its
+    ``--dtype`` launch flag): the flag's value (``bfloat16``, ``float16`` ...), ``"auto (the
+    checkpoint's own)"`` for SGLang's default, or ``"as served"`` when the server does not
+    answer or does not say."""
+    import httpx
+
+    try:
+        info = httpx.get(f"{url.rstrip('/')}/server_info", timeout=timeout).json()
+    except (httpx.HTTPError, ValueError):
+        return "as served"
+    dtype = info.get("dtype") if isinstance(info, dict) else None
+    if not isinstance(dtype, str) or not dtype:
+        return "as served"
+    return "auto (the checkpoint's own)" if dtype == "auto" else dtype
 
 
 def stream_prefixes(prompt_ids: Sequence[int], batch_size: int, vocab_size: int) -> list[list[int]]:

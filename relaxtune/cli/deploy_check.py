@@ -33,17 +33,30 @@ def parse_knobs(items: list[str]) -> dict[str, float] | None:
 
 def resolve_point(config, method: str | None, knobs: dict | None, n_draft: int | None) -> tuple[str, float, int]:
     """The point to check: ``(method, alpha, N)``, from the options, else the
-    method's confirmed point, else the recommendation (plain decoding: strict at its N).
+    method's confirmed point, else the recommendation; a plain recommendation (serve the
+    verifier alone) is checked only when ``method`` is given: its fastest speculative point
+    (``fastest_speculative``) supplies N and the knob where it is that method's.
 
     Raises:
-        ValueError: a method that transformers' assisted generation does not run
-            (naming the engines that do), greedy sampling for ``ens``, a point
-            without a knob or draft length, or a knob out of range.
+        ValueError: a plain recommendation without ``method`` (naming the fastest speculative
+            point), a method that transformers' assisted generation does not run (naming the
+            engines that do), greedy sampling for ``ens``, a point without a knob or draft
+            length, or a knob out of range.
     """
     from ..decoding.methods import get_method
     from ..report.deploy import engines_running
+    from ..tune.recommend import PLAIN
 
     rec = config.recommendation
+    point = rec.fastest_speculative if rec.method == PLAIN else rec  # plain: nothing speculative is deployed
+    if method is None and rec.method == PLAIN:
+        fast = f" ({point.method} N={point.n_draft})" if point is not None else ""
+        raise ValueError(
+            "the recommendation is plain decoding (serve the verifier alone): no speculative rule to check; "
+            f"give --method to check a point anyway (the fastest speculative{fast}: --method {point.method})"
+            if point is not None
+            else "the recommendation is plain decoding (serve the verifier alone): no speculative rule to check"
+        )
     method = method or rec.method
     spec = get_method(method)
     if "transformers" not in engines_running(spec.id):
@@ -53,7 +66,10 @@ def resolve_point(config, method: str | None, knobs: dict | None, n_draft: int |
             f"{spec.id} runs on {where}"
         )
     result = config.methods.get(spec.id)
-    n = n_draft or (result.n_draft if result is not None and result.n_draft else None) or rec.n_draft
+    n = n_draft or (result.n_draft if result is not None and result.n_draft else None)
+    n = n or (point.n_draft if point is not None else None) or min(config.strict_by_n_draft, default=None)
+    if n is None:
+        raise ValueError("no draft length in the config: give --n-draft")
     if spec.id == "strict":
         return "strict", 0.0, int(n)
     if not config.sampling.get("temperature"):
@@ -65,8 +81,8 @@ def resolve_point(config, method: str | None, knobs: dict | None, n_draft: int |
         alpha = spec.named(knobs)["alpha"]
     elif result is not None and result.knob is not None:
         alpha = result.knob
-    elif rec.method == spec.id and rec.knob is not None:
-        alpha = rec.knob
+    elif point is not None and point.method == spec.id and point.knob is not None:
+        alpha = point.knob
     else:
         raise ValueError(f"no confirmed point of {spec.id} in the config: give --knob alpha=VALUE")
     return spec.id, float(spec.check_knob(alpha)), int(n)
@@ -86,6 +102,12 @@ def deploy_check(
     control: str = typer.Option("none", help="negative control: none, mirrored (w -> 1 - w) or n+1"),
     seed: int = typer.Option(0, help="first seed"),
     device: str = typer.Option("auto", help="cpu, cuda or auto"),
+    runtime: str = typer.Option(
+        "hf", help="relaxtune's side: hf (transformers weights, the ones transformers' side runs; the only one)"
+    ),
+    dtype: str | None = typer.Option(
+        None, help="both sides' dtype (default: the config's; a llama.cpp config's GGUF dequantised to bfloat16)"
+    ),
 ) -> None:
     """Run a tuned point through transformers' own assisted generation
     (``generate(assistant_model=..., assistant_ensemble_weight=1 - alpha)``) and through
@@ -105,14 +127,21 @@ def deploy_check(
     out = say()
     if control not in CONTROLS:
         raise typer.BadParameter(f"--control takes {', '.join(CONTROLS)}, got {control!r}")
+    if runtime != "hf":
+        out(
+            f"refused: --runtime {runtime}: transformers runs its own weights, so relaxtune's side runs the same "
+            "converted weights on transformers (--runtime hf)"
+        )
+        raise typer.Exit(2)
     config = load_config(config_path)
+    dtype = dtype or config.dtype or "bfloat16"
     try:
         m, a, n = resolve_point(config, method, parse_knobs(knob), n_draft)
     except ValueError as err:
         out(f"refused: {err}")
         raise typer.Exit(2)
     spec = load_task(task or config.task)
-    backend = load_pair(config.drafter, config.verifier, dtype=config.dtype, device=device)
+    backend = load_pair(config.drafter, config.verifier, dtype=dtype, device=device)
     chosen = load_problems(spec, problems)
     prompts = [build_prompt_ids(backend.tokenizer, spec, p) for p in chosen for _ in range(samples)]
     s = config.sampling
@@ -122,7 +151,7 @@ def deploy_check(
     their_w = (1.0 - w if w is not None else None) if control == "mirrored" else w
     their_n = n + 1 if control == "n+1" else n
     out(
-        f"deploy-check {m} alpha={a:g} N={n} on {config.drafter} -> {config.verifier} ({config.dtype}), "
+        f"deploy-check {m} alpha={a:g} N={n} on {config.drafter} -> {config.verifier} ({dtype}, --runtime hf), "
         f"{len(prompts)} responses per side, max {budget} tokens; transformers: assistant_ensemble_weight="
         f"{their_w}, N={their_n}" + (f" (negative control: {control})" if control != "none" else "")
     )

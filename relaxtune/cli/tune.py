@@ -13,10 +13,12 @@ from .tables import Col, print_json, show
 def _summary(config, path) -> None:
     """The config as a table fitted to the console (a method without a confirmed
     point shows the last point that failed confirmation, or the closest), why a
-    method exports no point, what the sample can certify, the recommendation, what
-    a reader must not miss (``relaxtune.report.export.cautions``) and where to read more."""
+    method exports no point, what the sample can certify, the recommendation (plain
+    decoding: with the fastest speculative point beside it), what a reader must not miss
+    (``relaxtune.report.export.cautions``) and where to read more."""
     from ..report.export import cautions
     from ..report.tracking import run_url
+    from ..tune.recommend import PLAIN
 
     conf = config.confirmation
 
@@ -112,12 +114,15 @@ def _summary(config, path) -> None:
     rec = config.recommendation
     knobs = rec.knobs or ({} if rec.knob is None else {"alpha": rec.knob})  # the method's own knob names
     knob = "".join(f" {name}={value:.3g}" for name, value in knobs.items())
-    head = (
-        "" if rec.decoding == "plain" else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
-    )
-    console.print(
-        f"[bold]recommendation[/bold]: {head}{rec.reason}"
-    )  # plain: the reason says "serve the verifier alone"
+    plain = rec.method == PLAIN  # the reason says "serve the verifier alone"
+    head = "" if plain else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
+    console.print(f"[bold]recommendation[/bold]: {head}{escape(rec.reason)}")
+    if plain and (fast := rec.fastest_speculative) is not None:
+        knobs = "".join(f" {name}={value:.3g}" for name, value in fast.knobs.items())
+        console.print(
+            f"fastest speculative point (for information): {fast.method}{knobs} N={fast.n_draft}, modeled "
+            f"{fast.modeled_speedup:.2f}x: {escape(fast.reason)}"
+        )
     for line in cautions(config):
         console.print(f"[bold yellow]warning[/bold yellow]: {escape(line)}", soft_wrap=True)
     console.print(f"tuned config: {path}", soft_wrap=True, markup=False)

@@ -124,6 +124,7 @@ def tune_task(
     from prefect.runtime import flow_run
 
     from relaxtune.job import run_tune_job
+    from relaxtune.report.decision import decide
     from relaxtune.report.export import cautions
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
@@ -151,10 +152,7 @@ def tune_task(
         )
     finally:
         unregister(key)
-    logger.info(
-        f"tuned config written to {path}: recommend {config.recommendation.method} "
-        f"(alpha {config.recommendation.knob}, N {config.recommendation.n_draft})"
-    )
+    logger.info(f"tuned config written to {path}: recommend {decide(config).label}")
     for line in cautions(config):
         logger.warning(line)
     return config.model_dump(mode="json")

@@ -8,14 +8,17 @@ builds, saves and loads it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from ..tune.recommend import PLAIN
 from ..tune.records import RECORDS_SCHEMA, knobs_of
 
 __all__ = [
     "SCHEMA_VERSION",
     "MethodResult",
     "Recommendation",
+    "FastestSpeculative",
+    "PLAIN",
     "BatchBest",
     "ByBatchSize",
     "TransferCell",
@@ -74,22 +77,55 @@ class MethodResult(_Model):
     deploy: dict | str | None = None  # engine -> block in its own syntax, or one line (relaxtune.report.deploy)
 
 
+class FastestSpeculative(_Model):
+    """The fastest speculative point of a job whose recommendation is plain decoding, for
+    information only (it models a speed-up below 1 on the measured costs): strict at its
+    fastest N, or a confirmed relaxed point, with the reason it was the fastest."""
+
+    method: str
+    knob: float | None = None
+    knobs: dict[str, float] = {}
+    scope: str = "all"
+    n_draft: int
+    modeled_speedup: float  # below 1: slower than plain decoding
+    speed_margin: dict | None = None
+    reason: str
+
+
 class Recommendation(_Model):
-    """What to deploy for this task."""
+    """What to deploy for this task: a speculative point (``method`` strict or a relaxed
+    method, its knobs and draft length N), or ``method`` ``plain`` (``PLAIN``): plain
+    decoding of the verifier, no N and no knobs, modeled at 1x over AR by definition,
+    with the fastest speculative point beside it (``fastest_speculative``), when no
+    speculative point pays on the measured costs (``relaxtune.tune.recommend``).
+    ``decoding`` says the same in one word ("plain" exactly when ``method`` is plain)."""
 
     method: str
     knob: float | None
-    knobs: dict[str, float] = {}  # v3: every named knob ({} for strict)
+    knobs: dict[str, float] = {}  # v3: every named knob ({} for strict and plain)
     scope: str = "all"  # v3
-    n_draft: int
+    n_draft: int | None  # None for plain decoding
     batch_size: int = 1  # v3: the serving batch size the speed-up is modeled at
-    modeled_speedup: float
+    modeled_speedup: float  # 1.0 for plain decoding
     reason: str
     serving: dict
     strict_modeled_speedup: float | None = None  # strict's best, over every evaluated N
     speed_margin: dict | None = None  # {difference, margin, confidence, how}: relaxed only when difference > margin
     decoding: str = "speculative"  # "plain": no speculative point pays; serve the verifier alone
+    fastest_speculative: FastestSpeculative | None = None  # plain decoding only: the point it beats
     deploy: dict | str | None = None  # engine -> block (relaxtune.report.deploy)
+
+    @model_validator(mode="after")
+    def _plain_is_plain(self) -> Recommendation:
+        """Plain decoding carries no speculative point of its own, and says so in ``decoding``."""
+        plain = self.method == PLAIN
+        if plain != (self.decoding == PLAIN):
+            raise ValueError(f"recommendation: method {self.method!r} with decoding {self.decoding!r}")
+        if plain and (self.n_draft is not None or self.knob is not None or self.knobs):
+            raise ValueError("recommendation: plain decoding has no draft length and no knobs")
+        if not plain and (self.n_draft is None or self.fastest_speculative is not None):
+            raise ValueError(f"recommendation: {self.method} needs a draft length and no fastest_speculative")
+        return self
 
 
 class BatchBest(_Model):
@@ -175,8 +211,8 @@ class TunedConfig(_Model):
     grader: dict
     drafter: str
     verifier: str
-    dtype: str
-    runtime: str | None = None  # what ran the models (hf, llamacpp)
+    dtype: str | None  # what the models ran at (transformers, SGLang); None on llama.cpp (``weights`` has the format)
+    runtime: str | None = None  # what ran the models (hf, llamacpp, sglang)
     weights: dict | None = None  # drafter/verifier: the exact weights measured (relaxtune.report.deploy.weights)
     sampling: dict
     seed: int
@@ -209,14 +245,16 @@ class TunedConfig(_Model):
 def upgrade_config(data: dict) -> dict:
     """A tuned config's YAML object, v2 (or v3) as v3: each exported point's and the
     recommendation's ``knobs`` from its one ``knob`` (``relaxtune.tune.records.knobs_of``),
-    scope "all" and batch size 1 (what every v2 job measured); a v3 object is returned as is.
+    scope "all" and batch size 1 (what every v2 job measured); and, for either, a plain
+    recommendation written as the fastest speculative point with ``decoding: plain`` as
+    ``method: plain`` (``_plain_recommendation``), a llama.cpp run's unused ``dtype`` dropped.
 
     Raises:
         ValueError: a schema version this code does not read.
     """
     version = data.get("schema_version")
     if version == SCHEMA_VERSION:
-        return data
+        return _plain_recommendation(_dtype_where_it_applies(data))
     if version != 2:
         raise ValueError(f"tuned config schema_version {version!r} is not one this code reads (2 or {SCHEMA_VERSION})")
     out = dict(data) | {"schema_version": SCHEMA_VERSION}
@@ -235,4 +273,36 @@ def upgrade_config(data: dict) -> dict:
             "scope": "all",
             "batch_size": 1,
         } | rec
-    return out
+    return _plain_recommendation(_dtype_where_it_applies(out))
+
+
+def _dtype_where_it_applies(data: dict) -> dict:
+    """A llama.cpp run's config without a ``dtype`` (the GGUF runs as quantised; its format is in
+    ``weights``): files written before this rule carried the job's unused ``--dtype``."""
+    if data.get("runtime") == "llamacpp" and data.get("dtype") is not None:
+        return data | {"dtype": None}
+    return data
+
+
+def _plain_recommendation(data: dict) -> dict:
+    """A recommendation written before ``method: plain`` existed (``decoding: plain`` beside the
+    fastest speculative point's method, knob and N) as today's: ``method`` plain, no N and no
+    knobs, speed-up 1, the point moved to ``fastest_speculative``."""
+    rec = data.get("recommendation")
+    if not isinstance(rec, dict) or rec.get("decoding") != PLAIN or rec.get("method") == PLAIN:
+        return data
+    point = {k: rec.get(k) for k in ("method", "knob", "n_draft", "modeled_speedup", "speed_margin")}
+    point |= {"knobs": rec.get("knobs") or {}, "scope": rec.get("scope", "all")}
+    reason, _, earlier = rec["reason"].partition("; for reference, ")
+    point["reason"] = earlier or reason
+    rec = rec | {
+        "method": PLAIN,
+        "knob": None,
+        "knobs": {},
+        "n_draft": None,
+        "modeled_speedup": 1.0,
+        "speed_margin": None,
+        "reason": reason,
+        "fastest_speculative": point,
+    }
+    return data | {"recommendation": rec}

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..tune.pareto import point_label
+from ..tune.recommend import PLAIN
 
-__all__ = ["Decision", "decide", "study_summary"]
+__all__ = ["PLAIN_LABEL", "Decision", "decide", "study_summary"]
+
+PLAIN_LABEL = "plain decoding (the verifier alone)"  # a plain recommendation's label: no drafter, no N
 
 
 @dataclass
@@ -18,29 +21,33 @@ class Decision:
     """A config's decision as MLflow fields.
 
     Attributes:
-        params: ``recommended_method``, ``recommended_knob_name``, ``recommended_knob``
-            (``-`` for strict), ``recommended_n_draft``, ``recommended_drop_ucb`` (the
+        params: ``recommended_method`` (``plain``: serve the verifier alone), ``recommended_knob_name``,
+            ``recommended_knob`` (``-`` for strict and plain), ``recommended_n_draft`` (``-`` for plain),
+            what ran (``runtime``, ``dtype``: ``-`` on llama.cpp, ``drafter_weights`` and
+            ``verifier_weights``: each model's format, e.g. ``GGUF Q4_K_M``), ``recommended_drop_ucb`` (the
             exported bound: the confirmation run's; 0 for strict) and, for a
             confirmed point, ``recommended_search_drop_ucb`` (the search's) and
             ``confirm_confidence`` (each confirmation's share of the confidence),
             ``epsilon``, ``confidence``, ``n`` (paired samples the decision rests on),
             ``problems``, ``repeats``, ``task``, ``task_version``, ``drafter``,
             ``verifier``, ``c_rel``.
-        metrics: ``recommended_speedup`` (modeled, over AR), ``recommended_drop_ucb``
+        metrics: ``recommended_speedup`` (modeled, over AR; 1 for plain), ``recommended_drop_ucb``
             (the exported upper bound of the accuracy drop vs strict; 0 for strict
-            itself), ``recommended_accuracy``, ``strict_accuracy`` and
-            ``strict_speedup`` (strict at the recommended N), ``epsilon``,
+            and plain), ``recommended_accuracy``, ``strict_accuracy`` and
+            ``strict_speedup`` (strict at the recommended N; for plain, at the fastest
+            speculative point's N, and ``fastest_speculative_speedup``), ``epsilon``,
             ``confidence``, ``n``; for a confirmed point also
             ``recommended_search_drop_ucb`` (the search's bound); per method
             ``<method>.feasible`` (1/0) and its point's (or the closest point's)
             ``<method>.speedup`` and ``<method>.drop_ucb``.
         tags: ``relaxtune.recommended`` (e.g. ``cactus delta=1 N=4``),
-            ``relaxtune.recommended_method``, ``relaxtune.feasible_methods``
+            ``relaxtune.recommended_method``, for plain ``relaxtune.fastest_speculative``
+            (e.g. ``strict N=4``), ``relaxtune.feasible_methods``
             (comma-separated, or ``none``), ``relaxtune.task``, ``relaxtune.epsilon``; with more
             than one serving batch size priced, ``relaxtune.batch_size`` (the recommendation's)
             and ``relaxtune.stops_paying_at`` (a batch size, or ``none``), and the metrics
             ``best_speedup_batch_<B>`` (the best confirmed point's at each, ``by_batch_size``).
-        label: the recommended point, e.g. ``cactus delta=1 N=4`` or ``strict N=4``.
+        label: the recommended point, e.g. ``cactus delta=1 N=4`` or ``strict N=4``, or ``PLAIN_LABEL``.
         description: one sentence: what was decided and why.
     """
 
@@ -58,16 +65,23 @@ def _num(value: float | None) -> str:
 def decide(config) -> Decision:
     """The ``Decision`` of a tuned config (``relaxtune.report.config_schema.TunedConfig``)."""
     rec = config.recommendation
-    chosen = config.methods.get(rec.method) if rec.method != "strict" else None
-    strict = config.strict_by_n_draft.get(rec.n_draft, {})
+    plain = rec.method == PLAIN
+    fast = rec.fastest_speculative
+    chosen = config.methods.get(rec.method) if rec.method not in ("strict", PLAIN) else None
+    # plain decoding samples the verifier's own distribution, as strict does at any N: strict's accuracy is its estimate
+    strict = config.strict_by_n_draft.get(fast.n_draft if plain and fast is not None else rec.n_draft, {})
     knob_name = chosen.knob_name if chosen is not None else None
-    label = point_label(rec.method, knob_name, rec.knob, rec.n_draft)
+    label = PLAIN_LABEL if plain else point_label(rec.method, knob_name, rec.knob, rec.n_draft)
     n = chosen.n if chosen is not None else strict.get("n")
+    ws = config.weights or {}
     params = {
         "recommended_method": rec.method,
         "recommended_knob_name": knob_name or "-",
         "recommended_knob": _num(rec.knob),
-        "recommended_n_draft": str(rec.n_draft),
+        "recommended_n_draft": _num(rec.n_draft),
+        "runtime": config.runtime or "-",
+        "dtype": config.dtype or "-",
+        **{f"{role}_weights": ws[role]["format"] for role in ("drafter", "verifier") if "format" in ws.get(role, {})},
         "epsilon": f"{config.epsilon:g}",
         "confidence": f"{config.confidence:g}",
         "n": _num(n),
@@ -113,6 +127,10 @@ def decide(config) -> Decision:
         "relaxtune.feasible_methods": ",".join(feasible) or "none",
         "relaxtune.epsilon": f"{config.epsilon:g}",
     }
+    if plain and fast is not None:  # the point plain decoding beats, for information
+        knob_name = config.methods[fast.method].knob_name if fast.method in config.methods else None
+        tags["relaxtune.fastest_speculative"] = point_label(fast.method, knob_name, fast.knob, fast.n_draft)
+        metrics["fastest_speculative_speedup"] = fast.modeled_speedup
     batches = config.by_batch_size
     if batches is not None and len(batches.best) > 1:  # the speed a deployment sees at each batch size
         metrics |= {f"best_speedup_batch_{b}": v.modeled_speedup for b, v in batches.best.items()}
@@ -129,9 +147,10 @@ def decide(config) -> Decision:
 def _sentence(config, label: str) -> str:
     """``Use <point> on <task> (modeled <S>x over AR): <why>.`` (one sentence)."""
     rec = config.recommendation
-    why = rec.reason.removeprefix("use strict: ").rstrip(".")
+    why = rec.reason.removeprefix("use strict: ").removeprefix("serve the verifier alone (plain decoding): ")
+    why = why.rstrip(".")
     closest = [(m, r.closest) for m, r in config.methods.items() if not r.feasible and r.closest]
-    if rec.method == "strict" and closest:
+    if rec.method in ("strict", PLAIN) and closest:
         method, c = min(closest, key=lambda mc: mc[1]["drop_upper_bound"])
         point = point_label(method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"))
         why += f"; the closest tried point, {point}, has a drop of at most {c['drop_upper_bound']:.3f}"

@@ -68,13 +68,16 @@ def engines_running(method: str) -> tuple[str, ...]:
     return RUNS.get(get_method(method).id, ())
 
 
-def weights(model: str, dtype: str, runtime: str | None) -> dict:
+def weights(model: str, dtype: str | None, runtime: str | None) -> dict:
     """The exact weights a run measured for ``model`` and how they ran.
 
+    On ``llamacpp`` a GGUF file runs as is: its format is ``GGUF <type>``, the type read
+    from the file's own metadata (``relaxtune.backends.gguf_info.gguf_quant_type``; an
+    embedded model whose file is not on disk: its registry's Q4_K_M). On ``hf`` the
+    model runs at ``dtype`` (an embedded GGUF dequantised to it); on ``sglang`` at the
+    server's dtype (``dtype``: ``relaxtune.backends.sglang_costs.served_dtype``).
     Embedded models (``relaxtune.backends.embedded``) are GGUF Q4_K_M repackagings
-    pinned by size and sha256 (the drafter a re-quantised AWQ variant), not the hub
-    model: on ``llamacpp`` the GGUF runs as is; on ``hf`` it is dequantised to
-    ``dtype`` safetensors. Any other model is the named id or folder at ``dtype``.
+    pinned by size and sha256 (the drafter a re-quantised AWQ variant), not the hub model.
 
     Returns:
         ``{"model", "format", "runtime"}`` plus, for embedded models, ``"upstream"``,
@@ -82,15 +85,19 @@ def weights(model: str, dtype: str, runtime: str | None) -> dict:
     """
     from ..backends.embedded import EMBEDDED
 
-    out: dict[str, Any] = {"model": model}
+    runtime = runtime or "hf"
     em = EMBEDDED.get(model)
+    if runtime == "llamacpp":
+        fmt = f"GGUF {_gguf_type(model, em is not None)}"
+    elif runtime == "sglang":
+        fmt = f"as served by SGLang ({dtype or 'as served'})"
+    else:
+        fmt = f"GGUF Q4_K_M dequantised to {dtype}" if em is not None else str(dtype)
+    out: dict[str, Any] = {"model": model, "format": fmt, "runtime": runtime}
     if em is None:
-        out.update(format="llama.cpp GGUF" if runtime == "llamacpp" else dtype, runtime=runtime or "hf")
         return out
     awq = "a re-quantisation of an AWQ variant of " if em.name.startswith("qwen2.5-coder-0.5b") else ""
     out.update(
-        format="GGUF Q4_K_M" if runtime == "llamacpp" else f"GGUF Q4_K_M dequantised to {dtype}",
-        runtime=runtime or "hf",
         upstream=em.hf_id,
         packages=f"{em.package}1..{em.parts}=={em.version}",
         sha256=em.sha256,
@@ -98,6 +105,21 @@ def weights(model: str, dtype: str, runtime: str | None) -> dict:
         "the measured acceptance exactly",
     )
     return out
+
+
+def _gguf_type(model: str, embedded: bool) -> str:
+    """The GGUF file's quantisation type, from its metadata; an embedded model's registry type
+    (Q4_K_M) when its file is not on disk or llama.cpp cannot read it; else says why not."""
+    from ..backends.gguf_info import embedded_gguf, gguf_quant_type
+    from ..backends.llamacpp_model import LlamaCppMissing
+
+    path = embedded_gguf(model)
+    try:
+        if path is None:
+            raise FileNotFoundError(f"no GGUF file {model}")
+        return gguf_quant_type(str(path))
+    except (FileNotFoundError, ValueError, LlamaCppMissing) as err:
+        return "Q4_K_M" if embedded else f"(type not read: {err})"
 
 
 def _sampling(sampling: dict) -> dict:
@@ -244,7 +266,7 @@ def deploy_blocks(
     sampling: dict,
     drafter: str,
     verifier: str,
-    dtype: str,
+    dtype: str | None,
     runtime: str | None = None,
 ) -> dict | str:
     """The ``deploy:`` blocks of one point.
@@ -289,9 +311,14 @@ def deploy_blocks(
     return out
 
 
-def plain_blocks(verifier: str, sampling: dict, dtype: str, runtime: str | None = None, reason: str = "") -> dict:
-    """Plain decoding of the verifier (no drafter, no speculative launch args), for
-    every engine, when no speculative point pays on the measured costs."""
+def plain_blocks(
+    verifier: str, sampling: dict, dtype: str | None, runtime: str | None = None, reason: str = ""
+) -> dict:
+    """Plain decoding of the verifier, for every engine, when no speculative point pays on
+    the measured costs: "serve the verifier alone" in each engine's own syntax (vLLM and
+    TensorRT-LLM serve commands, SGLang launch args, transformers ``generate()`` keywords),
+    with no drafter and no speculative argument, the measured verifier's weights and the
+    sampling."""
     from ..backends.embedded import EMBEDDED
 
     v_id = EMBEDDED[verifier].hf_id if verifier in EMBEDDED else verifier

@@ -13,7 +13,9 @@ versions, seed, study name, MLflow run); how the confidence was split over
 the confirmations; what the sample can certify (``sample``,
 ``relaxtune.certify.planning``); then one recommendation across methods
 (``relaxtune.tune.recommend``). When no point is confirmed, or none beats strict
-by more than the speed margin, the recommendation is strict at its best N.
+by more than the speed margin, the recommendation is strict at its best N; when no
+speculative point pays on the measured costs, it is plain decoding of the verifier
+(``method: plain``, the fastest speculative point beside it as ``fastest_speculative``).
 ``relaxtune transfer`` later adds a ``transfer`` section: how the task's
 point holds on other tasks, and theirs on it (``relaxtune.transfer``).
 """
@@ -35,6 +37,7 @@ from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
 from ..tune.evaluation import DecodeConfig
 from ..tune.judge import feasible as within_budget
+from ..tune.recommend import PLAIN
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
 from .config_schema import ByBatchSize, MethodResult, Recommendation, TunedConfig, upgrade_config
@@ -42,6 +45,7 @@ from .deploy import deploy_blocks, plain_blocks, weights
 
 __all__ = [
     "cautions",
+    "what_ran",
     "cost_profile_section",
     "build_config",
     "save_config",
@@ -202,10 +206,23 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
             sampling,
             settings.drafter,
             settings.verifier,
-            settings.dtype,
-            getattr(settings, "runtime", None),
+            *reversed(what_ran(settings)),
         ),
     )
+
+
+def what_ran(settings) -> tuple[str | None, str | None]:
+    """``(runtime, dtype)`` the tuned config records for a job's ``settings``: ``sglang`` and
+    the server's dtype (``relaxtune.backends.sglang_costs.served_dtype``) when the verifier ran
+    on an SGLang server; ``llamacpp`` and no dtype (the GGUF files run as quantised: the
+    format is in ``weights``); else the in-process runtime (``auto`` resolved) and its ``dtype``."""
+    resolve = getattr(settings, "resolved_runtime", None)  # "auto" as this machine resolves it (a job records it so)
+    runtime = resolve() if resolve is not None else getattr(settings, "runtime", None)
+    if getattr(settings, "verifier_url", None):
+        from ..backends.sglang_costs import served_dtype
+
+        return "sglang", served_dtype(settings.verifier_url)
+    return runtime, None if runtime == "llamacpp" else settings.dtype
 
 
 def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict | None = None) -> TunedConfig:
@@ -246,32 +263,33 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     }
     dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
-    rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
-    if rec["method"] == "strict":
-        rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
+    runtime, dtype = what_ran(s)
+    if rec["method"] == PLAIN:  # serve the verifier alone; the fastest speculative point beside it
+        fast = rec["fastest_speculative"]
+        fast |= {k: getattr(methods[fast["method"]], k) for k in ("knobs", "scope") if fast["method"] in methods}
+        rec["deploy"] = plain_blocks(s.verifier, sampling, dtype, runtime)
+        rec["serving"] = {
+            "decoding": PLAIN,
+            "note": "serve the verifier alone",
+            "sglang_launch_args": rec["deploy"]["sglang"]["launch_args"],
+        }
     else:
-        rec["serving"] = methods[rec["method"]].serving
-    runtime = getattr(s, "runtime", None)
-    rec["deploy"] = (
-        plain_blocks(s.verifier, sampling, s.dtype, runtime)
-        if rec["decoding"] == "plain"
-        else deploy_blocks(
+        rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
+        rec["serving"] = (
+            serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
+            if rec["method"] == "strict"
+            else methods[rec["method"]].serving
+        )
+        rec["deploy"] = deploy_blocks(
             rec["method"],
             rec.get("knobs") or rec["knob"],
             rec["n_draft"],
             sampling,
             s.drafter,
             s.verifier,
-            s.dtype,
+            dtype,
             runtime,
         )
-    )
-    if rec["decoding"] == "plain":
-        rec["serving"] = {
-            "decoding": "plain",
-            "note": "serve the verifier alone",
-            "sglang_launch_args": ["--model-path", rec["deploy"]["sglang"]["launch_args"][1]],
-        }
     pinned = set(result.pinned)
     planned = (
         next(iter(confirmations.values())).planned
@@ -307,10 +325,10 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         grader=_grader_versions(spec.grader.kind),
         drafter=s.drafter,
         verifier=s.verifier,
-        dtype=s.dtype,
+        dtype=dtype,
         runtime=runtime,
         sampling=sampling,
-        weights={"drafter": weights(s.drafter, s.dtype, runtime), "verifier": weights(s.verifier, s.dtype, runtime)},
+        weights={"drafter": weights(s.drafter, dtype, runtime), "verifier": weights(s.verifier, dtype, runtime)},
         seed=s.seed,
         problems=result.problems,
         repeats=spec.repeats,
@@ -388,14 +406,15 @@ def cautions(config: TunedConfig) -> list[str]:
         flags = [f.split(": ", 1)[1] for f in flags]
     out = [f"cost profile: {flag}" for flag in flags]
     rec = config.recommendation
-    if rec.modeled_speedup < 1:
+    fast = rec.fastest_speculative if rec.method == PLAIN else rec
+    if fast is not None and fast.modeled_speedup < 1:
         at = "" if rec.batch_size == 1 else f" at serving batch size {rec.batch_size}"
         out.append(
-            f"the fastest speculative point ({rec.method} at N={rec.n_draft}) models {rec.modeled_speedup:.2f}x: "
+            f"the fastest speculative point ({fast.method} at N={fast.n_draft}) models {fast.modeled_speedup:.2f}x: "
             f"slower than plain decoding on these costs{at} (c_rel {config.c_rel:.3f}); "
             + (
                 "the recommendation is plain decoding (serve the verifier alone)"
-                if rec.decoding == "plain"
+                if rec.method == PLAIN
                 else "speculative decoding does not pay here: serve the verifier alone"
             )
             + "; if the costs look wrong, check them (--remeasure-costs, --c-rel)"

@@ -127,6 +127,7 @@ class StandInServer:
         self.preferred = dict(preferred_sampling_params or {})
         self.launch = {
             "device": "cpu",  # a stand-in runs on the CPU (SGLang's ServerArgs.device)
+            "dtype": str(model.dtype).removeprefix("torch."),  # ServerArgs.dtype: what it runs the model at
             "speculative_algorithm": None,
             "speculative_num_steps": None,
             "speculative_eagle_topk": None,

@@ -154,7 +154,7 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
         confirm="holdout" if holdout else "seeds",
         drafter=config.drafter,
         verifier=config.verifier,
-        dtype=config.dtype,
+        dtype=config.dtype or "bfloat16",  # None: a llama.cpp run (its GGUF files, no dtype); the default
         output_dir=str(output_dir),
         **keep,
     )

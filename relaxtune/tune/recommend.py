@@ -26,9 +26,18 @@ from ..decoding.speed import CostProfile, modeled_speedup
 from .batches import Prices
 from .evaluation import EvalResult
 
-__all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "speculation_pays", "plain_if_nothing_pays"]
+__all__ = [
+    "PLAIN",
+    "SpeedMargin",
+    "speed_margin",
+    "cost_spread",
+    "recommend",
+    "speculation_pays",
+    "plain_if_nothing_pays",
+]
 
 RESAMPLES = 2000
+PLAIN = "plain"  # the recommendation's method when no speculative point pays: serve the verifier alone
 
 
 @dataclass(frozen=True)
@@ -142,9 +151,11 @@ def speculation_pays(strict: dict[int, dict], methods: dict) -> bool:
 
 
 def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict, at: str = "") -> dict:
-    """``out`` with ``decoding`` set: ``"plain"`` (serve the verifier alone, the reason
-    saying why) when ``speculation_pays`` is False, else ``"speculative"``. The
-    method, knob and N stay the fastest speculative point's, for reference.
+    """``out`` (the fastest speculative point's fields) with ``decoding`` "speculative" when
+    ``speculation_pays``; else plain decoding of the verifier (``relaxtune.report.config_schema.PLAIN``):
+    ``method`` plain, no knob and no N, modeled 1x (plain decoding is the AR baseline), the
+    reason saying why, and ``out``'s point kept as ``fastest_speculative`` (method, knob, N,
+    speed-up, speed margin, its reason), for information.
 
     Args:
         at: where the speed-ups are modeled, for the reason (``" at serving batch size 32"``;
@@ -155,11 +166,19 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict, at:
     best = max((v["modeled_speedup"] for v in strict.values()), default=out["modeled_speedup"])
     confirmed = any(r.feasible for r in methods.values())
     relaxed = "every confirmed relaxed point below 1x too" if confirmed else "no relaxed point confirmed"
+    fastest = {k: out.get(k) for k in ("method", "knob", "n_draft", "modeled_speedup", "speed_margin", "reason")}
     return out | {
-        "decoding": "plain",
+        "method": PLAIN,
+        "knob": None,
+        "knobs": {},
+        "n_draft": None,
+        "modeled_speedup": 1.0,
+        "speed_margin": None,
+        "decoding": PLAIN,
+        "fastest_speculative": fastest,
         "reason": (
             f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs{at} "
-            f"(strict's best models {best:.2f}x, {relaxed}); for reference, {out['reason']}"
+            f"(strict's best models {best:.2f}x, {relaxed})"
         ),
     }
 
