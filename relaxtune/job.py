@@ -557,7 +557,7 @@ def _tracker(settings: TuneSettings, job: _Job, log: Callable[[str], None] = pri
 
 def _export_run(settings: TuneSettings, job: _Job, tuning: TuneSettings | None):
     """An export's MLflow run of its own, nested under the tuning run (job ``tuning``) it reads."""
-    from .report.tracking import ExportRun
+    from .report.export_run import ExportRun
 
     return ExportRun(
         settings.mlflow_uri,
