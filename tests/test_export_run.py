@@ -11,7 +11,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from relaxtune.job import JobError, check_exportable, export_path, run_tune_job
+from relaxtune.job.run import run_tune_job
+from relaxtune.report.reexport import JobError, check_exportable, export_path
 from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.tune.job_identity import job_id
 from relaxtune.tune.settings import TuneSettings

@@ -184,7 +184,7 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     from relaxtune.certify.stats import drop_bound
     from relaxtune.cli import app
     from relaxtune.flows.transfer import transfer_matrix
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.report.export import load_config
 
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.9, methods=["cactus"], limit=4, trials=1, n_drafts=[2])

@@ -123,7 +123,7 @@ def tune_task(
     """
     from prefect.runtime import flow_run
 
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.report.export import cautions
 
     fields = dict(settings or {}) | {"task": task, "epsilon": epsilon, "trials": trials, "limit": limit}
