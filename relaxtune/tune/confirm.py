@@ -40,6 +40,7 @@ from pathlib import Path
 from ..tasks.spec import Problem
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
 from .judge import constraint_values, drop_ucb_at, point_metrics
+from .records import load_metrics
 from .tuning import candidates
 
 __all__ = [
@@ -137,7 +138,7 @@ class Attempt:
 
     def summary(self) -> dict:
         """The numbers the export and MLflow show."""
-        m = self.metrics
+        m = load_metrics(self.metrics, where=f"confirmation {self.attempt} of trial {self.trial}")  # typed
         return {
             "attempt": self.attempt,
             "trial": self.trial,
@@ -146,17 +147,17 @@ class Attempt:
             "seed": self.seed,
             "confidence": self.confidence,
             "passed": self.passed,
-            "n": m["n"],
-            "problems": m["problems"],
-            "accuracy": m["accuracy"],
-            "strict_accuracy": m["strict_accuracy"],
-            "drop": m["drop"],
-            "drop_upper_bound": m["drop_ucb"],
-            "bound_method": m["bound_method"],
+            "n": m.n,
+            "problems": m.problems,
+            "accuracy": m.accuracy,
+            "strict_accuracy": m.strict_accuracy,
+            "drop": m.drop,
+            "drop_upper_bound": m.drop_ucb,
+            "bound_method": m.bound_method,
             "search_drop_upper_bound": self.search_drop_upper_bound,
-            "l_accept": m["l_accept"],
-            "length_ratio": m["length_ratio"],
-            "modeled_speedup": m["speedup"],
+            "l_accept": m.l_accept,
+            "length_ratio": m.length_ratio,
+            "modeled_speedup": m.speedup,
         }
 
 

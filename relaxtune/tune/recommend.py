@@ -25,6 +25,7 @@ from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from .batches import Prices
 from .evaluation import EvalResult
+from .judge import typed_records
 
 __all__ = ["SpeedMargin", "speed_margin", "cost_spread", "recommend", "speculation_pays", "plain_if_nothing_pays"]
 
@@ -60,9 +61,9 @@ def cost_spread(profile: ServingProfile | CostProfile | float) -> float | None:
 def _per_problem(result: EvalResult, ids: list[str]) -> np.ndarray:
     """``[K, 4]``: per problem (in ``ids`` order) samples, response tokens, rounds, accepted drafts."""
     rows = {pid: np.zeros(4) for pid in ids}
-    for r in result.records:
-        if not r.get("failed") and r["problem_id"] in rows:
-            rows[r["problem_id"]] += (1, r["response_tokens"], r["stats"]["rounds"], r["stats"]["accepted"])
+    for r in typed_records(result):
+        if not r.failed and r.problem_id in rows:
+            rows[r.problem_id] += (1, r.response_tokens, r.stats["rounds"], r.stats["accepted"])
     return np.array([rows[pid] for pid in ids])
 
 
@@ -93,8 +94,8 @@ def speed_margin(
     Raises:
         ValueError: no graded sample in an evaluation.
     """
-    ids_point = list(dict.fromkeys(r["problem_id"] for r in paired_strict.records))
-    ids_strict = list(dict.fromkeys(r["problem_id"] for r in strict.records))
+    ids_point = list(dict.fromkeys(r.problem_id for r in typed_records(paired_strict)))
+    ids_strict = list(dict.fromkeys(r.problem_id for r in typed_records(strict)))
     if not ids_point or not ids_strict:
         raise ValueError("the speed margin needs graded samples of both points")
     rng = np.random.default_rng(seed)
