@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from relaxtune import job
 from relaxtune.decoding.speed import speedup
+from relaxtune.job import run as job
 from relaxtune.report.export import build_config
 from relaxtune.tune.result import JobResult
 
