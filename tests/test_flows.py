@@ -275,4 +275,4 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     assert evaluation_cache_key(None, params | {"settings": settings | {"dtype": "bfloat16"}}) != key
     served = settings | {"verifier_url": "http://127.0.0.1:9/", "drafter_url": "http://127.0.0.1:9/"}
     assert evaluation_cache_key(None, params | {"settings": served}) != key  # an (unreachable) server
-    assert backend_tag(TuneSettings(**served)) == "relaxtune-backend:127.0.0.1:9"
+    assert backend_tag(TuneSettings(**served).pair) == "relaxtune-backend:127.0.0.1:9"
