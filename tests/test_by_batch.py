@@ -84,7 +84,9 @@ def tuned(folder: Path, profile, tracker=None):
 def at_1(tmp_path_factory, uri):
     """Declared batch size 1 (the default weight), tracked in MLflow."""
     folder = tmp_path_factory.mktemp("b1")
-    tracker = Tracker(uri, SPEC, SyntheticPair.name, {"output_dir": str(folder)}, PROBLEMS[:40], "job-b1")
+    tracker = Tracker(
+        uri, SPEC, SyntheticPair.name, {"output_dir": str(folder)}, PROBLEMS[:40], "job-b1", claims_dir=folder
+    )
     tracker.log_costs(serving())
     result, config = tuned(folder, serving(), tracker)
     path = save_config(config, folder / "synthetic.tuned.yaml")

@@ -175,6 +175,9 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
     s = settings(tmp_path, uri, "tables")
     run(s)
     run(s)  # a resumed job draws its figures and tables again
+    # the figures' claims are in the job's output folder, which its workers share (given to the Tracker)
+    figures = 1 + 2 * len(s.methods)  # the combined one, and a Pareto front and a knob figure per method
+    assert len(list((Path(s.output_dir) / "mlflow-figures.claims").glob("*.lock"))) == figures
     client = MlflowClient(s.mlflow_uri)
     exp = client.get_experiment_by_name("relaxtune-tables").experiment_id
     for r in client.search_runs([exp]):

@@ -91,7 +91,7 @@ def prepare(
             if backend is not None
             else {m for m in settings.methods if settings.native_url and get_method(m).server_native}
         )
-        planned = planned_confirmations(settings, pinned)
+        planned = planned_confirmations(settings.methods, settings.confirmations, settings.trials, pinned)
         warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned)
         if warning:
             log(f"warning: {warning}")
@@ -299,6 +299,7 @@ def job_tracker(settings: TuneSettings, job: Job, log: Callable[[str], None] = p
             storage_lock(settings.storage_url, "mlflow"),
             storage_lock(settings.storage_url, "finish"),
             end_on_stop=False,
+            claims_dir=settings.output_dir,
         )
         tracker.log_costs(job.profile)
         return tracker

@@ -36,6 +36,7 @@ from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
 from ..tune.judge import feasible as within_budget
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
+from ..tune.setting_groups import PairSettings, StatsSettings
 from .config_schema import ByBatchSize, MethodResult, Recommendation, TunedConfig, upgrade_config
 from .deploy import deploy_blocks, plain_blocks, weights
 
@@ -117,12 +118,14 @@ def _closest(trials: list, ucb, method: str, profile) -> dict | None:
     }
 
 
-def _within_budget(o, settings) -> int:
-    """How many of the method's trials pass the capability-loss constraint under ``settings``."""
-    return sum(within_budget(t, settings) for t in o.study.get_trials(deepcopy=False))
+def _within_budget(o, stats: StatsSettings) -> int:
+    """How many of the method's trials pass the capability-loss constraint under ``stats``."""
+    return sum(within_budget(t, stats) for t in o.study.get_trials(deepcopy=False))
 
 
-def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> MethodResult:
+def _method_result(
+    o, confirmation, pair: PairSettings, stats: StatsSettings, ucb, sampling: dict, profile
+) -> MethodResult:
     """One method's entry: the confirmed point's confirmation numbers, or why there is none;
     speed-ups priced with ``profile`` (the job's costs, or a serving host's: ``_priced``)."""
     import optuna
@@ -148,7 +151,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
     )
     done = None if confirmation is None else confirmation.confirmed
     if done is None:
-        within = _within_budget(o, settings)
+        within = _within_budget(o, stats)
         note = (
             "no trial met the capability-loss constraint in the search"
             if o.chosen is None and not within
@@ -191,17 +194,17 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
         truncated=m.truncated,
         loop_rate=m.loop_rate,
         modeled_speedup_by_c_rel=m.speedup_by_c_rel,
-        serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling),
+        serving=serving_args(o.method, done.knob, done.n_draft, pair.drafter, pair.verifier, sampling),
         **base,
         deploy=deploy_blocks(
             o.method,
             done.knob,
             done.n_draft,
             sampling,
-            settings.drafter,
-            settings.verifier,
-            settings.dtype,
-            getattr(settings, "runtime", None),
+            pair.drafter,
+            pair.verifier,
+            pair.dtype,
+            pair.runtime,
         ),
     )
 
@@ -226,11 +229,14 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     from ..tune.judge import drop_ucb_at
     from ..tune.recommend import recommend
 
-    s, spec, confirmations, outcomes = result.settings, result.spec, result.confirmations, result.outcomes
-    ucb = lambda m: drop_ucb_at(m.dump(), s.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
+    pair, stats, search = result.pair, result.stats, result.search
+    spec, confirmations, outcomes = result.spec, result.confirmations, result.outcomes
+    ucb = lambda m: drop_ucb_at(m.dump(), stats.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
     profile = result.profile
-    methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling, profile) for o in outcomes}
+    methods = {
+        o.method: _method_result(o, confirmations.get(o.method), pair, stats, ucb, sampling, profile) for o in outcomes
+    }
     strict = {
         n: {
             "accuracy": b.accuracy,
@@ -242,19 +248,19 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         }
         for n, b in result.baselines.items()
     }
-    dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
+    dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, stats)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
     rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
     if rec["method"] == "strict":
-        rec["serving"] = serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
+        rec["serving"] = serving_args("strict", None, rec["n_draft"], pair.drafter, pair.verifier, sampling)
     else:
         rec["serving"] = methods[rec["method"]].serving
-    runtime = getattr(s, "runtime", None)
+    runtime = pair.runtime
     rec["deploy"] = (
-        plain_blocks(s.verifier, sampling, s.dtype, runtime)
+        plain_blocks(pair.verifier, sampling, pair.dtype, runtime)
         if rec["decoding"] == "plain"
         else deploy_blocks(
-            rec["method"], rec["knob"], rec["n_draft"], sampling, s.drafter, s.verifier, s.dtype, runtime
+            rec["method"], rec["knob"], rec["n_draft"], sampling, pair.drafter, pair.verifier, pair.dtype, runtime
         )
     )
     if rec["decoding"] == "plain":
@@ -267,7 +273,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     planned = (
         next(iter(confirmations.values())).planned
         if confirmations
-        else planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned)
+        else planned_confirmations([o.method for o in outcomes], stats.confirmations, search.trials, pinned)
     )
     tried = [
         m
@@ -276,15 +282,15 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None
     ]
     pairs = sum(m.n for m in tried)  # pooled over every completed trial (its upper bound), else the default
-    discordance = planning_discordance(sum(m.strict_only + m.relaxed_only for m in tried), pairs, s.confidence)
-    holdout = s.confirm == "holdout"
+    discordance = planning_discordance(sum(m.strict_only + m.relaxed_only for m in tried), pairs, stats.confidence)
+    holdout = stats.confirm == "holdout"
     held = result.confirm_problems
     total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
     sample = plan(
         total,
         spec.repeats,
-        s.epsilon,
-        s.confidence,
+        stats.epsilon,
+        stats.confidence,
         discordance=discordance,
         planned=max(planned, 1),
         holdout=holdout,
@@ -296,17 +302,20 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         task=spec.name,
         task_version=spec.version,
         grader=_grader_versions(spec.grader.kind),
-        drafter=s.drafter,
-        verifier=s.verifier,
-        dtype=s.dtype,
+        drafter=pair.drafter,
+        verifier=pair.verifier,
+        dtype=pair.dtype,
         runtime=runtime,
         sampling=sampling,
-        weights={"drafter": weights(s.drafter, s.dtype, runtime), "verifier": weights(s.verifier, s.dtype, runtime)},
-        seed=s.seed,
+        weights={
+            "drafter": weights(pair.drafter, pair.dtype, runtime),
+            "verifier": weights(pair.verifier, pair.dtype, runtime),
+        },
+        seed=search.seed,
         problems=result.problems,
         repeats=spec.repeats,
-        epsilon=s.epsilon,
-        confidence=s.confidence,
+        epsilon=stats.epsilon,
+        confidence=stats.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=cost_profile_section(profile, costs),
         serving_batch_sizes=prices.batch_sizes,
@@ -314,13 +323,13 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         strict_by_n_draft=strict,
         methods=methods,
         confirmation={
-            "samples": s.confirm,
+            "samples": stats.confirm,
             "problems": held,
-            "per_method": s.confirmations,
+            "per_method": stats.confirmations,
             "planned": planned,
-            "confidence_each": split_confidence(s.confidence, planned),
+            "confidence_each": split_confidence(stats.confidence, planned),
             "rule": RULE,
-            "promise": promise(s.confirm, s.confidence, s.epsilon, held),
+            "promise": promise(stats.confirm, stats.confidence, stats.epsilon, held),
         },
         sample=asdict(sample) | {"line": sample.line()},
         recommendation=Recommendation(**rec),

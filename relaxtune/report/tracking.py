@@ -83,7 +83,8 @@ class Tracker(Runs):
 
     Args:
         uri: tracking URI (default ``sqlite:///mlflow.db``).
-        task: the task spec; pair: the pair's name; settings: a dict of the job's settings.
+        task: the task spec; pair: the pair's name; settings: a dict of the job's settings
+            (logged as ``settings.json``, read for nothing else).
         problems: the problems (logged as the dataset input).
         job_id: the tuning job's id (``relaxtune.tune.job_identity.job_id``).
         lock: a context-manager factory that serialises run creation across the
@@ -93,6 +94,8 @@ class Tracker(Runs):
             default ``lock``.
         end_on_stop: end the runs when the job stops or fails (``on_stop``); False
             when the caller does (``relaxtune.report.background``).
+        claims_dir: the folder of the figures' claims (``_share_figures``): the job's
+            output folder, which its workers share; default the system's temporary folder.
     """
 
     def __init__(
@@ -106,11 +109,12 @@ class Tracker(Runs):
         lock=None,
         finish_lock=None,
         end_on_stop: bool = True,
+        claims_dir: str | Path | None = None,
     ) -> None:
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
-        self._claims = Path(settings.get("output_dir") or tempfile.gettempdir()) / "mlflow-figures.claims"
+        self._claims = Path(claims_dir or tempfile.gettempdir()) / "mlflow-figures.claims"
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         with self._lock():

@@ -33,7 +33,7 @@ problems (their sampling noise), not new ones, and every output says so.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,10 +63,13 @@ RULE = (
 )
 
 
-def planned_confirmations(settings, pinned: set[str] = frozenset()) -> int:
+def planned_confirmations(
+    methods: Sequence[str], confirmations: int, trials: int, pinned: set[str] = frozenset()
+) -> int:
     """T: the confirmations a job allows, from its settings alone (known before any
-    generation): per method ``min(confirmations, trials)``, one for a ``pinned`` method."""
-    return sum(1 if m in pinned else min(settings.confirmations, settings.trials) for m in settings.methods)
+    generation): per method of ``methods`` ``min(confirmations, trials)`` (``--confirmations``,
+    ``--trials``), one for a ``pinned`` method."""
+    return sum(1 if m in pinned else min(confirmations, trials) for m in methods)
 
 
 def promise(confirm: str, confidence: float, epsilon: float, problems: int) -> str:
@@ -227,7 +230,7 @@ def confirm(
 ) -> dict[str, Confirmation]:
     """Confirm each method's candidates in turn (``relaxtune.tune.tuning.candidates``:
     feasible, not dominated by strict, best first) until one passes or
-    ``settings.confirmations`` failed (module doc for the confidence split).
+    ``--confirmations`` failed (module doc for the confidence split).
 
     Args:
         tuner: the finished ``Tuner`` (settings, backend, profile, strict baselines).
@@ -243,7 +246,7 @@ def confirm(
     ranked = {o.method: candidates(o.study, s.stats, tuner.strict_points())[: s.confirmations] for o in outcomes}
     pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
     planned = max(
-        planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned),
+        planned_confirmations([o.method for o in outcomes], s.confirmations, s.trials, pinned),
         sum(len(c) for c in ranked.values()),
     )  # the max guards settings edited between tune and export
     level = split_confidence(s.confidence, planned)

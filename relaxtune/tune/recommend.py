@@ -185,10 +185,10 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         dominated: methods whose trials passed the loss constraint but strict
             dominates each (the reason names them).
     """
-    s = result.settings
+    stats = result.stats
     prices = Prices.of(result.profile)
     at = "" if prices.batch_sizes == [1] else f" at {prices.objective()}"
-    best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
+    best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else result.search.n_drafts[0]
     strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
     out = dict(
         method="strict",
@@ -203,7 +203,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
     if best is None:
         out["reason"] = (
             f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
-            f"{s.epsilon:g}, {result.problems} problems)"
+            f"{stats.epsilon:g}, {result.problems} problems)"
             + (
                 f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
                 f"at N={best_n}) is as fast and as accurate as each"
@@ -214,7 +214,14 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         return plain_if_nothing_pays(out, strict, methods, at)
     done = confirmations[best.method].confirmed
     sm = speed_margin(
-        done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile, s.confidence, s.seed
+        done.relaxed,
+        done.strict,
+        done.n_draft,
+        result.baselines[best_n],
+        best_n,
+        result.profile,
+        stats.confidence,
+        result.search.seed,
     )
     out["speed_margin"] = {"difference": sm.difference, "margin": sm.margin, "confidence": sm.confidence, "how": sm.how}
     speeds = (
@@ -232,7 +239,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         reason=(
             f"fastest confirmed point: accuracy drop vs strict <= {best.drop_upper_bound:.3f} on fresh "
             f"samples ({done.confidence:.1%} one-sided; search bound {best.search_drop_upper_bound:.3f}), "
-            f"within epsilon {s.epsilon:g}; it {speeds}"
+            f"within epsilon {stats.epsilon:g}; it {speeds}"
         ),
     )
     return plain_if_nothing_pays(out, strict, methods, at)
