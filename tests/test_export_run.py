@@ -105,7 +105,7 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     assert config.recommendation.method == "cactus" and config.recommendation.knob == 10.0
     client = MlflowClient(tuning.mlflow_uri)
     spec = load_task(tuning.task)
-    job = job_id(tuning, spec, SyntheticPair.name)
+    job = job_id(tuning.stores, tuning.stats, tuning.search, spec, SyntheticPair.name)
     exp = client.get_experiment_by_name("relaxtune-iso")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's model-training view
     before = snapshot(client, exp.experiment_id, job, tmp_path / "before")

@@ -295,7 +295,7 @@ def job_tracker(settings: TuneSettings, job: Job, log: Callable[[str], None] = p
             job.pair,
             settings.model_dump(),
             job.everything,
-            job_id(settings, job.spec, job.pair),
+            job_id(settings.stores, settings.stats, settings.search, job.spec, job.pair),
             storage_lock(settings.storage_url, "mlflow"),
             storage_lock(settings.storage_url, "finish"),
             end_on_stop=False,
@@ -320,5 +320,5 @@ def export_run(settings: TuneSettings, job: Job, tuning: TuneSettings | None):
         job.pair,
         settings.model_dump(),
         job.everything,
-        job_id(tuning, job.spec, job.pair) if tuning is not None else None,
+        job_id(tuning.stores, tuning.stats, tuning.search, job.spec, job.pair) if tuning is not None else None,
     )
