@@ -10,8 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import relaxtune.report.stores as stores
-from relaxtune.job import JobError, run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.report.background import BackgroundTracker
+from relaxtune.report.reexport import JobError
 from relaxtune.report.stores import StoreError
 from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.stopping import guarded
@@ -192,9 +193,9 @@ def test_a_wrong_tracking_server_fails_before_any_sample(tmp_path, monkeypatch):
     over, as for a server that stops answering just after it."""
     import socket
 
-    import relaxtune.job
+    import relaxtune.job.steps
 
-    monkeypatch.setattr(relaxtune.job, "reach_tracking", lambda *a, **k: None)
+    monkeypatch.setattr(relaxtune.job.steps, "reach_tracking", lambda *a, **k: None)
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxtune.job import run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.report.decision import decide
 from relaxtune.report.tracking import run_url
 from relaxtune.tune.settings import TuneSettings

@@ -28,10 +28,10 @@ from relaxtune.cli import app
 from relaxtune.cli.tune import _summary
 from relaxtune.decoding.serving import ServingProfile
 from relaxtune.decoding.speed import CostProfile
-from relaxtune.job import JobError, run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.report.batch_figure import batch_figure
 from relaxtune.report.export import build_config, load_config, save_config
-from relaxtune.report.reexport import read_cost_profile
+from relaxtune.report.reexport import JobError, read_cost_profile
 from relaxtune.report.tracking import Tracker
 from relaxtune.tune.batches import Prices, by_batch, paying_line, strict_speedup
 from relaxtune.tune.confirm import confirm
@@ -84,7 +84,9 @@ def tuned(folder: Path, profile, tracker=None):
 def at_1(tmp_path_factory, uri):
     """Declared batch size 1 (the default weight), tracked in MLflow."""
     folder = tmp_path_factory.mktemp("b1")
-    tracker = Tracker(uri, SPEC, SyntheticPair.name, {"output_dir": str(folder)}, PROBLEMS[:40], "job-b1")
+    tracker = Tracker(
+        uri, SPEC, SyntheticPair.name, {"output_dir": str(folder)}, PROBLEMS[:40], "job-b1", claims_dir=folder
+    )
     tracker.log_costs(serving())
     result, config = tuned(folder, serving(), tracker)
     path = save_config(config, folder / "synthetic.tuned.yaml")

@@ -9,7 +9,8 @@ from mlflow.tracking import MlflowClient
 from relaxtune.certify.stats import drop_bound
 from relaxtune.cli.app import console
 from relaxtune.cli.tune import _summary
-from relaxtune.job import prepare, run_tune_job
+from relaxtune.job.run import run_tune_job
+from relaxtune.job.steps import prepare
 from relaxtune.report.export import build_config, load_config, save_config
 from relaxtune.tune.confirm import confirm, confirmation_seed, holdout_split, split_confidence
 from relaxtune.tune.evaluation import sample_seed

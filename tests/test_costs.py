@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from relaxtune.backends.costs import JOB_MAX_PASSES, JOB_MIN_PASSES, job_costs, measure_profile
 from relaxtune.decoding.serving import ServingProfile
 from relaxtune.decoding.speed import COST_MARGIN, SPREAD_TOLERANCE, CostProfile, measure_interleaved
-from relaxtune.job import run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.report.export import cautions
 from relaxtune.tasks.spec import build_prompt_ids, load_problems, load_task
 from relaxtune.tune.evaluation import DecodeConfig, records_path
@@ -302,7 +302,7 @@ def test_the_search_prices_at_the_declared_batch_size_and_the_config_says_so(tmp
     import optuna
 
     from relaxtune.backends.costs import CostsError
-    from relaxtune.job import declared
+    from relaxtune.job.steps import declared
     from relaxtune.tune.job_identity import study_name
     from relaxtune.tune.records import trial_metrics
 

@@ -5,7 +5,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
-from relaxtune.job import JobError, deployable
+from relaxtune.job.steps import deployable
+from relaxtune.report.reexport import JobError
 from relaxtune.tune.settings import TuneSettings
 
 

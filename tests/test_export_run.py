@@ -11,7 +11,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from relaxtune.job import JobError, check_exportable, export_path, run_tune_job
+from relaxtune.job.run import run_tune_job
+from relaxtune.report.reexport import JobError, check_exportable, export_path
 from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.tune.job_identity import job_id
 from relaxtune.tune.settings import TuneSettings
@@ -104,7 +105,7 @@ def test_an_export_is_its_own_run_and_file_and_leaves_the_tuning_run_untouched(t
     assert config.recommendation.method == "cactus" and config.recommendation.knob == 10.0
     client = MlflowClient(tuning.mlflow_uri)
     spec = load_task(tuning.task)
-    job = job_id(tuning, spec, SyntheticPair.name)
+    job = job_id(tuning.stores, tuning.stats, tuning.search, spec, SyntheticPair.name)
     exp = client.get_experiment_by_name("relaxtune-iso")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's model-training view
     before = snapshot(client, exp.experiment_id, job, tmp_path / "before")
@@ -174,6 +175,9 @@ def test_relogged_tables_replace_the_old_rows(tmp_path, monkeypatch, uri):
     s = settings(tmp_path, uri, "tables")
     run(s)
     run(s)  # a resumed job draws its figures and tables again
+    # the figures' claims are in the job's output folder, which its workers share (given to the Tracker)
+    figures = 1 + 2 * len(s.methods)  # the combined one, and a Pareto front and a knob figure per method
+    assert len(list((Path(s.output_dir) / "mlflow-figures.claims").glob("*.lock"))) == figures
     client = MlflowClient(s.mlflow_uri)
     exp = client.get_experiment_by_name("relaxtune-tables").experiment_id
     for r in client.search_runs([exp]):

@@ -184,7 +184,7 @@ def test_transfer_flow_and_command_read_the_tuning_records_back(harness, tmp_pat
     from relaxtune.certify.stats import drop_bound
     from relaxtune.cli import app
     from relaxtune.flows.transfer import transfer_matrix
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.report.export import load_config
 
     settings = _settings(tmp_path, tiny_pair_dirs, epsilon=0.9, methods=["cactus"], limit=4, trials=1, n_drafts=[2])
@@ -275,4 +275,4 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     assert evaluation_cache_key(None, params | {"settings": settings | {"dtype": "bfloat16"}}) != key
     served = settings | {"verifier_url": "http://127.0.0.1:9/", "drafter_url": "http://127.0.0.1:9/"}
     assert evaluation_cache_key(None, params | {"settings": served}) != key  # an (unreachable) server
-    assert backend_tag(TuneSettings(**served)) == "relaxtune-backend:127.0.0.1:9"
+    assert backend_tag(TuneSettings(**served).pair) == "relaxtune-backend:127.0.0.1:9"

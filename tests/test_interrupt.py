@@ -131,7 +131,7 @@ class FullDisk(Synthetic):
 
 @pytest.mark.interrupts
 def test_a_full_disk_ends_in_one_paragraph_and_a_logged_traceback(tmp_path):
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
 
     runs = tmp_path / "runs"
     settings = TuneSettings(

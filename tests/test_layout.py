@@ -62,7 +62,7 @@ def test_every_wing_has_its_paragraph():
 
 def test_every_package_of_relaxtune_is_a_wing_or_a_face():
     found = {p.name for p in (ROOT / "relaxtune").iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"}
-    assert found - {"__init__.py", "evals"} == set(WINGS) | {"testing", "cli", "bench", "flows", "job.py"}
+    assert found - {"__init__.py", "evals"} == set(WINGS) | {"testing", "cli", "bench", "flows", "job"}
 
 
 def test_the_may_import_lines_say_what_the_contracts_say():

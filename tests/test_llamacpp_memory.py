@@ -16,7 +16,7 @@ from relaxtune.backends.llamacpp import LlamaCppBackend, context_cells
 from relaxtune.backends.llamacpp_model import LlamaModel
 from relaxtune.backends.lookup import PromptLookupBackend
 from relaxtune.engine.sequence import generate
-from relaxtune.job import fit_contexts
+from relaxtune.job.steps import fit_contexts
 from relaxtune.tasks.spec import Problem, build_prompt_ids, load_task
 
 from .tiny_gguf import write_tiny_gguf

@@ -101,7 +101,7 @@ def test_process_age_is_positive_on_linux():
 
 def test_the_job_revises_its_estimate_once_after_strict_at_the_middle_n():
     from relaxtune.decoding.speed import CostProfile
-    from relaxtune.job import _reviser
+    from relaxtune.job.run import _reviser
     from relaxtune.tune.estimate import estimate_job
     from relaxtune.tune.settings import TuneSettings
 

@@ -192,3 +192,16 @@ def test_a_tracker_logs_the_same_values_from_v2_and_v3_metrics():
     raw = optuna.load_study(study_name=name, storage=url).trials[0].user_attrs["metrics"]
     assert point_values(metrics_attr(raw, "cactus", 10.0)) == point_values(raw) == raw
     assert point_values(None) == {}
+
+
+def test_judge_reads_an_evaluations_records_typed_and_names_one_that_does_not_validate():
+    from relaxtune.tune.evaluation import summarize
+    from relaxtune.tune.judge import typed_records
+
+    stats = {"rounds": 2, "accepted": 3, "wall_seconds": 0.5}
+    good = {"problem_id": "p0", "repeat": 1, "response_tokens": 5, "correct": True, "finish_reason": "stop"}
+    typed = typed_records(summarize([good | {"stats": stats}], Path("runs/x.jsonl")))
+    assert [(r.key, r.response_tokens, r.correct, r.stats["accepted"]) for r in typed] == [(("p0", 1), 5, True, 3)]
+    bad = good | {"problem_id": "p1", "stats": stats, "colour": "red"}  # a field no schema has
+    with pytest.raises(RecordError, match=r"runs/x\.jsonl record 1: not a sample record"):
+        typed_records(summarize([good | {"stats": stats}, bad], Path("runs/x.jsonl")))

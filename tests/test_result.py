@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from relaxtune import job
 from relaxtune.decoding.speed import speedup
+from relaxtune.job import run as job
 from relaxtune.report.export import build_config
 from relaxtune.tune.result import JobResult
 
@@ -37,7 +37,7 @@ def test_the_result_is_frozen_and_keeps_what_the_job_had_when_it_was_taken(tmp_p
     before = dict(result.baselines)
     tuner.baseline(8)  # the tuner goes on; the result does not follow it
     tuner.settings.epsilon = 0.5
-    assert dict(result.baselines) == before and 8 not in result.strict_speedups and result.settings.epsilon == 0.05
+    assert dict(result.baselines) == before and 8 not in result.strict_speedups and result.stats.epsilon == 0.05
     assert build_config(result).epsilon == 0.05
 
 

@@ -15,7 +15,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from relaxtune.job import run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import Synthetic, SyntheticPair, write_task

@@ -13,6 +13,7 @@ from relaxtune.bench.simulated import SimTask
 from relaxtune.decoding.speed import speedup
 from relaxtune.tune.evaluation import summarize
 from relaxtune.tune.judge import point_metrics, speedup_upper
+from relaxtune.tune.records import load_record
 from relaxtune.tune.search import (
     PRUNED_BY,
     RelaxationSampler,
@@ -156,7 +157,7 @@ def test_speedup_upper_is_the_jackknife_over_problems():
     se = math.sqrt((k - 1) / k * sum((x - np.mean(loo)) ** 2 for x in loo))
     assert m["speedup_ucb"] == pytest.approx(m["speedup"] + 1.2815515655446004 * se, rel=1e-9)
     assert se > 0
-    one = [(s, r) for s, r in zip(flat(strict[:1]), flat(relaxed[:1]))]
+    one = [(load_record(s), load_record(r)) for s, r in zip(flat(strict[:1]), flat(relaxed[:1]))]
     assert speedup_upper(one, 2.0, 5, 0.2, 0.9) == math.inf  # one problem: no spread to measure
 
 

@@ -265,7 +265,7 @@ def sandbox(tmp_path, monkeypatch):
     import relaxtune.backends.hf as hf
     import relaxtune.backends.load as load
     import relaxtune.backends.sglang_launch as launch
-    import relaxtune.job as job
+    import relaxtune.job.steps as job
 
     def loaded(*args, **kwargs):
         raise AssertionError(f"a model loaded or a server started: {args}")

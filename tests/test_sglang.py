@@ -212,7 +212,7 @@ def test_unreachable_server_is_named(tiny_backend):
 
 
 def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task
@@ -238,7 +238,7 @@ def test_a_job_through_sglang_measures_its_serving_profile_through_the_servers(s
     at the batch sizes of the device the verifier server reports (a CPU's here: 1, 4, 16)."""
     from relaxtune.backends.sglang_costs import server_batch_sizes
     from relaxtune.decoding.serving import ServingProfile
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.tune.serving_sizes import auto_batch_sizes
     from relaxtune.tune.setting_groups import PairSettings
     from relaxtune.tune.tuning import TuneSettings

@@ -278,7 +278,7 @@ def test_a_new_key_rename_is_a_failed_sample_not_a_wrong_one(native, tmp_path):
 
 
 def test_tuner_pins_the_servers_point(native, tmp_path):
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task
@@ -319,7 +319,7 @@ def test_native_and_client_loop_samples_are_kept_apart(native, tiny_backend, tmp
 
 
 def test_a_pinned_trial_that_fails_once_is_run_again(native, tmp_path):
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.tune.tuning import TuneSettings
 
     from .tiny_task import write_tiny_task

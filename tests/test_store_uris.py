@@ -13,10 +13,11 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-import relaxtune.job as job
+import relaxtune.job.steps as job
 import relaxtune.report.stores as stores
 from relaxtune.cli.app import app
-from relaxtune.job import JobError, prepare
+from relaxtune.job.steps import prepare
+from relaxtune.report.reexport import JobError
 from relaxtune.tune.settings import TuneSettings
 
 from .synthetic import write_task

@@ -393,7 +393,7 @@ def test_commands_that_only_read_records_load_no_model(tmp_path, tiny_pair_dirs,
     recorded read the records: the loaders are never called."""
     import relaxtune.backends.hf
     import relaxtune.backends.load
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.tune.settings import TuneSettings
 
     drafter, verifier = tiny_pair_dirs

@@ -40,6 +40,9 @@ def runs_of(t: Tracker, kind: str):
 
 
 def test_job_ids_follow_the_settings_that_shape_trials():
+    def ident(s: TuneSettings, spec, pair: str) -> str:  # the groups a job id is made of
+        return job_id(s.stores, s.stats, s.search, spec, pair)
+
     base = TuneSettings(task="x", storage="postgresql+psycopg://rt:secret@db.example/rt", n_drafts=[4])
     same = base.model_copy(
         update={
@@ -50,18 +53,18 @@ def test_job_ids_follow_the_settings_that_shape_trials():
             "parallel_trials": 4,
         }
     )
-    assert job_id(base, SPEC, "pair") == job_id(same, SPEC, "pair")  # password, trials, folder, workers: same job
-    assert job_id(base, SPEC, "pair").startswith("synthetic-")
+    assert ident(base, SPEC, "pair") == ident(same, SPEC, "pair")  # password, trials, folder, workers: same job
+    assert ident(base, SPEC, "pair").startswith("synthetic-")
     others = [
         base.model_copy(update={"n_drafts": [2]}),
         base.model_copy(update={"epsilon": 0.1}),
         base.model_copy(update={"limit": 10}),
         base.model_copy(update={"storage": "sqlite:///other.db"}),
     ]
-    assert len({job_id(s, SPEC, "pair") for s in others} | {job_id(base, SPEC, "pair")}) == 5
-    assert job_id(base, SPEC, "other-pair") != job_id(base, SPEC, "pair")
-    assert job_id(base, SPEC.model_copy(update={"max_new_tokens": 32}), "pair") != job_id(base, SPEC, "pair")
-    assert job_id(base.model_copy(update={"job_id": "mine"}), SPEC, "pair") == "mine"
+    assert len({ident(s, SPEC, "pair") for s in others} | {ident(base, SPEC, "pair")}) == 5
+    assert ident(base, SPEC, "other-pair") != ident(base, SPEC, "pair")
+    assert ident(base, SPEC.model_copy(update={"max_new_tokens": 32}), "pair") != ident(base, SPEC, "pair")
+    assert ident(base.model_copy(update={"job_id": "mine"}), SPEC, "pair") == "mine"
 
 
 def test_trial_runs_are_never_shared_between_jobs(uri):

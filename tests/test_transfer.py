@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from relaxtune.certify.stats import drop_bound
-from relaxtune.job import run_tune_job
+from relaxtune.job.run import run_tune_job
 from relaxtune.report.export import load_config, save_config
 from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.transfer.figure import OVER, WITHIN, matrix_figure

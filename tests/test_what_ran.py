@@ -53,9 +53,9 @@ def test_an_sglang_job_records_the_servers_dtype():
     try:
         assert served_dtype(server.url) == "float32"
         s = TuneSettings(task="gsm8k_mini", drafter_url=server.url, verifier_url=server.url)
-        assert what_ran(s) == ("sglang", "float32")
+        assert what_ran(s.pair) == ("sglang", "float32")
         assert weights("standin-model", "float32", "sglang")["format"] == "as served by SGLang (float32)"
     finally:
         server.stop()
     assert served_dtype("http://127.0.0.1:9") == "as served"  # nothing answers there
-    assert what_ran(TuneSettings(task="gsm8k_mini", runtime="hf", dtype="float16")) == ("hf", "float16")
+    assert what_ran(TuneSettings(task="gsm8k_mini", runtime="hf", dtype="float16").pair) == ("hf", "float16")

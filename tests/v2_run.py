@@ -73,7 +73,7 @@ def golden_backend(models: Path):
 
 def run(out: Path, backend=None, new_trials: bool = True, **over):
     """The golden job in ``out`` (made the current directory: every path it records is relative)."""
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
 
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(out)

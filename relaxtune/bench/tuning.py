@@ -56,6 +56,7 @@ from relaxtune.bench.simulated import FAMILIES, GAINS, PAPER_N, SimPair, SimTask
 from relaxtune.certify.stats import wilson_interval
 from relaxtune.decoding.methods import get_method
 from relaxtune.tune.result import JobResult
+from relaxtune.tune.setting_groups import StatsSettings
 from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.tuning import Tuner, choose
 
@@ -131,10 +132,10 @@ class _Prefix:
         return self.trials
 
 
-def _pick(trials: list, settings: TuneSettings, strict: dict[int, tuple[float, float]]) -> tuple:
+def _pick(trials: list, stats: StatsSettings, strict: dict[int, tuple[float, float]]) -> tuple:
     """The product's choice among ``trials`` with strict known at the draft lengths of ``strict``;
     strict at its fastest N when no relaxed point is chosen or strict is faster."""
-    chosen = choose(_Prefix(trials), settings, strict)
+    chosen = choose(_Prefix(trials), stats, strict)
     n_strict = max(strict, key=lambda n: strict[n][0])
     if chosen is None or chosen.values[0] < strict[n_strict][0]:
         return None, n_strict
@@ -157,7 +158,7 @@ def trace(result: JobResult, study) -> list[tuple[int, tuple]]:
         tokens += int(t.user_attrs.get("metrics", {}).get("tokens", 0))
         done.append(t)
         strict = {k: v for k, v in result.strict_points().items() if k in seen}
-        out.append((tokens, _pick(done, result.settings, strict)))
+        out.append((tokens, _pick(done, result.stats, strict)))
     return out
 
 

@@ -274,7 +274,9 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
     import sys
 
     from ..backends.load import lazy_backend
-    from ..job import JobError, deployable, prepare, run_tune_job
+    from ..job.run import run_tune_job
+    from ..job.steps import deployable, prepare
+    from ..report.reexport import JobError
     from ..tune.checks import ConfirmationError
     from ..tune.job_identity import study_name
     from ..tune.phases import phase

@@ -32,6 +32,7 @@ from prefect.cache_policies import NONE
 from relaxtune.tasks.spec import load_problems, load_task
 from relaxtune.tune.evaluation import DecodeConfig, EvalResult, evaluate
 from relaxtune.tune.job_identity import spec_digest
+from relaxtune.tune.setting_groups import PairSettings
 from relaxtune.tune.settings import TuneSettings
 
 __all__ = [
@@ -63,10 +64,10 @@ def _transient(task, task_run, state) -> bool:
     return False
 
 
-def load_backend(settings: TuneSettings):
-    """The settings' backend (in-process pair or SGLang), loaded once per process
-    whatever the task (a transfer evaluates several tasks on one pair)."""
-    return _cached_backend(tuple(settings.backend.items()))
+def load_backend(pair: PairSettings):
+    """The backend of the job's model pair settings (in-process pair or SGLang), loaded
+    once per process whatever the task (a transfer evaluates several tasks on one pair)."""
+    return _cached_backend(tuple(pair.backend.items()))
 
 
 @functools.lru_cache(maxsize=4)
@@ -113,19 +114,20 @@ def _model(model: str) -> object:
     )
 
 
-def backend_identity(settings: TuneSettings) -> dict:
-    """What serves the evaluations: the SGLang servers (URL and reported model) and
-    the tokenizer, or the in-process drafter and verifier (model files) and dtype."""
-    if settings.verifier_url:
-        urls = (settings.drafter_url, settings.verifier_url, settings.native_url)
-        return {"servers": [_server(u) for u in urls if u], "tokenizer": settings.tokenizer or settings.verifier}
-    return {"drafter": _model(settings.drafter), "verifier": _model(settings.verifier), "dtype": settings.dtype}
+def backend_identity(pair: PairSettings) -> dict:
+    """What serves the evaluations (``pair``: the job's model pair settings): the SGLang
+    servers (URL and reported model) and the tokenizer, or the in-process drafter and
+    verifier (model files) and dtype."""
+    if pair.verifier_url:
+        urls = (pair.drafter_url, pair.verifier_url, pair.native_url)
+        return {"servers": [_server(u) for u in urls if u], "tokenizer": pair.tokenizer or pair.verifier}
+    return {"drafter": _model(pair.drafter), "verifier": _model(pair.verifier), "dtype": pair.dtype}
 
 
-def backend_tag(settings: TuneSettings) -> str:
+def backend_tag(pair: PairSettings) -> str:
     """``relaxtune-backend:<verifier server host:port>`` or ``relaxtune-backend:<this host>``
-    (in-process models): one tag per machine that generates."""
-    where = urlsplit(settings.verifier_url).netloc if settings.verifier_url else socket.gethostname()
+    (in-process models; ``pair``: the job's model pair settings): one tag per machine that generates."""
+    where = urlsplit(pair.verifier_url).netloc if pair.verifier_url else socket.gethostname()
     return f"relaxtune-backend:{where}"
 
 
@@ -142,7 +144,7 @@ def evaluation_cache_key(context, parameters: dict) -> str:
     key = {
         "inputs": parameters,
         "task": [spec.name, spec.version, spec_digest(spec)],
-        "backend": backend_identity(settings),
+        "backend": backend_identity(settings.pair),
         "relaxtune": metadata.version("relaxtune"),
         "code": code_identity(),
     }
@@ -173,7 +175,7 @@ def generate_and_grade(
     problems = [by_id[i] for i in problem_ids]
     return evaluate(
         load_task(s.task),
-        load_backend(s),
+        load_backend(s.pair),
         DecodeConfig(method, knob, n_draft, seed),
         output_dir=s.output_dir,
         problems=problems,

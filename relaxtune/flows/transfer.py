@@ -40,13 +40,13 @@ def transfer_matrix(
 
     def evaluate_fn(spec, backend, config, *, output_dir, problems, progress):
         s = settings_of(spec.source_file)
-        run = generate_and_grade.with_options(tags=[backend_tag(s)])
+        run = generate_and_grade.with_options(tags=[backend_tag(s.pair)])
         return run(
             s.model_dump(), config.method, config.knob, config.n_draft, config.seed, tuple(p.id for p in problems)
         )
 
     logger = get_run_logger()
-    backend = load_backend(load_tuned(tasks[0], output_dir).settings)  # the pair the task runs use
+    backend = load_backend(load_tuned(tasks[0], output_dir).settings.pair)  # the pair the task runs use
     matrix, written = run_transfer(
         tasks,
         methods,

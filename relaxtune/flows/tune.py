@@ -44,7 +44,7 @@ from relaxtune.tune.studies import default_worker
 def _ranges_runner(settings: TuneSettings):
     """``Tuner.run_ranges`` for a flow: one ``generate_and_grade`` task run per range, concurrently."""
     as_dict = settings.model_dump()
-    tagged = generate_and_grade.with_options(tags=[backend_tag(settings)])
+    tagged = generate_and_grade.with_options(tags=[backend_tag(settings.pair)])
 
     def run_ranges(config: DecodeConfig, problems: list, ranges: list[range]):
         futures = [
@@ -123,7 +123,7 @@ def tune_task(
     """
     from prefect.runtime import flow_run
 
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.report.decision import decide
     from relaxtune.report.export import cautions
 
@@ -143,7 +143,7 @@ def tune_task(
     try:
         config, path = run_tune_job(
             s,
-            load_backend(s),
+            load_backend(s.pair),
             progress=False,
             run_ranges=_ranges_runner(s),
             submit_trial=submit_trial,

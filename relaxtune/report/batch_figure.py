@@ -7,7 +7,7 @@ from which speculative decoding stops paying shaded, and the declared batch size
 
 from __future__ import annotations
 
-from .figures import STRICT, STYLE, _plt
+from .figure_parts import STRICT, STYLE, pyplot
 
 __all__ = ["batch_figure"]
 
@@ -28,7 +28,7 @@ def batch_figure(config, title: str):
     batches = config.by_batch_size
     if batches is None:
         return None
-    plt = _plt()
+    plt = pyplot()
     sizes = sorted(batches.best)
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8.8, 5.6), dpi=100)

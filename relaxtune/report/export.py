@@ -40,6 +40,7 @@ from ..tune.judge import feasible as within_budget
 from ..tune.recommend import PLAIN
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
+from ..tune.setting_groups import PairSettings, StatsSettings
 from .config_schema import ByBatchSize, MethodResult, Recommendation, TunedConfig, upgrade_config
 from .deploy import deploy_blocks, plain_blocks, weights
 
@@ -122,12 +123,14 @@ def _closest(trials: list, ucb, method: str, profile) -> dict | None:
     }
 
 
-def _within_budget(o, settings) -> int:
-    """How many of the method's trials pass the capability-loss constraint under ``settings``."""
-    return sum(within_budget(t, settings) for t in o.study.get_trials(deepcopy=False))
+def _within_budget(o, stats: StatsSettings) -> int:
+    """How many of the method's trials pass the capability-loss constraint under ``stats``."""
+    return sum(within_budget(t, stats) for t in o.study.get_trials(deepcopy=False))
 
 
-def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> MethodResult:
+def _method_result(
+    o, confirmation, pair: PairSettings, stats: StatsSettings, ucb, sampling: dict, profile
+) -> MethodResult:
     """One method's entry: the confirmed point's confirmation numbers, or why there is none;
     speed-ups priced with ``profile`` (the job's costs, or a serving host's: ``_priced``)."""
     import optuna
@@ -153,7 +156,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
     )
     done = None if confirmation is None else confirmation.confirmed
     if done is None:
-        within = _within_budget(o, settings)
+        within = _within_budget(o, stats)
         note = (
             "no trial met the capability-loss constraint in the search"
             if o.chosen is None and not within
@@ -197,32 +200,32 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
         truncated=m.truncated,
         loop_rate=m.loop_rate,
         modeled_speedup_by_c_rel=m.speedup_by_c_rel,
-        serving=serving_args(o.method, done.knob, done.n_draft, settings.drafter, settings.verifier, sampling),
+        serving=serving_args(o.method, done.knob, done.n_draft, pair.drafter, pair.verifier, sampling),
         **base,
         deploy=deploy_blocks(
             o.method,
             point.point_knob,
             done.n_draft,
             sampling,
-            settings.drafter,
-            settings.verifier,
-            *reversed(what_ran(settings)),
+            pair.drafter,
+            pair.verifier,
+            *reversed(what_ran(pair)),
         ),
     )
 
 
-def what_ran(settings) -> tuple[str | None, str | None]:
-    """``(runtime, dtype)`` the tuned config records for a job's ``settings``: ``sglang`` and
+def what_ran(pair: PairSettings) -> tuple[str | None, str | None]:
+    """``(runtime, dtype)`` the tuned config records for a job's model pair and runtime (``pair``): ``sglang`` and
     the server's dtype (``relaxtune.backends.sglang_costs.served_dtype``) when the verifier ran
     on an SGLang server; ``llamacpp`` and no dtype (the GGUF files run as quantised: the
     format is in ``weights``); else the in-process runtime (``auto`` resolved) and its ``dtype``."""
-    resolve = getattr(settings, "resolved_runtime", None)  # "auto" as this machine resolves it (a job records it so)
-    runtime = resolve() if resolve is not None else getattr(settings, "runtime", None)
-    if getattr(settings, "verifier_url", None):
+    resolve = getattr(pair, "resolved_runtime", None)  # "auto" as this machine resolves it (a job records it so)
+    runtime = resolve() if resolve is not None else getattr(pair, "runtime", None)
+    if getattr(pair, "verifier_url", None):
         from ..backends.sglang_costs import served_dtype
 
-        return "sglang", served_dtype(settings.verifier_url)
-    return runtime, None if runtime == "llamacpp" else settings.dtype
+        return "sglang", served_dtype(pair.verifier_url)
+    return runtime, None if runtime == "llamacpp" else pair.dtype
 
 
 def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict | None = None) -> TunedConfig:
@@ -245,11 +248,14 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     from ..tune.judge import drop_ucb_at
     from ..tune.recommend import recommend
 
-    s, spec, confirmations, outcomes = result.settings, result.spec, result.confirmations, result.outcomes
-    ucb = lambda m: drop_ucb_at(m.dump(), s.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
+    pair, stats, search = result.pair, result.stats, result.search
+    spec, confirmations, outcomes = result.spec, result.confirmations, result.outcomes
+    ucb = lambda m: drop_ucb_at(m.dump(), stats.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
     profile = result.profile
-    methods = {o.method: _method_result(o, confirmations.get(o.method), s, ucb, sampling, profile) for o in outcomes}
+    methods = {
+        o.method: _method_result(o, confirmations.get(o.method), pair, stats, ucb, sampling, profile) for o in outcomes
+    }
     strict = {
         n: {
             "accuracy": b.accuracy,
@@ -261,13 +267,13 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         }
         for n, b in result.baselines.items()
     }
-    dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, s)]  # strict beats each
+    dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, stats)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
-    runtime, dtype = what_ran(s)
+    runtime, dtype = what_ran(pair)
     if rec["method"] == PLAIN:  # serve the verifier alone; the fastest speculative point beside it
         fast = rec["fastest_speculative"]
         fast |= {k: getattr(methods[fast["method"]], k) for k in ("knobs", "scope") if fast["method"] in methods}
-        rec["deploy"] = plain_blocks(s.verifier, sampling, dtype, runtime)
+        rec["deploy"] = plain_blocks(pair.verifier, sampling, dtype, runtime)
         rec["serving"] = {
             "decoding": PLAIN,
             "note": "serve the verifier alone",
@@ -276,7 +282,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     else:
         rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
         rec["serving"] = (
-            serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
+            serving_args("strict", None, rec["n_draft"], pair.drafter, pair.verifier, sampling)
             if rec["method"] == "strict"
             else methods[rec["method"]].serving
         )
@@ -285,8 +291,8 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
             rec.get("knobs") or rec["knob"],
             rec["n_draft"],
             sampling,
-            s.drafter,
-            s.verifier,
+            pair.drafter,
+            pair.verifier,
             dtype,
             runtime,
         )
@@ -294,7 +300,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     planned = (
         next(iter(confirmations.values())).planned
         if confirmations
-        else planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned)
+        else planned_confirmations([o.method for o in outcomes], stats.confirmations, search.trials, pinned)
     )
     tried = [
         m
@@ -303,15 +309,15 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         if t.state.name == "COMPLETE" and (m := trial_metrics(t, o.method)) is not None
     ]
     pairs = sum(m.n for m in tried)  # pooled over every completed trial (its upper bound), else the default
-    discordance = planning_discordance(sum(m.strict_only + m.relaxed_only for m in tried), pairs, s.confidence)
-    holdout = s.confirm == "holdout"
+    discordance = planning_discordance(sum(m.strict_only + m.relaxed_only for m in tried), pairs, stats.confidence)
+    holdout = stats.confirm == "holdout"
     held = result.confirm_problems
     total = result.problems + held if holdout else result.problems  # the job's problems (--limit)
     sample = plan(
         total,
         spec.repeats,
-        s.epsilon,
-        s.confidence,
+        stats.epsilon,
+        stats.confidence,
         discordance=discordance,
         planned=max(planned, 1),
         holdout=holdout,
@@ -323,17 +329,17 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         task=spec.name,
         task_version=spec.version,
         grader=_grader_versions(spec.grader.kind),
-        drafter=s.drafter,
-        verifier=s.verifier,
+        drafter=pair.drafter,
+        verifier=pair.verifier,
         dtype=dtype,
         runtime=runtime,
         sampling=sampling,
-        weights={"drafter": weights(s.drafter, dtype, runtime), "verifier": weights(s.verifier, dtype, runtime)},
-        seed=s.seed,
+        weights={"drafter": weights(pair.drafter, dtype, runtime), "verifier": weights(pair.verifier, dtype, runtime)},
+        seed=search.seed,
         problems=result.problems,
         repeats=spec.repeats,
-        epsilon=s.epsilon,
-        confidence=s.confidence,
+        epsilon=stats.epsilon,
+        confidence=stats.confidence,
         c_rel=c_rel_of(profile),
         cost_profile=cost_profile_section(profile, costs),
         serving_batch_sizes=prices.batch_sizes,
@@ -341,13 +347,13 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         strict_by_n_draft=strict,
         methods=methods,
         confirmation={
-            "samples": s.confirm,
+            "samples": stats.confirm,
             "problems": held,
-            "per_method": s.confirmations,
+            "per_method": stats.confirmations,
             "planned": planned,
-            "confidence_each": split_confidence(s.confidence, planned),
+            "confidence_each": split_confidence(stats.confidence, planned),
             "rule": RULE,
-            "promise": promise(s.confirm, s.confidence, s.epsilon, held),
+            "promise": promise(stats.confirm, stats.confidence, stats.epsilon, held),
         },
         sample=asdict(sample) | {"line": sample.line()},
         recommendation=Recommendation(**rec),

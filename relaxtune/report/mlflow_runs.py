@@ -272,10 +272,10 @@ class Runs:
 
     def _points(self, result, config) -> dict[str, list[Point]]:
         """Each method's trial points (``result``: the finished job), judged under the job's
-        settings, its exported point marked."""
+        statistics settings (``result.stats``), its exported point marked."""
         return {
             o.method: study_points(
-                o.method, get_method(o.method).knob, o.study, config.methods.get(o.method), result.settings
+                o.method, get_method(o.method).knob, o.study, config.methods.get(o.method), result.stats
             )
             for o in result.outcomes
         }

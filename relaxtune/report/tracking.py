@@ -18,8 +18,9 @@ Run layout (experiment ``relaxtune-<task>``, a model-training experiment: tag
     |   +-- <method> <knob>=<v> N=<n>     trial run: params (method, knob, n_draft, trial,
     |                                     task version), metrics, per-sample table
     +-- <task> export eps <e>: use <point>
-                                          export run (``ExportRun``): one per ``relaxtune
-                                          export``, the same content for its own budget
+                                          export run (``relaxtune.report.export_run.ExportRun``):
+                                          one per ``relaxtune export``, the same content for its
+                                          own budget
 
 Metrics are logged with ``step = trial number`` on the study run too, so the
 MLflow UI charts a study's progress. Every run of a tuning job carries the job's
@@ -62,7 +63,7 @@ from ..tune.stopping import on_stop
 from .decision import study_summary
 from .mlflow_runs import DEFAULT_URI, Runs, experiment_id, filter_literal, run_url
 
-__all__ = ["Tracker", "ExportRun", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id"]
+__all__ = ["Tracker", "DEFAULT_URI", "filter_literal", "run_url", "experiment_id"]
 
 SAMPLE_COLUMNS = (
     "problem_id",
@@ -82,7 +83,8 @@ class Tracker(Runs):
 
     Args:
         uri: tracking URI (default ``sqlite:///mlflow.db``).
-        task: the task spec; pair: the pair's name; settings: a dict of the job's settings.
+        task: the task spec; pair: the pair's name; settings: a dict of the job's settings
+            (logged as ``settings.json``, read for nothing else).
         problems: the problems (logged as the dataset input).
         job_id: the tuning job's id (``relaxtune.tune.job_identity.job_id``).
         lock: a context-manager factory that serialises run creation across the
@@ -92,6 +94,8 @@ class Tracker(Runs):
             default ``lock``.
         end_on_stop: end the runs when the job stops or fails (``on_stop``); False
             when the caller does (``relaxtune.report.background``).
+        claims_dir: the folder of the figures' claims (``_share_figures``): the job's
+            output folder, which its workers share; default the system's temporary folder.
     """
 
     def __init__(
@@ -105,11 +109,12 @@ class Tracker(Runs):
         lock=None,
         finish_lock=None,
         end_on_stop: bool = True,
+        claims_dir: str | Path | None = None,
     ) -> None:
         super().__init__(uri, task, pair, lock)
         self._finish_lock = finish_lock or self._lock
         self.job_id = job_id
-        self._claims = Path(settings.get("output_dir") or tempfile.gettempdir()) / "mlflow-figures.claims"
+        self._claims = Path(claims_dir or tempfile.gettempdir()) / "mlflow-figures.claims"
         self.study_runs: dict[str, str] = {}
         self.studies: dict[str, str] = {}
         with self._lock():
@@ -375,60 +380,3 @@ class Tracker(Runs):
             metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
-
-
-class ExportRun(Runs):
-    """An export's own MLflow run, nested under the tuning run it read, which it
-    never writes to (artifacts, tables, params, status).
-
-    Args:
-        uri, task, pair: as ``Tracker``.
-        settings: the export's settings (a dict, logged as ``settings.json``).
-        problems: the problems (the export run's dataset input).
-        tuning_job: the id of the tuning job whose studies the export reads (its
-            task run is found by it; None or not found: a run without a parent).
-    """
-
-    def __init__(self, uri: str | None, task, pair: str, settings: dict, problems, tuning_job: str | None) -> None:
-        super().__init__(uri, task, pair)
-        self.settings, self.problems, self.tuning_job = settings, problems, tuning_job
-        found = self._find({"relaxtune.kind": "task", "relaxtune.job": tuning_job}) if tuning_job else []
-        self.tuning_run_id = found[0].info.run_id if found else None
-        self.run_id: str | None = None
-
-    def study_run(self, study_name: str) -> str | None:
-        """The tuning job's run of study ``study_name`` (read only), or None."""
-        if not self.tuning_job:
-            return None
-        found = self._find({"relaxtune.kind": "study", "relaxtune.study": study_name, "relaxtune.job": self.tuning_job})
-        return found[0].info.run_id if found else None
-
-    def start(self) -> str:
-        """Create the export's run (status RUNNING) and return its id."""
-        tags = {
-            "relaxtune.kind": "export",
-            "relaxtune.tuning_job": self.tuning_job or "unknown",
-            "relaxtune.tuning_run": self.tuning_run_id or "not found",
-            "relaxtune.pair": self.pair,
-            "relaxtune.task_version": str(self.task.version),
-        }
-        tags |= {"mlflow.parentRunId": self.tuning_run_id} if self.tuning_run_id else {}
-        self.run_id = self.client.create_run(
-            self.experiment_id, tags=tags, run_name=f"{self.task.name} export"
-        ).info.run_id
-        self.client.log_dict(self.run_id, self.settings, "settings.json")
-        self._log_dataset(self.run_id, self.problems)
-        return self.run_id
-
-    def finish(self, result, config, config_path: Path) -> None:
-        """The export's decision, figures, points and config on its own run; FINISHED."""
-        per_method = self._points(result, config)
-        name = f"{self.task.name} export eps {config.epsilon:g}"
-        self._log_decision(self.run_id, name, per_method, baseline_points(result), config, config_path)
-        self.client.set_terminated(self.run_id)
-
-    def fail(self, why: str) -> None:
-        """Mark the export's run FAILED, saying why (an export that stopped half-way)."""
-        if self.run_id is not None:
-            self.client.set_tag(self.run_id, "relaxtune.note", why[:5000])
-            self.client.set_terminated(self.run_id, status="FAILED")

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     import scipy.stats  # noqa: F401
     import sqlalchemy  # noqa: F401
 
-    from relaxtune.job import run_tune_job
+    from relaxtune.job.run import run_tune_job
     from relaxtune.report.tracking import Tracker  # noqa: F401
     from relaxtune.tune.evaluation import record_identity
     from relaxtune.tune.studies import load_rdb_modules

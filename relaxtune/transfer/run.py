@@ -254,7 +254,7 @@ def evaluate_cells(
                 evaluate_fn=evaluate_fn,
                 progress=progress,
             )
-            judge = tgt.settings.model_copy(update={"confidence": level})
+            judge = tgt.settings.stats.model_copy(update={"confidence": level})  # the statistics group alone
             cell.within = all(v <= 0 for v in constraint_values(cell.metrics, judge).values())
         except Exception as err:
             cell.error = f"{type(err).__name__}: {err}"

@@ -33,13 +33,14 @@ problems (their sampling noise), not new ones, and every output says so.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..tasks.spec import Problem
 from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
 from .judge import constraint_values, drop_ucb_at, point_metrics
+from .records import load_metrics
 from .tuning import candidates
 
 __all__ = [
@@ -62,10 +63,13 @@ RULE = (
 )
 
 
-def planned_confirmations(settings, pinned: set[str] = frozenset()) -> int:
+def planned_confirmations(
+    methods: Sequence[str], confirmations: int, trials: int, pinned: set[str] = frozenset()
+) -> int:
     """T: the confirmations a job allows, from its settings alone (known before any
-    generation): per method ``min(confirmations, trials)``, one for a ``pinned`` method."""
-    return sum(1 if m in pinned else min(settings.confirmations, settings.trials) for m in settings.methods)
+    generation): per method of ``methods`` ``min(confirmations, trials)`` (``--confirmations``,
+    ``--trials``), one for a ``pinned`` method."""
+    return sum(1 if m in pinned else min(confirmations, trials) for m in methods)
 
 
 def promise(confirm: str, confidence: float, epsilon: float, problems: int) -> str:
@@ -143,7 +147,7 @@ class Attempt:
 
     def summary(self) -> dict:
         """The numbers the export and MLflow show."""
-        m = self.metrics
+        m = load_metrics(self.metrics, where=f"confirmation {self.attempt} of trial {self.trial}")  # typed
         return {
             "attempt": self.attempt,
             "trial": self.trial,
@@ -153,17 +157,17 @@ class Attempt:
             "seed": self.seed,
             "confidence": self.confidence,
             "passed": self.passed,
-            "n": m["n"],
-            "problems": m["problems"],
-            "accuracy": m["accuracy"],
-            "strict_accuracy": m["strict_accuracy"],
-            "drop": m["drop"],
-            "drop_upper_bound": m["drop_ucb"],
-            "bound_method": m["bound_method"],
+            "n": m.n,
+            "problems": m.problems,
+            "accuracy": m.accuracy,
+            "strict_accuracy": m.strict_accuracy,
+            "drop": m.drop,
+            "drop_upper_bound": m.drop_ucb,
+            "bound_method": m.bound_method,
             "search_drop_upper_bound": self.search_drop_upper_bound,
-            "l_accept": m["l_accept"],
-            "length_ratio": m["length_ratio"],
-            "modeled_speedup": m["speedup"],
+            "l_accept": m.l_accept,
+            "length_ratio": m.length_ratio,
+            "modeled_speedup": m.speedup,
         }
 
 
@@ -235,7 +239,7 @@ def confirm(
 ) -> dict[str, Confirmation]:
     """Confirm each method's candidates in turn (``relaxtune.tune.tuning.candidates``:
     feasible, not dominated by strict, best first) until one passes or
-    ``settings.confirmations`` failed (module doc for the confidence split).
+    ``--confirmations`` failed (module doc for the confidence split).
 
     Args:
         tuner: the finished ``Tuner`` (settings, backend, profile, strict baselines).
@@ -251,7 +255,7 @@ def confirm(
     ranked = {o.method: candidates(o.study, s.stats, tuner.strict_points())[: s.confirmations] for o in outcomes}
     pinned = {o.method for o in outcomes if tuner.pinned(o.method) is not None}
     planned = max(
-        planned_confirmations(s.model_copy(update={"methods": [o.method for o in outcomes]}), pinned),
+        planned_confirmations([o.method for o in outcomes], s.confirmations, s.trials, pinned),
         sum(len(c) for c in ranked.values()),
     )  # the max guards settings edited between tune and export
     level = split_confidence(s.confidence, planned)

@@ -9,7 +9,8 @@ import hashlib
 import json
 import re
 
-from .settings import TuneSettings, storage_url
+from .setting_groups import SearchSettings, StatsSettings, StoreSettings
+from .settings import storage_url
 
 __all__ = ["study_name", "job_id", "spec_digest", "JOB_FIELDS", "JOB_FIELDS_GIVEN"]
 
@@ -42,18 +43,18 @@ def spec_digest(spec) -> str:
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
 
 
-def job_id(settings: TuneSettings, spec, pair: str) -> str:
-    """The tuning job's id: ``settings.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
-    the Optuna storage (password left out), the task spec, the model pair, ``JOB_FIELDS`` and those of
-    ``JOB_FIELDS_GIVEN`` given. Every
-    worker of one job computes the same id (neither the output folder, the server URLs nor the number
-    of trials enter it); a job with other settings gets another."""
-    if settings.stores.job_id:
-        return settings.stores.job_id
+def job_id(stores: StoreSettings, stats: StatsSettings, search: SearchSettings, spec, pair: str) -> str:
+    """The tuning job's id: ``stores.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
+    the Optuna storage (``stores``; password left out), the task spec, the model pair's name, ``JOB_FIELDS``
+    and those of ``JOB_FIELDS_GIVEN`` given (fields of ``stats`` and ``search``). Every
+    worker of one job computes the same id (neither the output folder, the server URLs, the workers'
+    settings nor the number of trials enter it); a job with other settings gets another."""
+    if stores.job_id:
+        return stores.job_id
     from sqlalchemy.engine import make_url
 
-    storage = make_url(storage_url(settings.stores)).render_as_string(hide_password=True)
-    flat = settings.model_dump()
+    storage = make_url(storage_url(stores)).render_as_string(hide_password=True)
+    flat = stats.model_dump() | search.model_dump()
     key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: flat[f] for f in JOB_FIELDS}
     key |= {f: flat[f] for f in JOB_FIELDS_GIVEN if flat[f] is not None}
     return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"

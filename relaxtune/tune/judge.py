@@ -15,10 +15,12 @@ from ..decoding.rambling import loop_rate
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
 from .evaluation import EvalResult
+from .records import SampleRecord, load_record
 from .setting_groups import StatsSettings
 
 __all__ = [
     "point_metrics",
+    "typed_records",
     "speedup_upper",
     "constraint_values",
     "drop_ucb_at",
@@ -56,18 +58,16 @@ def point_metrics(
     Raises:
         ValueError: no paired sample (every generation failed).
     """
-    base = {(r["problem_id"], r["repeat"]): r for r in strict.records if not r.get("failed")}
-    pairs = [
-        (base[k], r) for r in relaxed.records if not r.get("failed") and (k := (r["problem_id"], r["repeat"])) in base
-    ]
+    base = {r.key: r for r in typed_records(strict) if not r.failed}
+    pairs = [(base[r.key], r) for r in typed_records(relaxed) if not r.failed and r.key in base]
     if not pairs:
         raise ValueError("no paired samples to compare (every generation failed?)")
     counts = paired_counts(strict.records, relaxed.records)
     bound = drop_bound(counts, confidence)
-    s_ok = [bool(s.get("correct")) for s, _ in pairs]
-    r_ok = [bool(r.get("correct")) for _, r in pairs]
-    l_strict = max(sum(s["response_tokens"] for s, _ in pairs) / len(pairs), 1.0)
-    l_relax = max(sum(r["response_tokens"] for _, r in pairs) / len(pairs), 1.0)
+    s_ok = [bool(s.correct) for s, _ in pairs]
+    r_ok = [bool(r.correct) for _, r in pairs]
+    l_strict = max(sum(s.response_tokens for s, _ in pairs) / len(pairs), 1.0)
+    l_relax = max(sum(r.response_tokens for _, r in pairs) / len(pairs), 1.0)
     l_accept = min(relaxed.l_accept, float(n_draft))
     out = dict(
         n=len(pairs),
@@ -90,7 +90,7 @@ def point_metrics(
         strict_length=l_strict,
         length_ratio=l_relax / l_strict,
         truncated=relaxed.truncated,
-        loop_rate=loop_rate([r.get("output", "") for _, r in pairs]),
+        loop_rate=loop_rate([r.output or "" for _, r in pairs]),  # a graded sample has its text
         tokens=relaxed.tokens,
         tokens_per_second=relaxed.tokens_per_second,
     )
@@ -105,7 +105,7 @@ def point_metrics(
 
 
 def speedup_upper(
-    pairs: list[tuple[dict, dict]],
+    pairs: list[tuple[SampleRecord, SampleRecord]],
     speedup_: float,
     n_draft: int,
     profile: ServingProfile | CostProfile | float,
@@ -121,8 +121,8 @@ def speedup_upper(
     """
     per: dict[str, np.ndarray] = {}
     for s, r in pairs:  # per problem: samples, strict tokens, relaxed tokens, rounds, accepted drafts
-        row = per.setdefault(s["problem_id"], np.zeros(5))
-        row += (1, s["response_tokens"], r["response_tokens"], r["stats"]["rounds"], r["stats"]["accepted"])
+        row = per.setdefault(s.problem_id, np.zeros(5))
+        row += (1, s.response_tokens, r.response_tokens, r.stats["rounds"], r.stats["accepted"])
     if len(per) < 2:
         return math.inf
     table = np.array(list(per.values()))
@@ -133,6 +133,16 @@ def speedup_upper(
     k = len(loo)
     se = math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
     return speedup_ + NormalDist().inv_cdf(confidence) * se
+
+
+def typed_records(result: EvalResult) -> list[SampleRecord]:
+    """An evaluation's records (``EvalResult.records``: ``SampleRecord.dump`` dicts, v2 or v3)
+    read as typed ``SampleRecord``s (``relaxtune.tune.records.load_record``).
+
+    Raises:
+        RecordError: a record that does not validate (named by its file and position).
+    """
+    return [load_record(r, where=f"{result.path} record {i}") for i, r in enumerate(result.records)]
 
 
 CONSTRAINTS = ("drop_ucb_minus_epsilon", "length_ratio_over_max", "truncated_over_max")

@@ -98,15 +98,16 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
     method's ``relaxtune.report.config_schema.MethodResult``, marks the chosen and the closest point
     and gives every confirmed trial its confirmation's bound (passed or failed)."""
     from .judge import drop_ucb_at, feasible
+    from .records import trial_metrics
 
     attempts = {a["trial"]: a for a in ((getattr(result, "confirmation", None) or {}).get("attempts") or [])}
     out = []
     for t in study.get_trials(deepcopy=False):
-        m = t.user_attrs.get("metrics") or {}
-        if "speedup" not in m:
+        m = trial_metrics(t, method)  # typed, v2 or v3 (relaxtune.tune.records)
+        if m is None:
             continue
         knob, n_draft = t.params.get("knob"), t.params["n_draft"]
-        ucb = drop_ucb_at(m, stats.confidence) if stats is not None and "drop_ucb" in m else m.get("drop_ucb")
+        ucb = drop_ucb_at(t.user_attrs["metrics"], stats.confidence) if stats is not None else m.drop_ucb
         chosen, attempt = _is(result, "chosen", t), attempts.get(t.number)
         if attempt is None and chosen and result.search_drop_upper_bound is not None:
             attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
@@ -114,8 +115,8 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
             Point(
                 point_label(method, knob_name, knob, n_draft),
                 "trial",
-                m["speedup"],
-                m["accuracy"],
+                m.speedup,
+                m.accuracy,
                 feasible(t, stats),
                 chosen,
                 method,
@@ -124,10 +125,10 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
                 t.number,
                 ucb,
                 t.state.name,
-                m.get("accuracy_ci_low"),
-                m.get("accuracy_ci_high"),
-                m.get("drop"),
-                m.get("drop_lcb"),
+                m.accuracy_ci_low,
+                m.accuracy_ci_high,
+                m.drop,
+                m.drop_lcb,
                 _is(result, "closest", t),
                 *((attempt["drop_upper_bound"], attempt["passed"]) if attempt else (None, None)),
             )

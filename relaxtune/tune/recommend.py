@@ -25,6 +25,7 @@ from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from .batches import Prices
 from .evaluation import EvalResult
+from .judge import typed_records
 
 __all__ = [
     "PLAIN",
@@ -69,9 +70,9 @@ def cost_spread(profile: ServingProfile | CostProfile | float) -> float | None:
 def _per_problem(result: EvalResult, ids: list[str]) -> np.ndarray:
     """``[K, 4]``: per problem (in ``ids`` order) samples, response tokens, rounds, accepted drafts."""
     rows = {pid: np.zeros(4) for pid in ids}
-    for r in result.records:
-        if not r.get("failed") and r["problem_id"] in rows:
-            rows[r["problem_id"]] += (1, r["response_tokens"], r["stats"]["rounds"], r["stats"]["accepted"])
+    for r in typed_records(result):
+        if not r.failed and r.problem_id in rows:
+            rows[r.problem_id] += (1, r.response_tokens, r.stats["rounds"], r.stats["accepted"])
     return np.array([rows[pid] for pid in ids])
 
 
@@ -102,8 +103,8 @@ def speed_margin(
     Raises:
         ValueError: no graded sample in an evaluation.
     """
-    ids_point = list(dict.fromkeys(r["problem_id"] for r in paired_strict.records))
-    ids_strict = list(dict.fromkeys(r["problem_id"] for r in strict.records))
+    ids_point = list(dict.fromkeys(r.problem_id for r in typed_records(paired_strict)))
+    ids_strict = list(dict.fromkeys(r.problem_id for r in typed_records(strict)))
     if not ids_point or not ids_strict:
         raise ValueError("the speed margin needs graded samples of both points")
     rng = np.random.default_rng(seed)
@@ -203,10 +204,10 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         dominated: methods whose trials passed the loss constraint but strict
             dominates each (the reason names them).
     """
-    s = result.settings
+    stats = result.stats
     prices = Prices.of(result.profile)
     at = "" if prices.batch_sizes == [1] else f" at {prices.objective()}"
-    best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else s.n_drafts[0]
+    best_n = max(strict, key=lambda n: strict[n]["modeled_speedup"]) if strict else result.search.n_drafts[0]
     strict_speed = strict.get(best_n, {}).get("modeled_speedup", 1.0)
     out = dict(
         method="strict",
@@ -221,7 +222,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
     if best is None:
         out["reason"] = (
             f"use strict: no relaxed point was confirmed within the capability-loss budget (epsilon "
-            f"{s.epsilon:g}, {result.problems} problems)"
+            f"{stats.epsilon:g}, {result.problems} problems)"
             + (
                 f"; {', '.join(dominated)} had points within it, but strict (modeled {strict_speed:.2f}x "
                 f"at N={best_n}) is as fast and as accurate as each"
@@ -232,7 +233,14 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         return plain_if_nothing_pays(out, strict, methods, at)
     done = confirmations[best.method].confirmed
     sm = speed_margin(
-        done.relaxed, done.strict, done.n_draft, result.baselines[best_n], best_n, result.profile, s.confidence, s.seed
+        done.relaxed,
+        done.strict,
+        done.n_draft,
+        result.baselines[best_n],
+        best_n,
+        result.profile,
+        stats.confidence,
+        result.search.seed,
     )
     out["speed_margin"] = {"difference": sm.difference, "margin": sm.margin, "confidence": sm.confidence, "how": sm.how}
     speeds = (
@@ -250,7 +258,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         reason=(
             f"fastest confirmed point: accuracy drop vs strict <= {best.drop_upper_bound:.3f} on fresh "
             f"samples ({done.confidence:.1%} one-sided; search bound {best.search_drop_upper_bound:.3f}), "
-            f"within epsilon {s.epsilon:g}; it {speeds}"
+            f"within epsilon {stats.epsilon:g}; it {speeds}"
         ),
     )
     return plain_if_nothing_pays(out, strict, methods, at)

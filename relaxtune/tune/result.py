@@ -2,15 +2,17 @@
 the live ``Tuner`` (built by ``Tuner.result``).
 
 Everything the tuned config, its recommendation, the MLflow runs and the figures read
-is here: the job's settings, the task, how many problems the search and the
-confirmations ran on, strict's baseline at every evaluated draft length (with its
-modeled speed-up), each method's outcome and confirmation, and the cost profile.
+is here: the job's settings that report reads (the model pair, the statistics and the
+search: ``relaxtune.tune.setting_groups``; never the stores or the workers), the task,
+how many problems the search and the confirmations ran on, strict's baseline at every
+evaluated draft length (with its modeled speed-up), each method's outcome and
+confirmation, and the cost profile.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from types import MappingProxyType
 
 from ..decoding.serving import ServingProfile
@@ -18,6 +20,7 @@ from ..decoding.speed import CostProfile
 from ..tasks.spec import TaskSpec
 from .evaluation import EvalResult
 from .outcomes import MethodOutcome
+from .setting_groups import PairSettings, SearchSettings, StatsSettings
 from .settings import TuneSettings
 
 __all__ = ["JobResult"]
@@ -28,7 +31,6 @@ class JobResult:
     """A finished job, read only.
 
     Attributes:
-        settings: the job's settings (a copy: later changes of the tuner's do not show).
         spec: the task (name, version, sampling, repeats, grader).
         problems: problems the search ran on (the first half with ``--confirm holdout``).
         confirm_problems: problems the confirmations ran on.
@@ -39,9 +41,12 @@ class JobResult:
         profile: the serving profile (``ServingProfile``, weighted as the search priced), a
             single ``CostProfile``, or a bare c_rel (float).
         pinned: methods the backend serves at one point only (a native speculative server).
+        pair, stats, search: the job's settings groups that report reads (copies: later
+            changes of the tuner's do not show), taken from ``settings`` when it is given
+            (``JobResult(settings=..., ...)``: ``Tuner.result``); the job's stores and
+            workers are not kept.
     """
 
-    settings: TuneSettings
     spec: TaskSpec
     problems: int
     confirm_problems: int
@@ -51,8 +56,15 @@ class JobResult:
     confirmations: Mapping[str, object]  # method -> relaxtune.tune.confirm.Confirmation (confirm imports tuning)
     profile: ServingProfile | CostProfile | float
     pinned: frozenset[str]
+    pair: PairSettings | None = None
+    stats: StatsSettings | None = None
+    search: SearchSettings | None = None
+    settings: InitVar[TuneSettings | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, settings: TuneSettings | None) -> None:
+        if settings is not None:
+            for group in ("pair", "stats", "search"):
+                object.__setattr__(self, group, getattr(settings, group).model_copy(deep=True))
         for name in ("baselines", "strict_speedups", "confirmations"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
