@@ -56,6 +56,7 @@ __all__ = [
     "Knob",
     "METHODS",
     "ENGINE_METHODS",
+    "ALL_METHODS",
     "get_method",
     "js_divergence",
 ]
@@ -272,16 +273,21 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
+# Every method a job can tune, list and export: the per-position rules, then the engines'
+# round-level ones (``relaxtune methods`` lists these, ``--methods`` takes any of them).
+ALL_METHODS: dict[str, MethodSpec] = METHODS | ENGINE_METHODS
+
+
 def get_method(method: str | MethodSpec) -> MethodSpec:
-    """Look up a method by id (``METHODS``, then ``ENGINE_METHODS``).
+    """Look up a method by id (``ALL_METHODS``: ``METHODS``, then ``ENGINE_METHODS``).
 
     Raises:
         ValueError: for an unknown id, listing the known ones.
     """
     if isinstance(method, MethodSpec):
         return method
-    spec = METHODS.get(method) or ENGINE_METHODS.get(method)
+    spec = ALL_METHODS.get(method)
     if spec is None:
-        known = ", ".join([*METHODS, *ENGINE_METHODS])
+        known = ", ".join(ALL_METHODS)
         raise ValueError(f"unknown method {method!r}; known methods: {known}")
     return spec
