@@ -131,8 +131,13 @@ def test_the_sampler_bisects_acc_on_the_tied_line_then_single_below_the_best():
     # the tied line: acc bisected between the feasible 0.5 and the infeasible 0.2, single following it
     assert sampler.propose(grid) == {"n_draft": 4, "knob": 0.35, SINGLE: 0.35}
     # a point off the tied line is not on it: it neither bounds nor counts as tried there
-    off = _trial(3, 0.35, 0.9, l_accept=1.0, ok=False)
+    off = _trial(3, 0.35, 0.2, l_accept=1.0, ok=False)
     assert sampler.propose([*grid, off]) == {"n_draft": 4, "knob": 0.35, SINGLE: 0.35}
+    # a single threshold at or above acc IS the tied rule (one identity): it bounds the line as the tied point would
+    same = _trial(3, 0.35, 0.9, l_accept=2.2, ok=False)
+    tied = _trial(3, 0.35, 0.35, l_accept=2.2, ok=False)
+    next_tied = {"n_draft": 4, "knob": 0.425, SINGLE: 0.425}
+    assert sampler.propose([*grid, same]) == sampler.propose([*grid, tied]) == next_tied
     # acc resolved on the tied line (0.35 infeasible, narrowed to the resolution): single below the best's acc
     resolved = [*grid] + [
         _trial(3 + i, k, k, l_accept=1.9, ok=False) for i, k in enumerate((0.35, 0.425, 0.4625, 0.48125))

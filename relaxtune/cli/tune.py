@@ -17,6 +17,7 @@ def _summary(config, path) -> None:
     a reader must not miss (``relaxtune.report.export.cautions``) and where to read more."""
     from ..report.export import cautions
     from ..report.tracking import run_url
+    from ..tune.pareto import knob_text, point_label
 
     conf = config.confirmation
 
@@ -31,7 +32,7 @@ def _summary(config, path) -> None:
                 [
                     r.method,
                     f"yes (try {tried})",
-                    "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                    knob_text(r.method, r.knob_name, r.knob, r.n_draft, r.knobs or {}) or "-",
                     f(r.n_draft, "d"),
                     f(r.modeled_speedup, ".2f"),
                     f(r.search_drop_upper_bound),
@@ -47,7 +48,7 @@ def _summary(config, path) -> None:
             continue
         attempts = (r.confirmation or {}).get("attempts") or []
         c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
-        knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
+        knob = knob_text(r.method, r.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}) or "-"
         search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
         rows.append(
             [
@@ -110,11 +111,9 @@ def _summary(config, path) -> None:
     )
     _by_batch(config)
     rec = config.recommendation
-    knobs = rec.knobs or ({} if rec.knob is None else {"alpha": rec.knob})  # the method's own knob names
-    knob = "".join(f" {name}={value:.3g}" for name, value in knobs.items())
-    head = (
-        "" if rec.decoding == "plain" else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
-    )
+    knob_name = config.methods[rec.method].knob_name if rec.method in config.methods else None
+    point = point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
+    head = "" if rec.decoding == "plain" else f"{point}, modeled {rec.modeled_speedup:.2f}x: "
     console.print(
         f"[bold]recommendation[/bold]: {head}{rec.reason}"
     )  # plain: the reason says "serve the verifier alone"

@@ -41,6 +41,7 @@ from .rules import (
     mentored,
     r_fuzzy,
     sglang_threshold,
+    sglang_tied,
     spec_casc_opt,
     spec_casc_tok,
     spec_cont_dec,
@@ -228,6 +229,7 @@ METHODS: dict[str, MethodSpec] = {
             ),
             from_alpha=lambda t: {"speculative_accept_threshold_single": t, "speculative_accept_threshold_acc": t},
             primary="speculative_accept_threshold_acc",
+            canonical=sglang_tied,
             engine="SGLang 0.5.23 (since 0.4.x): --speculative-accept-threshold-single / -acc, CUDA, non-greedy "
             "rows, server-wide (POST /set_internal_state); sampling.cuh TreeSpeculativeSamplingTargetOnly",
             description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t_single or u < p(x)/t_acc "

@@ -61,7 +61,7 @@ def decide(config) -> Decision:
     chosen = config.methods.get(rec.method) if rec.method != "strict" else None
     strict = config.strict_by_n_draft.get(rec.n_draft, {})
     knob_name = chosen.knob_name if chosen is not None else None
-    label = point_label(rec.method, knob_name, rec.knob, rec.n_draft)
+    label = point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
     n = chosen.n if chosen is not None else strict.get("n")
     params = {
         "recommended_method": rec.method,
@@ -133,7 +133,9 @@ def _sentence(config, label: str) -> str:
     closest = [(m, r.closest) for m, r in config.methods.items() if not r.feasible and r.closest]
     if rec.method == "strict" and closest:
         method, c = min(closest, key=lambda mc: mc[1]["drop_upper_bound"])
-        point = point_label(method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"))
+        point = point_label(
+            method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}
+        )
         why += f"; the closest tried point, {point}, has a drop of at most {c['drop_upper_bound']:.3f}"
     samples = f"{config.problems} problems x {config.repeats}"
     return (
@@ -148,7 +150,7 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     or ``cactus study: none within eps 0.05``."""
     tried = f"{result.trials} trials ({result.pruned} pruned, {result.failed} failed)"
     if result.feasible:
-        point = point_label(result.method, result.knob_name, result.knob, result.n_draft)
+        point = point_label(result.method, result.knob_name, result.knob, result.n_draft, result.knobs or {})
         knob = point.removeprefix(result.method).strip()
         name = f"{result.method} study: {knob} chosen ({result.modeled_speedup:.2f}x)"
         search = (
@@ -165,7 +167,7 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     c = result.closest
     if not c:
         return name, f"{tried}; no point exported{why}, and no trial finished to compare."
-    point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"))
+    point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {})
     return name, (
         f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
         f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x)."
