@@ -64,6 +64,10 @@ def test_one_label_shows_every_named_knob_under_its_engine_name():
         knob_text("fly", None, 0.3, 8, {"fly_window_size": 2}) == "fly_entropy_threshold=0.3, _window_size=2, _top_k=3"
     )
     assert knob_text("trtllm_relaxed", None, 0.1, 4, (("relaxed_topk", 4),)) == "relaxed_delta=0.1, _topk=4"
+    # the summary table's compact form: less the words all of the rule's knobs share
+    assert knob_text("sglang_threshold", None, 0.5, 4, apart, compact=True) == "acc=0.5, single=0.275"
+    assert knob_text("fly", None, 0.3, 4, compact=True) == "entropy_threshold=0.3, window_size=3, entropy_top_k=3"
+    assert knob_text("cactus", "delta", 0.25, 4, compact=True) == "delta=0.25"
     # the paper's one-knob rules and the knob-less ones keep their labels
     assert point_label("cactus", "delta", 0.25, 4) == "cactus delta=0.25 N=4"
     assert point_label("strict", None, None, 4) == "strict N=4" and knob_text("strict", None, None, 4) == ""

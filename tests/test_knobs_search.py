@@ -8,6 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from relaxtune.cli.tune import _summary
 from relaxtune.decoding.speed import speedup
 from relaxtune.report.export import build_config
 from relaxtune.tune.confirm import confirm
@@ -61,7 +62,7 @@ def _settings(tmp_path, method, **over):
     )
 
 
-def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tmp_path):
+def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tmp_path, capsys, monkeypatch):
     synthetic = TwoThresholds()
     tuner = Tuner(_settings(tmp_path, "sglang_threshold"), SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=synthetic)
     tuner.progress = False
@@ -100,6 +101,14 @@ def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tm
     assert args[args.index("--speculative-accept-threshold-single") + 1] == single
     assert args[args.index("--speculative-accept-threshold-acc") + 1] == acc
     assert block["set_internal_state"] == {"server_args": {SINGLE: knobs[SINGLE], ACC: knobs[ACC]}}
+    # the summary table's knob column and the recommendation line show both thresholds (one label function)
+    monkeypatch.setenv("COLUMNS", "200")
+    _summary(config, tmp_path / "t.yaml")
+    raw = capsys.readouterr().out
+    row = [" ".join(line.replace("│", " ").split()) for line in raw.splitlines() if line.startswith("│ sglang")]
+    assert row[0].startswith(f"sglang_threshold yes (try 1) acc={knobs[ACC]:.3g}, single={knobs[SINGLE]:.3g} 4 ")
+    shown = f"speculative_accept_threshold_acc={knobs[ACC]:.3g}, _single={knobs[SINGLE]:.3g}"
+    assert f"recommendation: sglang_threshold {shown} N=4, modeled" in " ".join(raw.split())
 
 
 def _trial(number, knob, single, *, l_accept, ok=True):

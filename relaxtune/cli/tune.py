@@ -32,7 +32,7 @@ def _summary(config, path) -> None:
                 [
                     r.method,
                     f"yes (try {tried})",
-                    knob_text(r.method, r.knob_name, r.knob, r.n_draft, r.knobs or {}) or "-",
+                    knob_text(r.method, r.knob_name, r.knob, r.n_draft, r.knobs or {}, compact=True) or "-",
                     f(r.n_draft, "d"),
                     f(r.modeled_speedup, ".2f"),
                     f(r.search_drop_upper_bound),
@@ -48,7 +48,8 @@ def _summary(config, path) -> None:
             continue
         attempts = (r.confirmation or {}).get("attempts") or []
         c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
-        knob = knob_text(r.method, r.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}) or "-"
+        extra = c.get("extra_knobs") or {}
+        knob = knob_text(r.method, r.knob_name, c.get("knob"), c.get("n_draft"), extra, compact=True) or "-"
         search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
         rows.append(
             [
@@ -70,7 +71,7 @@ def _summary(config, path) -> None:
     cols = [
         Col("method"),
         Col("confirmed"),
-        Col("knob"),
+        Col("knob"),  # compact: a rule's knobs less the words all share (acc=0.5, single=0.275)
         Col("N", justify="right"),
         Col("speed-up", justify="right"),
         Col("search UCB", justify="right"),
@@ -139,6 +140,8 @@ def _summary(config, path) -> None:
 def _by_batch(config) -> None:
     """The best confirmed point per serving batch size and where speculation stops paying
     (``by_batch_size``), when more than one batch size was priced."""
+    from ..tune.pareto import point_label
+
     batches = config.by_batch_size
     if batches is None or len(batches.best) < 2:
         return
@@ -152,12 +155,11 @@ def _by_batch(config) -> None:
 
     rows = []
     for b, best in sorted(batches.best.items()):
-        knob = "".join(f" {name}={value:.3g}" for name, value in best.knobs.items())
         plain = best.decoding == "plain"
         rows.append(
             [
                 label(b),
-                f"{best.method}{knob} N={best.n_draft}",
+                point_label(best.method, None, best.knob, best.n_draft, best.knobs),
                 f"{best.modeled_speedup:.2f}",
                 "[yellow]plain[/yellow] (verifier alone)" if plain else "speculative",
             ]

@@ -77,7 +77,9 @@ def _value(v: float) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def knob_text(method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=()) -> str:
+def knob_text(
+    method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=(), compact: bool = False
+) -> str:
     """A point's knobs as a label shows them: ``"delta=0.25"`` for a one-knob rule; for a rule
     with further knobs (``MethodSpec.further_knobs``) every named knob, alpha first under its
     engine name and each further one shortened by the words it shares with it:
@@ -89,7 +91,9 @@ def knob_text(method: str, knob_name: str | None, knob: float | None, n_draft: i
         method: method id; knob_name: alpha's name (default: the registry's); knob: alpha;
         n_draft: N; extra: the further knobs, as a mapping that may hold other keys (a trial's
             params, a record's ``knobs``) or ``((name, value), ...)``; put in their one form
-            (``MethodSpec.extra_of``: SGLang's single threshold at or above acc is tied).
+            (``MethodSpec.extra_of``: SGLang's single threshold at or above acc is tied);
+        compact: for narrow tables, every name less the words all of the rule's knobs share
+            (``"acc=0.5, single=0.275"``, ``"delta=0.1, topk=4"``).
     """
     from ..decoding.methods import ALL_METHODS
 
@@ -101,10 +105,14 @@ def knob_text(method: str, knob_name: str | None, knob: float | None, n_draft: i
     extra = spec.extra_of(knob, dict(extra), n_draft)
     named = spec.point_knobs(knob, extra)
     primary = spec.primary or spec.knobs[0].name
-    parts = [f"{primary}={_value(named[primary])}"]
+    if compact:
+        cut = max(len(_short(primary, k.name)) for k in spec.further_knobs)  # less the words all names share
+        name = lambda n: n[len(primary) - cut :].lstrip("_")  # noqa: E731
+    else:
+        name = lambda n: n if n == primary else _short(n, primary)  # noqa: E731
+    parts = [f"{name(primary)}={_value(named[primary])}"]
     for k in spec.further_knobs:
-        value = k.resolve(named[k.name], n_draft)
-        parts.append(f"{_short(k.name, primary)}={_value(value)}")
+        parts.append(f"{name(k.name)}={_value(k.resolve(named[k.name], n_draft))}")
     return ", ".join(parts)
 
 
