@@ -58,3 +58,41 @@ def test_the_cli_refuses_before_any_model_loads(tmp_path, engines, message):
     assert res.exit_code == 2, res.output
     assert message in " ".join(res.output.split())
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_engines_round_level_rules_are_taken_by_methods_and_filtered_as_any_other():
+    said = []
+    settings = TuneSettings(
+        task="humaneval", methods=["fly", "trtllm_relaxed", "ens"], deployable_on=["vllm", "trtllm"]
+    )
+    kept = deployable(settings, said.append)
+    assert kept.methods == ["fly"]  # humaneval samples at 0.6: TensorRT-LLM's relaxed acceptance is greedy-only
+    assert said == [
+        "--deployable-on vllm,trtllm: refused trtllm_relaxed: TensorRT-LLM runs relaxed acceptance greedy only; "
+        "the task samples at temperature 0.6",
+        "--deployable-on vllm,trtllm: refused ens: not run by vllm, trtllm (runs on transformers)",
+    ]
+
+
+def test_the_cli_takes_fly_and_trtllm_relaxed_as_method_ids(tmp_path):
+    res = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--task",
+            "humaneval",
+            "--methods",
+            "fly,trtllm_relaxed",
+            "--deployable-on",
+            "sglang",
+            "--runtime",
+            "hf",
+            "--output-dir",
+            str(tmp_path / "runs"),
+        ],
+        env={"COLUMNS": "300"},
+    )
+    assert res.exit_code == 2, res.output  # both known (no "unknown method"), both refused by the engine filter
+    out = " ".join(res.output.split())
+    assert "no method of --methods fly,trtllm_relaxed runs there (fly: not run by sglang (runs on vllm)" in out
+    assert "unknown method" not in out

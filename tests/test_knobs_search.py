@@ -8,6 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from relaxtune.cli.tune import _summary
 from relaxtune.decoding.speed import speedup
 from relaxtune.report.export import build_config
 from relaxtune.tune.confirm import confirm
@@ -61,7 +62,7 @@ def _settings(tmp_path, method, **over):
     )
 
 
-def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tmp_path):
+def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tmp_path, capsys, monkeypatch):
     synthetic = TwoThresholds()
     tuner = Tuner(_settings(tmp_path, "sglang_threshold"), SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=synthetic)
     tuner.progress = False
@@ -100,6 +101,14 @@ def test_sglang_thresholds_are_searched_apart_recorded_confirmed_and_deployed(tm
     assert args[args.index("--speculative-accept-threshold-single") + 1] == single
     assert args[args.index("--speculative-accept-threshold-acc") + 1] == acc
     assert block["set_internal_state"] == {"server_args": {SINGLE: knobs[SINGLE], ACC: knobs[ACC]}}
+    # the summary table's knob column and the recommendation line show both thresholds (one label function)
+    monkeypatch.setenv("COLUMNS", "200")
+    _summary(config, tmp_path / "t.yaml")
+    raw = capsys.readouterr().out
+    row = [" ".join(line.replace("│", " ").split()) for line in raw.splitlines() if line.startswith("│ sglang")]
+    assert row[0].startswith(f"sglang_threshold yes (try 1) acc={knobs[ACC]:.3g}, single={knobs[SINGLE]:.3g} 4 ")
+    shown = f"speculative_accept_threshold_acc={knobs[ACC]:.3g}, _single={knobs[SINGLE]:.3g}"
+    assert f"recommendation: sglang_threshold {shown} N=4, modeled" in " ".join(raw.split())
 
 
 def _trial(number, knob, single, *, l_accept, ok=True):
@@ -131,8 +140,13 @@ def test_the_sampler_bisects_acc_on_the_tied_line_then_single_below_the_best():
     # the tied line: acc bisected between the feasible 0.5 and the infeasible 0.2, single following it
     assert sampler.propose(grid) == {"n_draft": 4, "knob": 0.35, SINGLE: 0.35}
     # a point off the tied line is not on it: it neither bounds nor counts as tried there
-    off = _trial(3, 0.35, 0.9, l_accept=1.0, ok=False)
+    off = _trial(3, 0.35, 0.2, l_accept=1.0, ok=False)
     assert sampler.propose([*grid, off]) == {"n_draft": 4, "knob": 0.35, SINGLE: 0.35}
+    # a single threshold at or above acc IS the tied rule (one identity): it bounds the line as the tied point would
+    same = _trial(3, 0.35, 0.9, l_accept=2.2, ok=False)
+    tied = _trial(3, 0.35, 0.35, l_accept=2.2, ok=False)
+    next_tied = {"n_draft": 4, "knob": 0.425, SINGLE: 0.425}
+    assert sampler.propose([*grid, same]) == sampler.propose([*grid, tied]) == next_tied
     # acc resolved on the tied line (0.35 infeasible, narrowed to the resolution): single below the best's acc
     resolved = [*grid] + [
         _trial(3 + i, k, k, l_accept=1.9, ok=False) for i, k in enumerate((0.35, 0.425, 0.4625, 0.48125))

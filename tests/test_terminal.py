@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from relaxtune.cli import app
-from relaxtune.decoding.methods import METHODS
+from relaxtune.decoding.methods import ALL_METHODS
 from relaxtune.tasks.spec import load_task
 from relaxtune.tune.progress import DEFAULT_INTERVAL, LineProgress, interval_seconds
 
@@ -38,13 +38,26 @@ def test_tables_fit_narrow_terminals_and_json_keeps_every_column(width):
     assert out.exit_code == 0, out.output
     lines = table_lines(out.output)
     assert lines and all(len(line) <= width for line in lines), max(map(len, lines))
-    assert all(m in out.output for m in METHODS) and "not shown at" in out.output
+    assert all(m in out.output for m in ALL_METHODS) and "not shown at" in out.output
     assert "SGLang's built-in rule" in out.output  # the rule column stays, wrapped
     wide = runner.invoke(app, ["methods"], env={"COLUMNS": "250"})
     assert "full rows" in wide.output and "strict at" in wide.output and "not shown" not in wide.output
     full = json.loads(runner.invoke(app, ["methods", "--json"], env={"COLUMNS": str(width)}).output)
-    assert [r["method"] for r in full] == list(METHODS)
-    assert set(full[0]) == {"method", "knob", "valid range", "strict at", "paper grid", "full rows", "rule"}
+    assert [r["method"] for r in full] == list(ALL_METHODS)  # the engines' round-level rules too (fly, trtllm)
+    assert set(full[0]) == {
+        "method",
+        "knob",
+        "further knobs",
+        "valid range",
+        "strict at",
+        "paper grid",
+        "full rows",
+        "rule",
+        "engine",
+    }
+    fly = next(r for r in full if r["method"] == "fly")
+    assert (fly["knob"], fly["further knobs"]) == ("fly_entropy_threshold", "fly_window_size, fly_entropy_top_k")
+    assert fly["engine"].startswith("vLLM 0.33.0+")
 
     out = runner.invoke(app, ["tasks"], env={"COLUMNS": str(width)})
     assert out.exit_code == 0 and all(len(line) <= width for line in table_lines(out.output))

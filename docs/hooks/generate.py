@@ -251,8 +251,8 @@ def methods() -> str:
     if extra:
         out.append(
             "### The serving engines' round-level rules\n\n`relaxtune.decoding.methods.ENGINE_METHODS`: "
-            "resolved by `get_method`, not listed by `relaxtune methods` nor taken by `--methods`.\n\n"
-            + table(*_method_rows(extra))
+            "listed by `relaxtune methods` after the table above and taken by `--methods` as any other "
+            "(`ALL_METHODS` joins both registries).\n\n" + table(*_method_rows(extra))
         )
     return "\n".join(out)
 

@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from ..decoding.methods import METHODS, Needs
+from ..decoding.methods import ALL_METHODS, Needs
 from .app import App, app, console
 from .tables import JSON, Col, print_json, show
 
@@ -26,9 +26,11 @@ def _fmt(value: float | None) -> str:
 
 @app.command()
 def methods(json_output: bool = JSON) -> None:
-    """List the relaxed verification methods, their knob (alpha) and strict point."""
+    """List the verification methods (the per-position rules, then the engines' round-level
+    ones): their knobs (alpha first, under the method's name for it; the further knobs the
+    search tries beside it under their engine names), strict point and the engine that ships them."""
     rows = []
-    for spec in METHODS.values():
+    for spec in ALL_METHODS.values():
         close = ")" if spec.high_open or math.isinf(spec.high) else "]"
         rng = f"[{_fmt(spec.low)}, {_fmt(spec.high)}{close}" if spec.has_knob else "-"
         strict = ("< 0" if spec.strict_below_zero else _fmt(spec.strict_point)) if spec.has_knob else "-"
@@ -39,11 +41,13 @@ def methods(json_output: bool = JSON) -> None:
             {
                 "method": spec.id,
                 "knob": spec.knob or "-",
+                "further knobs": ", ".join(k.name for k in spec.further_knobs) or "-",
                 "valid range": rng,
                 "strict at": strict,
                 "paper grid": ", ".join(_fmt(g) for g in spec.grid) or "-",
                 "full rows": full,
                 "rule": spec.description,
+                "engine": spec.engine or "-",
             }
         )
     if json_output:
@@ -52,11 +56,13 @@ def methods(json_output: bool = JSON) -> None:
     cols = [
         Col("method"),
         Col("knob", 2),
+        Col("further knobs", 7, wrap=True),
         Col("valid range", 3),
         Col("strict at", 5),
         Col("paper grid", 4),
         Col("full rows", 6),
         Col("rule", wrap=True),
+        Col("engine", 8, wrap=True),
     ]
     show("relaxed speculative sampling methods", cols, [list(r.values()) for r in rows])
 

@@ -18,6 +18,7 @@ def _summary(config, path) -> None:
     (``relaxtune.report.export.cautions``) and where to read more."""
     from ..report.export import cautions
     from ..report.tracking import run_url
+    from ..tune.pareto import knob_text, point_label
     from ..tune.recommend import PLAIN
 
     conf = config.confirmation
@@ -33,7 +34,7 @@ def _summary(config, path) -> None:
                 [
                     r.method,
                     f"yes (try {tried})",
-                    "-" if r.knob is None else f"{r.knob_name}={r.knob:.3g}",
+                    knob_text(r.method, r.knob_name, r.knob, r.n_draft, r.knobs or {}, compact=True) or "-",
                     f(r.n_draft, "d"),
                     f(r.modeled_speedup, ".2f"),
                     f(r.search_drop_upper_bound),
@@ -49,7 +50,8 @@ def _summary(config, path) -> None:
             continue
         attempts = (r.confirmation or {}).get("attempts") or []
         c = attempts[-1] if attempts else r.closest or {}  # the last point that failed confirmation, or the closest
-        knob = "-" if c.get("knob") is None else f"{r.knob_name}={c['knob']:.3g}"
+        extra = c.get("extra_knobs") or {}
+        knob = knob_text(r.method, r.knob_name, c.get("knob"), c.get("n_draft"), extra, compact=True) or "-"
         search = c["search_drop_upper_bound"] if attempts else c.get("drop_upper_bound")
         rows.append(
             [
@@ -71,7 +73,7 @@ def _summary(config, path) -> None:
     cols = [
         Col("method"),
         Col("confirmed"),
-        Col("knob"),
+        Col("knob"),  # compact: a rule's knobs less the words all share (acc=0.5, single=0.275)
         Col("N", justify="right"),
         Col("speed-up", justify="right"),
         Col("search UCB", justify="right"),
@@ -112,15 +114,16 @@ def _summary(config, path) -> None:
     )
     _by_batch(config)
     rec = config.recommendation
-    knobs = rec.knobs or ({} if rec.knob is None else {"alpha": rec.knob})  # the method's own knob names
-    knob = "".join(f" {name}={value:.3g}" for name, value in knobs.items())
     plain = rec.method == PLAIN  # the reason says "serve the verifier alone"
-    head = "" if plain else f"{rec.method}{knob} N={rec.n_draft}, modeled {rec.modeled_speedup:.2f}x: "
+    knob_name = config.methods[rec.method].knob_name if rec.method in config.methods else None
+    point = point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
+    head = "" if plain else f"{point}, modeled {rec.modeled_speedup:.2f}x: "
     console.print(f"[bold]recommendation[/bold]: {head}{escape(rec.reason)}")
     if plain and (fast := rec.fastest_speculative) is not None:
-        knobs = "".join(f" {name}={value:.3g}" for name, value in fast.knobs.items())
+        name = config.methods[fast.method].knob_name if fast.method in config.methods else None
+        point = point_label(fast.method, name, fast.knob, fast.n_draft, fast.knobs)
         console.print(
-            f"fastest speculative point (for information): {fast.method}{knobs} N={fast.n_draft}, modeled "
+            f"fastest speculative point (for information): {point}, modeled "
             f"{fast.modeled_speedup:.2f}x: {escape(fast.reason)}"
         )
     for line in cautions(config):
@@ -145,6 +148,8 @@ def _summary(config, path) -> None:
 def _by_batch(config) -> None:
     """The best confirmed point per serving batch size and where speculation stops paying
     (``by_batch_size``), when more than one batch size was priced."""
+    from ..tune.pareto import point_label
+
     batches = config.by_batch_size
     if batches is None or len(batches.best) < 2:
         return
@@ -158,12 +163,11 @@ def _by_batch(config) -> None:
 
     rows = []
     for b, best in sorted(batches.best.items()):
-        knob = "".join(f" {name}={value:.3g}" for name, value in best.knobs.items())
         plain = best.decoding == "plain"
         rows.append(
             [
                 label(b),
-                f"{best.method}{knob} N={best.n_draft}",
+                point_label(best.method, None, best.knob, best.n_draft, best.knobs),
                 f"{best.modeled_speedup:.2f}",
                 "[yellow]plain[/yellow] (verifier alone)" if plain else "speculative",
             ]

@@ -17,9 +17,10 @@ __all__ = ["ENGINE_METHODS"]
 
 _INF = float("inf")
 
-# The serving engines' own round-level rules (several named knobs, a round-level hook),
-# kept out of ``METHODS`` until the search, records and export take named knobs
-# (schema v3): ``get_method`` resolves them, listings and ``--methods`` do not.
+# The serving engines' own round-level rules (several named knobs, a round-level hook):
+# a registry of their own beside ``METHODS`` (whose rules are per position), joined in
+# ``relaxtune.decoding.methods.ALL_METHODS``, which ``get_method``, ``relaxtune methods``
+# and ``--methods`` use.
 ENGINE_METHODS: dict[str, MethodSpec] = {
     spec.id: spec
     for spec in (

@@ -41,6 +41,7 @@ from .rules import (
     mentored,
     r_fuzzy,
     sglang_threshold,
+    sglang_tied,
     spec_casc_opt,
     spec_casc_tok,
     spec_cont_dec,
@@ -56,6 +57,7 @@ __all__ = [
     "Knob",
     "METHODS",
     "ENGINE_METHODS",
+    "ALL_METHODS",
     "get_method",
     "js_divergence",
 ]
@@ -227,6 +229,7 @@ METHODS: dict[str, MethodSpec] = {
             ),
             from_alpha=lambda t: {"speculative_accept_threshold_single": t, "speculative_accept_threshold_acc": t},
             primary="speculative_accept_threshold_acc",
+            canonical=sglang_tied,
             engine="SGLang 0.5.23 (since 0.4.x): --speculative-accept-threshold-single / -acc, CUDA, non-greedy "
             "rows, server-wide (POST /set_internal_state); sampling.cuh TreeSpeculativeSamplingTargetOnly",
             description="SGLang's built-in rule: greedy drafts, accept if p(x) >= t_single or u < p(x)/t_acc "
@@ -272,16 +275,21 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
+# Every method a job can tune, list and export: the per-position rules, then the engines'
+# round-level ones (``relaxtune methods`` lists these, ``--methods`` takes any of them).
+ALL_METHODS: dict[str, MethodSpec] = METHODS | ENGINE_METHODS
+
+
 def get_method(method: str | MethodSpec) -> MethodSpec:
-    """Look up a method by id (``METHODS``, then ``ENGINE_METHODS``).
+    """Look up a method by id (``ALL_METHODS``: ``METHODS``, then ``ENGINE_METHODS``).
 
     Raises:
         ValueError: for an unknown id, listing the known ones.
     """
     if isinstance(method, MethodSpec):
         return method
-    spec = METHODS.get(method) or ENGINE_METHODS.get(method)
+    spec = ALL_METHODS.get(method)
     if spec is None:
-        known = ", ".join([*METHODS, *ENGINE_METHODS])
+        known = ", ".join(ALL_METHODS)
         raise ValueError(f"unknown method {method!r}; known methods: {known}")
     return spec

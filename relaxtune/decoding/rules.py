@@ -291,6 +291,25 @@ def sglang_thresholds(t) -> tuple[float, float]:
     return float(t), float(t)
 
 
+def sglang_tied(acc: float, further: dict) -> dict:
+    """The one form of an SGLang threshold pair (``MethodSpec.canonical``): a single
+    threshold at or above the acc threshold is the tied rule (``single = acc``), since
+    ``p >= single >= acc`` already passes ``u < p / acc`` (``u`` in [0, 1)); ``_threshold_rej``
+    gives the same ``pi_rej`` bit for bit. Not below the kernel's floor on acc
+    (``SGLANG_ACC_FLOOR``): there the clamped ratio can fall short of 1 where the tied
+    rule accepts outright.
+
+    Args:
+        acc: ``speculative_accept_threshold_acc`` (alpha); further: ``{SGLANG_SINGLE: s}``.
+
+    Returns:
+        ``further`` with ``s`` set to ``acc`` when the pair is the tied rule.
+    """
+    if acc >= SGLANG_ACC_FLOOR and further[SGLANG_SINGLE] >= acc:
+        return further | {SGLANG_SINGLE: acc}
+    return further
+
+
 def sglang_threshold(rows: Rows, t) -> Targets:
     """SGLang's native relaxation (``--speculative-accept-threshold-single s
     --speculative-accept-threshold-acc a`` on a STANDALONE speculative server):

@@ -82,6 +82,11 @@ class MethodSpec:
         primary: the named knob that alpha is (the study's ``knob`` parameter; default
             the first); every other named knob is a *further* knob, searched as a
             parameter of its own (``further_knobs``, ``relaxtune.tune.search``).
+        canonical: ``(alpha, {further knob: value}) -> {further knob: value}``: the one
+            form of a rule that several points give (SGLang: a single threshold at or
+            above the acc one is the tied rule, ``relaxtune.decoding.rules.sglang_tied``),
+            so points that are the same rule share one identity (``extra_of``); None: every
+            point is its own rule.
     """
 
     id: str
@@ -108,6 +113,7 @@ class MethodSpec:
     refuses_sampling: bool = False
     engine: str = ""
     primary: str | None = None
+    canonical: Callable[[float, dict[str, Any]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.knobs and self.knob is not None:  # one-knob method: its knob is alpha itself
@@ -168,17 +174,20 @@ class MethodSpec:
         """A point's further knobs that differ from the alpha view at ``n_draft``, as
         ``((name, value), ...)`` in declared order: its identity beside alpha and N
         (a point at the alpha view has none, so its records keep the alpha view's names).
-        Names absent from ``values`` take the alpha view.
+        Names absent from ``values`` take the alpha view; the values are first put in
+        their one form (``canonical``: SGLang's single threshold at or above acc is tied).
 
         Raises:
             ValueError: a value outside its knob's range.
         """
         view = self.alpha_view(knob, n_draft)
-        out = []
-        for k in self.further_knobs:
-            if values.get(k.name) is not None and (v := k.check(values[k.name], self.id)) != view[k.name]:
-                out.append((k.name, v))
-        return tuple(out)
+        point = {
+            k.name: view[k.name] if values.get(k.name) is None else k.check(values[k.name], self.id)
+            for k in self.further_knobs
+        }
+        if self.canonical is not None and point:
+            point = self.canonical(float(knob), point)
+        return tuple((k.name, point[k.name]) for k in self.further_knobs if point[k.name] != view[k.name])
 
     def point_knobs(self, knob: float | None, extra: Mapping[str, Any] | tuple = ()) -> dict[str, Any] | None:
         """Every named knob of a point: the alpha view of ``knob`` with the further knobs

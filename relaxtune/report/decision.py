@@ -71,7 +71,7 @@ def decide(config) -> Decision:
     # plain decoding samples the verifier's own distribution, as strict does at any N: strict's accuracy is its estimate
     strict = config.strict_by_n_draft.get(fast.n_draft if plain and fast is not None else rec.n_draft, {})
     knob_name = chosen.knob_name if chosen is not None else None
-    label = PLAIN_LABEL if plain else point_label(rec.method, knob_name, rec.knob, rec.n_draft)
+    label = PLAIN_LABEL if plain else point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
     n = chosen.n if chosen is not None else strict.get("n")
     ws = config.weights or {}
     params = {
@@ -152,7 +152,9 @@ def _sentence(config, label: str) -> str:
     closest = [(m, r.closest) for m, r in config.methods.items() if not r.feasible and r.closest]
     if rec.method in ("strict", PLAIN) and closest:
         method, c = min(closest, key=lambda mc: mc[1]["drop_upper_bound"])
-        point = point_label(method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"))
+        point = point_label(
+            method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}
+        )
         why += f"; the closest tried point, {point}, has a drop of at most {c['drop_upper_bound']:.3f}"
     samples = f"{config.problems} problems x {config.repeats}"
     return (
@@ -167,7 +169,7 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     or ``cactus study: none within eps 0.05``."""
     tried = f"{result.trials} trials ({result.pruned} pruned, {result.failed} failed)"
     if result.feasible:
-        point = point_label(result.method, result.knob_name, result.knob, result.n_draft)
+        point = point_label(result.method, result.knob_name, result.knob, result.n_draft, result.knobs or {})
         knob = point.removeprefix(result.method).strip()
         name = f"{result.method} study: {knob} chosen ({result.modeled_speedup:.2f}x)"
         search = (
@@ -184,7 +186,7 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     c = result.closest
     if not c:
         return name, f"{tried}; no point exported{why}, and no trial finished to compare."
-    point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"))
+    point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {})
     return name, (
         f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
         f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x)."

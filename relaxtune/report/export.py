@@ -110,6 +110,7 @@ def _closest(trials: list, ucb, method: str, profile) -> dict | None:
     return {
         "trial": best.number,
         "knob": best.params.get("knob"),
+        **({"extra_knobs": dict(extra)} if (extra := _extra(method, best.params)) else {}),
         "n_draft": best.params["n_draft"],
         "state": best.state.name,
         "accuracy": m.accuracy,
@@ -121,6 +122,11 @@ def _closest(trials: list, ucb, method: str, profile) -> dict | None:
         "length_ratio": m.length_ratio,
         "modeled_speedup": _priced(profile, m, best.params["n_draft"]),
     }
+
+
+def _extra(method: str, params: dict) -> tuple:
+    """A trial's further knobs that differ from its alpha view (``DecodeConfig.extra``)."""
+    return () if params.get("knob") is None else DecodeConfig.of_point(method, params, 0).extra
 
 
 def _within_budget(o, stats: StatsSettings) -> int:

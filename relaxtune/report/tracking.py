@@ -194,7 +194,7 @@ class Tracker(Runs):
 
         parent = self.study_runs[method]
         key = {"relaxtune.kind": "trial", "relaxtune.study": self.studies[method], "relaxtune.trial": str(number)}
-        name = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"])
+        name = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"], params)
         run_id = self._run(name, parent, key)
         wanted = {
             "method": method,

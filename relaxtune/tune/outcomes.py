@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..decoding.methods import get_method
 from .judge import feasible
+from .pareto import point_label
 from .records import trial_metrics
 from .setting_groups import StatsSettings
 
@@ -54,8 +55,8 @@ class TrialReport:
 def trial_line(method: str, number: int, params: dict, m: dict, state: str, done: int, total: int) -> str:
     """One progress line for a finished trial: ``[done/total] method knob N (trial n): state``
     and, when it has metrics, its accuracy, drop bound, acceptance, length ratio and speed-up."""
-    knob = f" {get_method(method).knob}={params['knob']:.3g}" if "knob" in params else ""
-    head = f"[{min(done, total)}/{total}] {method}{knob} N={params['n_draft']} (trial {number}): {state}"
+    point = point_label(method, get_method(method).knob, params.get("knob"), params["n_draft"], params)
+    head = f"[{min(done, total)}/{total}] {point} (trial {number}): {state}"
     if not m:
         return head
     return (
@@ -66,7 +67,8 @@ def trial_line(method: str, number: int, params: dict, m: dict, state: str, done
 
 def candidates(study, stats: StatsSettings | None = None, strict: dict[int, tuple[float, float]] | None = None) -> list:
     """The feasible completed trials, best first (speed-up, then accuracy), one per
-    point (knob, N), leaving out every trial strict dominates: ``strict`` maps each
+    point (knob, N and every named knob its metrics record: SGLang's two thresholds apart
+    are other points than tied ones), leaving out every trial strict dominates: ``strict`` maps each
     evaluated draft length to strict's (modeled speed-up, accuracy), and strict at
     some N dominates a trial that is no faster and no more accurate."""
     seen, out = set(), []
@@ -74,7 +76,8 @@ def candidates(study, stats: StatsSettings | None = None, strict: dict[int, tupl
         (t for t in study.get_trials(deepcopy=False) if feasible(t, stats)),
         key=lambda t: (-t.values[0], -t.values[1], t.number),
     ):
-        point = (t.params.get("knob"), t.params["n_draft"])
+        named = (t.user_attrs.get("metrics") or {}).get("knobs") or {}  # every named knob, in its one form (v3)
+        point = (t.params.get("knob"), t.params["n_draft"], tuple(sorted(named.items())))
         if point in seen or any(s >= t.values[0] and a >= t.values[1] for s, a in (strict or {}).values()):
             continue
         seen.add(point)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["Point", "pareto_front", "study_points", "baseline_points", "points_table", "point_label"]
+__all__ = [
+    "Point",
+    "pareto_front",
+    "study_points",
+    "baseline_points",
+    "points_table",
+    "point_label",
+    "knob_text",
+]
 
 
 @dataclass
@@ -53,10 +61,67 @@ class Point:
     confirm_passed: bool | None = None
 
 
-def point_label(method: str, knob_name: str | None, knob: float | None, n_draft: int | None) -> str:
-    """``"cactus delta=0.25 N=4"`` (knob-less methods: ``"always_accept N=4"``; strict: ``"strict N=4"``)."""
-    knob_part = f" {knob_name}={knob:.3g}" if knob is not None and knob_name else ""
-    return f"{method}{knob_part}" + (f" N={n_draft}" if n_draft is not None else "")
+def _short(name: str, primary: str) -> str:
+    """``name`` less the words it shares with ``primary`` (``speculative_accept_threshold_single``
+    after ``speculative_accept_threshold_acc``: ``_single``); the whole name when none."""
+    shared = 0
+    for i, (a, b) in enumerate(zip(name, primary)):
+        if a != b:
+            break
+        if a == "_":
+            shared = i
+    return name[shared:] if shared else name
+
+
+def _value(v: float) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def knob_text(
+    method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=(), compact: bool = False
+) -> str:
+    """A point's knobs as a label shows them: ``"delta=0.25"`` for a one-knob rule; for a rule
+    with further knobs (``MethodSpec.further_knobs``) every named knob, alpha first under its
+    engine name and each further one shortened by the words it shares with it:
+    ``"speculative_accept_threshold_acc=0.5, _single=0.275"``,
+    ``"fly_entropy_threshold=0.3, _window_size=3, _top_k=3"`` (a derived knob at its value at
+    N, the alpha view where ``extra`` does not set one); ``""`` without a knob.
+
+    Args:
+        method: method id; knob_name: alpha's name (default: the registry's); knob: alpha;
+        n_draft: N; extra: the further knobs, as a mapping that may hold other keys (a trial's
+            params, a record's ``knobs``) or ``((name, value), ...)``; put in their one form
+            (``MethodSpec.extra_of``: SGLang's single threshold at or above acc is tied);
+        compact: for narrow tables, every name less the words all of the rule's knobs share
+            (``"acc=0.5, single=0.275"``, ``"delta=0.1, topk=4"``).
+    """
+    from ..decoding.methods import ALL_METHODS
+
+    if knob is None:
+        return ""
+    spec = ALL_METHODS.get(method)
+    if spec is None or not spec.further_knobs or n_draft is None:
+        return f"{knob_name or (spec.knob if spec else 'knob')}={knob:.3g}"
+    extra = spec.extra_of(knob, dict(extra), n_draft)
+    named = spec.point_knobs(knob, extra)
+    primary = spec.primary or spec.knobs[0].name
+    if compact:
+        cut = max(len(_short(primary, k.name)) for k in spec.further_knobs)  # less the words all names share
+        name = lambda n: n[len(primary) - cut :].lstrip("_")  # noqa: E731
+    else:
+        name = lambda n: n if n == primary else _short(n, primary)  # noqa: E731
+    parts = [f"{name(primary)}={_value(named[primary])}"]
+    for k in spec.further_knobs:
+        parts.append(f"{name(k.name)}={_value(k.resolve(named[k.name], n_draft))}")
+    return ", ".join(parts)
+
+
+def point_label(method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=()) -> str:
+    """``"cactus delta=0.25 N=4"`` (knob-less methods: ``"always_accept N=4"``; strict: ``"strict N=4"``;
+    a rule with further knobs: ``"sglang_threshold speculative_accept_threshold_acc=0.5, _single=0.275
+    N=4"``, ``knob_text``): the one label of a point in logs, MLflow run names, figures and decisions."""
+    text = knob_text(method, knob_name, knob, n_draft, extra)
+    return f"{method}{' ' + text if text else ''}" + (f" N={n_draft}" if n_draft is not None else "")
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
@@ -113,7 +178,7 @@ def study_points(method: str, knob_name: str | None, study, result=None, stats=N
             attempt = {"drop_upper_bound": result.drop_upper_bound, "passed": True}
         out.append(
             Point(
-                point_label(method, knob_name, knob, n_draft),
+                point_label(method, knob_name, knob, n_draft, t.params),
                 "trial",
                 m.speedup,
                 m.accuracy,

@@ -69,9 +69,9 @@ def knobs_of(method: str, knob: float | Mapping | None) -> dict[str, float]:
     one with no knob, keeps its value under ``"knob"``."""
     if knob is None:
         return {}
-    from ..decoding.methods import ENGINE_METHODS, METHODS
+    from ..decoding.methods import ALL_METHODS
 
-    spec = METHODS.get(method) or ENGINE_METHODS.get(method)
+    spec = ALL_METHODS.get(method)
     if spec is None or not spec.knob_names:
         return {"knob": float(knob)}
     if isinstance(knob, Mapping):  # every named knob of a point (``DecodeConfig.knobs``)

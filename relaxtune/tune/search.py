@@ -42,7 +42,11 @@ feasible point, with the loss regularity alone:
   rounded, and a rounded value tried already is not proposed again;
 - a further knob whose range depends on N (FLy's W < N: ``Knob.below_n``) is
   clipped into that N's range when a point moves to another N, and a draft length
-  where a further knob has no valid value is not proposed at all.
+  where a further knob has no valid value is not proposed at all, nor drawn (a study
+  made before FLy's N = 1 was left out keeps that choice, ``n_draft_choices``; a draw
+  of it is replaced by a valid one);
+- points that are the same rule are one point (``MethodSpec.canonical``: SGLang's
+  single threshold at or above the acc one is the tied rule), on the tied line.
 
 Why coordinates and not a joint model: the engines' knobs interact (SGLang's
 single threshold only matters below the acc one; FLy's W and k both gate the
@@ -65,7 +69,7 @@ from collections.abc import Callable
 
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.samplers import BaseSampler
+from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from ..decoding.methods import MethodSpec, get_method
@@ -81,6 +85,7 @@ __all__ = [
     "RESOLUTION",
     "PRUNED_BY",
     "valid_n",
+    "n_draft_choices",
 ]
 
 GAIN = 0.02  # a transfer must predict a speed-up this much (relative) above the point's own N
@@ -149,6 +154,19 @@ def valid_n(spec: MethodSpec, n_draft: int) -> bool:
     return True
 
 
+def n_draft_choices(study, valid: list[int]) -> list[int]:
+    """The choices a study's ``n_draft`` parameter is drawn from: ``valid`` (the draft lengths
+    the rule can run), or, for a study whose trials drew from other choices that hold every
+    valid one, those (Optuna refuses to change a categorical parameter's choices: a study made
+    before the rule's range narrowed, e.g. FLy's N = 1, resumes on its own; ``RelaxationSampler``
+    never proposes the invalid ones)."""
+    for t in study.get_trials(deepcopy=False):
+        old = t.distributions.get("n_draft")
+        if isinstance(old, CategoricalDistribution):
+            return list(old.choices) if set(valid) <= set(old.choices) else valid
+    return valid
+
+
 def _fits(distribution: BaseDistribution, value) -> bool:
     """``value`` is one the distribution can take (a pinned point's study draws nothing else)."""
     if isinstance(distribution, CategoricalDistribution):
@@ -185,14 +203,31 @@ class RelaxationSampler(BaseSampler):
     def sample_relative(self, study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict:
         point = self.proposal(study, trial)
         if point is None or not all(_fits(d, point.get(k)) for k, d in search_space.items()):
-            return self.fallback.sample_relative(study, trial, search_space)
+            drawn = self.fallback.sample_relative(study, trial, search_space)
+            if "n_draft" in drawn and drawn["n_draft"] not in self.n_drafts:
+                del drawn["n_draft"]  # a draft length the rule cannot run: drawn again alone, below
+            return drawn
         return {k: point[k] for k in search_space}
 
     def sample_independent(self, study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution):
         point = self.proposal(study, trial)
         if point is None or not _fits(param_distribution, point.get(param_name)):
-            return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+            value = self.fallback.sample_independent(study, trial, param_name, param_distribution)
+            if param_name == "n_draft" and value not in self.n_drafts:
+                value = self._valid_n(study, trial, param_distribution, value)
+            return value
         return point[param_name]
+
+    def _valid_n(self, study, trial: FrozenTrial, distribution: BaseDistribution, value):
+        """A draft length the rule can run, drawn uniformly (seeded by the trial's number) from
+        ``distribution``'s valid choices, for a draw outside them: a study made before the rule's
+        range narrowed keeps its old choices (``n_draft_choices``: FLy's N = 1), never proposed."""
+        valid = [c for c in getattr(distribution, "choices", ()) if c in self.n_drafts]
+        if not valid:
+            return value
+        return RandomSampler(seed=trial.number).sample_independent(
+            study, trial, "n_draft", CategoricalDistribution(valid)
+        )
 
     def before_trial(self, study, trial: FrozenTrial) -> None:
         self.fallback.before_trial(study, trial)
@@ -273,11 +308,12 @@ class RelaxationSampler(BaseSampler):
 
     def _further(self, trial: FrozenTrial) -> dict:
         """The trial's further knobs (``MethodSpec.further_knobs``), resolved: a parameter
-        the trial lacks (a grid point, a run from before they were searched) at the alpha view."""
+        the trial lacks (a grid point, a run from before they were searched) at the alpha view, in
+        their one form (``MethodSpec.canonical``: SGLang's single threshold at or above acc is tied)."""
         if not self.further:
             return {}
         view = self.spec.alpha_view(trial.params["knob"], trial.params["n_draft"])
-        return {k.name: trial.params.get(k.name, view[k.name]) for k in self.further}
+        return view | dict(self._extra(trial))
 
     def _extra(self, trial: FrozenTrial) -> dict:
         """The trial's further knobs that differ from its alpha view (``MethodSpec.extra_of``)."""

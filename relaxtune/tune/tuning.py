@@ -61,7 +61,7 @@ from .phases import phase
 from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
-from .search import PRUNED_BY, RelaxationSampler, strength, valid_n
+from .search import PRUNED_BY, RelaxationSampler, n_draft_choices, strength, valid_n
 from .settings import TuneSettings, make_output_dir, storage_url
 from .stopping import check_stop, environmental
 from .studies import Plan, TrialQueue, default_worker, finished, search_digest
@@ -269,7 +269,8 @@ class Tuner:
                 trial.suggest_categorical("n_draft", [pin["n_draft"]])
                 trial.suggest_float("knob", pin["knob"], pin["knob"])
                 return
-            n = trial.suggest_categorical("n_draft", [n for n in self.settings.n_drafts if valid_n(spec, n)])
+            valid = [n for n in self.settings.n_drafts if valid_n(spec, n)]  # FLy: N >= 2
+            n = trial.suggest_categorical("n_draft", n_draft_choices(trial.study, valid))
             if spec.has_knob:
                 low, high, log = spec.search
                 trial.suggest_float("knob", low, high, log=log)
