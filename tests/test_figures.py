@@ -85,7 +85,8 @@ def test_the_decision_reads_as_params_metrics_tags_and_one_sentence(tmp_path):
     d = decide(config)
     assert d.label == "cactus delta=10 N=4" and rec.method == "cactus" and rec.knob == 10.0
     assert config.confirmation["planned"] == 2  # two candidates: the confidence split in halves, 0.95 each
-    assert d.params | {"drafter": "-", "verifier": "-"} == {
+    what_ran = {"runtime": "-", "dtype": "-", "drafter_weights": "-", "verifier_weights": "-"}  # this machine's
+    assert d.params | {"drafter": "-", "verifier": "-"} | what_ran == what_ran | {
         "recommended_method": "cactus",
         "recommended_knob_name": "delta",
         "recommended_knob": "10",
