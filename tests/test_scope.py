@@ -1,0 +1,177 @@
+"""The relaxation scope (``relaxtune.decoding.scope``): at scope "thinking" a round is
+strict's bit for bit where no thinking token is in the state or the round, the rule's
+bit for bit inside thinking, and a statistical check of both emitted distributions
+(fixed seeds, chi-square); the exact per-position boundary (a ``</think>`` drafted
+inside the round), TensorRT-LLM's round-start rule kept as the engine runs it, the
+state carried across rounds, and the refusals."""
+
+import pytest
+import torch
+
+from relaxtune.decoding.round import verify_round, verify_rounds
+from relaxtune.decoding.sampling import SamplingParams, transform_logits
+from relaxtune.decoding.scope import (
+    ThinkingState,
+    check_scope,
+    inside_thinking,
+    scopes_of,
+    thinking_state,
+)
+
+from .conftest import P_FLOOR, chi2_pvalue
+
+V = 8
+BEGIN, END = 6, 7  # declared think ids inside the vocabulary
+
+
+def _batch(seed, b, n, temperature=0.9, extra=False, greedy=False, think=False):
+    """Rows ``p [B, N+1, V]``, ``q``, drafts, uniforms and logits; drafts avoid the
+    thinking delimiters unless ``think``."""
+    g = torch.Generator().manual_seed(seed)
+    z_p = torch.randn(b, n + 1, V, generator=g) * 1.5
+    z_q = z_p + torch.randn(b, n + 1, V, generator=g) * 0.8
+    if not think:  # no delimiter is drafted or emitted: no thinking token in the round
+        z_p[..., BEGIN:] = -torch.inf
+        z_q[..., BEGIN:] = -torch.inf
+    z_q = z_q if extra else z_q[:, :n]
+    p = transform_logits(z_p, SamplingParams(temperature))
+    if greedy:
+        x = z_q[:, :n].argmax(-1)
+        q = torch.nn.functional.one_hot(x, V).float()
+    else:
+        q = transform_logits(z_q, SamplingParams(temperature))
+        x = torch.multinomial(q[:, :n].reshape(-1, V), 1, generator=g).view(b, n)
+    return p, q, x, torch.rand(b, n + 1, generator=g), z_p, z_q
+
+
+CASES = [  # method, knob, needs (extra drafter step, greedy drafts)
+    ("always_accept", None, {}),
+    ("ens", 0.4, {}),
+    ("mentored", 0.7, {}),
+    ("cactus", 1.0, {}),
+    ("r_fuzzy", 0.3, {}),
+    ("spec_casc_opt", 0.05, {}),
+    ("spec_casc_tok", 0.35, {}),
+    ("spec_cont_dec", 0.5, {"extra": True}),
+    ("sglang_threshold", 0.3, {"greedy": True}),
+    ("typical", 0.09, {}),
+    ("ears", 0.3, {}),
+    ("fly", {"fly_window_size": 2, "fly_entropy_threshold": 0.2, "fly_entropy_top_k": 3}, {}),
+]
+
+
+def _run(method, knob, rows, scope, state):
+    p, q, x, u, z_p, z_q = rows
+    return verify_rounds(p, q, x, method, knob, uniforms=u, z_p=z_p, z_q=z_q, temperature=0.9, state=state, scope=scope)
+
+
+@pytest.mark.parametrize("method,knob,needs", CASES, ids=[c[0] for c in CASES])
+def test_thinking_scope_is_strict_outside_and_the_rule_inside_bit_for_bit(method, knob, needs):
+    b, n = 400, 4
+    rows = _batch(3, b, n, **needs)
+    p, q, x, u, z_p, z_q = rows
+    strict = verify_rounds(p, q, x, "strict", uniforms=u, z_p=z_p, z_q=z_q, temperature=0.9)
+    rule = verify_rounds(p, q, x, method, knob, uniforms=u, z_p=z_p, z_q=z_q, temperature=0.9)
+    assert not torch.equal(rule.tokens, strict.tokens)  # the rule relaxes on these rows
+    outside = _run(method, knob, rows, "thinking", thinking_state([[1, 2]] * b, BEGIN, END))
+    assert torch.equal(outside.tokens, strict.tokens) and torch.equal(outside.accepted, strict.accepted)
+    assert not outside.state.thinking.any()
+    inside = _run(method, knob, rows, "thinking", thinking_state([[1, BEGIN]] * b, BEGIN, END))
+    assert torch.equal(inside.tokens, rule.tokens) and torch.equal(inside.accepted, rule.accepted)
+    assert inside.state.thinking.all()
+
+
+def _first_tokens(scope_inside: bool, rounds: int, seed: int) -> torch.Tensor:
+    """The first emitted token of ``rounds`` one-draft rounds of mentored (alpha 0.7)
+    on one fixed pair of rows, inside or outside thinking."""
+    g = torch.Generator().manual_seed(seed)
+    p1 = torch.tensor([0.30, 0.25, 0.20, 0.10, 0.10, 0.05, 0.0, 0.0])
+    q1 = torch.tensor([0.05, 0.10, 0.15, 0.30, 0.25, 0.15, 0.0, 0.0])
+    p = p1.expand(rounds, 2, V).contiguous()
+    q = q1.expand(rounds, 1, V).contiguous()
+    x = torch.multinomial(q1, rounds, replacement=True, generator=g).view(rounds, 1)
+    state = ThinkingState(torch.full((rounds,), scope_inside), BEGIN, END)
+    out = verify_rounds(p, q, x, "mentored", 0.7, generator=g, state=state, scope="thinking")
+    return out.tokens[:, 0], p1, q1
+
+
+def test_thinking_scope_emits_strict_outside_and_the_rule_inside_by_chi_square():
+    alpha = 0.7
+    y_out, p1, q1 = _first_tokens(False, 40_000, 11)
+    y_in, _, _ = _first_tokens(True, 40_000, 12)
+    accept = torch.minimum(q1, p1 / (1 - alpha))  # mentored's closed form, one position
+    resid = (p1 - q1).clamp_min(0)
+    rule = accept + (1 - accept.sum()) * resid / resid.sum()
+    assert chi2_pvalue(y_out, p1) > P_FLOOR  # strict emits p exactly
+    assert chi2_pvalue(y_in, rule) > P_FLOOR
+    assert chi2_pvalue(y_out, rule) < 1e-12 and chi2_pvalue(y_in, p1) < 1e-12  # the two differ: the test has power
+
+
+def test_a_think_end_drafted_inside_the_round_ends_the_relaxation_at_the_next_position():
+    p = torch.tensor([[0.4, 0.3, 0.0, 0.1, 0.1, 0.0, 0.05, 0.05]]).expand(4, V)  # p(2) = 0: strict rejects 2
+    q = torch.full((3, V), 1.0 / V)
+    u = torch.full((4,), 0.3)
+    inside = ThinkingState(torch.tensor([True]), BEGIN, END)
+    run = lambda x, st: verify_round(p, q, torch.tensor(x), "always_accept", uniforms=u, state=st, scope="thinking")  # noqa: E731
+    assert run([1, 2, 2], inside).accepted == 3  # all inside: always_accept takes every draft
+    ended = run([END, 2, 2], inside)  # </think> itself is decided inside, then strict: p(2) = 0 rejects
+    assert ended.accepted == 1 and ended.tokens[0] == END and ended.tokens[1] != 2
+    assert not bool(ended.state.thinking[0])
+    outside = ThinkingState(torch.tensor([False]), BEGIN, END)
+    assert run([2, 2, 2], outside).accepted == 0  # strict from the first position: p(2) = 0
+    opened = run([BEGIN, 2, 2], outside)  # <think> drafted in the answer (p/q = 0.4 > u: accepted), then relaxed
+    assert opened.accepted == 3 and bool(opened.state.thinking[0])
+
+
+def test_inside_thinking_marks_each_position_from_the_state_and_the_drafts_before_it():
+    st = ThinkingState(torch.tensor([True, False, True, False]), BEGIN, END)
+    x = torch.tensor([[1, END, 2], [BEGIN, 1, END], [1, 2, 3], [END, BEGIN, 1]])
+    assert inside_thinking(st, x).tolist() == [
+        [True, True, False, False],
+        [False, True, True, False],
+        [True, True, True, True],
+        [False, False, True, True],
+    ]
+    assert thinking_state([[1, BEGIN], [BEGIN, 3, END], [1, 2], [END, BEGIN, 5]], BEGIN, END).thinking.tolist() == [
+        True,
+        False,
+        False,
+        True,
+    ]
+
+
+def test_trtllm_keeps_its_round_start_rule_at_scope_thinking():
+    g = torch.Generator().manual_seed(5)
+    b, n = 300, 4
+    z_p = torch.randn(b, n + 1, V, generator=g)
+    z_p[:, 1:, BEGIN:] = -torch.inf  # no delimiter after the first position
+    z_p[:, 0, END] = z_p[:, 0].amax(-1) + 1.0  # </think> first: the verifier's argmax at position 0
+    x = torch.topk(z_p[:, :n], 2, dim=-1).indices[..., 1]  # the runner-up: relaxed only
+    x[:, 0] = END
+    p = transform_logits(z_p, SamplingParams(0.0))
+    q = torch.nn.functional.one_hot(x, V).float()
+    knobs = {"relaxed_topk": 10, "relaxed_delta": 0.9}
+    st = ThinkingState(torch.ones(b, dtype=torch.bool), BEGIN, END)
+    kw = dict(z_p=z_p, temperature=0.0, state=st, generator=torch.Generator().manual_seed(0))
+    native = verify_rounds(p, q, x, "trtllm_relaxed", knobs, **kw)
+    scoped = verify_rounds(p, q, x, "trtllm_relaxed", knobs, scope="thinking", **kw)
+    assert torch.equal(native.tokens, scoped.tokens)
+    assert float(scoped.accepted.float().mean()) > 1.5  # relaxed past the drafted </think>, as the engine
+    assert not scoped.state.thinking.any()  # the state left thinking after the round
+
+
+def test_scope_refusals():
+    p, q, x, u, z_p, z_q = _batch(0, 2, 3)
+    with pytest.raises(ValueError, match="scope must be one of all, thinking"):
+        verify_rounds(p, q, x, "ens", 0.3, uniforms=u, scope="answer")
+    with pytest.raises(ValueError, match="scope thinking needs state= a ThinkingState of 2 sequences"):
+        verify_rounds(p, q, x, "ens", 0.3, uniforms=u, scope="thinking")
+    with pytest.raises(ValueError, match="--relaxation-scope thinking: task humaneval does not think"):
+        check_scope("thinking", "humaneval", False)
+    with pytest.raises(ValueError, match="--relaxation-scope both: task gsm8k_mini does not think"):
+        check_scope("both", "gsm8k_mini", False)
+    check_scope("all", "humaneval", False)
+    check_scope("both", "aime", True)
+    assert scopes_of("both") == ("all", "thinking") and scopes_of("thinking") == ("thinking",)
+    with pytest.raises(ValueError, match="--relaxation-scope 'x'"):
+        scopes_of("x")
