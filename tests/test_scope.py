@@ -175,3 +175,43 @@ def test_scope_refusals():
     assert scopes_of("both") == ("all", "thinking") and scopes_of("thinking") == ("thinking",)
     with pytest.raises(ValueError, match="--relaxation-scope 'x'"):
         scopes_of("x")
+
+
+# ------------------------------------------------------------------ the engine's rows
+
+
+def _engine_view(out):
+    return {r.key: (g.token_ids, g.stats.rounds, g.stats.accepted) for r, g in out}
+
+
+def test_the_engine_scopes_rows_by_their_prompt_and_their_tokens():
+    """On the tiny pair (no <think> token: declared ids), batched rows at scope
+    "thinking" are strict's token for token when no declared delimiter occurs, the
+    rule's when every prompt opened thinking and nothing closes it, and a mix of both
+    in one batch is each row's own."""
+    from relaxtune.decoding.sampling import SamplingParams as SP
+    from relaxtune.engine.batch import Request, generate_batch
+
+    from .tiny_models import tiny_pair
+
+    backend = tiny_pair(noise=0.6)
+    absent = (10_000, 10_001)  # ids no token has: never inside
+    opened = (9, 10_001)  # 9 ends the prompts that open thinking; nothing closes it
+    prompts = {i: [(5 * i + 3 * j) % 64 for j in range(4 + i)] for i in range(6)}
+    req = lambda think: [  # noqa: E731
+        Request(prompts[i] + ([9] if think and i % 2 == 0 else []), seed=40 + i, max_new_tokens=24, key=i)
+        for i in prompts
+    ]
+    kw = dict(n_draft=3, sampling=SP(temperature=0.8), batch_size=4)
+    strict = _engine_view(generate_batch(backend, req(False), method="strict", **kw))
+    rule_all = _engine_view(generate_batch(backend, req(True), method="mentored", knob=0.9, **kw))
+    strict_think = _engine_view(generate_batch(backend, req(True), method="strict", **kw))
+    scoped = dict(method="mentored", knob=0.9, scope="thinking", **kw)
+    outside = _engine_view(generate_batch(backend, req(False), think_ids=absent, **scoped))
+    assert outside == strict
+    mixed = _engine_view(generate_batch(backend, req(True), think_ids=opened, **scoped))
+    assert {k: v for k, v in mixed.items() if k % 2 == 0} == {k: v for k, v in rule_all.items() if k % 2 == 0}
+    assert {k: v for k, v in mixed.items() if k % 2} == {k: v for k, v in strict_think.items() if k % 2}
+    assert sum(v[2] for v in rule_all.values()) > sum(v[2] for v in strict_think.values())  # the rule relaxed
+    with pytest.raises(ValueError, match="needs the model's <think> and </think> token ids"):
+        next(generate_batch(backend, req(False), method="mentored", knob=0.9, scope="thinking", **kw))

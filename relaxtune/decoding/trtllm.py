@@ -107,5 +107,6 @@ TRTLLM_RULE = RoundRule(
     advance=trtllm_advance,
     needs_state=True,
     thinking_scoped=True,
+    start=trtllm_thinking_state,
     initial_state="relaxtune.decoding.trtllm.trtllm_thinking_state(prompt_ids, begin_id, end_id)",
 )
