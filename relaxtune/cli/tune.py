@@ -290,6 +290,19 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
             check_slots(settings.pair, settings.stats.serving_batch_sizes)
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
+    if settings.relaxation_scope != "all":  # a thinking scope on a task that does not think, refused by name
+        from ..decoding.scope import check_scope
+        from ..tasks.spec import load_task
+
+        try:
+            task = load_task(settings.task)
+        except Exception:  # a task that does not load is the start's to report, as without a scope
+            task = None
+        try:
+            if task is not None:
+                check_scope(settings.relaxation_scope, task.name, task.thinks)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
     log = say(json_output)
     if new_trials and settings.deployable_on:  # the methods the named engines run, the rest refused by name
         try:

@@ -45,7 +45,7 @@ def spec_digest(spec) -> str:
 def job_id(settings: TuneSettings, spec, pair: str) -> str:
     """The tuning job's id: ``settings.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
     the Optuna storage (password left out), the task spec, the model pair, ``JOB_FIELDS`` and those of
-    ``JOB_FIELDS_GIVEN`` given. Every
+    ``JOB_FIELDS_GIVEN`` given, and the relaxation scope when not ``all``. Every
     worker of one job computes the same id (neither the output folder, the server URLs nor the number
     of trials enter it); a job with other settings gets another."""
     if settings.stores.job_id:
@@ -56,4 +56,6 @@ def job_id(settings: TuneSettings, spec, pair: str) -> str:
     flat = settings.model_dump()
     key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: flat[f] for f in JOB_FIELDS}
     key |= {f: flat[f] for f in JOB_FIELDS_GIVEN if flat[f] is not None}
+    if flat["relaxation_scope"] != "all":  # a job that relaxes every position keeps the id it had
+        key["relaxation_scope"] = flat["relaxation_scope"]
     return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"
