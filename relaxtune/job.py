@@ -424,7 +424,9 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
     measured: list = []
     try:
-        check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
+        check_search_problems(
+            settings.storage_url, settings.methods, spec, pair, problems, settings.confirm, settings.relaxation_scope
+        )
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
         with phase("cost profile"):
             profile = job_costs(

@@ -215,3 +215,47 @@ def test_the_engine_scopes_rows_by_their_prompt_and_their_tokens():
     assert sum(v[2] for v in rule_all.values()) > sum(v[2] for v in strict_think.values())  # the rule relaxed
     with pytest.raises(ValueError, match="needs the model's <think> and </think> token ids"):
         next(generate_batch(backend, req(False), method="mentored", knob=0.9, scope="thinking", **kw))
+
+
+# ------------------------------------------------------------------ the search dimension
+
+
+def test_the_search_draws_scope_as_a_trial_parameter_and_records_it(tmp_path):
+    """``--relaxation-scope both``: each trial carries its scope, evaluates at it (the
+    records' configuration) and stores it in its metrics; the studies are named for it.
+    Scope ``all`` leaves the trials' parameters and the study names as they were."""
+    from relaxtune.tune.tuning import Tuner, TuneSettings
+
+    from .synthetic import PROBLEMS, SPEC, Synthetic
+
+    class Pair:
+        name = "synthetic-pair"
+
+    def run(setting):
+        synthetic, seen = Synthetic(cliff=1.0), []
+
+        def evaluate_fn(spec, backend, config, **kw):
+            seen.append((config.method, config.knob, config.scope))
+            return synthetic(spec, backend, config, **kw)
+
+        fields = dict(task="synthetic", methods=["cactus"], n_drafts=[4], trials=8, stage_size=200)
+        settings = TuneSettings(**fields, output_dir=str(tmp_path / setting), c_rel=0.2, relaxation_scope=setting)
+        tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=evaluate_fn, progress=False)
+        return tuner.tune_method("cactus"), seen
+
+    outcome, seen = run("both")
+    assert outcome.study.study_name == "synthetic-v2__cactus__synthetic-pair__scope-both"
+    trials = [t for t in outcome.study.trials if t.state.name == "COMPLETE"]
+    scopes = {t.params["scope"] for t in trials}
+    assert scopes == {"all", "thinking"}
+    for t in trials:
+        assert t.user_attrs["metrics"]["scope"] == t.params["scope"]
+        assert ("cactus", t.params["knob"], t.params["scope"]) in seen
+    assert {s for m, _, s in seen if m == "strict"} == {"all"}
+    fixed, seen = run("thinking")
+    assert {t.params["scope"] for t in fixed.study.trials} == {"thinking"}
+    assert {s for m, _, s in seen if m != "strict"} == {"thinking"}
+    plain, _ = run("all")
+    assert plain.study.study_name == "synthetic-v2__cactus__synthetic-pair"
+    assert all(set(t.params) == {"n_draft", "knob"} for t in plain.study.trials)
+    assert all(t.user_attrs["metrics"]["scope"] == "all" for t in plain.study.trials if t.state.name == "COMPLETE")

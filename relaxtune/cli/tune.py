@@ -326,7 +326,9 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")
-    studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
+    studies = lambda: [  # noqa: E731
+        study_name(spec.name, m, pair, spec.version, settings.relaxation_scope) for m in settings.methods
+    ]
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
         with guarded(

@@ -14,11 +14,14 @@ from .settings import TuneSettings, storage_url
 __all__ = ["study_name", "job_id", "spec_digest", "JOB_FIELDS", "JOB_FIELDS_GIVEN"]
 
 
-def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
+def study_name(task: str, method: str, pair: str, version: int = 1, scope: str = "all") -> str:
     """``<task>__<method>__<pair>`` (pair sanitised), with ``-v<version>`` after the
-    task from version 2 on, so a new task version starts fresh studies."""
+    task from version 2 on, so a new task version starts fresh studies, and
+    ``__scope-<scope>`` after it for a job whose ``--relaxation-scope`` is not ``all``
+    (``thinking``, or ``both``: scope is then a trial parameter)."""
     task = task if version == 1 else f"{task}-v{version}"
-    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
+    tail = "" if scope == "all" else f"__scope-{scope}"
+    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}{tail}"
 
 
 # settings that change what a trial measures or how it is judged: jobs that differ in one never share MLflow runs
