@@ -259,3 +259,30 @@ def test_the_search_draws_scope_as_a_trial_parameter_and_records_it(tmp_path):
     assert plain.study.study_name == "synthetic-v2__cactus__synthetic-pair"
     assert all(set(t.params) == {"n_draft", "knob"} for t in plain.study.trials)
     assert all(t.user_attrs["metrics"]["scope"] == "all" for t in plain.study.trials if t.state.name == "COMPLETE")
+
+
+# ------------------------------------------------------------------ the export
+
+
+def test_deploy_blocks_at_scope_thinking_refuse_engines_that_relax_everywhere():
+    from relaxtune.report.deploy import deploy_blocks
+
+    s = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    g = {"temperature": 0.0, "top_p": 1.0, "top_k": None}
+
+    def at(method, knob, sampling, scope):
+        return deploy_blocks(method, knob, 4, sampling, "d", "v", "float32", "hf", scope)
+
+    ens = at("ens", 0.2, s, "thinking")
+    assert ens == {
+        "transformers": {
+            "engine": "transformers 5.14.0",
+            "refused": "ens was measured relaxing inside <think>...</think> only (scope thinking); transformers "
+            "applies it at every position: only TensorRT-LLM's relaxed acceptance is thinking-scoped",
+        }
+    }
+    assert "generate_kwargs" in at("ens", 0.2, s, "all")["transformers"]
+    knobs = {"relaxed_topk": 10, "relaxed_delta": 0.6}
+    assert at("trtllm_relaxed", knobs, g, "thinking") == at("trtllm_relaxed", knobs, g, "all")  # keyed on thinking
+    assert at("ens", 0.0, s, "thinking") == at("ens", 0.0, s, "all")  # a strict point: every engine, lossless
+    assert at("cactus", 0.25, s, "thinking") == at("cactus", 0.25, s, "all")  # no engine: the one line

@@ -207,6 +207,7 @@ def _method_result(o, confirmation, settings, ucb, sampling: dict, profile) -> M
             settings.drafter,
             settings.verifier,
             *reversed(what_ran(settings)),
+            m.scope,
         ),
     )
 
@@ -275,6 +276,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         }
     else:
         rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
+        rec.setdefault("scope", (methods[rec["method"]].scope if rec["method"] in methods else None) or "all")
         rec["serving"] = (
             serving_args("strict", None, rec["n_draft"], s.drafter, s.verifier, sampling)
             if rec["method"] == "strict"
@@ -289,6 +291,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
             s.verifier,
             dtype,
             runtime,
+            rec["scope"],
         )
     pinned = set(result.pinned)
     planned = (
