@@ -286,3 +286,40 @@ def test_deploy_blocks_at_scope_thinking_refuse_engines_that_relax_everywhere():
     assert at("trtllm_relaxed", knobs, g, "thinking") == at("trtllm_relaxed", knobs, g, "all")  # keyed on thinking
     assert at("ens", 0.0, s, "thinking") == at("ens", 0.0, s, "all")  # a strict point: every engine, lossless
     assert at("cactus", 0.25, s, "thinking") == at("cactus", 0.25, s, "all")  # no engine: the one line
+
+
+# ------------------------------------------------------------------ evaluations
+
+
+def test_evaluate_refuses_a_thinking_scope_without_a_thinking_task_or_thinking_tokens(tiny_backend, tmp_path):
+    from relaxtune.tune.evaluation import DecodeConfig, evaluate
+
+    from .test_evaluation import tiny_task
+
+    config = DecodeConfig("ens", 0.3, 2, scope="thinking")
+    assert config.label == "ens-0.3__N2__seed0__thinking"
+    with pytest.raises(ValueError, match="--relaxation-scope thinking: task tiny_math does not think"):
+        evaluate(tiny_task(), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
+    with pytest.raises(ValueError, match="its tokenizer has no single <think> and </think> token"):
+        evaluate(tiny_task(thinking_budget=4), tiny_backend, config, output_dir=tmp_path, limit=1, progress=False)
+    assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+def test_responses_at_scope_thinking_take_the_think_ids_from_the_tokenizer():
+    """A pair whose tokenizer has <think> and </think> as tokens: the task's responses
+    run at scope thinking (ids found), and the one-hot scripted pair gives strict's text."""
+    from relaxtune.engine.responses import generate_responses, think_token_ids
+    from relaxtune.tune.evaluation import DecodeConfig
+
+    from .scripted import ScriptedBackend
+    from .test_evaluation import tiny_task
+
+    script = ["<think>", "a", "b", "</think>", "c", "d"]
+    backend = ScriptedBackend(script, extra=("\n",))
+    assert think_token_ids(backend.tokenizer) == (backend.vocab.index("<think>"), backend.vocab.index("</think>"))
+    spec = tiny_task(thinking_budget=8, max_new_tokens=12)
+    items = [(k, [0] * (k + 1), 5) for k in range(3)]
+    scoped = dict(generate_responses(backend, spec, DecodeConfig("ens", 0.3, 2, scope="thinking"), items))
+    strict = dict(generate_responses(backend, spec, DecodeConfig("strict", None, 2), items))
+    assert {k: g.token_ids for k, g in scoped.items()} == {k: g.token_ids for k, g in strict.items()}
+    assert scoped[0].text.startswith("<think>ab</think>cd")
