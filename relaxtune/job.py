@@ -407,6 +407,14 @@ def _start(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str
     studies' problems (``check_search_problems``) and the forward costs (``job_costs``)."""
     if new_trials and settings.deployable_on:
         settings = deployable(settings, log)
+    if settings.relaxation_scope != "all":  # before the pair loads (the CLI refuses it earlier, with exit 2)
+        from .decoding.scope import check_scope
+
+        task = load_task(settings.task)
+        try:
+            check_scope(settings.relaxation_scope, task.name, task.thinks)
+        except ValueError as err:
+            raise JobError(str(err)) from None
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     if new_trials:
         fit_contexts(backend, spec, everything, settings.n_drafts)

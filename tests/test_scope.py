@@ -323,3 +323,20 @@ def test_responses_at_scope_thinking_take_the_think_ids_from_the_tokenizer():
     strict = dict(generate_responses(backend, spec, DecodeConfig("strict", None, 2), items))
     assert {k: g.token_ids for k, g in scoped.items()} == {k: g.token_ids for k, g in strict.items()}
     assert scoped[0].text.startswith("<think>ab</think>cd")
+
+
+def test_the_job_refuses_a_thinking_scope_on_a_task_that_does_not_think_before_the_pair_loads(tmp_path):
+    """The flow's and the CLI's entry (``run_tune_job``): refused by name, no model, no file."""
+    from relaxtune.job import JobError, run_tune_job
+    from relaxtune.testing.synthetic import write_task
+    from relaxtune.tune.settings import TuneSettings
+
+    class NoPair:
+        def __getattr__(self, name):
+            raise AssertionError(f"the pair was used ({name})")
+
+    task = write_task(tmp_path / "task", 8, "plain")
+    s = TuneSettings(task=task, methods=["ens"], output_dir=str(tmp_path / "runs"), relaxation_scope="both")
+    with pytest.raises(JobError, match="--relaxation-scope both: task plain does not think"):
+        run_tune_job(s, NoPair(), progress=False, log=lambda m: None, track=False)
+    assert not (tmp_path / "runs").exists()
