@@ -78,6 +78,7 @@ def test_a_flat_yaml_written_before_loads_and_dumps_back_byte_for_byte():
         None,
         None,
     ]
+    assert dumped.pop("relaxation_scope") == "all"  # issue 34's scope, at its default: every position relaxes
     assert yaml.safe_dump(dumped, sort_keys=False) == OLD_JOB  # the saved job's layout, key order included
     assert TuneSettings(**settings.model_dump()) == settings
     assert TuneSettings.model_validate_json(settings.model_dump_json()) == settings
@@ -85,8 +86,8 @@ def test_a_flat_yaml_written_before_loads_and_dumps_back_byte_for_byte():
 
 def test_every_flat_name_belongs_to_exactly_one_group_and_reads_back():
     names = [n for model in GROUPS.values() for n in model.model_fields]
-    # plus the task: the 38 settings (deployable_on: issue 34; the three serving_batch_*: issue 37)
-    assert len(names) == len(set(names)) == 37
+    # plus the task: the 39 settings (deployable_on, relaxation_scope: issue 34; the three serving_batch_*: issue 37)
+    assert len(names) == len(set(names)) == 38
     # every field is dumped but deployable_on, applied where the job starts (the kept methods are dumped)
     assert [n for n in flat_fields() if n != "deployable_on"] == list(TuneSettings(task="t").model_dump())
     settings = TuneSettings(**yaml.safe_load(OLD_JOB))
@@ -198,6 +199,7 @@ SHARED = {  # the settings each command takes (tune and export: all of them)
         "concurrency",
         "batch_size",
         "output_dir",
+        "relaxation_scope",
     ],
     "generate": ["drafter", "verifier", "seed", "dtype", "runtime", "tokenizer"],
     "plan": ["task", "epsilon", "confidence", "confirmations", "confirm", "output_dir"],
@@ -356,6 +358,9 @@ BAD = [  # (arguments, what the message must name)
         "measured: give sizes up to 16",
     ),
     ([*TUNE, "--runtime", "llamacpp", "--batch-size", "300"], "--batch-size 300: llama.cpp's contexts hold at most"),
+    ([*TUNE, "--relaxation-scope", "thinking"], "--relaxation-scope thinking: task many does not think"),
+    ([*TUNE, "--relaxation-scope", "both"], "--relaxation-scope both: task many does not think"),
+    ([*TUNE, "--relaxation-scope", "answer"], ("'--relaxation-scope'", "'answer'")),
     ([*TUNE, "--heartbeat", "30", "--grace-period", "10"], "grace_period (10 s) must exceed heartbeat (30 s)"),
     ([*TUNE, "--storage", "postgres://u@h/db"], "--storage: 'postgres://u@h/db': SQLAlchemy"),
     ([*TUNE, "--storage", "sqlite://"], "--storage: 'sqlite://' is an in-memory"),
@@ -397,6 +402,8 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--config", "list.yaml"], "--config list.yaml"),
     (["export", "--task", "many.yaml", "--epsilon", "nan"], "--epsilon nan"),
     ([*EVAL, "--output-dir", "afile"], "--output-dir afile"),
+    ([*EVAL, "--method", "ens", "--alpha", "0.2", "--relaxation-scope", "thinking"], "task many does not think"),
+    ([*EVAL, "--relaxation-scope", "both"], "--relaxation-scope both: eval runs one point"),
     ([*EVAL, "--drafter", "./typo"], "--drafter ./typo"),
     ([*EVAL, "--dtype", "fp16"], ("'--dtype'", "'fp16'")),
     ([*EVAL, "--alpha", "nan"], ("'--alpha'", "nan is not a finite number")),

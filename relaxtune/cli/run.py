@@ -151,6 +151,7 @@ def eval_(
     concurrency: int = setting_option("concurrency", min=1),
     batch_size: int | None = setting_option("batch_size", min=1),
     output_dir: str = setting_option("output_dir"),
+    relaxation_scope: cli_type("relaxation_scope") = setting_option("relaxation_scope"),
     json_output: bool = JSON,
 ) -> None:
     """Evaluate one decoding configuration on a task: accuracy with its interval, speed statistics."""
@@ -158,6 +159,7 @@ def eval_(
     from pathlib import Path
 
     from ..backends.load import LazyBackend, backend_name, load_backend
+    from ..decoding.scope import check_scope
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
@@ -182,6 +184,9 @@ def eval_(
     try:
         spec = load_task(task)
         check_decode(method, alpha, n_draft, spec.sampling.temperature)
+        if relaxation_scope == "both":
+            raise ValueError("--relaxation-scope both: eval runs one point; give all or thinking")
+        check_scope(relaxation_scope, spec.name, spec.thinks)
         problems = load_problems(spec, limit)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise typer.BadParameter(str(err)) from None
@@ -211,7 +216,7 @@ def eval_(
         drafter if served or method != AR else None, verifier, dtype, drafter_url, verifier_url, runtime=runtime
     )
     backend = LazyBackend(load, name, native=bool(native_url))  # every sample recorded: no model loads
-    config = DecodeConfig(method, alpha, n_draft, seed)
+    config = DecodeConfig(method, alpha, n_draft, seed, relaxation_scope)
     if (
         finished_samples(Path(output_dir), spec, config, records_name(backend, method), problems)
         < len(problems) * spec.repeats

@@ -296,6 +296,19 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
             check_slots(settings.pair, settings.stats.serving_batch_sizes)
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
+    if settings.relaxation_scope != "all":  # a thinking scope on a task that does not think, refused by name
+        from ..decoding.scope import check_scope
+        from ..tasks.spec import load_task
+
+        try:
+            task = load_task(settings.task)
+        except Exception:  # a task that does not load is the start's to report, as without a scope
+            task = None
+        try:
+            if task is not None:
+                check_scope(settings.relaxation_scope, task.name, task.thinks)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
     log = say(json_output)
     if new_trials and settings.deployable_on:  # the methods the named engines run, the rest refused by name
         try:
@@ -319,7 +332,9 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
     pair = getattr(backend, "name", "backend")
-    studies = lambda: [study_name(spec.name, m, pair, spec.version) for m in settings.methods]  # noqa: E731
+    studies = lambda: [  # noqa: E731
+        study_name(spec.name, m, pair, spec.version, settings.relaxation_scope) for m in settings.methods
+    ]
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
         with guarded(

@@ -66,6 +66,13 @@ class RoundRule:
             -> state`` after the round; None for stateless rules.
         needs_state: the round refuses ``state=None`` (naming ``initial_state``).
         initial_state: one line naming the function that builds the state.
+        start: ``(prompts, begin_id, end_id) -> state``, the state after prefill, for
+            rules keyed on thinking (the engine builds it from each prompt); None
+            for other rules.
+        thinking_scoped: the rule keys its relaxation on the thinking state itself
+            (``relaxtune.decoding.scope.ThinkingState``, at round start as its engine
+            does: TensorRT-LLM); a scope ``"thinking"`` round takes its verdicts as they
+            are instead of masking them position by position.
     """
 
     accept: Callable[[RoundContext], torch.Tensor]
@@ -73,3 +80,5 @@ class RoundRule:
     advance: Callable[..., Any] | None = None
     needs_state: bool = False
     initial_state: str = ""
+    thinking_scoped: bool = False
+    start: Callable[..., Any] | None = None

@@ -24,6 +24,13 @@ FLy, TensorRT-LLM's relaxed MTP acceptance) replace the per-position verdicts by
 their own, computed from the whole round (and a ``state`` carried across rounds,
 returned in the result); everything else (leading accepts, residual, bonus, the
 ``N + 1`` uniforms) is the same path. Per-position rules never enter the hook.
+
+Relaxation scope (``relaxtune.decoding.scope``): at scope ``"thinking"`` the round
+keeps the method's verdict, residual and bonus at the positions inside the thinking
+segment and takes strict's (``u < p(x) / q(x)``, ``norm((p - q)+)``, bonus from ``p``)
+at the others, with the same uniforms; the state (``ThinkingState``) is carried
+across rounds in the result. A rule keyed on thinking by itself
+(``RoundRule.thinking_scoped``: TensorRT-LLM's, at round start) runs as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch
 from .hooks import RoundContext
 from .methods import MethodSpec, Needs, Rows, get_method
 from .sampling import draw_uniforms, sample_from_rows
+from .scope import SCOPES, ThinkingState, advance_thinking, inside_thinking
 
 __all__ = ["RoundResult", "BatchRoundResult", "verify_round", "verify_rounds", "check_distribution"]
 
@@ -181,6 +189,7 @@ def verify_rounds(
     temperature: float | None = None,
     validate: bool = True,
     state: Any = None,
+    scope: str = "all",
 ) -> BatchRoundResult:
     """Run one verification round for each of B sequences.
 
@@ -204,6 +213,9 @@ def verify_rounds(
         state: a round-level rule's per-sequence state at round start (e.g.
             ``relaxtune.decoding.trtllm.ThinkingState``); pass the previous result's
             ``state`` to the next round.
+        scope: ``"all"`` (relax at every position) or ``"thinking"`` (relax inside the
+            thinking segment only, strict elsewhere; ``state`` must then be a
+            ``relaxtune.decoding.scope.ThinkingState``, from ``thinking_state``).
 
     Returns:
         ``BatchRoundResult`` (tokens ``[B, N+1]`` padded with -1; ``state`` after the round).
@@ -213,7 +225,8 @@ def verify_rounds(
             refuses it, N = 0, shape mismatch, rows that are not distributions,
             missing logits, bad uniforms; a residual or bonus row that is NaN or
             inf where a token would be sampled from it; a draft length or a
-            missing state that a round-level rule refuses.
+            missing state that a round-level rule refuses; an unknown scope, or scope
+            ``"thinking"`` without a ``ThinkingState`` of B sequences.
     """
     spec = get_method(method)
     hook = spec.round_rule
@@ -231,6 +244,14 @@ def verify_rounds(
                 f"{spec.id} carries state across rounds: pass state= (from {hook.initial_state}, "
                 "then each round's result.state)"
             )
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    scoped = scope == "thinking"
+    if scoped and not (isinstance(state, ThinkingState) and tuple(state.thinking.shape) == (b,)):
+        raise ValueError(
+            f"scope thinking needs state= a ThinkingState of {b} sequences (from "
+            "relaxtune.decoding.scope.thinking_state(prompt_ids, begin_id, end_id), then each round's result.state)"
+        )
     if validate:
         check_distribution("p", p)
         check_distribution("q", q)
@@ -248,6 +269,15 @@ def verify_rounds(
     verdict = uniforms[:, :n] < ratio  # per-position native test, [B, N]
     if hook is not None:
         verdict = hook.accept(RoundContext(p, q, x, uniforms, verdict, named, z_p, z_q, temperature, state))
+    outside = None  # [B, N+1] bool: positions verified strictly (scope "thinking", outside the segment)
+    if scoped and not (hook is not None and hook.thinking_scoped) and not spec.is_strict(knob):
+        outside = ~inside_thinking(state, x)
+        if bool(outside.any()):  # strict's test there: the ratio as strict's rej_at gives it
+            p_x = p[:, :n].gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            strict_ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(p_x))
+            verdict = torch.where(outside[:, :n], uniforms[:, :n] < strict_ratio, verdict)
+        else:
+            outside = None
     accepted = verdict.long().cumprod(-1).sum(-1)  # leading accepts, [B]
 
     last = torch.empty(b, dtype=torch.long)
@@ -257,6 +287,8 @@ def verify_rounds(
         q_r = _take(q, rej, pos)
         r = Rows(_take(p, rej, pos), q_r, x[rej, pos], _take(z_p, rej, pos), _take(z_q, rej, pos), temperature)
         pi_res = spec.targets(r, knob).pi_res
+        if outside is not None:  # strict's residual norm((p - q)+) outside thinking
+            pi_res = torch.where(outside[rej, pos].unsqueeze(-1), r.p, pi_res)
         resid = (pi_res - q_r).clamp_min_(0.0)
         mass = resid.sum(-1)
         finite = torch.isfinite(mass)  # a NaN or inf anywhere in a row makes its mass non-finite
@@ -271,7 +303,8 @@ def verify_rounds(
         p_b = _take(p, bon, n)
         if spec.bonus_from_pi and not spec.is_strict(knob):
             r = Rows(p_b, _take(q, bon, n), None, _take(z_p, bon, n), _take(z_q, bon, n), temperature)
-            p_b = spec.targets(r, knob).pi_res
+            pi_b = spec.targets(r, knob).pi_res
+            p_b = pi_b if outside is None else torch.where(outside[bon, n].unsqueeze(-1), p_b, pi_b)
         last[bon] = sample_from_rows(p_b, uniforms[bon, n])
         # a valid row never yields a token of zero weight; a NaN row yields NaN (or 0)
         w = p_b.gather(-1, last[bon].unsqueeze(-1)).squeeze(-1)
@@ -285,6 +318,8 @@ def verify_rounds(
     tokens[torch.arange(b), accepted] = last
     if hook is not None and hook.advance is not None:
         state = hook.advance(state, tokens, accepted + 1, named)
+    elif scoped:
+        state = advance_thinking(state, tokens, accepted + 1)
     return BatchRoundResult(tokens, accepted + 1, accepted, state)
 
 
@@ -302,6 +337,7 @@ def verify_round(
     temperature: float | None = None,
     validate: bool = True,
     state: Any = None,
+    scope: str = "all",
 ) -> RoundResult:
     """One verification round for one sequence.
 
@@ -338,6 +374,7 @@ def verify_round(
         temperature=temperature,
         validate=validate,
         state=state,
+        scope=scope,
     )
     row = out.row(0)
     return row if out.state is None else RoundResult(row.tokens, row.accepted, out.state)

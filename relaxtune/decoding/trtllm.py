@@ -4,7 +4,8 @@ NVIDIA/TensorRT-LLM#3865): inside the thinking segment a draft is accepted when 
 among the verifier's ``relaxed_topk`` most probable tokens with probability at least
 the top-1's minus ``relaxed_delta``; outside it the rule is strict greedy. The
 thinking state is per request and carries across rounds, taken at round start (a
-round-level rule with state, ``relaxtune.decoding.hooks``).
+round-level rule with state, ``relaxtune.decoding.hooks``; the state is the one
+definition of thinking of ``relaxtune.decoding.scope``, taken here at round start).
 
 Source: CUDA kernel ``mtpRelaxedAcceptanceKernel``
 (``cpp/tensorrt_llm/kernels/speculativeDecoding/mtpKernels.cu``, NVIDIA/TensorRT-LLM
@@ -25,13 +26,13 @@ random numbers are drawn. relaxtune runs it at T = 0, where its residual and bon
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .hooks import RoundContext, RoundRule
 from .rules import Rows, Targets
+from .scope import ThinkingState, advance_thinking
 
 __all__ = [
     "TRT_TOPK",
@@ -52,22 +53,6 @@ TRT_DELTA = "relaxed_delta"
 TRT_PRESET_TOPK = 10  # NVIDIA's published preset (blog 2025-05-23): relaxed_topk 10, relaxed_delta 0.6
 BEGIN_THINKING = 128798  # DeepSeek-R1 <think>: the engine's default begin_thinking_phase_token
 END_THINKING = 128799  # DeepSeek-R1 </think>: end_thinking_phase_token
-
-
-@dataclass(frozen=True)
-class ThinkingState:
-    """Per-sequence thinking state (the engine's ``mtp_relaxed_delta_pool`` slot:
-    ``relaxed_delta`` inside thinking, 0 outside).
-
-    Attributes:
-        thinking: ``[B]`` bool, inside the thinking segment at round start.
-        begin_id, end_id: the thinking delimiters (``begin_thinking_phase_token``,
-            ``end_thinking_phase_token``; the model's ``<think>``/``</think>`` ids).
-    """
-
-    thinking: torch.Tensor
-    begin_id: int = BEGIN_THINKING
-    end_id: int = END_THINKING
 
 
 def trtllm_thinking_state(
@@ -114,22 +99,14 @@ def trtllm_accept(ctx: RoundContext) -> torch.Tensor:
     return ((idx == ctx.x.unsqueeze(-1)) & keep).any(-1)
 
 
-def trtllm_advance(state: ThinkingState, tokens: torch.Tensor, num_emitted: torch.Tensor, knobs=None) -> ThinkingState:
-    """The kernel's phase flip after a round: the emitted tokens (accepted drafts and
-    the golden/bonus token) are scanned in order; the begin token enters thinking,
-    the end token leaves it; the later one wins."""
-    steps = torch.arange(tokens.shape[1])
-    valid = steps < num_emitted.unsqueeze(-1)
-    flips = valid & ((tokens == state.begin_id) | (tokens == state.end_id))
-    last = torch.where(flips, steps + 1, 0).amax(-1)  # 1-based position of the last flip, 0 = none
-    at = tokens.gather(-1, (last - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1)
-    thinking = torch.where(last > 0, at == state.begin_id, state.thinking)
-    return ThinkingState(thinking, state.begin_id, state.end_id)
+trtllm_advance = advance_thinking  # the kernel's phase flip after a round: the later delimiter wins
 
 
 TRTLLM_RULE = RoundRule(
     accept=trtllm_accept,
     advance=trtllm_advance,
     needs_state=True,
+    thinking_scoped=True,
+    start=trtllm_thinking_state,
     initial_state="relaxtune.decoding.trtllm.trtllm_thinking_state(prompt_ids, begin_id, end_id)",
 )

@@ -17,6 +17,11 @@ batch of R rows equals a batch of one token for token (up to float rounding of
 the batched forwards, which can move a sample that sits on a boundary); with
 bfloat16 the rounding differences are larger, as between any two batch shapes.
 
+Relaxation scope (``relaxtune.decoding.scope``): at scope ``"thinking"`` each row
+carries whether it is inside the thinking segment (from its prompt, then from the
+tokens each round emits), given the model's ``<think>``/``</think>`` ids; a rule that
+carries the thinking state itself (TensorRT-LLM's) gets the same state at any scope.
+
 ``sglang_threshold`` on a backend with a native speculative server
 (``relaxtune.backends.base.native_server``) is one request to that server per
 response, ``batch_size`` requests in flight.
@@ -37,6 +42,7 @@ from ..backends.base import Backend, SequenceState, native_server
 from ..decoding.methods import Needs, get_method
 from ..decoding.round import verify_rounds
 from ..decoding.sampling import SamplingParams, draw_uniforms, sample_from_rows, transform_logits
+from ..decoding.scope import NO_THINK_ID, SCOPES, ThinkingState, thinking_state
 from .generation import (
     AR,
     TELEMETRY,
@@ -89,6 +95,7 @@ class _Row:
     gen: torch.Generator
     limits: Limits
     started: float
+    thinking: bool = False  # inside the thinking segment at the next round's start
     stats: GenerationStats = field(default_factory=GenerationStats)
     text: str | None = None
     reason: str = ""
@@ -114,6 +121,8 @@ def generate_batch(
     sampling: SamplingParams = SamplingParams(),
     batch_size: int | None = None,
     on_tokens: Callable[[int], None] | None = None,
+    scope: str = "all",
+    think_ids: tuple[int, int] | None = None,
 ) -> Iterator[tuple[Request, Generation | Exception]]:
     """Generate every request, ``batch_size`` at a time; yield each as it ends.
 
@@ -130,6 +139,11 @@ def generate_batch(
         batch_size: most rows at once (default: ``backend.batch_size``).
         on_tokens: called after every round with the tokens the round added to all
             rows (progress); an exception it raises stops the batch (e.g. a stop request).
+        scope: the relaxation scope, ``"all"`` or ``"thinking"`` (relax inside the
+            thinking segment only; ``relaxtune.decoding.scope``).
+        think_ids: the model's ``(<think>, </think>)`` token ids; needed at scope
+            ``"thinking"`` (None: the model has no such tokens, so a rule keyed on
+            thinking never relaxes).
 
     Yields:
         ``(request, Generation)`` in the order responses end; ``(request,
@@ -139,7 +153,9 @@ def generate_batch(
         shares add up to the elapsed time), ``latency_seconds`` its own span.
 
     Raises:
-        ValueError: as ``relaxtune.engine.sequence.check_decode``, or batch_size < 1.
+        ValueError: as ``relaxtune.engine.sequence.check_decode``, batch_size < 1, an
+            unknown scope, scope ``"thinking"`` without ``think_ids`` or on a native
+            speculative server (server-wide: it cannot scope).
     """
     ar = method == AR
     knob = check_decode(method, knob, n_draft, sampling.temperature)
@@ -151,9 +167,14 @@ def generate_batch(
     if size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     queue = requests if isinstance(requests, deque) else deque(requests)
-    if (server := native_server(backend, method)) is not None:
+    start = _thinking_start(spec, scope, think_ids)
+    server = native_server(backend, method)
+    if server is not None and scope == "thinking":
+        raise ValueError(f"{method} on a native speculative server is server-wide: it cannot relax in thinking only")
+    if server is not None:
         yield from _native_all(server, backend.decode, queue, size, knob, n_draft, sampling, on_tokens)
         return
+    scoping = None if start is None else (scope, *(think_ids or (NO_THINK_ID, NO_THINK_ID)))
     batch, rows = backend.start_batch(), []
     while queue or rows:
         while queue and len(rows) < size:  # continuous refill: one prefill per joining prompt
@@ -166,13 +187,15 @@ def generate_batch(
                 continue
             limits = Limits(request.max_new_tokens, backend.eos_token_ids, tuple(request.stop), request.stop_after)
             row = _Row(request, state, torch.Generator().manual_seed(int(request.seed)), limits, t0)
+            if scoping is not None:
+                row.thinking = bool(start([request.prompt_ids], *scoping[1:]).thinking[0])
             row.stats.wall_seconds = time.perf_counter() - t0
             rows.append(row)
         if not rows:
             continue
         t0 = time.perf_counter()
         try:
-            outs = _round(backend, batch, rows, ar, spec, knob, n_draft, sampling, extra_step, greedy_drafts)
+            outs = _round(backend, batch, rows, ar, spec, knob, n_draft, sampling, extra_step, greedy_drafts, scoping)
         except Exception as err:
             for row in rows:
                 yield row.request, err
@@ -199,6 +222,27 @@ def generate_batch(
             rows = [row for i, row in enumerate(rows) if not row.reason]
             for row in finished:
                 yield row.request, _result(row, backend.decode)
+
+
+def _thinking_start(spec, scope: str, think_ids: tuple[int, int] | None):
+    """The function that builds a row's thinking state from its prompt, or None when the
+    rows carry none (scope ``"all"`` with a rule that keeps no thinking state).
+
+    Raises:
+        ValueError: an unknown scope, or scope ``"thinking"`` without ``think_ids``.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    hook = None if spec is None else spec.round_rule
+    keyed = hook is not None and hook.needs_state and hook.start is not None
+    if spec is None or (scope == "all" and not keyed):
+        return None
+    if scope == "thinking" and think_ids is None:
+        raise ValueError(
+            "scope thinking needs the model's <think> and </think> token ids (think_ids): this tokenizer has no "
+            "single token for each"
+        )
+    return hook.start if keyed else thinking_state
 
 
 def _native_all(
@@ -241,8 +285,11 @@ def _round(
     sampling: SamplingParams,
     extra_step: bool,
     greedy_drafts: bool,
+    scoping: tuple[str, int, int] | None = None,
 ) -> list[tuple[list[int], int]]:
-    """One round (one AR step) for every row: ``(emitted tokens, accepted drafts)`` per row."""
+    """One round (one AR step) for every row: ``(emitted tokens, accepted drafts)`` per row.
+    ``scoping``: ``(scope, begin id, end id)`` when the rows carry a thinking state
+    (each row's ``thinking`` is updated from the round's emitted tokens)."""
     if ar:
         z_p = backend.score_batch(batch, torch.zeros(len(rows), 0, dtype=torch.long))[:, 0]
         u = torch.cat([draw_uniforms((1,), row.gen) for row in rows])
@@ -265,6 +312,10 @@ def _round(
     ids, z_q = backend.draft_batch(batch, n_draft, pick, extra_step=extra_step)
     q = torch.stack([q_of(z_q[:, i]) for i in range(z_q.shape[1])], 1)
     z_p = backend.score_batch(batch, ids)
+    state, scope = None, "all"
+    if scoping is not None:
+        scope, begin, end = scoping
+        state = ThinkingState(torch.tensor([row.thinking for row in rows]), begin, end)
     out = verify_rounds(
         transform_logits(z_p, sampling),
         q,
@@ -276,5 +327,10 @@ def _round(
         z_q=z_q,
         temperature=sampling.temperature,
         validate=False,
+        state=state,
+        scope=scope,
     )
+    if scoping is not None:
+        for row, inside in zip(rows, out.state.thinking.tolist()):
+            row.thinking = inside
     return [(r.tokens, r.accepted) for r in map(out.row, range(len(rows)))]

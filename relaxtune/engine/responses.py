@@ -26,13 +26,38 @@ from dataclasses import fields
 from typing import Any
 
 from ..backends.base import Backend
-from ..graders.base import THINK_END
+from ..decoding.methods import get_method
+from ..graders.base import THINK_END, THINK_START
 from ..tasks.spec import TaskSpec
 from .batch import Request, generate_batch
-from .generation import Generation, GenerationStats
+from .generation import AR, Generation, GenerationStats
 from .sequence import generate
 
-__all__ = ["generate_response", "generate_responses"]
+__all__ = ["generate_response", "generate_responses", "think_token_ids"]
+
+
+def think_token_ids(tokenizer) -> tuple[int, int] | None:
+    """The ``(<think>, </think>)`` token ids of ``tokenizer``, or None when either is
+    not a single token (a model without thinking tokens)."""
+    ids = [list(tokenizer.encode(t, add_special_tokens=False)) for t in (THINK_START, THINK_END)]
+    return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
+
+
+def _decode_kw(backend, spec: TaskSpec, config) -> dict:
+    """``generate``'s decoding arguments for ``config`` (a ``DecodeConfig``): method,
+    knob, N, sampling, the relaxation scope and, for a thinking task, the think ids."""
+    scope = getattr(config, "scope", "all")
+    hook = None if config.method == AR else get_method(config.method).round_rule
+    keyed = scope == "thinking" or (hook is not None and hook.start is not None)
+    think = think_token_ids(backend.tokenizer) if spec.thinks and keyed else None
+    return dict(
+        method=config.method,
+        knob=config.point_knob,
+        n_draft=config.n_draft,
+        sampling=spec.sampling.params(),
+        scope=scope,
+        think_ids=think,
+    )
 
 
 def _stop_after(spec: TaskSpec) -> str | None:
@@ -100,7 +125,7 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
     Raises:
         ValueError: as ``relaxtune.engine.sequence.generate``.
     """
-    kw = dict(method=config.method, knob=config.point_knob, n_draft=config.n_draft, sampling=spec.sampling.params())
+    kw = _decode_kw(backend, spec, config)
     req = _first(spec, prompt_ids, seed)
     first = generate(
         backend,
@@ -154,7 +179,7 @@ def generate_responses(
         that failed (see ``relaxtune.engine.batch.generate_batch``).
     """
     queue = deque(_first(spec, list(ids), seed, (key, list(ids), None)) for key, ids, seed in items)
-    kw = dict(method=config.method, knob=config.point_knob, n_draft=config.n_draft, sampling=spec.sampling.params())
+    kw = _decode_kw(backend, spec, config)
     for req, gen in generate_batch(backend, queue, batch_size=batch_size, on_tokens=on_tokens, **kw):
         key, prompt_ids, head = req.key
         if isinstance(gen, Exception):

@@ -41,6 +41,8 @@ def generate(
     seed: int = 0,
     stop: Sequence[str] = (),
     stop_after: str | None = None,
+    scope: str = "all",
+    think_ids: tuple[int, int] | None = None,
 ) -> Generation:
     """Generate one response with speculative decoding (or AR with ``method="ar"``):
     a batch of one through ``relaxtune.engine.batch.generate_batch``, the one loop.
@@ -60,6 +62,8 @@ def generate(
             occurrence of this text, from past the answer's first non-blank
             character (``</think>``: stops never fire inside the reasoning nor on
             the blank lines before the answer; ``stop_index``).
+        scope, think_ids: the relaxation scope and the model's ``(<think>, </think>)``
+            ids (``relaxtune.engine.batch.generate_batch``).
 
     Returns:
         ``Generation`` with ids, text and ``GenerationStats``.
@@ -79,7 +83,15 @@ def generate(
     check_decode(method, knob, n_draft, sampling.temperature, max_new_tokens)
     request = Request(list(prompt_ids), seed, max_new_tokens, tuple(stop), stop_after)
     ((_, gen),) = generate_batch(
-        backend, [request], method=method, knob=knob, n_draft=n_draft, sampling=sampling, batch_size=1
+        backend,
+        [request],
+        method=method,
+        knob=knob,
+        n_draft=n_draft,
+        sampling=sampling,
+        batch_size=1,
+        scope=scope,
+        think_ids=think_ids,
     )
     if isinstance(gen, Exception):
         raise gen

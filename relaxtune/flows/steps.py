@@ -160,7 +160,13 @@ def evaluation_cache_key(context, parameters: dict) -> str:
     task_run_name="{method} {knob} N={n_draft}, problems {problem_ids[0]}..",
 )
 def generate_and_grade(
-    settings: dict, method: str, knob: float | None, n_draft: int, seed: int, problem_ids: tuple[str, ...]
+    settings: dict,
+    method: str,
+    knob: float | None,
+    n_draft: int,
+    seed: int,
+    problem_ids: tuple[str, ...],
+    scope: str = "all",
 ) -> EvalResult:
     """Generate and grade one configuration on the problems ``problem_ids`` (a range
     of the tuner's problems: a prefix of the task's, or of its search half with
@@ -176,7 +182,7 @@ def generate_and_grade(
     return evaluate(
         load_task(s.task),
         load_backend(s.pair),
-        DecodeConfig(method, knob, n_draft, seed),
+        DecodeConfig(method, knob, n_draft, seed, scope),
         output_dir=s.output_dir,
         problems=problems,
         progress=False,

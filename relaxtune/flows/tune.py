@@ -55,6 +55,7 @@ def _ranges_runner(settings: TuneSettings):
                 config.n_draft,
                 config.seed,
                 tuple(p.id for p in problems[r.start : r.stop]),
+                **({} if config.scope == "all" else {"scope": config.scope}),
             )
             for r in ranges
         ]

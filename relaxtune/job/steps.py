@@ -161,6 +161,14 @@ def start_job(settings: TuneSettings, backend, new_trials: bool, log: Callable[[
     studies' problems (``check_search_problems``) and the forward costs (``job_costs``)."""
     if new_trials and settings.deployable_on:
         settings = deployable(settings, log)
+    if settings.relaxation_scope != "all":  # before the pair loads (the CLI refuses it earlier, with exit 2)
+        from ..decoding.scope import check_scope
+
+        task = load_task(settings.task)
+        try:
+            check_scope(settings.relaxation_scope, task.name, task.thinks)
+        except ValueError as err:
+            raise JobError(str(err)) from None
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     if new_trials:
         fit_contexts(backend, spec, everything, settings.n_drafts)
@@ -178,7 +186,9 @@ def start_job(settings: TuneSettings, backend, new_trials: bool, log: Callable[[
     problems, held_out = holdout_split(everything, settings.seed) if holdout else (everything, everything)
     measured: list = []
     try:
-        check_search_problems(settings.storage_url, settings.methods, spec, pair, problems, settings.confirm)
+        check_search_problems(
+            settings.storage_url, settings.methods, spec, pair, problems, settings.confirm, settings.relaxation_scope
+        )
         saved = records_path(Path(settings.output_dir), spec, DecodeConfig(), pair).with_name("cost_profile.json")
         with phase("cost profile"):
             profile = job_costs(

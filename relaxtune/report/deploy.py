@@ -268,6 +268,7 @@ def deploy_blocks(
     verifier: str,
     dtype: str | None,
     runtime: str | None = None,
+    scope: str = "all",
 ) -> dict | str:
     """The ``deploy:`` blocks of one point.
 
@@ -276,6 +277,9 @@ def deploy_blocks(
             every searched knob as searched: SGLang's two thresholds each at its value);
         n_draft: draft length N; sampling: the task's ``{temperature, top_p, top_k}``;
         drafter, verifier, dtype, runtime: the measured pair and how it ran.
+        scope: the point's relaxation scope (``relaxtune.decoding.scope``); at ``thinking``
+            an engine whose rule relaxes at every position is refused in one line (only a
+            rule keyed on thinking by itself, TensorRT-LLM's, keeps its block).
 
     Returns:
         engine -> block (``engine``, ``weights``, ``sampling`` and the engine's own
@@ -308,7 +312,25 @@ def deploy_blocks(
         block = _BUILD[e](method, named, n_draft, d_id, v_id, dict(sampling))
         head = {"engine": VERSIONS[e]}
         out[e] = head | block if "refused" in block else head | {"weights": ws, "sampling": dict(sampling)} | block
-    return out
+    return _scoped(out, get_method(method), scope)
+
+
+def _scoped(blocks: dict, spec, scope: str) -> dict:
+    """``blocks`` with each engine that cannot relax in thinking only refused in one line
+    (scope ``thinking``; a lossless point, and a rule whose ``RoundRule.thinking_scoped``,
+    keep their blocks)."""
+    if scope == "all" or spec.id == "strict" or (spec.round_rule is not None and spec.round_rule.thinking_scoped):
+        return blocks
+    return {
+        e: block
+        if "refused" in block
+        else {
+            "engine": block["engine"],
+            "refused": f"{spec.id} was measured relaxing inside <think>...</think> only (scope thinking); "
+            f"{e} applies it at every position: only TensorRT-LLM's relaxed acceptance is thinking-scoped",
+        }
+        for e, block in blocks.items()
+    }
 
 
 def plain_blocks(

@@ -216,6 +216,7 @@ def _method_result(
             pair.drafter,
             pair.verifier,
             *reversed(what_ran(pair)),
+            m.scope,
         ),
     )
 
@@ -287,6 +288,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
         }
     else:
         rec.setdefault("knobs", methods[rec["method"]].knobs if rec["method"] in methods else {})
+        rec.setdefault("scope", (methods[rec["method"]].scope if rec["method"] in methods else None) or "all")
         rec["serving"] = (
             serving_args("strict", None, rec["n_draft"], pair.drafter, pair.verifier, sampling)
             if rec["method"] == "strict"
@@ -301,6 +303,7 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
             pair.verifier,
             dtype,
             runtime,
+            rec["scope"],
         )
     pinned = set(result.pinned)
     planned = (

@@ -130,7 +130,7 @@ def check_exportable(settings: TuneSettings, spec, problems, pair: str) -> None:
     names = optuna.study.get_all_study_names(storage=url)
     missing, used = [], set()
     for method in settings.methods:
-        name = study_name(spec.name, method, pair, spec.version)
+        name = study_name(spec.name, method, pair, spec.version, settings.relaxation_scope)
         pinned = method == "sglang_threshold" and settings.native_url  # the study name holds the server's point
         studies = [
             optuna.load_study(study_name=n, storage=url)

@@ -185,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     started, cpu = time.time(), time.process_time()
     log = lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True)  # noqa: E731
     spec = load_task(settings.task)
-    studies = lambda: [study_name(spec.name, m, SyntheticPair.name, spec.version) for m in settings.methods]  # noqa: E731
+    studies = lambda: [  # noqa: E731
+        study_name(spec.name, m, SyntheticPair.name, spec.version, settings.relaxation_scope) for m in settings.methods
+    ]
     resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
     evaluate = Synthetic(args.cliff, args.drop, delay=args.delay, strict_accept=args.strict_accept)
     with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):

@@ -77,11 +77,14 @@ def check_confirmable(problems: int, stats, repeats: int, planned: int) -> str |
     )
 
 
-def check_search_problems(storage_url: str, methods: list[str], spec, pair: str, problems, confirm: str) -> str:
+def check_search_problems(
+    storage_url: str, methods: list[str], spec, pair: str, problems, confirm: str, scope: str = "all"
+) -> str:
     """With ``--confirm holdout``, refuse studies holding trials searched on other
     problems (another ``--limit``, ``--seed`` or ``--confirm``): they may have
     seen the held-out half. Fresh seeds are independent of every search sample,
-    so ``--confirm seeds`` resumes any study. Returns the search problems' digest.
+    so ``--confirm seeds`` resumes any study (``scope``: the job's ``--relaxation-scope``, in
+    the studies' names). Returns the search problems' digest.
 
     Raises:
         SearchProblemsError: such a study, naming the fix.
@@ -95,7 +98,7 @@ def check_search_problems(storage_url: str, methods: list[str], spec, pair: str,
     try:
         names = set(optuna.study.get_all_study_names(storage=storage))
         for method in methods:
-            name = study_name(spec.name, method, pair, spec.version)
+            name = study_name(spec.name, method, pair, spec.version, scope)
             if name in names:
                 check_problems(optuna.load_study(study_name=name, storage=storage), digest)
     finally:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..tasks.spec import Problem
-from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete
+from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete, trial_scope
 from .judge import constraint_values, drop_ucb_at, point_metrics
 from .records import load_metrics
 from .tuning import candidates
@@ -205,6 +205,7 @@ def fresh_point(
     evaluate_fn: Callable | None = None,
     progress: bool = False,
     extra: tuple = (),
+    scope: str = "all",
 ) -> tuple[dict, EvalResult, EvalResult]:
     """Run a point and strict at the same draft length on ``problems`` with base
     ``seed`` (e.g. ``confirmation_seed(job seed, attempt)``) and judge the pair, for
@@ -216,17 +217,21 @@ def fresh_point(
         profile: costs (``ServingProfile``, ``CostProfile`` or c_rel) for the modeled speed-up.
         confidence: one-sided confidence of the drop bound in the metrics.
         evaluate_fn: evaluation override with ``relaxtune.tune.evaluation.evaluate``'s signature.
+        scope: the point's relaxation scope (``relaxtune.decoding.scope``; strict has none).
 
     Returns:
         ``(metrics, strict, relaxed)``: ``relaxtune.tune.judge.point_metrics`` (drop bound
         ``drop_ucb``, ``bound_method``, counts) and the two evaluations.
     """
     fn = evaluate_fn or evaluate
-    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed, extra=extra)
+    configs = DecodeConfig("strict", None, n_draft, seed), DecodeConfig(method, knob, n_draft, seed, scope, extra)
     strict, relaxed = (
         fn(spec, backend, c, output_dir=output_dir, problems=problems, progress=progress) for c in configs
     )
-    return point_metrics(strict, relaxed, n_draft, profile, confidence), strict, relaxed
+    metrics = point_metrics(strict, relaxed, n_draft, profile, confidence)
+    if scope != "all":  # the point's scope travels with its metrics (a v2-shaped dict reads scope all)
+        metrics["scope"] = scope
+    return metrics, strict, relaxed
 
 
 def confirm(
@@ -267,9 +272,9 @@ def confirm(
         out[method] = result = Confirmation(method, planned, level)
         for k, trial in enumerate(trials, 1):
             seed = confirmation_seed(s.seed, k)
-            point = DecodeConfig.of_point(method, trial.params, seed)  # every named knob of the trial
-            knob, n_draft, extra = point.knob, point.n_draft, point.extra
-            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems, extra):
+            point = DecodeConfig.of_point(method, trial.params, seed, trial_scope(trial.params))  # every named knob
+            knob, n_draft, extra, scope = point.knob, point.n_draft, point.extra, point.scope
+            if not new_trials and not _recorded(tuner, method, knob, n_draft, seed, problems, extra, scope):
                 result.missing = (
                     f"no confirmation records for trial {trial.number} (attempt {k}): an export never "
                     "generates; run `relaxtune tune` to confirm"
@@ -290,6 +295,7 @@ def confirm(
                 evaluate_fn=tuner.evaluate_ranges,
                 progress=tuner.progress,
                 extra=extra,
+                scope=scope,
             )
             passed = all(v <= 0 for v in constraint_values(m, judge).values())
             search_ucb = drop_ucb_at(trial.user_attrs["metrics"], s.confidence)
@@ -307,7 +313,14 @@ def confirm(
 
 
 def _recorded(
-    tuner, method: str, knob: float | None, n_draft: int, seed: int, problems: list[Problem], extra: tuple = ()
+    tuner,
+    method: str,
+    knob: float | None,
+    n_draft: int,
+    seed: int,
+    problems: list[Problem],
+    extra: tuple = (),
+    scope: str = "all",
 ) -> bool:
     """Both evaluations of a confirmation are finished on disk (an export reads, never generates)."""
     from ..engine.sequence import native_server
@@ -318,6 +331,6 @@ def _recorded(
         records_complete(Path(tuner.settings.output_dir), tuner.spec, config, name, problems)
         for config, name in (
             (DecodeConfig("strict", None, n_draft, seed), pair),
-            (DecodeConfig(method, knob, n_draft, seed, extra=extra), pair + native),
+            (DecodeConfig(method, knob, n_draft, seed, scope, extra), pair + native),
         )
     )

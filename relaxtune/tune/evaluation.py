@@ -35,7 +35,8 @@ from pathlib import Path
 
 from ..backends.base import Backend
 from ..certify.stats import wilson_interval
-from ..engine.responses import generate_response, generate_responses
+from ..decoding.scope import check_scope
+from ..engine.responses import generate_response, generate_responses, think_token_ids
 from ..engine.sequence import Generation, check_decode, native_server
 from ..graders import Verdict, grade
 from ..graders.base import THINK_START, answer_section
@@ -56,7 +57,18 @@ __all__ = [
     "opens_thinking",
     "record_identity",
     "current_records",
+    "SCOPE_PARAM",
+    "trial_scope",
 ]
+
+SCOPE_PARAM = "scope"  # a trial's relaxation scope parameter (a job whose --relaxation-scope is not all)
+
+
+def trial_scope(params: dict) -> Scope:
+    """A trial's relaxation scope from its parameters (``"all"`` for a trial without one:
+    every trial of a job of scope all, and of jobs before the scope)."""
+    return params.get(SCOPE_PARAM, "all")
+
 
 _log = logging.getLogger(__name__)
 
@@ -338,10 +350,17 @@ def evaluate(
         ``EvalResult``.
 
     Raises:
-        ValueError: bad method/knob for this task's sampling, or a task spec that
-            changed under the same version (before any generation).
+        ValueError: bad method/knob for this task's sampling, a thinking scope on a task
+            that does not think or a pair without thinking tokens, or a task spec that changed under the same version
+            (before any generation).
     """
     check_decode(config.method, config.point_knob, config.n_draft, spec.sampling.temperature)
+    check_scope(config.scope, spec.name, spec.thinks)
+    if config.scope == "thinking" and think_token_ids(backend.tokenizer) is None:
+        raise ValueError(
+            f"scope thinking on {getattr(backend, 'name', 'this pair')}: its tokenizer has no single "
+            "<think> and </think> token, so the thinking segment cannot be told token by token"
+        )
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     problems = problems if problems is not None else load_problems(spec, limit)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .claims import claim, claim_path
-from .evaluation import DecodeConfig, evaluate, records_complete, records_name, records_path
+from .evaluation import DecodeConfig, evaluate, records_complete, records_name, records_path, trial_scope
 from .ranges import current_stage, split
 from .search import PRUNED_BY
 from .stopping import environmental
@@ -65,7 +65,7 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
             if "n_draft" not in t.params or PRUNED_BY in t.user_attrs:  # not drawn yet; being pruned
                 continue
             problems = tuner.problems[: current_stage(stages_done(t.user_attrs), n, s.stage_size)]
-            config = DecodeConfig.of_point(method, t.params, s.seed)
+            config = DecodeConfig.of_point(method, t.params, s.seed, trial_scope(t.params))
             name = records_name(tuner.backend, method)
             records = records_path(Path(s.output_dir), tuner.spec, config, name)
             for r in split(len(problems), s.range_size):

@@ -15,11 +15,14 @@ from .settings import storage_url
 __all__ = ["study_name", "job_id", "spec_digest", "JOB_FIELDS", "JOB_FIELDS_GIVEN"]
 
 
-def study_name(task: str, method: str, pair: str, version: int = 1) -> str:
+def study_name(task: str, method: str, pair: str, version: int = 1, scope: str = "all") -> str:
     """``<task>__<method>__<pair>`` (pair sanitised), with ``-v<version>`` after the
-    task from version 2 on, so a new task version starts fresh studies."""
+    task from version 2 on, so a new task version starts fresh studies, and
+    ``__scope-<scope>`` after it for a job whose ``--relaxation-scope`` is not ``all``
+    (``thinking``, or ``both``: scope is then a trial parameter)."""
     task = task if version == 1 else f"{task}-v{version}"
-    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}"
+    tail = "" if scope == "all" else f"__scope-{scope}"
+    return f"{task}__{method}__{re.sub(r'[^A-Za-z0-9._-]+', '_', pair)}{tail}"
 
 
 # settings that change what a trial measures or how it is judged: jobs that differ in one never share MLflow runs
@@ -46,7 +49,7 @@ def spec_digest(spec) -> str:
 def job_id(stores: StoreSettings, stats: StatsSettings, search: SearchSettings, spec, pair: str) -> str:
     """The tuning job's id: ``stores.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
     the Optuna storage (``stores``; password left out), the task spec, the model pair's name, ``JOB_FIELDS``
-    and those of ``JOB_FIELDS_GIVEN`` given (fields of ``stats`` and ``search``). Every
+    and those of ``JOB_FIELDS_GIVEN`` given (fields of ``stats`` and ``search``), and the relaxation scope when not ``all``. Every
     worker of one job computes the same id (neither the output folder, the server URLs, the workers'
     settings nor the number of trials enter it); a job with other settings gets another."""
     if stores.job_id:
@@ -57,4 +60,6 @@ def job_id(stores: StoreSettings, stats: StatsSettings, search: SearchSettings, 
     flat = stats.model_dump() | search.model_dump()
     key = {"storage": storage, "spec": spec_digest(spec), "pair": pair} | {f: flat[f] for f in JOB_FIELDS}
     key |= {f: flat[f] for f in JOB_FIELDS_GIVEN if flat[f] is not None}
+    if flat["relaxation_scope"] != "all":  # a job that relaxes every position keeps the id it had
+        key["relaxation_scope"] = flat["relaxation_scope"]
     return f"{spec.name}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"

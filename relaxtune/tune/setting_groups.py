@@ -256,6 +256,11 @@ class SearchSettings(BaseModel):
     limit: int | None = Field(None, ge=1, description="first N problems only")
     seed: int = Field(0, description="base seed")
     stage_size: int = Field(4, ge=1, description="problems per evaluation stage (pruning granularity)")
+    relaxation_scope: Literal["all", "thinking", "both"] = Field(
+        "all",
+        description="where relaxed rules relax: all (every position), thinking (inside <think>...</think> only, "
+        "strict in the answer; thinking tasks only) or both (searched as a dimension)",
+    )
     deployable_on: list[str] | None = Field(
         None,
         exclude=True,  # applied where the job starts (the kept methods are what the job records)

@@ -46,12 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..decoding.methods import get_method
+from ..decoding.scope import scopes_of
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
 from .batches import strict_speedup
 from .claims import claim, claim_path
-from .evaluation import DecodeConfig, EvalResult, evaluate, records_name, records_path
+from .evaluation import SCOPE_PARAM, DecodeConfig, EvalResult, evaluate, records_name, records_path, trial_scope
 from .helping import help_running, stage_attr
 from .job_identity import study_name
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
@@ -211,12 +212,13 @@ class Tuner:
         n_draft: int,
         on_stage: Callable[[int, dict], None] | None = None,
         extra: tuple = (),
+        scope: str = "all",
     ) -> tuple[dict, EvalResult]:
-        """Evaluate (method, knob, N, further knobs ``extra``: ``DecodeConfig.extra``) in
-        stages; ``on_stage(problems_done, metrics)`` runs after every stage but the last
-        and may raise to stop (pruning)."""
+        """Evaluate (method, knob, N, further knobs ``extra``: ``DecodeConfig.extra``) at a
+        relaxation scope in stages; ``on_stage(problems_done, metrics)`` runs after every
+        stage but the last and may raise to stop (pruning)."""
         strict = self.baseline(n_draft)
-        config = DecodeConfig(method, knob, n_draft, self.settings.seed, extra=extra)
+        config = DecodeConfig(method, knob, n_draft, self.settings.seed, scope, extra)
         for end in stage_ends(len(self.problems), self.settings.stage_size):
             check_stop()
             result = self._evaluate(config, self.problems[:end])
@@ -268,6 +270,7 @@ class Tuner:
             if pin is not None:
                 trial.suggest_categorical("n_draft", [pin["n_draft"]])
                 trial.suggest_float("knob", pin["knob"], pin["knob"])
+                self._suggest_scope(trial)
                 return
             valid = [n for n in self.settings.n_drafts if valid_n(spec, n)]  # FLy: N >= 2
             n = trial.suggest_categorical("n_draft", n_draft_choices(trial.study, valid))
@@ -280,8 +283,15 @@ class Tuner:
                     trial.suggest_int(k.name, int(low), int(high))
                 else:
                     trial.suggest_float(k.name, low, high, log=k.log)
+            self._suggest_scope(trial)
 
         return suggest
+
+    def _suggest_scope(self, trial) -> None:
+        """A trial's relaxation scope, for a job whose ``--relaxation-scope`` is not ``all``
+        (``both``: a categorical dimension); a job of scope all keeps its trials' parameters."""
+        if self.settings.relaxation_scope != "all":
+            trial.suggest_categorical(SCOPE_PARAM, list(scopes_of(self.settings.relaxation_scope)))
 
     def sampler(self, method: str, number: int):
         """The sampler that draws trial ``number`` of ``method``'s study: ``RelaxationSampler``
@@ -323,6 +333,7 @@ class Tuner:
             method,
             pair if pin is None else f"{pair}@t{pin['knob']:g}-n{pin['n_draft']}",
             self.spec.version,
+            self.settings.relaxation_scope,
         )
         plan = None
         if self.new_trials:
@@ -424,7 +435,7 @@ class Tuner:
     def _run_trial(self, method: str, trial) -> TrialReport:
         import optuna
 
-        point = DecodeConfig.of_point(method, trial.params, self.settings.seed)
+        point = DecodeConfig.of_point(method, trial.params, self.settings.seed, trial_scope(trial.params))
         last: dict = {}
         bar: list = []  # [speed bar, when looked up]: again after a heartbeat interval
 
@@ -457,7 +468,9 @@ class Tuner:
         with self.queue.heartbeat(trial):  # first: the bar's lookup reads every trial of the study
             bar[:] = self.speed_bar(trial.study), time.monotonic()
             try:
-                metrics, result = self.evaluate_point(method, point.knob, point.n_draft, on_stage, point.extra)
+                metrics, result = self.evaluate_point(
+                    method, point.knob, point.n_draft, on_stage, point.extra, point.scope
+                )
                 if not all(math.isfinite(v) for v in (metrics["speedup"], metrics["accuracy"])):
                     raise ValueError(f"non-finite objective {metrics['speedup']}, {metrics['accuracy']}")
                 state = "COMPLETE"
@@ -520,8 +533,8 @@ class Tuner:
         import optuna
 
         declared = self.profile.declared if isinstance(self.profile, ServingProfile) else 1
-        knob = DecodeConfig.of_point(method, trial.params, self.settings.seed).point_knob  # every named knob
-        stored = metrics_attr(metrics, method, knob, batch_size=declared) if metrics else metrics
+        point = DecodeConfig.of_point(method, trial.params, self.settings.seed, trial_scope(trial.params))
+        stored = metrics_attr(metrics, method, point.point_knob, point.scope, declared) if metrics else metrics
 
         states = optuna.trial.TrialState
         try:
