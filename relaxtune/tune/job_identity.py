@@ -50,8 +50,8 @@ def job_id(stores: StoreSettings, stats: StatsSettings, search: SearchSettings, 
     """The tuning job's id: ``stores.job_id`` when given, else ``<task>-<12 hex digits>``, a digest of
     the Optuna storage (``stores``; password left out), the task spec, the model pair's name, ``JOB_FIELDS``
     and those of ``JOB_FIELDS_GIVEN`` given (fields of ``stats`` and ``search``), and the relaxation scope
-    when not ``all``. Every worker of one job computes the same id (neither the output folder, the server URLs, the workers'
-    settings nor the number of trials enter it); a job with other settings gets another."""
+    when not ``all``. Every worker of one job computes the same id (neither the output folder, the server
+    URLs, the workers' settings nor the number of trials enter it); a job with other settings gets another."""
     if stores.job_id:
         return stores.job_id
     from sqlalchemy.engine import make_url
