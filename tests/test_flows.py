@@ -276,3 +276,23 @@ def test_the_evaluation_cache_key_sees_what_inputs_only_name(tmp_path, tiny_pair
     served = settings | {"verifier_url": "http://127.0.0.1:9/", "drafter_url": "http://127.0.0.1:9/"}
     assert evaluation_cache_key(None, params | {"settings": served}) != key  # an (unreachable) server
     assert backend_tag(TuneSettings(**served).pair) == "relaxtune-backend:127.0.0.1:9"
+
+
+def test_a_flow_range_runs_the_whole_point_every_named_knob_included(tmp_path, tiny_pair_dirs):
+    """A task run of a point off alpha's view (FLy's window W = 1 where alpha's view at N = 3
+    says min(6, N - 1) = 2) evaluates that point, under its own records, not alpha's view."""
+    from relaxtune.flows.steps import evaluation_cache_key, generate_and_grade
+
+    drafter, verifier = tiny_pair_dirs
+    settings = {
+        "task": write_tiny_task(tmp_path),
+        "drafter": drafter,
+        "verifier": verifier,
+        "dtype": "float32",
+        "output_dir": str(tmp_path / "runs"),
+    }
+    args = dict(settings=settings, method="fly", knob=0.5, n_draft=3, seed=0, problem_ids=("0", "1"))
+    off = generate_and_grade.fn(**args, extra=(("fly_window_size", 1),))
+    view = generate_and_grade.fn(**args)
+    assert "fly-0.5+fly_window_size=1__N3__seed0" in off.path.name and "fly-0.5__N3__seed0" in view.path.name
+    assert evaluation_cache_key(None, args | {"extra": (("fly_window_size", 1),)}) != evaluation_cache_key(None, args)

@@ -281,3 +281,29 @@ def test_the_figure_marks_every_cell_by_its_verdict():
     assert sum(p.get_hatch() is None for p in patches) == 3  # the diagonal's outlines
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a\ndelta=1 N=4", "b\ndelta=1 N=4", "c"]
     plt.close(fig)
+
+
+def test_a_transferred_point_keeps_every_named_knob_and_its_scope(tuned):
+    """The point judged on another task is the whole confirmed point: SGLang's single
+    threshold apart from the acc one travels as a further knob (evaluating alpha's view,
+    the tied thresholds, would judge another rule), and the relaxation scope with it."""
+    from relaxtune.transfer.run import tuned_point
+
+    tasks, output_dir, _ = tuned
+    config = load_config(Path(output_dir) / "safe.tuned.yaml")
+    cactus = tuned_point(config, "cactus")
+    assert (cactus.method, cactus.knob, cactus.n_draft, cactus.extra, cactus.scope) == ("cactus", 10.0, 4, (), "all")
+    knobs = {"speculative_accept_threshold_acc": 0.5, "speculative_accept_threshold_single": 0.275}
+    config.methods["sglang_threshold"] = config.methods["cactus"].model_copy(
+        update={
+            "method": "sglang_threshold",
+            "knob_name": "threshold",
+            "knob": 0.5,
+            "knobs": knobs,
+            "scope": "thinking",
+        }
+    )
+    point = tuned_point(config, "sglang_threshold")
+    assert point.extra == (("speculative_accept_threshold_single", 0.275),) and point.scope == "thinking"
+    assert point.point_knob == knobs and point.seed == cactus.seed
+    assert "+speculative_accept_threshold_single=0.275" in point.label

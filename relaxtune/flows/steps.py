@@ -167,11 +167,13 @@ def generate_and_grade(
     seed: int,
     problem_ids: tuple[str, ...],
     scope: str = "all",
+    extra: tuple[tuple[str, float], ...] = (),
 ) -> EvalResult:
     """Generate and grade one configuration on the problems ``problem_ids`` (a range
     of the tuner's problems: a prefix of the task's, or of its search half with
     ``--confirm holdout``); records resume from disk, so a retry redoes only
-    unfinished samples.
+    unfinished samples. ``scope`` and ``extra`` (the point's further named knobs,
+    ``DecodeConfig.extra``) complete the point.
 
     Raises:
         KeyError: an id that is not among the task's first ``settings.limit`` problems.
@@ -182,7 +184,7 @@ def generate_and_grade(
     return evaluate(
         load_task(s.task),
         load_backend(s.pair),
-        DecodeConfig(method, knob, n_draft, seed, scope),
+        DecodeConfig(method, knob, n_draft, seed, scope, tuple((name, value) for name, value in extra)),
         output_dir=s.output_dir,
         problems=problems,
         progress=False,

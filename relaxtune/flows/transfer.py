@@ -42,7 +42,14 @@ def transfer_matrix(
         s = settings_of(spec.source_file)
         run = generate_and_grade.with_options(tags=[backend_tag(s.pair)])
         return run(
-            s.model_dump(), config.method, config.knob, config.n_draft, config.seed, tuple(p.id for p in problems)
+            s.model_dump(),
+            config.method,
+            config.knob,
+            config.n_draft,
+            config.seed,
+            tuple(p.id for p in problems),
+            **({} if config.scope == "all" else {"scope": config.scope}),
+            **({"extra": config.extra} if config.extra else {}),  # the whole point (flows.tune's runner does the same)
         )
 
     logger = get_run_logger()

@@ -56,6 +56,7 @@ def _ranges_runner(settings: TuneSettings):
                 config.seed,
                 tuple(p.id for p in problems[r.start : r.stop]),
                 **({} if config.scope == "all" else {"scope": config.scope}),
+                **({"extra": config.extra} if config.extra else {}),  # a point off alpha's view: every knob
             )
             for r in ranges
         ]

@@ -35,13 +35,16 @@ from pathlib import Path
 
 import yaml
 
+from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
 from ..report.config_schema import TunedConfig
 from ..report.export import load_config
 from ..tasks.spec import Problem, TaskSpec, load_problems, load_task
 from ..tune.confirm import fresh_point, holdout_split, split_confidence
+from ..tune.evaluation import DecodeConfig
 from ..tune.judge import constraint_values
+from ..tune.pareto import point_label
 from ..tune.settings import TuneSettings
 from .matrix import RULE, Cell, TransferMatrix, sections, write_sections
 
@@ -162,14 +165,18 @@ def load_tuned(task: str, output_dir: str | Path) -> TunedTask:
     return TunedTask(spec, config, path, settings, search, held, profile)
 
 
-def tuned_point(config: TunedConfig, method: str) -> tuple[float | None, int, int] | None:
-    """``(knob, n_draft, seed)`` of the method's confirmed point and the base seed of
-    the confirmation it passed, or None when the config confirmed none."""
+def tuned_point(config: TunedConfig, method: str) -> DecodeConfig | None:
+    """The method's confirmed point, whole (alpha, N, the further named knobs that differ
+    from alpha's view and the relaxation scope: ``DecodeConfig``), with the base seed of the
+    confirmation it passed as its seed; None when the config confirmed none."""
     result = config.methods.get(method)
     if result is None or not result.feasible:
         return None
     passed = [a for a in (result.confirmation or {}).get("attempts", []) if a.get("passed")]
-    return (result.knob, result.n_draft, passed[-1]["seed"]) if passed else None
+    if not passed:
+        return None
+    extra = () if result.knob is None else get_method(method).extra_of(result.knob, result.knobs or {}, result.n_draft)
+    return DecodeConfig(method, result.knob, result.n_draft, passed[-1]["seed"], result.scope or "all", extra)
 
 
 def plan_cells(tuned: dict[str, TunedTask], methods: list[str]) -> list[tuple[str, str, str]]:
@@ -224,7 +231,8 @@ def evaluate_cells(
     cells = []
     for i, (method, source, target) in enumerate(planned, 1):
         src, tgt = tuned[source], tuned[target]
-        knob, n_draft, confirm_seed = tuned_point(src.config, method)
+        point = tuned_point(src.config, method)
+        knob, n_draft, confirm_seed = point.knob, point.n_draft, point.seed
         diagonal = source == target
         problems, seed = (tgt.confirm, confirm_seed) if diagonal else (tgt.search, tgt.config.seed)
         cell = Cell(
@@ -253,13 +261,15 @@ def evaluate_cells(
                 output_dir=tgt.settings.output_dir,
                 evaluate_fn=evaluate_fn,
                 progress=progress,
+                extra=point.extra,
+                scope=point.scope,
             )
             judge = tgt.settings.stats.model_copy(update={"confidence": level})  # the statistics group alone
             cell.within = all(v <= 0 for v in constraint_values(cell.metrics, judge).values())
         except Exception as err:
             cell.error = f"{type(err).__name__}: {err}"
-        knob_text = "" if knob is None else f" {src.config.methods[method].knob_name}={knob:g}"
-        head = f"[{i}/{len(planned)}] {method}{knob_text} N={n_draft}: {source} -> {target} ({cell.samples} samples)"
+        label = point_label(method, src.config.methods[method].knob_name, knob, n_draft, dict(point.extra))
+        head = f"[{i}/{len(planned)}] {label}: {source} -> {target} ({cell.samples} samples)"
         if cell.error:
             log(f"{head}: FAILED ({cell.error})")
         else:
