@@ -329,7 +329,8 @@ def test_responses_at_scope_thinking_take_the_think_ids_from_the_tokenizer():
 
 def test_the_job_refuses_a_thinking_scope_on_a_task_that_does_not_think_before_the_pair_loads(tmp_path):
     """The flow's and the CLI's entry (``run_tune_job``): refused by name, no model, no file."""
-    from relaxtune.job import JobError, run_tune_job
+    from relaxtune.job.run import run_tune_job
+    from relaxtune.report.reexport import JobError
     from relaxtune.testing.synthetic import write_task
     from relaxtune.tune.settings import TuneSettings
 
