@@ -127,6 +127,7 @@ def test_the_best_point_per_batch_size_and_the_crossover(at_1, at_32, tmp_path):
 def test_the_recommendation_follows_the_declared_batch_size(at_1, at_32):
     rec = at_1[1].recommendation
     assert (rec.method, rec.knob, rec.n_draft, rec.batch_size, rec.decoding) == ("cactus", 10.0, 4, 1, "speculative")
+    assert rec.weights is None  # modeled at batch size 1 alone
     assert rec.modeled_speedup == pytest.approx(CACTUS[1], rel=1e-12)
     assert rec.strict_modeled_speedup == pytest.approx(STRICT[1], rel=1e-12)
     assert at_1[1].c_rel == 0.1 and at_1[1].cost_profile["weights"] == {"1": 1.0}
@@ -161,6 +162,7 @@ def test_a_weighting_prices_the_recommendation_at_its_weighted_mean(at_1):
     )
     rec = build_config(job).recommendation
     assert (rec.method, rec.batch_size, rec.decoding) == ("cactus", 1, "speculative")
+    assert rec.weights == {"1": 0.5, "32": 0.5}  # the speed-up is their weighted mean, not batch 1's (fresh-venv trial)
     assert rec.modeled_speedup == pytest.approx((CACTUS[1] + CACTUS[32]) / 2, rel=1e-12)
     assert Prices.of(weighted).objective() == "the weighting 1: 0.5, 32: 0.5 of serving batch sizes"
 
