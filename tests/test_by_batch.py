@@ -410,8 +410,14 @@ def test_bad_cost_profile_files_are_refused_with_exit_2(tmp_path):
     cases = [
         (tmp_path / "missing.json", "no such file"),
         (tmp_path / "text.json", "not JSON"),
-        (write(tmp_path / "list.json", [1, 2]), "not a cost profile \\(ValueError: a JSON list, not an object\\)"),
-        (write(tmp_path / "other.json", {"x": 1}), "not a cost profile \\(KeyError: 't_ar'\\)"),
+        (write(tmp_path / "list.json", [1, 2]), "not a cost profile \\(a JSON list, not an object\\)"),
+        # the field and where it lacks, not Python's KeyError (fresh-venv trial)
+        (write(tmp_path / "other.json", {"x": 1}), "not a cost profile: it lacks the field 't_ar'; give the JSON"),
+        (
+            write(tmp_path / "b16.json", {"batch_sizes": {"1": {"t_ar": 1.0, "t_draft": 0.1}, "16": {"t_ar": 2.0}}}),
+            "not a cost profile: it lacks the field 't_draft' at batch size 16; give the JSON",
+        ),
+        (write(tmp_path / "empty.json", {"batch_sizes": {}}), "not a cost profile: it lacks the field 'batch_sizes'"),
         (write(tmp_path / "negative.json", {"t_ar": -1.0, "t_draft": 0.1}), "not a cost profile .*t_ar must be"),
     ]
     (tmp_path / "text.json").write_text("t_ar: 1")
@@ -424,3 +430,16 @@ def test_bad_cost_profile_files_are_refused_with_exit_2(tmp_path):
         assert out.exit_code == 2 and "--cost-profile" in out.output, out.output
     single = read_cost_profile(write(tmp_path / "single.json", CostProfile(1.0, 0.2, {5: 1.5}, batch_size=1).to_dict()))
     assert single.batch_sizes == [1] and single.at(1).t_verify == {5: 1.5}
+
+
+def test_an_export_refuses_a_cost_profile_without_the_jobs_verify_before_loading(tmp_path):
+    """The job's draft lengths and batch sizes are checked against the file before any model
+    loads (a fresh-venv trial saw the refusal only after "loading")."""
+    costs = write(tmp_path / "costs.json", ServingProfile({1: CostProfile(1.0, 0.1, {3: 1.0})}).to_dict())
+    args = ["export", "--task", "gsm8k", "--output-dir", str(tmp_path / "runs"), "--cost-profile", str(costs)]
+    out = CliRunner().invoke(app, args + ["--n-drafts", "4"], env={"COLUMNS": "300"})
+    assert out.exit_code == 2 and "loading" not in out.output, out.output
+    assert "at batch size 1 it times verify(k) for k = 3 but not k = N + 1 for N = 4" in " ".join(out.output.split())
+    out = CliRunner().invoke(app, args + ["--n-drafts", "2", "--serving-batch-size", "8"], env={"COLUMNS": "300"})
+    assert out.exit_code == 2 and "loading" not in out.output, out.output
+    assert "no cost profile at serving batch size 8, which the job declares" in " ".join(out.output.split())

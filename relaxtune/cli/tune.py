@@ -225,12 +225,13 @@ def export_(config: str | None = None, json_output: bool = False, cost_profile: 
     costs and chooses the recommendation again."""
     import yaml
 
-    from ..report.reexport import JobError, job_file, read_cost_profile
+    from ..report.reexport import JobError, check_cost_profile, job_file, read_cost_profile
     from ..tasks.spec import load_task
 
+    costs = None
     if cost_profile is not None:  # a bad file is refused before anything is read or loaded
         try:
-            read_cost_profile(cost_profile)
+            costs = read_cost_profile(cost_profile)
         except JobError as err:
             raise typer.BadParameter(str(err)) from None
     tell = say(json_output)
@@ -257,7 +258,13 @@ def export_(config: str | None = None, json_output: bool = False, cost_profile: 
             tell(f"starting from the tuning run's settings: {saved}")
         else:
             tell(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
-    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output, cost_profile=cost_profile)
+    settings = settings_from(config, flags, base)
+    if costs is not None:  # the job's draft lengths and batch sizes priced by the file, before anything loads
+        try:
+            check_cost_profile(costs, settings.n_drafts, settings.stats.serving_weights, cost_profile)
+        except JobError as err:
+            raise typer.BadParameter(str(err)) from None
+    _run_job(settings, new_trials=False, json_output=json_output, cost_profile=cost_profile)
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile: str | None = None) -> None:
