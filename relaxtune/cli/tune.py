@@ -296,7 +296,7 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
         from ..tune.serving_sizes import check_slots
 
         try:
-            check_slots(settings.pair, settings.stats.serving_batch_sizes)
+            check_slots(settings.pair, settings.stats.serving_batch_sizes, list(settings.stats.serving_weights))
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
     log = say(json_output)
