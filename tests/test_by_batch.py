@@ -182,6 +182,18 @@ def test_the_summary_of_a_weighting_labels_the_weights_not_a_declared_size(at_1,
     assert "declared" not in table
 
 
+def test_the_summary_says_the_promise_only_when_a_point_was_exported(at_1, tmp_path, capsys):
+    """The promise is about every exported point's drop: with none exported it promised nothing (fresh-venv trial)."""
+    config = at_1[1]
+    _summary(config, tmp_path / "t.yaml")
+    assert "promise: " in capsys.readouterr().out
+    none = config.model_copy(
+        update={"methods": {m: r.model_copy(update={"feasible": False}) for m, r in config.methods.items()}}
+    )
+    _summary(none, tmp_path / "t.yaml")
+    assert "promise: " not in capsys.readouterr().out
+
+
 def test_prices_read_a_serving_profile_a_single_profile_and_a_fixed_c_rel():
     single = CostProfile(1.0, 0.25, {5: 2.0}, spread={"t_ar": 0.03}, batch_size=4)
     assert Prices.of(single).by_batch == {4: single} and Prices.of(single).declared == 4

@@ -101,7 +101,7 @@ def _summary(config, path) -> None:
             f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
             "UCB is the exported bound)"
         )
-    if conf.get("promise"):
+    if conf.get("promise") and any(r.feasible for r in config.methods.values()):  # a bound of an exported point
         console.print(f"promise: {conf['promise']}", soft_wrap=True)
     sample = config.sample  # what would decide, when nothing could be certified
     console.print(
