@@ -18,7 +18,10 @@ drafter, verifier and runtime), keeping the last ``KEEP`` runs:
 The next job's estimate rests on them when present: the length and acceptance from
 every run, and, from this host's runs, the seconds a sample scaled by this run's
 ``t_AR`` over theirs (the machine now faster or slower, busier or idler). The plan
-says which it used. A file that cannot be read counts as no history.
+says which it used. A file that cannot be read counts as no history. The seconds a sample
+hold for jobs that decode as many rows together (batch size, problems per stage) as those
+runs did; a job of another shape is priced at them too, and the estimate said after strict
+(``JobEstimate.revised``) corrects it from the job's own samples.
 """
 
 from __future__ import annotations
