@@ -109,8 +109,8 @@ def test_without_history_the_estimate_says_it_rests_on_priors_and_a_job_keeps_it
     est = estimate_job(readme_job(), SPEC, 4, 4, profile, device="llamacpp", load=(0.5, 2))
     assert est.accept == 0.6 and est.length == 192.0
     assert (
-        "rests on priors (no earlier run of this task and pair in the cache): 60% of N drafts accepted: 192 tokens "
-        "per response (assumed: 50% of the task's 384-token budget)"
+        "rests on priors (no earlier run of this task and pair in the cache): 192 tokens per response (assumed: "
+        "50% of the task's 384-token budget), 60% of N drafts accepted, batch 8"
     ) in est.lines()[-1]
     assert keep_measures(None, TIMER) is None and keep_measures(est, TIMER) is None  # nowhere to keep them
     est.history_file = tmp_path / "h.json"

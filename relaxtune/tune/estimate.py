@@ -335,7 +335,7 @@ def estimate_job(
         history.basis(timed is not None)
         + (f", their seconds a sample scaled x{timed[1]:.2f} by t_AR now over theirs" if timed else "")
         if history is not None
-        else f"priors (no earlier run of this task and pair in the cache): {ACCEPT_PRIOR:.0%} of N drafts accepted"
+        else "priors (no earlier run of this task and pair in the cache)"
     )
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
