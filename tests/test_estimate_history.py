@@ -7,7 +7,7 @@ import pytest
 
 from relaxtune.decoding.speed import CostProfile
 from relaxtune.tune.estimate import MLFLOW_SECONDS, estimate_job, keep_measures
-from relaxtune.tune.estimate_history import KEEP, RunMeasure, history_path, measure_run, recall, remember
+from relaxtune.tune.estimate_history import KEEP, SEEDS, RunMeasure, history_path, measure_run, recall, remember
 from relaxtune.tune.settings import TuneSettings
 
 SPEC = SimpleNamespace(repeats=1, max_new_tokens=384)
@@ -92,16 +92,40 @@ def test_the_estimate_rests_on_this_hosts_runs_scaled_by_t_ar(tmp_path):
         "the progress lines correct it from the measured throughput"
     )
     assert est.lines()[-1].startswith("estimate: about 4:24 for the job (1:00 so far, 0:04 for MLflow")
-    # on another host only the length and acceptance carry over: the time is priced from the cost profile
+    # on another host: every run's seconds a sample, each scaled by t_AR now over its own (a verifier step as the unit)
     there = recall(path, "New CPU, 4 cores")
     est = estimate_job(readme_job(), SPEC, 4, 4, profile, history=there, device="llamacpp", load=(0.5, 2))
-    per_token = (4 * 0.02 + 0.15) / (0.925 * 4 + 1)
-    assert est.phases[0].seconds == pytest.approx(4 * 130.0 * per_token / 4**0.1)
-    assert est.finish == MLFLOW_SECONDS
+    scaled = (20 * 7.0 * 0.05 / 0.04 + 10 * 10.0 * 0.05 / 0.04 + 10 * 1.0 * 0.05 / 0.01) / 40
+    assert est.phases[0].seconds == pytest.approx(4 * scaled) and est.finish == MLFLOW_SECONDS
+    assert "(none on this host: other hosts' seconds a sample, in steps of the verifier; " in est.lines()[-1]
+    # no t_AR now (a fixed c_rel): only the length and acceptance carry over, and no time without a profile
+    est = estimate_job(readme_job(), SPEC, 4, 4, 0.2, history=there, device="llamacpp", load=(0.5, 2))
+    assert est.seconds is None and est.length == pytest.approx(130.0) and est.accept == pytest.approx(0.925)
     assert (
         "rests on lengths and acceptance of 3 earlier runs of this task and pair (none on this host: the time "
         in (est.lines()[-1])
     )
+
+
+def test_the_readme_job_has_a_shipped_seed_until_a_run_of_its_own_is_kept(tmp_path):
+    pair = "qwen2.5-coder-0.5b-instruct-_qwen2.5-coder-1.5b-instruct_llamacpp"
+    path = tmp_path / "humaneval-v4" / f"{pair}.json"
+    seeded = recall(path, "AMD EPYC, 2 cores")
+    assert seeded.path == SEEDS and seeded.runs == (
+        RunMeasure("AMD EPYC, 2 cores", 20, 133.3, 0.9707, 7.1724, 0.039485, 2.792),
+    )
+    # the README job on that host, its forward step now 1.2x the seed's (a slower build, or a busier machine)
+    profile = CostProfile(t_ar=0.039485 * 1.2, t_draft=0.02, t_verify={5: 0.15})
+    est = estimate_job(readme_job(), SPEC, 4, 4, profile, history=seeded, elapsed=62.0, device="llamacpp", load=(0, 2))
+    assert est.job_seconds == pytest.approx(62.0 + 20 * 7.1724 * 1.2 + 2.792)  # 3:57
+    assert (
+        "of 1 earlier run of this task and pair, shipped with relaxtune (its developers' run; none of yours"
+        in (est.lines()[-1])
+    )
+    assert recall(tmp_path / "humaneval-v4" / "other_pair.json") is None  # no seed for another pair
+    remember(path, RunMeasure("Mine, 2 cores", 4, 100.0, 0.5, 9.0, 0.05, 1.0))
+    assert recall(path).runs == (RunMeasure("Mine, 2 cores", 4, 100.0, 0.5, 9.0, 0.05, 1.0),)  # yours replace it
+    assert json.loads(SEEDS.read_text())[f"humaneval-v4/{pair}"][0]["samples"] == 20
 
 
 def test_without_history_the_estimate_says_it_rests_on_priors_and_a_job_keeps_its_measures(tmp_path):

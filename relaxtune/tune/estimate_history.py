@@ -16,9 +16,12 @@ drafter, verifier and runtime), keeping the last ``KEEP`` runs:
   ``t_AR`` the job measured at its start: the speed it ran at.
 
 The next job's estimate rests on them when present: the length and acceptance from
-every run, and, from this host's runs, the seconds a sample scaled by this run's
-``t_AR`` over theirs (the machine now faster or slower, busier or idler). The plan
-says which it used. A file that cannot be read counts as no history. The seconds a sample
+every run, and the seconds a sample scaled by this run's ``t_AR`` over theirs (the
+machine now faster or slower, busier or idler): this host's runs when there are any,
+else every run's that measured its t_AR (a step of the verifier as the unit of time
+across hosts; rougher, said so). Without a file of its own, a task and pair that
+relaxtune's developers ran ship a seed (``SEEDS``: the README's main job, measured
+idle); the plan says which it rests on. A file that cannot be read counts as no history. The seconds a sample
 hold for jobs that decode as many rows together (batch size, problems per stage) as those
 runs did; a job of another shape is priced at them too, and the estimate said after strict
 (``JobEstimate.revised``) corrects it from the job's own samples.
@@ -39,6 +42,7 @@ __all__ = ["RunMeasure", "History", "history_path", "host_key", "measure_run", "
 
 KEEP = 5  # runs kept per task and pair (all hosts together), the newest last
 SCHEMA = 1
+SEEDS = Path(__file__).with_name("estimate_seeds.json")  # <task>-v<version>/<pair> -> runs, shipped
 
 
 @dataclass(frozen=True)
@@ -96,15 +100,17 @@ class History:
 
     def seconds_per_sample(self, t_ar: float | None) -> tuple[float, float] | None:
         """``(wall seconds a sample on this host now, the t_AR scale applied)``: this host's
-        runs' seconds a sample (weighted by samples), times ``t_ar`` over their mean t_AR
-        (1 when either is unknown); None without a run on this host."""
-        here = self.here
-        if not here:
+        runs' seconds a sample, each times ``t_ar`` over its own t_AR (1 when either is
+        unknown), weighted by samples; without a run on this host, every run's that measured
+        its t_AR, scaled alike; None when neither applies (no t_AR now, or none then). The
+        scale is the scaled mean over the unscaled one."""
+        runs = self.here or (tuple(r for r in self.runs if r.t_ar) if t_ar else ())
+        if not runs:
             return None
-        per = sum(r.seconds_per_sample * r.samples for r in here) / sum(r.samples for r in here)
-        then = [r.t_ar for r in here if r.t_ar]
-        scale = t_ar / (sum(then) / len(then)) if t_ar and then else 1.0
-        return per * scale, scale
+        weight = sum(r.samples for r in runs)
+        raw = sum(r.seconds_per_sample * r.samples for r in runs) / weight
+        now = sum(r.seconds_per_sample * r.samples * (t_ar / r.t_ar if t_ar and r.t_ar else 1.0) for r in runs) / weight
+        return now, (now / raw if raw > 0 else 1.0)
 
     @property
     def finish_seconds(self) -> float | None:
@@ -113,11 +119,19 @@ class History:
         return sum(r.finish_seconds for r in here) / len(here) if here else None
 
     def basis(self, timed: bool) -> str:
-        """What the estimate rests on, one clause; ``timed``: this host's seconds a sample were used."""
+        """What the estimate rests on, one clause; ``timed``: the runs' seconds a sample were used."""
         n, h = len(self.runs), len(self.here)
-        where = f"{h} of them on this host" if h else "none on this host: the time priced from the cost profile"
+        if h:
+            where = f"{h} of them on this host"
+        elif timed:
+            where = "none on this host: other hosts' seconds a sample, in steps of the verifier"
+        else:
+            where = "none on this host: the time priced from the cost profile"
         used = "lengths, acceptance and seconds a sample" if timed else "lengths and acceptance"
-        return f"{used} of {n} earlier run{'s' if n > 1 else ''} of this task and pair ({where}; {self.path})"
+        runs = f"{n} earlier run{'s' if n > 1 else ''} of this task and pair"
+        if self.path.resolve() == SEEDS.resolve():
+            runs += ", shipped with relaxtune (its developers' run; none of yours in the cache yet)"
+        return f"{used} of {runs} ({where}; {self.path})"
 
 
 def history_path(task: str, version: int, pair: str) -> Path | None:
@@ -192,10 +206,25 @@ def remember(path: Path | None, run: RunMeasure | None) -> Path | None:
 
 
 def recall(path: Path | None, host: str | None = None) -> History | None:
-    """The history at ``path`` read for ``host`` (default ``host_key()``); None when there is
-    none (no path) or it cannot be read."""
+    """The history at ``path`` read for ``host`` (default ``host_key()``); without a readable
+    file there, the shipped seed of its task and pair (``SEEDS``, the history's ``path``
+    then); None when there is neither (or no path: ``off``)."""
     runs = _read(path) if path is not None else ()
-    return History(path, runs, host or host_key()) if runs else None
+    if runs:
+        return History(path, runs, host or host_key())
+    seeded = _seed(path) if path is not None else ()
+    return History(SEEDS, seeded, host or host_key()) if seeded else None
+
+
+def _seed(path: Path) -> tuple[RunMeasure, ...]:
+    """The shipped runs (``SEEDS``) of the task and pair ``path`` names
+    (``.../<task>-v<version>/<pair>.json``)."""
+    try:
+        seeds = json.loads(SEEDS.read_text())
+        rows = seeds.get(f"{path.parent.name}/{path.stem}", [])
+        return tuple(RunMeasure(**r) for r in rows)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return ()
 
 
 def _read(path: Path) -> tuple[RunMeasure, ...]:
