@@ -14,6 +14,7 @@ from relaxtune.cli import app
 from relaxtune.decoding.serving import ServingProfile
 from relaxtune.decoding.speed import CostProfile
 from relaxtune.report.export import load_config
+from relaxtune.tune.estimate_history import host_key, recall
 
 from .tiny_task import write_tiny_task
 
@@ -56,7 +57,8 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
         "--confirm",
         "seeds",
     ]  # flag beats file
-    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    kept = tmp_path / "estimates"  # where the job keeps its measures for the next job's first estimate
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250", "RELAXTUNE_ESTIMATES": str(kept)})
     assert out.exit_code == 0, out.output
     assert "recommendation" in out.output and "tuned config" in out.output
     text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the job and the summary say what would
@@ -66,13 +68,18 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
         f"with 4 problems x 1 a confirmation (4 problems, 97.5% one-sided) certifies no drop below {floor:.3f}" in text
     )
     assert "problems x 1 (--limit) would certify 0.05" in text
-    assert "promise: about these 4 problems, not new ones" in text
+    assert "promise:" not in text  # no point exported: nothing is promised (the YAML keeps the rule's words)
     # where the time went (relaxtune.tune.phases): every phase of the job, the work counted, said in one line
     timing = json.loads((tmp_path / "runs" / "tiny_math.phases.json").read_text())
     names = [p["name"] for p in timing["phases"]]
     for name in ("imports", "model load", "start", "cost profile", "strict", "trials", "MLflow", "figures", "export"):
         assert name in names, names
     assert {p["name"] for p in timing["phases"] if p["overlapped"]} >= {"MLflow (tracker thread)", "grading"}
+    assert "rests on priors (no earlier run of this task and pair in the cache)" in text
+    (history,) = kept.rglob("*.json")  # <task>-v<version>/<pair>.json
+    (run,) = recall(history).runs
+    assert run.samples == timing["counts"]["samples generated"] > 0 and run.host == host_key()
+    assert run.tokens_per_sample == pytest.approx(timing["counts"]["tokens decoded"] / run.samples)
     counts = timing["counts"]
     assert counts["samples generated"] == 4 * (1 + 3 + 3)  # strict and 3 trials per method (nothing to confirm)
     assert counts["figures drawn"] == 5  # the combined figure, and per method a Pareto and a speed-vs-knob one
