@@ -127,6 +127,7 @@ def test_the_best_point_per_batch_size_and_the_crossover(at_1, at_32, tmp_path):
 def test_the_recommendation_follows_the_declared_batch_size(at_1, at_32):
     rec = at_1[1].recommendation
     assert (rec.method, rec.knob, rec.n_draft, rec.batch_size, rec.decoding) == ("cactus", 10.0, 4, 1, "speculative")
+    assert rec.weights is None  # modeled at batch size 1 alone
     assert rec.modeled_speedup == pytest.approx(CACTUS[1], rel=1e-12)
     assert rec.strict_modeled_speedup == pytest.approx(STRICT[1], rel=1e-12)
     assert at_1[1].c_rel == 0.1 and at_1[1].cost_profile["weights"] == {"1": 1.0}
@@ -161,6 +162,7 @@ def test_a_weighting_prices_the_recommendation_at_its_weighted_mean(at_1):
     )
     rec = build_config(job).recommendation
     assert (rec.method, rec.batch_size, rec.decoding) == ("cactus", 1, "speculative")
+    assert rec.weights == {"1": 0.5, "32": 0.5}  # the speed-up is their weighted mean, not batch 1's (fresh-venv trial)
     assert rec.modeled_speedup == pytest.approx((CACTUS[1] + CACTUS[32]) / 2, rel=1e-12)
     assert Prices.of(weighted).objective() == "the weighting 1: 0.5, 32: 0.5 of serving batch sizes"
 
@@ -178,6 +180,18 @@ def test_the_summary_of_a_weighting_labels_the_weights_not_a_declared_size(at_1,
     labels = [line.replace("│", " ").split()[0:3] for line in table.splitlines() if "cactus" in line]
     assert labels == [["1", "(weight", "0.5)"], ["8", "cactus", "delta=10"], ["32", "(weight", "0.5)"]]
     assert "declared" not in table
+
+
+def test_the_summary_says_the_promise_only_when_a_point_was_exported(at_1, tmp_path, capsys):
+    """The promise is about every exported point's drop: with none exported it promised nothing (fresh-venv trial)."""
+    config = at_1[1]
+    _summary(config, tmp_path / "t.yaml")
+    assert "promise: " in capsys.readouterr().out
+    none = config.model_copy(
+        update={"methods": {m: r.model_copy(update={"feasible": False}) for m, r in config.methods.items()}}
+    )
+    _summary(none, tmp_path / "t.yaml")
+    assert "promise: " not in capsys.readouterr().out
 
 
 def test_prices_read_a_serving_profile_a_single_profile_and_a_fixed_c_rel():
@@ -408,8 +422,14 @@ def test_bad_cost_profile_files_are_refused_with_exit_2(tmp_path):
     cases = [
         (tmp_path / "missing.json", "no such file"),
         (tmp_path / "text.json", "not JSON"),
-        (write(tmp_path / "list.json", [1, 2]), "not a cost profile \\(ValueError: a JSON list, not an object\\)"),
-        (write(tmp_path / "other.json", {"x": 1}), "not a cost profile \\(KeyError: 't_ar'\\)"),
+        (write(tmp_path / "list.json", [1, 2]), "not a cost profile \\(a JSON list, not an object\\)"),
+        # the field and where it lacks, not Python's KeyError (fresh-venv trial)
+        (write(tmp_path / "other.json", {"x": 1}), "not a cost profile: it lacks the field 't_ar'; give the JSON"),
+        (
+            write(tmp_path / "b16.json", {"batch_sizes": {"1": {"t_ar": 1.0, "t_draft": 0.1}, "16": {"t_ar": 2.0}}}),
+            "not a cost profile: it lacks the field 't_draft' at batch size 16; give the JSON",
+        ),
+        (write(tmp_path / "empty.json", {"batch_sizes": {}}), "not a cost profile: it lacks the field 'batch_sizes'"),
         (write(tmp_path / "negative.json", {"t_ar": -1.0, "t_draft": 0.1}), "not a cost profile .*t_ar must be"),
     ]
     (tmp_path / "text.json").write_text("t_ar: 1")
@@ -422,3 +442,16 @@ def test_bad_cost_profile_files_are_refused_with_exit_2(tmp_path):
         assert out.exit_code == 2 and "--cost-profile" in out.output, out.output
     single = read_cost_profile(write(tmp_path / "single.json", CostProfile(1.0, 0.2, {5: 1.5}, batch_size=1).to_dict()))
     assert single.batch_sizes == [1] and single.at(1).t_verify == {5: 1.5}
+
+
+def test_an_export_refuses_a_cost_profile_without_the_jobs_verify_before_loading(tmp_path):
+    """The job's draft lengths and batch sizes are checked against the file before any model
+    loads (a fresh-venv trial saw the refusal only after "loading")."""
+    costs = write(tmp_path / "costs.json", ServingProfile({1: CostProfile(1.0, 0.1, {3: 1.0})}).to_dict())
+    args = ["export", "--task", "gsm8k", "--output-dir", str(tmp_path / "runs"), "--cost-profile", str(costs)]
+    out = CliRunner().invoke(app, args + ["--n-drafts", "4"], env={"COLUMNS": "300"})
+    assert out.exit_code == 2 and "loading" not in out.output, out.output
+    assert "at batch size 1 it times verify(k) for k = 3 but not k = N + 1 for N = 4" in " ".join(out.output.split())
+    out = CliRunner().invoke(app, args + ["--n-drafts", "2", "--serving-batch-size", "8"], env={"COLUMNS": "300"})
+    assert out.exit_code == 2 and "loading" not in out.output, out.output
+    assert "no cost profile at serving batch size 8, which the job declares" in " ".join(out.output.split())

@@ -1,6 +1,7 @@
 """The main job end to end on a tiny model pair: CLI, MLflow on sqlite, exported config."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from relaxtune.cli import app
 from relaxtune.decoding.serving import ServingProfile
 from relaxtune.decoding.speed import CostProfile
 from relaxtune.report.export import load_config
+from relaxtune.tune.estimate_history import host_key, recall
 
 from .tiny_task import write_tiny_task
 
@@ -55,7 +57,8 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
         "--confirm",
         "seeds",
     ]  # flag beats file
-    out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    kept = tmp_path / "estimates"  # where the job keeps its measures for the next job's first estimate
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "250", "RELAXTUNE_ESTIMATES": str(kept)})
     assert out.exit_code == 0, out.output
     assert "recommendation" in out.output and "tuned config" in out.output
     text = " ".join(out.output.split())  # 4 problems cannot certify 0.05: the job and the summary say what would
@@ -65,13 +68,18 @@ def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs):
         f"with 4 problems x 1 a confirmation (4 problems, 97.5% one-sided) certifies no drop below {floor:.3f}" in text
     )
     assert "problems x 1 (--limit) would certify 0.05" in text
-    assert "promise: about these 4 problems, not new ones" in text
+    assert "promise:" not in text  # no point exported: nothing is promised (the YAML keeps the rule's words)
     # where the time went (relaxtune.tune.phases): every phase of the job, the work counted, said in one line
     timing = json.loads((tmp_path / "runs" / "tiny_math.phases.json").read_text())
     names = [p["name"] for p in timing["phases"]]
     for name in ("imports", "model load", "start", "cost profile", "strict", "trials", "MLflow", "figures", "export"):
         assert name in names, names
     assert {p["name"] for p in timing["phases"] if p["overlapped"]} >= {"MLflow (tracker thread)", "grading"}
+    assert "rests on priors (no earlier run of this task and pair in the cache)" in text
+    (history,) = kept.rglob("*.json")  # <task>-v<version>/<pair>.json
+    (run,) = recall(history).runs
+    assert run.samples == timing["counts"]["samples generated"] > 0 and run.host == host_key()
+    assert run.tokens_per_sample == pytest.approx(timing["counts"]["tokens decoded"] / run.samples)
     counts = timing["counts"]
     assert counts["samples generated"] == 4 * (1 + 3 + 3)  # strict and 3 trials per method (nothing to confirm)
     assert counts["figures drawn"] == 5  # the combined figure, and per method a Pareto and a speed-vs-knob one
@@ -231,10 +239,69 @@ def test_costs_refuses_bad_input_before_a_model_loads(tmp_path, monkeypatch):
         (["-o", "c.json", "--task", "no_such_task"], "no task 'no_such_task'"),
         (["-o", "c.json", "--drafter", str(tmp_path / "typo")], "typo"),
         (["-o", "c.json", "--runtime", "llamacpp", "--serving-batch-sizes", "1,100000"], "hold 256 sequences"),
+        # found by a fresh-venv trial: each reached the model load
+        (["-o", "/proc/x.json"], "--output /proc/x.json: cannot write a file there"),
+        (["-o", "c.json", "--n-drafts", "100000"], "a draft length of 100000 exceeds the task's 384-token response"),
+        (["-o", "c.json", "--serving-batch-sizes", "1,,2"], "--serving-batch-sizes: '1,,2' has an empty item"),
+        (
+            ["-o", "c.json", "--serving-batch-sizes", "1,1,2"],
+            "--serving-batch-sizes 1,1,2: batch size 1 is given twice",
+        ),
+        # ten more of the kind
+        (["-o", "c.json", "--serving-batch-sizes", "1,2,"], "'1,2,' has an empty item"),
+        (["-o", "c.json", "--serving-batch-sizes", " "], "has an empty item"),
+        (["-o", "c.json", "--serving-batch-sizes", "auto,4"], "'auto' is not an integer"),
+        (["-o", "c.json", "--serving-batch-sizes", "1.5"], "'1.5' is not an integer"),
+        (["-o", "c.json", "--serving-batch-sizes", "-4"], "serving_batch_sizes must be integers >= 1"),
+        (["-o", "c.json", "--n-drafts", "0"], "n_drafts must be integers >= 1"),
+        (["-o", "c.json", "--n-drafts", "4,385"], "a draft length of 385 exceeds"),
+        (["-o", "read-only.json"], "--output read-only.json: cannot write a file there"),
+        (["-o", ""], "give a file in an existing folder"),
     ]:
+        if extra[1] == "read-only.json":
+            (tmp_path / "read-only.json").write_text("{}")
+            (tmp_path / "read-only.json").chmod(0o444)
+            if os.access(tmp_path / "read-only.json", os.W_OK):  # root writes any file: nothing to refuse
+                continue
         out = CliRunner().invoke(app, ["costs", *extra], env={"COLUMNS": "250"})
         assert out.exit_code == 2 and message in " ".join(out.output.split()), (extra, out.output)
-    assert not (tmp_path / "c.json").exists()
+    assert not (tmp_path / "c.json").exists() and not list(tmp_path.glob(".relaxtune-costs-*"))
+    help_text = " ".join(CliRunner().invoke(app, ["costs", "--help"], env={"COLUMNS": "250"}).output.split())
+    assert "serving batch sizes to measure at, each once" in help_text and "declared" not in help_text
+
+
+def test_costs_noisy_flags_advise_what_costs_can_do():
+    """`relaxtune costs` has no --remeasure-costs or --c-rel: its noisy warning says to run it again."""
+    from relaxtune.cli.costs import COSTS_ADVICE, with_costs_advice
+
+    flag = (
+        "noisy measurement: spread t_ar 24% after 10 interleaved passes (tolerance 10%); other work was running: "
+        "re-measure on an idle machine (--remeasure-costs) or give --c-rel"
+    )
+    profile = ServingProfile(
+        {1: CostProfile(1.0, 0.2, {3: 1.5}, flags=[flag]), 4: CostProfile(2.0, 0.5, {3: 3.0}, batch_size=4)}
+    )
+    ours = with_costs_advice(profile)
+    assert ours.at(1).flags == [
+        "noisy measurement: spread t_ar 24% after 10 interleaved passes (tolerance 10%)" + COSTS_ADVICE
+    ]
+    assert ours.at(4).flags == [] and ours.at(1).t_ar == 1.0 and ours.weights == profile.weights
+    assert "--remeasure-costs" not in COSTS_ADVICE and "--c-rel" not in COSTS_ADVICE
+
+
+def test_tune_refuses_a_declared_batch_size_beyond_llamacpps_slots_before_loading():
+    """With --serving-batch-sizes auto the declared or weighted size is measured too: above the
+    contexts' sequences it reached the load (invented bad input)."""
+    for extra, message in [
+        (["--serving-batch-size", "300"], "batch size 300 is measured too, but llama.cpp's contexts hold 16 sequences"),
+        (["--serving-batch-weights", "1=0.5,64=0.5"], "give sizes up to 16, or --batch-size 64"),
+        (["--serving-batch-weights", "1=0.5,,16=0.5"], "'1=0.5,,16=0.5' has an empty item"),
+        (["--serving-batch-weights", "1=0.5,1=0.5"], "batch size 1 is given twice"),
+    ]:
+        args = ["tune", "--task", "humaneval", "--runtime", "llamacpp", *extra]
+        out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+        flat = " ".join(out.output.split())
+        assert out.exit_code == 2 and message in flat and "loading" not in flat, (extra, out.output)
 
 
 def test_tune_cli_refuses_bad_input_early(tmp_path):

@@ -103,7 +103,7 @@ def _summary(config, path) -> None:
             f"{conf['confidence_each']:.1%} one-sided (the {config.confidence:.0%} split evenly; confirm "
             "UCB is the exported bound)"
         )
-    if conf.get("promise"):
+    if conf.get("promise") and any(r.feasible for r in config.methods.values()):  # a bound of an exported point
         console.print(f"promise: {conf['promise']}", soft_wrap=True)
     sample = config.sample  # what would decide, when nothing could be certified
     console.print(
@@ -229,12 +229,13 @@ def export_(config: str | None = None, json_output: bool = False, cost_profile: 
     costs and chooses the recommendation again."""
     import yaml
 
-    from ..report.reexport import JobError, job_file, read_cost_profile
+    from ..report.reexport import JobError, check_cost_profile, job_file, read_cost_profile
     from ..tasks.spec import load_task
 
+    costs = None
     if cost_profile is not None:  # a bad file is refused before anything is read or loaded
         try:
-            read_cost_profile(cost_profile)
+            costs = read_cost_profile(cost_profile)
         except JobError as err:
             raise typer.BadParameter(str(err)) from None
     tell = say(json_output)
@@ -261,7 +262,13 @@ def export_(config: str | None = None, json_output: bool = False, cost_profile: 
             tell(f"starting from the tuning run's settings: {saved}")
         else:
             tell(f"no {saved}: give the tuning run's --limit, --n-drafts and --methods")
-    _run_job(settings_from(config, flags, base), new_trials=False, json_output=json_output, cost_profile=cost_profile)
+    settings = settings_from(config, flags, base)
+    if costs is not None:  # the job's draft lengths and batch sizes priced by the file, before anything loads
+        try:
+            check_cost_profile(costs, settings.n_drafts, settings.stats.serving_weights, cost_profile)
+        except JobError as err:
+            raise typer.BadParameter(str(err)) from None
+    _run_job(settings, new_trials=False, json_output=json_output, cost_profile=cost_profile)
 
 
 def _run_job(settings, new_trials: bool, json_output: bool = False, cost_profile: str | None = None) -> None:
@@ -293,7 +300,7 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
         from ..tune.serving_sizes import check_slots
 
         try:
-            check_slots(settings.pair, settings.stats.serving_batch_sizes)
+            check_slots(settings.pair, settings.stats.serving_batch_sizes, list(settings.stats.serving_weights))
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
     if settings.relaxation_scope != "all":  # a thinking scope on a task that does not think, refused by name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..report.config_schema import TunedConfig
 from ..report.reexport import check_outcomes, export_path, read_cost_profile, reprice, save_job, tuning_settings
-from ..tune.estimate import announce, clock
+from ..tune.estimate import announce, clock, keep_measures
 from ..tune.phases import activate, phase
 from ..tune.phases import active as timer_now
 from ..tune.settings import TuneSettings
@@ -82,6 +82,7 @@ def tune_job(
         timing = _timing_path(settings, config)
         timer.save(timing)
         log(_timing_line(timer, estimate, timing))
+        keep_measures(estimate, timer.to_dict())  # for the next job's first estimate
     return config, path
 
 

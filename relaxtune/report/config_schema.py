@@ -105,7 +105,10 @@ class Recommendation(_Model):
     knobs: dict[str, float] = {}  # v3: every named knob ({} for strict and plain)
     scope: str = "all"  # v3
     n_draft: int | None  # None for plain decoding
-    batch_size: int = 1  # v3: the serving batch size the speed-up is modeled at
+    batch_size: int = 1  # v3: the serving batch size the speed-up is modeled at (with weights: the heaviest)
+    # the weighting of serving batch sizes (batch size -> weight) when modeled_speedup is their weighted mean of
+    # speed-ups, not batch_size's alone; None: modeled at batch_size alone
+    weights: dict[str, float] | None = None
     modeled_speedup: float  # 1.0 for plain decoding
     reason: str
     serving: dict

@@ -39,6 +39,7 @@ __all__ = [
     "check_outcomes",
     "save_job",
     "read_cost_profile",
+    "check_cost_profile",
     "reprice",
 ]
 
@@ -247,15 +248,61 @@ def read_cost_profile(path: str | Path) -> ServingProfile:
         raise JobError(f"--cost-profile {path}: cannot read it ({err})") from None
     except json.JSONDecodeError as err:
         raise JobError(f"--cost-profile {path}: not JSON ({err})") from None
+    give = "give the JSON that `relaxtune costs` writes, or a job's cost_profile.json"
     try:
         if not isinstance(raw, dict):
             raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        if (lacking := _lacking_field(raw)) is not None:
+            raise JobError(f"--cost-profile {path}: not a cost profile: it lacks the field {lacking}; {give}")
         return ServingProfile.from_dict(raw)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
+        said = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise JobError(f"--cost-profile {path}: not a cost profile ({said}); {give}") from None
+
+
+PROFILE_FIELDS = ("t_ar", "t_draft")  # what every batch size's cost profile holds (t_verify may be empty)
+
+
+def _lacking_field(raw: dict) -> str | None:
+    """The first of ``PROFILE_FIELDS`` a cost table lacks, in words (``'t_draft' at batch
+    size 16``, or ``'t_draft'`` for a single profile); None when none is lacking."""
+    tables = raw.get("batch_sizes")
+    if tables is None:
+        return next((repr(f) for f in PROFILE_FIELDS if f not in raw), None)
+    if not isinstance(tables, dict) or not tables:
+        return "'batch_sizes' (batch size -> cost profile; it is empty or not an object)"
+    for b, table in tables.items():
+        missing = [f for f in PROFILE_FIELDS if not isinstance(table, dict) or f not in table]
+        if missing:
+            return f"{missing[0]!r} at batch size {b}"
+    return None
+
+
+def check_cost_profile(profile: ServingProfile, n_drafts, weights, source: str | Path) -> None:
+    """Refuse a serving host's cost table that cannot price a job: no profile at a batch
+    size the job declares or weighs (``weights``: batch size -> weight), or, at some batch
+    size, verify times that leave out N + 1 for a draft length N in ``n_drafts`` (the
+    model would price that round as one AR step). Needs only the job's settings, so the
+    export checks it before anything loads.
+
+    Raises:
+        JobError: naming the file, the batch size and what to measure.
+    """
+    missing = sorted(set(weights) - set(profile.batch_sizes))
+    if missing:
         raise JobError(
-            f"--cost-profile {path}: not a cost profile ({type(err).__name__}: {err}); give the JSON that "
-            "`relaxtune costs` writes, or a job's cost_profile.json"
-        ) from None
+            f"--cost-profile {source}: no cost profile at serving batch size {', '.join(map(str, missing))}, "
+            f"which the job declares (measured there: {', '.join(map(str, profile.batch_sizes))}); measure it "
+            "with `relaxtune costs --serving-batch-sizes ...` including that batch size"
+        )
+    for b, p in profile.profiles.items():
+        lacking = [n for n in sorted(n_drafts) if p.t_verify and n + 1 not in p.t_verify]
+        if lacking:
+            raise JobError(
+                f"--cost-profile {source}: at batch size {b} it times verify(k) for k = "
+                f"{', '.join(map(str, sorted(p.t_verify)))} but not k = N + 1 for N = {', '.join(map(str, lacking))}, "
+                "where the job's points run: measure it with the job's --n-drafts"
+            )
 
 
 def reprice(result, profile: ServingProfile, source: str | Path) -> tuple[object, dict]:
@@ -279,21 +326,7 @@ def reprice(result, profile: ServingProfile, source: str | Path) -> tuple[object
     import hashlib
 
     weights = dict(Prices.of(result.profile).weights)
-    missing = sorted(set(weights) - set(profile.batch_sizes))
-    if missing:
-        raise JobError(
-            f"--cost-profile {source}: no cost profile at serving batch size {', '.join(map(str, missing))}, "
-            f"which the job declares (measured there: {', '.join(map(str, profile.batch_sizes))}); measure it "
-            "with `relaxtune costs --serving-batch-sizes ...` including that batch size"
-        )
-    for b, p in profile.profiles.items():
-        lacking = [n for n in result.baselines if p.t_verify and n + 1 not in p.t_verify]
-        if lacking:
-            raise JobError(
-                f"--cost-profile {source}: at batch size {b} it times verify(k) for k = "
-                f"{', '.join(map(str, sorted(p.t_verify)))} but not k = N + 1 for N = {', '.join(map(str, lacking))}, "
-                "where the job's points run: measure it with the job's --n-drafts"
-            )
+    check_cost_profile(profile, result.baselines, weights, source)
     profile = profile.reweighted(weights)
     old = c_rel_of(result.profile)
     repriced = dataclasses.replace(

@@ -11,7 +11,14 @@ from .confirm import split_confidence
 from .job_identity import study_name
 from .studies import SearchProblemsError, check_problems, open_rdb, search_digest
 
-__all__ = ["SearchProblemsError", "ConfirmationError", "check_methods", "check_confirmable", "check_search_problems"]
+__all__ = [
+    "SearchProblemsError",
+    "ConfirmationError",
+    "check_methods",
+    "check_draft_lengths",
+    "check_confirmable",
+    "check_search_problems",
+]
 
 
 def check_methods(methods: list[str], temperature: float) -> None:
@@ -22,6 +29,22 @@ def check_methods(methods: list[str], temperature: float) -> None:
     """
     for method in methods:
         get_method(method).check_temperature(temperature)
+
+
+def check_draft_lengths(n_drafts: list[int], max_new_tokens: int) -> None:
+    """Every draft length N fits the task's response budget: a round never drafts more
+    tokens than a response may hold (``max_new_tokens``), and the models' caches are sized
+    for the longest round, so a larger N only spends memory.
+
+    Raises:
+        ValueError: naming ``--n-drafts``, the longest N and the budget.
+    """
+    longest = max(n_drafts)
+    if longest > max_new_tokens:
+        raise ValueError(
+            f"--n-drafts {','.join(map(str, n_drafts))}: a draft length of {longest} exceeds the task's "
+            f"{max_new_tokens}-token response budget (max_new_tokens): give draft lengths up to {max_new_tokens}"
+        )
 
 
 class ConfirmationError(ValueError):

@@ -53,6 +53,7 @@ from pathlib import Path
 from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
+from .estimate_history import History, history_path, measure_run, recall, remember
 from .progress import LENGTH_PRIOR, prior_length
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "FIGURE_SECONDS",
     "MLFLOW_SECONDS",
     "figure_count",
+    "keep_measures",
 ]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
@@ -127,6 +129,10 @@ class JobEstimate:
         elapsed: wall seconds the job spent before the plan (imports, model load, cost profiles).
         finish: expected wall seconds of the finish (MLflow's runs and the figures).
         revised_seconds: the job's wall seconds as revised after strict (``revised``), once said.
+        basis: what the length, acceptance and time rest on (priors, or earlier runs kept in
+            the cache: ``relaxtune.tune.estimate_history``), one clause.
+        t_ar: the one-row verifier step it priced with (seconds; None: no profile).
+        history_file: where this job's measures are kept for the next (None: nowhere).
     """
 
     phases: list[Phase]
@@ -142,6 +148,9 @@ class JobEstimate:
     elapsed: float = 0.0
     finish: float = 0.0
     revised_seconds: float | None = None
+    basis: str = ""
+    t_ar: float | None = None
+    history_file: Path | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -199,8 +208,9 @@ class JobEstimate:
             f"{self.length:.0f} tokens per response ({self.length_from}), {self.accept:.0%} of N drafts "
             f"accepted, batch {self.batch}"
         )
+        rests = f"rests on {self.basis}: " if self.basis else "assumes "
         if self.seconds is None:
-            out.append(f"estimate: no wall time (no measured cost profile to price tokens with); assumes {assumed}")
+            out.append(f"estimate: no wall time (no measured cost profile to price tokens with); {rests}{assumed}")
         else:
             out.append(
                 f"estimate: about {clock(self.job_seconds)} for the job ({clock(self.elapsed)} so far, "
@@ -208,7 +218,7 @@ class JobEstimate:
                 f"and the trials ({clock(self.least_seconds)}"
                 f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
                 f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
-                f"now; assumes {assumed}; the progress lines correct it from the measured throughput"
+                f"now; {rests}{assumed}; the progress lines correct it from the measured throughput"
             )
         if self.busy:
             idle = (
@@ -268,6 +278,7 @@ def estimate_job(
     prompt_tokens: float = 0.0,
     elapsed: float = 0.0,
     figures: int = 0,
+    history: History | None = None,
 ) -> JobEstimate:
     """The job's plan and expected wall time (see the module doc for the formula).
 
@@ -287,6 +298,9 @@ def estimate_job(
         prompt_tokens: mean prompt tokens of a sample (prefilled in both models).
         elapsed: wall seconds the job spent before the plan.
         figures: figures the finish draws (``figure_count``).
+        history: what earlier runs of this task and pair measured (``recall``): with it the
+            length (when ``length`` is None), the acceptance, and on a host it ran on the
+            seconds a sample (scaled by t_AR now over theirs) and the finish come from it.
 
     Returns:
         ``JobEstimate``; its ``seconds`` is None when there is no ``CostProfile``.
@@ -308,20 +322,32 @@ def estimate_job(
         raise ValueError(f"estimate_job: the response length must be a finite number >= 0, got {length[0]}")
     repeats = spec.repeats
     strict_done = min(strict_done, n_search * repeats)  # more recorded than the search needs: nothing left to do
+    speed = measured or (profile if isinstance(profile, (CostProfile, ServingProfile)) else None)
+    if length is None and history is not None:
+        length = (history.tokens_per_sample, "earlier runs' mean")
     length_tokens, length_from = length or (
         LENGTH_PRIOR * spec.max_new_tokens,
         f"assumed: {LENGTH_PRIOR:.0%} of the task's {spec.max_new_tokens}-token budget",
     )
-    speed = measured or (profile if isinstance(profile, (CostProfile, ServingProfile)) else None)
+    accept = history.accept if history is not None and history.accept is not None else ACCEPT_PRIOR
+    timed = history.seconds_per_sample(None if speed is None else one_row(speed).t_ar) if history else None
+    basis = (
+        history.basis(timed is not None)
+        + (f", their seconds a sample scaled x{timed[1]:.2f} by t_AR now over theirs" if timed else "")
+        if history is not None
+        else "priors (no earlier run of this task and pair in the cache)"
+    )
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
     mid = settings.mid_n_draft
     prefill = 0.0 if speed is None else prefill_seconds(one_row(speed), max(settings.n_drafts))
 
     def seconds(samples: int, n_draft: int, rows: int) -> float | None:
+        if timed is not None:
+            return samples * timed[0]
         if speed is None or samples == 0:
             return None if speed is None else 0.0
         round_seconds, gain = row_round(speed, n_draft, max(1, min(batch_size, rows)), exponent)
-        per_token = round_seconds / (ACCEPT_PRIOR * n_draft + 1)
+        per_token = round_seconds / (accept * n_draft + 1)
         return samples * (length_tokens * per_token + prompt_tokens * prefill) / gain
 
     def phase(name, samples, least, n_draft, rows, least_rows, detail) -> Phase:
@@ -394,10 +420,24 @@ def estimate_job(
         )
     if avg is not None and avg > cores:
         busy.append(f"load average {avg:.1f} on {cores} core{'s' if cores > 1 else ''}")
-    tps = None if speed is None else (ACCEPT_PRIOR * mid + 1) / one_row(speed).round_seconds(mid)
-    finish = MLFLOW_SECONDS + FIGURE_SECONDS * figures
+    tps = None if speed is None else (accept * mid + 1) / one_row(speed).round_seconds(mid)
+    here = history.finish_seconds if history is not None else None
+    finish = here if here is not None else MLFLOW_SECONDS + FIGURE_SECONDS * figures
     return JobEstimate(
-        phases, length_tokens, length_from, ACCEPT_PRIOR, tps, batch_size, slowdown, avg, cores, busy, elapsed, finish
+        phases,
+        length_tokens,
+        length_from,
+        accept,
+        tps,
+        batch_size,
+        slowdown,
+        avg,
+        cores,
+        busy,
+        elapsed,
+        finish,
+        basis=basis,
+        t_ar=None if speed is None else one_row(speed).t_ar,
     )
 
 
@@ -448,8 +488,9 @@ def announce(
 ) -> JobEstimate:
     """``estimate_job`` for a job about to generate, from what is on disk (the saved
     profile at ``saved_path``, the pair's records beside it for the response length and
-    strict's samples already recorded) and the backend (its batch size and device); each
-    line of the plan goes to ``log``.
+    strict's samples already recorded; earlier runs of the task and pair kept in the cache,
+    ``relaxtune.tune.estimate_history``) and the backend (its batch size and device); each line of the plan goes
+    to ``log``.
 
     Args:
         problems / held_out: the search's problems and a confirmation's.
@@ -476,6 +517,11 @@ def announce(
     )
     strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)
     done = finished_samples(Path(settings.output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
+    kept = history_path(spec.name, spec.version, saved_path.parent.name)
+    history = recall(kept)
+    length = prior_length(saved_path.parent, spec.max_new_tokens)
+    if history is not None and length[1].startswith("assumed"):
+        length = None  # no record in this folder: the earlier runs' mean
     est = estimate_job(
         settings,
         spec,
@@ -484,14 +530,16 @@ def announce(
         profile,
         measured,
         saved,
-        length=prior_length(saved_path.parent, spec.max_new_tokens),
+        length=length,
         batch_size=batch,
         device=device,
         strict_done=done,
         prompt_tokens=_mean_prompt(backend, spec, problems, build_prompt_ids),
         elapsed=_elapsed(active()),
         figures=figure_count(list(settings.methods)),
+        history=history,
     )
+    est.history_file = kept
     for line in est.lines():
         log(line)
     return est
@@ -515,3 +563,12 @@ def _elapsed(timer) -> float:
         return 0.0
     imports = timer.phases.get("imports")
     return timer.wall + (imports.wall if imports is not None else 0.0)
+
+
+def keep_measures(estimate: JobEstimate | None, timer: dict) -> Path | None:
+    """After a job: what it measured (``measure_run`` of its phase table ``timer``, at the
+    t_AR it priced with) added to the history its plan read (``estimate.history_file``),
+    for the next job's first estimate. Returns the file written, or None."""
+    if estimate is None:
+        return None
+    return remember(estimate.history_file, measure_run(timer, estimate.t_ar))

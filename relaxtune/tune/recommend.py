@@ -214,6 +214,7 @@ def recommend(result, methods: dict, confirmations: dict, strict: dict[int, dict
         knob=None,
         n_draft=best_n,
         batch_size=prices.declared,
+        weights={str(b): w for b, w in sorted(prices.weights.items())} if prices.weighted else None,
         modeled_speedup=strict_speed,
         strict_modeled_speedup=strict_speed,
         speed_margin=None,

@@ -11,9 +11,12 @@ from .setting_groups import PairSettings
 __all__ = ["auto_batch_sizes", "check_slots"]
 
 
-def check_slots(pair: PairSettings, sizes: list[int] | str) -> None:
+def check_slots(pair: PairSettings, sizes: list[int] | str, declared=()) -> None:
     """Refuse serving batch sizes above llama.cpp's sequence slots (its contexts'
     ``n_seq_max``: ``--batch-size``, default ``BATCH_SIZE_LLAMACPP``): they cannot be measured.
+    ``declared``: the declared or weighted sizes (``StatsSettings.serving_weights``' keys),
+    measured too; with ``sizes`` auto they are the ones checked (auto itself stays within
+    the slots).
 
     Raises:
         ValueError: naming the flags that fix it.
@@ -23,6 +26,14 @@ def check_slots(pair: PairSettings, sizes: list[int] | str) -> None:
     slots = pair.batch_size or BATCH_SIZE_LLAMACPP
     if slots > MAX_SEQUENCES:
         raise ValueError(f"--batch-size {slots}: llama.cpp's contexts hold at most {MAX_SEQUENCES} sequences")
+    if sizes == "auto" and declared and max(declared) > slots:
+        largest = max(declared)
+        fix = f", or --batch-size {largest}" if largest <= MAX_SEQUENCES else ""
+        raise ValueError(
+            f"--serving-batch-size/--serving-batch-weights: batch size {largest} is measured too, but llama.cpp's "
+            f"contexts hold {slots} sequences (--batch-size {pair.batch_size or f'default {slots} on llama.cpp'}; "
+            f"at most {MAX_SEQUENCES}): give sizes up to {slots}{fix}"
+        )
     if sizes != "auto" and max(sizes) > slots:
         shown = ",".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]},...,{sizes[-1]}"
         fix = f", or --batch-size {max(sizes)}" if max(sizes) <= MAX_SEQUENCES else ""

@@ -175,10 +175,12 @@ class StatsSettings(BaseModel):
         """A flag's text: ``auto``, or comma-separated integers."""
         if not isinstance(sizes, str) or sizes.strip() == "auto":
             return sizes.strip() if isinstance(sizes, str) else sizes
-        items = [v.strip() for v in sizes.split(",") if v.strip()]
+        items = [v.strip() for v in sizes.split(",")]
+        if not any(items) or "" in items:
+            raise ValueError(f"{sizes!r} has an empty item: give auto or e.g. 1,4,16")
         bad = [v for v in items if not v.lstrip("-").isdigit()]
-        if bad or not items:
-            raise ValueError(f"{(bad or [sizes])[0]!r} is not an integer: give auto or e.g. 1,4,16")
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an integer: give auto or e.g. 1,4,16")
         return [int(v) for v in items]
 
     @field_validator("serving_batch_sizes")
@@ -186,7 +188,10 @@ class StatsSettings(BaseModel):
     def _positive_batch_sizes(cls, sizes):
         if sizes != "auto" and (not sizes or any(b < 1 for b in sizes)):
             raise ValueError(f"serving_batch_sizes must be integers >= 1, got {sizes}")
-        return sizes if sizes == "auto" else sorted(set(sizes))
+        if sizes != "auto" and len(set(sizes)) < len(sizes):
+            twice = sorted({b for b in sizes if sizes.count(b) > 1})
+            raise ValueError(f"batch size {twice[0]} is given twice: give each size once")
+        return sizes if sizes == "auto" else sorted(sizes)
 
     @field_validator("serving_batch_weights", mode="before")
     @classmethod
@@ -195,10 +200,15 @@ class StatsSettings(BaseModel):
         if not isinstance(weights, str):
             return weights
         out = {}
-        for item in (v.strip() for v in weights.split(",") if v.strip()):
+        items = [v.strip() for v in weights.split(",")]
+        if any(items) and "" in items:
+            raise ValueError(f"{weights!r} has an empty item: give e.g. 1=0.2,16=0.8")
+        for item in (v for v in items if v):
             size, eq, weight = (t.strip() for t in item.partition("="))
+            if size.isdigit() and int(size) in out:
+                raise ValueError(f"batch size {int(size)} is given twice: give each size once")
             try:
-                if not eq or not size.isdigit() or int(size) in out:
+                if not eq or not size.isdigit():
                     raise ValueError
                 out[int(size)] = float(weight)
             except ValueError:

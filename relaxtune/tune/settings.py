@@ -119,7 +119,7 @@ class TuneSettings(BaseModel):
     @model_validator(mode="after")
     def _llamacpp_slots(self):
         if self.pair.runtime == "llamacpp":  # auto resolves to it where the job starts (``start`` checks there)
-            check_slots(self.pair, self.stats.serving_batch_sizes)
+            check_slots(self.pair, self.stats.serving_batch_sizes, list(self.stats.serving_weights))
         return self
 
     @model_serializer(mode="wrap")
@@ -233,5 +233,5 @@ def start(settings: TuneSettings) -> TuneSettings:
         update["serving_batch_sizes"] = auto_batch_sizes(settings.pair, runtime)
     started = settings.model_copy(update=update) if update else settings
     if runtime == "llamacpp":
-        check_slots(started.pair, started.stats.serving_batch_sizes)
+        check_slots(started.pair, started.stats.serving_batch_sizes, list(started.stats.serving_weights))
     return started
