@@ -7,9 +7,8 @@ in ``docs/getting-started/disk-and-cache.md`` (measured with ``scripts/peak_memo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import platform
+from pathlib import Path
 
 import pytest
 
@@ -18,12 +17,11 @@ pytest.importorskip("gguf", reason="the gguf package writes the tiny GGUF models
 
 from relaxtune.backends.llamacpp import LlamaCppBackend, context_cells
 from relaxtune.backends.llamacpp_model import LlamaModel, release_free_memory
-from relaxtune.engine.batch import Request, generate_batch
 from relaxtune.backends.lookup import PromptLookupBackend
+from relaxtune.engine.batch import Request, generate_batch
 from relaxtune.engine.sequence import generate
-from relaxtune.tasks.spec import SamplingParams
 from relaxtune.job import fit_contexts
-from relaxtune.tasks.spec import Problem, build_prompt_ids, load_task
+from relaxtune.tasks.spec import Problem, SamplingParams, build_prompt_ids, load_task
 
 from .tiny_gguf import write_tiny_gguf
 from .tiny_models import VOCAB, tiny_tokenizer
