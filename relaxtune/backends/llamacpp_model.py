@@ -20,7 +20,9 @@ repacks for this CPU (0.6 GB of the verifier's 1.1 GB held twice), and a read
 through the page cache is charged to the process tree's cgroup again. The KV
 cache (f16, ``slots x n_ctx_seq`` cells, all written at creation) is the other
 large part: the context is made at its first use, so ``resize`` can fit
-``n_ctx_seq`` to a job's longest sequence before any memory is spent on it.
+``n_ctx_seq`` to a job's longest sequence, and ``slots`` to the sequences it runs
+at once, before any memory is spent on it (``LlamaCppBackend.fit_context``; the cost
+profile's batch of 16 gets contexts of its own, freed after it).
 """
 
 from __future__ import annotations
