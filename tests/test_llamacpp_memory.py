@@ -1,10 +1,13 @@
-"""What the llama.cpp backend holds in memory: the weights read once (not mapped), and
-KV caches sized to the task (``context_cells``, ``fit_context``) and made at first use.
+"""What the llama.cpp backend holds in memory: the weights read once (not mapped), KV
+caches sized to the task (``context_cells``, ``fit_context``: its longest sequence and
+the sequences it runs at once) and made at first use, the cost profile's batch in
+contexts of its own, and glibc's freed heap returned (``release_free_memory``).
 Tiny random GGUF files written here; the job's own sizing on the embedded pair is
 in ``docs/getting-started/disk-and-cache.md`` (measured with ``scripts/peak_memory.py``)."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -13,11 +16,12 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 pytest.importorskip("gguf", reason="the gguf package writes the tiny GGUF models (pip install 'relaxtune[llamacpp]')")
 
 from relaxtune.backends.llamacpp import LlamaCppBackend, context_cells
-from relaxtune.backends.llamacpp_model import LlamaModel
+from relaxtune.backends.llamacpp_model import LlamaModel, release_free_memory
 from relaxtune.backends.lookup import PromptLookupBackend
+from relaxtune.engine.batch import Request, generate_batch
 from relaxtune.engine.sequence import generate
 from relaxtune.job.steps import fit_contexts
-from relaxtune.tasks.spec import Problem, build_prompt_ids, load_task
+from relaxtune.tasks.spec import Problem, SamplingParams, build_prompt_ids, load_task
 
 from .tiny_gguf import write_tiny_gguf
 from .tiny_models import VOCAB, tiny_tokenizer
@@ -92,8 +96,49 @@ def test_the_job_fits_the_contexts_to_its_longest_prompt(files):
     problems = [Problem("a", "x" * 5, None), Problem("b", "def f():\n    return 1\n" * 4, None)]
     longest = max(len(build_prompt_ids(backend.tokenizer, spec, p)) for p in problems)
     assert fit_contexts(backend, spec, problems, [2, 7]) == longest + 7 + 99
+    assert backend.verifier.slots == backend.drafter.slots == 2  # 2 problems x 1 repeat at once
+    fit_contexts(backend, spec, problems, [2, 7], lanes=3)  # 3 parallel trials: 6, at most the 4 slots loaded
+    assert backend.verifier.slots == backend.drafter.slots == 4
     lookup = PromptLookupBackend(backend)
     assert fit_contexts(lookup, spec, problems[:1], [3]) == context_cells(
         len(build_prompt_ids(backend.tokenizer, spec, problems[0])), 100, 3
     )
     assert fit_contexts(object(), spec, problems, [3]) is None  # a backend that sizes its own
+
+
+def _responses(backend, requests):
+    kw = dict(method="r_fuzzy", knob=0.3, n_draft=3, sampling=SamplingParams(temperature=0.8), batch_size=4)
+    return {r.key: (g.token_ids, g.stats.rounds, g.stats.accepted) for r, g in generate_batch(backend, requests, **kw)}
+
+
+def test_contexts_fitted_to_the_sequences_run_at_once_give_the_same_responses_and_the_profile_its_own(files):
+    requests = [
+        Request([3 + (5 * i + j) % 60 for j in range(9 + i)], seed=7 + i, max_new_tokens=30, key=i) for i in (0, 1)
+    ]
+    every_slot, fitted = _pair(files), _pair(files)
+    assert every_slot.fit_context(12, 30, 3) == fitted.fit_context(12, 30, 3, sequences=2) == 80
+    assert (every_slot.verifier.slots, fitted.verifier.slots, fitted.drafter.slots) == (4, 2, 2)
+    assert fitted.batch_size == 4  # what an evaluation asks for is unchanged: it runs 2 rows either way
+    assert _responses(fitted, requests) == _responses(every_slot, requests)  # token for token, round for round
+    cells = fitted.verifier.n_ctx_seq  # as llama.cpp padded the 80
+    # the profile's batch of 4 in contexts of 4 slots of prompt + 64 + N + 1 = 20 + 64 + 5 cells, then freed
+    serving = fitted.cost_profile(list(range(3, 23)), [4], (1, 4), min_passes=3, max_passes=3)
+    assert serving.batch_sizes == [1, 4]
+    for model in fitted.models.values():
+        assert (model.ctx, model.slots, model.n_ctx_seq, sorted(model.free)) == (None, 2, cells, [0, 1])
+    held = fitted.start([3, 4, 5])  # a sequence holds a slot: the profile measures in the contexts there are
+    assert fitted.cost_profile([5, 6, 7], [2], (1,), min_passes=3, max_passes=3).batch_sizes == [1]
+    assert fitted.verifier.ctx is not None and fitted.verifier.slots == 2 and fitted.verifier.free == [1]
+    with pytest.raises(RuntimeError, match="all 2 sequence slots are in use"):
+        fitted.start([3]), fitted.start([4])
+    del held
+    assert fitted.fit_context(12, 30, 3, sequences=9) == 80 and fitted.verifier.slots == 4  # at most those loaded
+    with pytest.raises(ValueError, match="sequences must be >= 1"):
+        fitted.fit_context(12, 30, 3, sequences=0)
+    with pytest.raises(ValueError, match=r"slots must lie in \[1, 256\]"):
+        fitted.verifier.resize(44, 0)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_the_freed_heap_is_returned_on_glibc():
+    assert release_free_memory() is True

@@ -44,14 +44,20 @@ from ..decoding.speed import MAX_PASSES, MIN_PASSES
 from .base import Batch, BatchPick, DraftResult, Pick, SequenceState
 from .costs import check_batch_sizes, measure_profile
 from .hf_batch import common_prefix
-from .llamacpp_model import LlamaModel
+from .llamacpp_model import MAX_SEQUENCES, LlamaModel, release_free_memory
 from .naming import LLAMACPP as RUNTIME
 from .naming import gguf_pair_name
 
-__all__ = ["LlamaCppBackend", "load_gguf_pair", "resolve_gguf", "context_cells", "BATCH_SIZE_LLAMACPP"]
+__all__ = [
+    "LlamaCppBackend",
+    "load_gguf_pair",
+    "resolve_gguf",
+    "context_cells",
+    "BATCH_SIZE_LLAMACPP",
+    "MAX_SEQUENCES",
+]
 
 BATCH_SIZE_LLAMACPP = 16  # sequences per batch by default (python -m relaxtune.bench.engine --backend llamacpp)
-MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequences a context holds (n_seq_max)
 _PROFILE_TOKENS = 64  # the tokens cost_profile's slots hold past its prompt
 
 
@@ -117,7 +123,7 @@ class LlamaCppBackend:
                 "vocabularies; speculative decoding needs the same token ids"
             )
         self.eos_token_ids = verifier.end_ids()
-        slots = min(m.slots for m in self.models.values())
+        self.slots = slots = min(m.slots for m in self.models.values())  # the most any context is made with
         self.batch_size = int(batch_size or slots)
         if not 1 <= self.batch_size <= slots:
             raise ValueError(f"batch_size must lie in [1, {slots}] (the contexts' sequence slots), got {batch_size}")
@@ -128,18 +134,29 @@ class LlamaCppBackend:
         """The contexts by key: "v" the verifier, "d" the drafter (when there is one)."""
         return {"v": self.verifier} | ({"d": self.drafter} if self.drafter is not None else {})
 
-    def fit_context(self, prompt_tokens: int, max_new_tokens: int, n_draft: int) -> int:
+    def fit_context(self, prompt_tokens: int, max_new_tokens: int, n_draft: int, sequences: int | None = None) -> int:
         """Size each context's KV cache to what a task's sequences fill
-        (``context_cells``) instead of ``n_ctx_seq`` cells each; before any
-        sequence starts (the caches are made at their first use). Returns the cells
-        per sequence asked for.
+        (``context_cells``) instead of ``n_ctx_seq`` cells each, and, with
+        ``sequences``, to that many sequence slots (at most ``slots``) instead of
+        ``slots``; before any sequence starts (the caches are made at their first
+        use). ``cost_profile`` makes a context of its own, of ``slots`` sequences,
+        while it measures. Returns the cells per sequence asked for.
+
+        Args:
+            prompt_tokens / max_new_tokens / n_draft: as ``context_cells``.
+            sequences: the most sequences the task runs at once (a job: its problems
+                x repeats x parallel trials); None: ``slots``.
 
         Raises:
-            ValueError: as ``context_cells``. RuntimeError: a sequence holds a slot.
+            ValueError: as ``context_cells``; ``sequences`` < 1.
+            RuntimeError: a sequence holds a slot.
         """
         cells = context_cells(prompt_tokens, max_new_tokens, n_draft)
+        if sequences is not None and sequences < 1:
+            raise ValueError(f"sequences must be >= 1, got {sequences}")
+        slots = min(int(sequences), self.slots) if sequences is not None else self.slots
         for model in self.models.values():
-            model.resize(cells)
+            model.resize(cells, slots)
         return cells
 
     # ---------------------------------------------------------------- states
@@ -331,12 +348,17 @@ class LlamaCppBackend:
         B slots of each context hold the prompt plus 64 tokens; a timed forward is one
         ``decode`` of all B slots, k tokens each, rolled back after it.
 
+        While no sequence holds a slot, it measures in contexts of its own: the largest
+        B sequences of the prompt + 64 + N + 1 cells each, freed afterwards (the
+        contexts are made again, as they were sized, at their next use), so a job's
+        generation contexts need not hold the profile's B slots (``fit_context``).
+
         Raises:
             ValueError: bad batch sizes, or a batch size above the contexts' sequence
                 slots (llama.cpp's ``n_seq_max``, the backend's ``--batch-size``).
         """
         sizes = check_batch_sizes(batch_sizes)
-        slots = min(m.slots for m in self.models.values())
+        slots = self.slots
         if sizes[-1] > slots:
             raise ValueError(
                 f"serving batch size {sizes[-1]} cannot be measured on llama.cpp here: its contexts hold "
@@ -344,6 +366,7 @@ class LlamaCppBackend:
                 f"up to {slots}, or --batch-size {sizes[-1]}"
             )
         ctx = [int(t) for t in prompt_ids] + [int(t) % self.vocab_size for t in range(_PROFILE_TOKENS)]
+        sized = self._profile_contexts(sizes[-1], len(ctx) + max(n_drafts, default=0) + 1)
         states = []
         try:
             for _ in range(sizes[-1]):
@@ -378,6 +401,21 @@ class LlamaCppBackend:
         finally:
             for state in states:
                 state.extra["release"]()
+            if sized is not None:
+                for model, (cells, n) in zip(self.models.values(), sized):
+                    model.resize(cells, n)
+                release_free_memory()  # the batch-16 logits' buffers
+
+    def _profile_contexts(self, sequences: int, cells: int) -> list[tuple[int, int]] | None:
+        """Size every context to ``sequences`` slots of ``cells`` cells for a cost
+        profile; returns each context's ``(n_ctx_seq, slots)`` before, or None (nothing
+        changed) while a sequence holds a slot."""
+        if any(len(m.free) != m.slots for m in self.models.values()):
+            return None
+        before = [(m.n_ctx_seq, m.slots) for m in self.models.values()]
+        for model in self.models.values():
+            model.resize(cells, sequences)
+        return before
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids to text (``skip_special_tokens``); ids as text without a tokenizer."""
@@ -498,4 +536,5 @@ def load_gguf_pair(
                 raise ValueError(
                     f"cannot read a tokenizer from {tokenizer or v_path} ({err}); give --tokenizer"
                 ) from err
+    release_free_memory()  # what the tokenizer's thread freed (its parse buffers) stays resident otherwise
     return LlamaCppBackend(d_model, v_model, tok, name=gguf_pair_name(drafter, verifier), batch_size=size)

@@ -20,7 +20,9 @@ repacks for this CPU (0.6 GB of the verifier's 1.1 GB held twice), and a read
 through the page cache is charged to the process tree's cgroup again. The KV
 cache (f16, ``slots x n_ctx_seq`` cells, all written at creation) is the other
 large part: the context is made at its first use, so ``resize`` can fit
-``n_ctx_seq`` to a job's longest sequence before any memory is spent on it.
+``n_ctx_seq`` to a job's longest sequence, and ``slots`` to the sequences it runs
+at once, before any memory is spent on it (``LlamaCppBackend.fit_context``; the cost
+profile's batch of 16 gets contexts of its own, freed after it).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ import torch
 
 from .llamacpp_check import extra_buffers_run
 
-__all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp"]
+__all__ = ["LlamaModel", "LlamaCppMissing", "require_llama_cpp", "release_free_memory", "MAX_SEQUENCES"]
 
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequences a context holds (n_seq_max)
 CTX_PAD = 1  # llama.cpp pads a context's cells per sequence to a multiple of this
 _warned: set[str] = set()
 
@@ -76,6 +79,27 @@ def require_llama_cpp():
         llama_cpp.llama_backend_init()
         require_llama_cpp._init = True
     return llama_cpp
+
+
+def release_free_memory() -> bool:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim(0)``); True
+    where it ran (glibc), False elsewhere.
+
+    glibc keeps what a thread freed in that thread's arena: the tokenizer, read on a
+    thread of its own while the models load, leaves about 90 MB of freed parse buffers
+    resident (transformers 5.24, Qwen's 151,936 tokens, 2026-12-03), and a cost
+    profile's batch-16 logits about as much, until the process ends.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # musl and others: no malloc_trim
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 GGML_LOG_ERROR, GGML_LOG_CONT = 4, 5  # enum ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
@@ -179,21 +203,28 @@ class LlamaModel:
         self.n_ctx_seq = int(L.llama_n_ctx_seq(ctx))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
 
-    def resize(self, n_ctx_seq: int) -> None:
-        """Hold ``n_ctx_seq`` KV cells per sequence from now on: a context made
-        already is freed, and made again (empty) at the next use.
+    def resize(self, n_ctx_seq: int, slots: int | None = None) -> None:
+        """Hold ``n_ctx_seq`` KV cells per sequence (and ``slots`` sequences, when
+        given) from now on: a context made already is freed, and made again (empty)
+        at the next use, so its KV cache is ``slots x n_ctx_seq`` cells.
 
         Raises:
-            ValueError: ``n_ctx_seq`` < 1.
+            ValueError: ``n_ctx_seq`` < 1, or ``slots`` outside [1, 256] (llama.cpp's
+                ``LLAMA_MAX_SEQ``).
             RuntimeError: a sequence holds a slot (its cache would be lost).
         """
         if n_ctx_seq < 1:
             raise ValueError(f"n_ctx_seq must be >= 1, got {n_ctx_seq}")
+        if slots is not None and not 1 <= slots <= MAX_SEQUENCES:
+            raise ValueError(f"slots must lie in [1, {MAX_SEQUENCES}], got {slots}")
         with self.lock:
             if len(self.free) != self.slots:
                 raise RuntimeError(f"{self.path.name}: cannot resize the context while sequences hold slots")
             self._free_context()
             self.n_ctx_seq = int(n_ctx_seq)
+            if slots is not None:
+                self.slots = int(slots)
+                self.free = list(range(self.slots))
 
     def _free_context(self) -> None:
         if self.ctx is not None:

@@ -144,16 +144,18 @@ def deployable(settings: TuneSettings, log: Callable[[str], None] = print) -> Tu
     return settings.model_copy(update={"methods": kept, "deployable_on": None})  # applied: not again at the start
 
 
-def fit_contexts(backend, spec, problems: Sequence[Problem], n_drafts: Sequence[int]) -> int | None:
+def fit_contexts(backend, spec, problems: Sequence[Problem], n_drafts: Sequence[int], lanes: int = 1) -> int | None:
     """Size a backend's KV caches to the job's longest sequence, where it can
     (``fit_context``: llama.cpp, whose caches take ``slots x 4096`` cells otherwise):
-    the longest prompt of ``problems``, the task's budget and the longest N.
-    Returns the cells per sequence, or None for a backend that sizes its own."""
+    the longest prompt of ``problems``, the task's budget and the longest N; and to
+    the most sequences the job runs at once (an evaluation's ``problems x repeats``
+    in each of ``lanes`` parallel trials). Returns the cells per sequence, or None
+    for a backend that sizes its own."""
     fit = getattr(backend, "fit_context", None)
     if fit is None or not problems:
         return None
     longest = max(len(build_prompt_ids(backend.tokenizer, spec, p)) for p in problems)
-    return fit(longest, spec.max_new_tokens, max(n_drafts))
+    return fit(longest, spec.max_new_tokens, max(n_drafts), len(problems) * spec.repeats * lanes)
 
 
 def start_job(settings: TuneSettings, backend, new_trials: bool, log: Callable[[str], None], track: bool) -> Job:
@@ -171,7 +173,7 @@ def start_job(settings: TuneSettings, backend, new_trials: bool, log: Callable[[
             raise JobError(str(err)) from None
     spec, everything, backend = prepare(settings, backend, new_trials, log, track)
     if new_trials:
-        fit_contexts(backend, spec, everything, settings.n_drafts)
+        fit_contexts(backend, spec, everything, settings.n_drafts, settings.parallel_trials)
     settings = start(settings)  # the output folder made, the auto runtime resolved: what the job records
     try:  # before any Optuna storage or MLflow client of this worker opens them (a tuning job's MLflow
         # store is prepared by its tracker's thread, while the first samples are generated: job_tracker)
