@@ -70,6 +70,9 @@ def test_agree_then_the_control_disagrees(files):
         "verdict: agree (alpha 0.01)"
     )
     assert "accuracy: relaxtune - transformers" in ok.output
+    progress = [line for line in ok.output.splitlines() if " responses, " in line]  # one line a response, each side
+    assert len(progress) == 2 * int(progress[0].split("/")[1].split()[0])
+    assert progress[0].startswith("relaxtune: 1/") and progress[-1].startswith("transformers: ")
     control = check(files, "--control", "n+1")
     assert control.exit_code == 0, control.output
     assert "(negative control: n+1)" in control.output

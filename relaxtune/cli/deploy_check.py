@@ -166,6 +166,7 @@ def deploy_check(
         stop=tuple(spec.stop),
         seed=seed,
         label="relaxtune",
+        log=out,
     )
     theirs = transformers_side(
         backend.drafter,
@@ -180,6 +181,7 @@ def deploy_check(
         eos=sorted(backend.eos_token_ids),
         seed=seed,
         label="transformers",
+        log=out,
     )
     problems_of = [p for p in chosen for _ in range(samples)]
     for side in (ours, theirs):

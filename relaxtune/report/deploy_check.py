@@ -22,7 +22,7 @@ Verdict: "agree" when no test rejects at ``alpha`` (default 0.01), else
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,9 +107,10 @@ def relaxtune_side(
     stop: Sequence[str] = (),
     seed: int = 0,
     label: str = "relaxtune",
+    log: Callable[[str], None] = lambda line: None,
 ) -> Side:
     """The point through relaxtune's own loop, one response per prompt (seeds
-    ``seed + i``).
+    ``seed + i``); ``log`` gets a progress line after each response (``_progress``).
 
     Raises:
         ValueError: as ``relaxtune.engine.sequence.generate``.
@@ -131,6 +132,7 @@ def relaxtune_side(
         side.counts += _keep(rec.rounds, n_draft, max_new_tokens)
         side.lengths.append(gen.stats.response_tokens)
         side.texts.append(gen.text)
+        log(_progress(side, len(prompts)))
     return side
 
 
@@ -148,6 +150,7 @@ def transformers_side(
     eos: Sequence[int] = (),
     seed: int = 0,
     label: str = "transformers",
+    log: Callable[[str], None] = lambda line: None,
 ) -> Side:
     """The point through transformers' assisted generation: ``verifier.generate(
     assistant_model=drafter, assistant_ensemble_weight=weight, do_sample=...)`` with
@@ -160,6 +163,7 @@ def transformers_side(
     Args:
         drafter, verifier: the transformers models; weight: ``assistant_ensemble_weight``
             (None: lossless); eos: end-of-sequence ids (empty: none).
+        log: a progress line after each response (``_progress``).
     """
     from ..backends.transformers_compat import pinned_generation_config, record_assisted_rounds
 
@@ -198,7 +202,13 @@ def transformers_side(
             side.counts += _keep(kept, n_draft, max_new_tokens)
             side.lengths.append(len(new))
             side.texts.append(tokenizer.decode(new) if tokenizer is not None else "")
+            log(_progress(side, len(prompts)))
     return side
+
+
+def _progress(side: Side, total: int) -> str:
+    """``"relaxtune: 3/16 responses, 212 rounds compared so far"``."""
+    return f"{side.label}: {len(side.lengths)}/{total} responses, {len(side.counts)} rounds compared so far"
 
 
 @dataclass(frozen=True)
