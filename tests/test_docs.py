@@ -151,7 +151,8 @@ def test_the_sample_output_is_the_jobs_own_summary():
 def test_the_sample_configs_words_come_from_the_product():
     from relaxtune.certify.paired_bound import exact_upper
     from relaxtune.certify.planning import plan, split_confidence
-    from relaxtune.decoding.speed import CostProfile, modeled_speedup
+    from relaxtune.decoding.serving import ServingProfile
+    from relaxtune.decoding.speed import modeled_speedup
     from relaxtune.report.export import load_config
     from relaxtune.tune.confirm import RULE, promise
     from relaxtune.tune.recommend import plain_if_nothing_pays
@@ -173,7 +174,8 @@ def test_the_sample_configs_words_come_from_the_product():
     assert (c.runtime, c.dtype, c.weights["verifier"]["format"]) == ("llamacpp", None, "GGUF Q4_K_M")
     strict = {int(n): v for n, v in c.strict_by_n_draft.items()}
     point = fast.model_dump(include={"method", "knob", "n_draft", "modeled_speedup", "speed_margin", "reason"})
-    words = plain_if_nothing_pays(point, strict, c.methods)
+    at = "" if c.serving_batch_sizes == [1] else f" at serving batch size {rec.batch_size}"  # priced where declared
+    words = plain_if_nothing_pays(point, strict, c.methods, at)
     assert (rec.reason, words["fastest_speculative"]) == (
         words["reason"],
         point,
@@ -185,7 +187,7 @@ def test_the_sample_configs_words_come_from_the_product():
     search = c.problems  # the problems the search ran (the config's problems; the held-out ones apart)
     for m in c.methods.values():
         assert m.closest["drop_upper_bound"] == pytest.approx(exact_upper(search, 0, 0, c.confidence), abs=1e-4)
-        profile = CostProfile.from_dict(c.cost_profile)  # the measured costs (t_AR, t_draft, verify(N+1))
+        profile = ServingProfile.from_dict(c.cost_profile)  # the measured costs per batch size, priced at the declared
         assert m.closest["modeled_speedup"] == pytest.approx(
             modeled_speedup(profile, m.closest["l_accept"], m.closest["n_draft"], 1.0, m.closest["length_ratio"]),
             abs=1e-4,
