@@ -2,6 +2,8 @@
 ens agrees with transformers' assisted generation, the N+1 control disagrees, and
 points transformers cannot run are refused by name."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -114,3 +116,15 @@ def test_only_the_transformers_runtime_is_checked(files):
     path, task = files
     out = runner.invoke(app, ["deploy-check", path, "--task", task, "--runtime", "llamacpp"])
     assert out.exit_code == 2 and "refused: --runtime llamacpp: transformers runs its own weights" in out.output
+
+
+def test_a_bad_dtype_and_a_config_the_schema_refuses_exit_2_before_any_load(files, tmp_path):
+    path, task = files
+    out = runner.invoke(app, ["deploy-check", path, "--task", task, "--method", "strict", "--dtype", "x"])
+    assert out.exit_code == 2 and "refused: --dtype x: give one of bfloat16, float16, float32" in out.output
+    bad = tmp_path / "bad.tuned.yaml"
+    bad.write_text(Path(path).read_text().replace("recommendation:", "recommendation:\n  surplus: 1", 1))
+    out = runner.invoke(app, ["deploy-check", str(bad), "--task", task])
+    assert out.exit_code == 2 and f"refused: {bad} is not a tuned config relaxtune can read" in out.output
+    out = runner.invoke(app, ["deploy-check", str(tmp_path / "none.yaml"), "--task", task])
+    assert out.exit_code == 2 and "is not a tuned config relaxtune can read" in out.output

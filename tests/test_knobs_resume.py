@@ -224,3 +224,21 @@ def test_trtllm_relaxed_topk_is_searched_as_an_integer_at_temperature_zero(tmp_p
         "relaxed_topk": float(chosen.params["relaxed_topk"]),
         "relaxed_delta": chosen.params["knob"],
     }
+
+
+def test_a_draft_length_fly_cannot_run_at_is_refused_before_anything_runs():
+    """FLy needs N >= 2 (its window W < N): a job whose draft lengths are all 1, and a single
+    point at N = 1, are refused by name before any model loads; a list holding a valid N runs."""
+    import pytest
+
+    from relaxtune.engine.generation import check_decode
+    from relaxtune.tune.checks import check_methods
+
+    with pytest.raises(
+        ValueError, match=r"--methods fly with --n-drafts 1: method 'fly' cannot run at draft length N=1"
+    ):
+        check_methods(["fly"], 0.6, [1])
+    check_methods(["fly", "cactus"], 0.6, [1, 4])  # N = 1 left out for fly only
+    with pytest.raises(ValueError, match=r"method 'fly' cannot run at draft length N=1: fly_window_size"):
+        check_decode("fly", 0.5, 1, 0.6)
+    assert check_decode("fly", 0.5, 2, 0.6) == 0.5

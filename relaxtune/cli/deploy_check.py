@@ -123,6 +123,7 @@ def deploy_check(
     from ..report.export import load_config
     from ..tasks.spec import build_prompt_ids, load_problems, load_task
     from ..tune.evaluation import _grade
+    from ..tune.setting_groups import DTYPES
 
     out = say()
     if control not in CONTROLS:
@@ -133,7 +134,14 @@ def deploy_check(
             "converted weights on transformers (--runtime hf)"
         )
         raise typer.Exit(2)
-    config = load_config(config_path)
+    if dtype is not None and dtype not in DTYPES:
+        out(f"refused: --dtype {dtype}: give one of {', '.join(DTYPES)}")
+        raise typer.Exit(2)
+    try:
+        config = load_config(config_path)
+    except (ValueError, OSError) as err:  # a missing file, or one the tuned config's schema refuses
+        out(f"refused: {config_path} is not a tuned config relaxtune can read: {err}")
+        raise typer.Exit(2)
     dtype = dtype or config.dtype or "bfloat16"
     try:
         m, a, n = resolve_point(config, method, parse_knobs(knob), n_draft)

@@ -246,6 +246,19 @@ class MethodSpec:
             )
         return value
 
+    def check_n_draft(self, n_draft: int) -> None:
+        """Refuse a draft length N at which a further knob has no valid value (FLy's
+        window W < N: N >= 2, as vLLM refuses N = 1; ``Knob.search_at``).
+
+        Raises:
+            ValueError: naming the method, N and the knob's bound.
+        """
+        for k in self.further_knobs:
+            try:
+                k.search_at(n_draft)
+            except ValueError as err:
+                raise ValueError(f"method {self.id!r} cannot run at draft length N={n_draft}: {err}") from None
+
     def check_temperature(self, temperature: float | None) -> None:
         """Refuse T = 0 for methods that collapse to strict under greedy sampling, and
         T > 0 for greedy-only rules.

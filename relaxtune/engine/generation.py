@@ -217,7 +217,8 @@ def check_decode(
 
     Raises:
         ValueError: unknown method, a knob for AR, knob out of range, T = 0 with a
-            method that collapses to strict, N not an integer >= 1, max_new_tokens < 1.
+            method that collapses to strict, N not an integer >= 1 or one the method cannot
+            run at (``MethodSpec.check_n_draft``), max_new_tokens < 1.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
@@ -230,6 +231,7 @@ def check_decode(
     spec.check_temperature(temperature)
     if int(n_draft) != n_draft or n_draft < 1:
         raise ValueError(f"n_draft must be an integer >= 1, got {n_draft!r}")
+    spec.check_n_draft(int(n_draft))
     return knob
 
 

@@ -69,7 +69,7 @@ def prepare(
             nothing to export, before any model (or, for a missing storage, any problem) loads.
     """
     spec = load_task(settings.task)
-    check_methods(settings.methods, spec.sampling.temperature)
+    check_methods(settings.methods, spec.sampling.temperature, settings.n_drafts)
     try:  # MLflow's first: nothing (not even the default storage's output folder) is made for a wrong address
         if track:
             reach_tracking(settings.mlflow_uri)

@@ -9,6 +9,7 @@ from ..certify.stats import smallest_certifiable_drop
 from ..decoding.methods import get_method
 from .confirm import split_confidence
 from .job_identity import study_name
+from .search import valid_n
 from .studies import SearchProblemsError, check_problems, open_rdb, search_digest
 
 __all__ = [
@@ -21,14 +22,26 @@ __all__ = [
 ]
 
 
-def check_methods(methods: list[str], temperature: float) -> None:
-    """Every method is known and defined at the task's sampling temperature.
+def check_methods(methods: list[str], temperature: float, n_drafts: list[int] | None = None) -> None:
+    """Every method is known, defined at the task's sampling temperature and runs at one
+    of ``n_drafts`` at least (the search leaves out the draft lengths a method cannot run
+    at: FLy at N = 1, ``MethodSpec.check_n_draft``).
 
     Raises:
-        ValueError: an unknown method, or one that collapses at ``temperature``.
+        ValueError: an unknown method, one that collapses at ``temperature``, or one that
+            runs at none of ``n_drafts`` (naming ``--methods`` and ``--n-drafts``).
     """
     for method in methods:
-        get_method(method).check_temperature(temperature)
+        spec = get_method(method)
+        spec.check_temperature(temperature)
+        if n_drafts and not any(valid_n(spec, n) for n in n_drafts):
+            try:
+                spec.check_n_draft(min(n_drafts))
+            except ValueError as err:
+                raise ValueError(
+                    f"--methods {method} with --n-drafts {','.join(map(str, n_drafts))}: {err}; "
+                    "give a draft length it runs at"
+                ) from None
 
 
 def check_draft_lengths(n_drafts: list[int], max_new_tokens: int) -> None:

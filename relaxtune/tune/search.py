@@ -145,10 +145,9 @@ def per_token_acceptance(l_accept: float, n_draft: int) -> float:
 
 def valid_n(spec: MethodSpec, n_draft: int) -> bool:
     """Every further knob of ``spec`` has a value in its range at ``n_draft`` (FLy's W < N
-    needs N >= 2)."""
+    needs N >= 2: ``MethodSpec.check_n_draft``)."""
     try:
-        for k in spec.further_knobs:
-            k.search_at(n_draft)
+        spec.check_n_draft(n_draft)
     except ValueError:
         return False
     return True
