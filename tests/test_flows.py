@@ -141,12 +141,13 @@ def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_
     )
     monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
     loaded, load = [], relaxtune.flows.tune.load_backend
-    monkeypatch.setattr(relaxtune.flows.tune, "load_backend", lambda s: loaded.append(s.task) or load(s))
+    monkeypatch.setattr(relaxtune.flows.tune, "load_backend", lambda pair: loaded.append(pair.verifier) or load(pair))
     settings = _settings(tmp_path, tiny_pair_dirs)
     kwargs = dict(folders=[str(extra)], methods=["cactus"], limit=2, trials=1, settings=settings)
     assert tune_new(**kwargs) == {"tiny_math": "strict"}  # 2 problems certify nothing: strict
-    assert loaded == [task] and (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
-    assert tune_new(**kwargs) == {} and loaded == [task]  # tuned for this version and pair: nothing left to do
+    # the pair loaded once, for tiny_math alone (no_data is skipped before any model loads)
+    assert loaded == [settings["verifier"]] and (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
+    assert tune_new(**kwargs) == {} and loaded == [settings["verifier"]]  # tuned: nothing left to do
 
 
 def test_prefect_yaml_deploys_every_task_and_tune_new_daily():
