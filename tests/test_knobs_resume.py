@@ -19,32 +19,15 @@ from relaxtune.tune.outcomes import trial_line
 from relaxtune.tune.pareto import knob_text, point_label
 from relaxtune.tune.records import metrics_attr, trial_metrics
 from relaxtune.tune.studies import search_digest
-from relaxtune.tune.tuning import Tuner, TuneSettings
+from relaxtune.tune.tuning import Tuner
 
 from .synthetic import PROBLEMS, SPEC, Synthetic
-
-SINGLE, ACC = "speculative_accept_threshold_single", "speculative_accept_threshold_acc"
-
-
-class Pair:
-    name = "synthetic-pair"
+from .test_knobs_search import ACC, SINGLE, Pair
+from .test_knobs_search import _settings as knobs_settings
 
 
 def _settings(tmp_path, method, **over):
-    return TuneSettings(
-        **(
-            dict(
-                task="synthetic",
-                methods=[method],
-                n_drafts=[4],
-                trials=6,
-                stage_size=200,
-                output_dir=str(tmp_path),
-                c_rel=0.2,
-            )
-            | over
-        )
-    )
+    return knobs_settings(tmp_path, method, **({"trials": 6} | over))
 
 
 # ------------------------------------------------------------------ labels

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from ..tune.recommend import PLAIN
+from ..tune.recommend import PLAIN, as_plain
 from ..tune.records import RECORDS_SCHEMA, knobs_of
 
 __all__ = [
@@ -298,14 +298,4 @@ def _plain_recommendation(data: dict) -> dict:
     point |= {"knobs": rec.get("knobs") or {}, "scope": rec.get("scope", "all")}
     reason, _, earlier = rec["reason"].partition("; for reference, ")
     point["reason"] = earlier or reason
-    rec = rec | {
-        "method": PLAIN,
-        "knob": None,
-        "knobs": {},
-        "n_draft": None,
-        "modeled_speedup": 1.0,
-        "speed_margin": None,
-        "reason": reason,
-        "fastest_speculative": point,
-    }
-    return data | {"recommendation": rec}
+    return data | {"recommendation": as_plain(rec, reason, point)}

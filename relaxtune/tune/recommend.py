@@ -35,6 +35,7 @@ __all__ = [
     "recommend",
     "speculation_pays",
     "plain_if_nothing_pays",
+    "as_plain",
 ]
 
 RESAMPLES = 2000
@@ -168,7 +169,20 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict, at:
     confirmed = any(r.feasible for r in methods.values())
     relaxed = "every confirmed relaxed point below 1x too" if confirmed else "no relaxed point confirmed"
     fastest = {k: out.get(k) for k in ("method", "knob", "n_draft", "modeled_speedup", "speed_margin", "reason")}
-    return out | {
+    reason = (
+        f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs{at} "
+        f"(strict's best models {best:.2f}x, {relaxed})"
+    )
+    return as_plain(out, reason, fastest)
+
+
+def as_plain(rec: dict, reason: str, fastest: dict) -> dict:
+    """``rec`` (a recommendation's fields) as plain decoding of the verifier: ``method`` and
+    ``decoding`` plain, no knob, knobs or N, modeled 1x (the AR baseline), no speed margin,
+    ``reason``, and ``fastest`` (the fastest speculative point) kept beside it. The one place
+    a plain recommendation's fields are written (``plain_if_nothing_pays``, and the loader of
+    configs written before ``method: plain``)."""
+    return rec | {
         "method": PLAIN,
         "knob": None,
         "knobs": {},
@@ -177,10 +191,7 @@ def plain_if_nothing_pays(out: dict, strict: dict[int, dict], methods: dict, at:
         "speed_margin": None,
         "decoding": PLAIN,
         "fastest_speculative": fastest,
-        "reason": (
-            f"serve the verifier alone (plain decoding): no speculative point pays on the measured costs{at} "
-            f"(strict's best models {best:.2f}x, {relaxed})"
-        ),
+        "reason": reason,
     }
 
 
