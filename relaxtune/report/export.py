@@ -135,10 +135,11 @@ def _within_budget(o, stats: StatsSettings) -> int:
 
 
 def _method_result(
-    o, confirmation, pair: PairSettings, stats: StatsSettings, ucb, sampling: dict, profile
+    o, confirmation, pair: PairSettings, stats: StatsSettings, ucb, sampling: dict, profile, ran: tuple
 ) -> MethodResult:
     """One method's entry: the confirmed point's confirmation numbers, or why there is none;
-    speed-ups priced with ``profile`` (the job's costs, or a serving host's: ``_priced``)."""
+    speed-ups priced with ``profile`` (the job's costs, or a serving host's: ``_priced``);
+    ``ran``: ``what_ran(pair)``, asked once per export (a served pair asks its server)."""
     import optuna
 
     states = optuna.trial.TrialState
@@ -215,7 +216,7 @@ def _method_result(
             sampling,
             pair.drafter,
             pair.verifier,
-            *reversed(what_ran(pair)),
+            *reversed(ran),
             m.scope,
         ),
     )
@@ -260,8 +261,10 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     ucb = lambda m: drop_ucb_at(m.dump(), stats.confidence)  # noqa: E731 - PointMetrics, at this export's confidence
     sampling = spec.sampling.model_dump()
     profile = result.profile
+    runtime, dtype = ran = what_ran(pair)
     methods = {
-        o.method: _method_result(o, confirmations.get(o.method), pair, stats, ucb, sampling, profile) for o in outcomes
+        o.method: _method_result(o, confirmations.get(o.method), pair, stats, ucb, sampling, profile, ran)
+        for o in outcomes
     }
     strict = {
         n: {
@@ -276,7 +279,6 @@ def build_config(result: JobResult, mlflow_info: dict | None = None, costs: dict
     }
     dominated = [o.method for o in outcomes if o.chosen is None and _within_budget(o, stats)]  # strict beats each
     rec = recommend(result, methods, confirmations, strict, dominated)
-    runtime, dtype = what_ran(pair)
     if rec["method"] == PLAIN:  # serve the verifier alone; the fastest speculative point beside it
         fast = rec["fastest_speculative"]
         fast |= {k: getattr(methods[fast["method"]], k) for k in ("knobs", "scope") if fast["method"] in methods}
