@@ -128,3 +128,35 @@ def test_a_bad_dtype_and_a_config_the_schema_refuses_exit_2_before_any_load(file
     assert out.exit_code == 2 and f"refused: {bad} is not a tuned config relaxtune can read" in out.output
     out = runner.invoke(app, ["deploy-check", str(tmp_path / "none.yaml"), "--task", task])
     assert out.exit_code == 2 and "is not a tuned config relaxtune can read" in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n-draft", "0"], "Invalid value for '--n-draft': Input should be greater than or equal to 1"),
+        (["--n-draft", "100000"], "--n-draft 100000: a draft length of 100000 exceeds the task's 40-token"),
+        (["--problems", "0"], "Invalid value for '--problems': Input should be greater than or equal to 1"),
+        (["--samples", "-1"], "Invalid value for '--samples': Input should be greater than or equal to 1"),
+        (["--min-rounds", "0"], "Invalid value for '--min-rounds': Input should be greater than or equal to 1"),
+        (["--alpha", "2"], "refused: --alpha 2.0: a significance level lies in (0, 1)"),
+        (["--alpha", "nan"], "refused: --alpha nan: a significance level lies in (0, 1)"),
+        (["--task", "no_such_task"], "refused: no task 'no_such_task'"),
+    ],
+)
+def test_numbers_and_tasks_deploy_check_cannot_run_are_refused_before_any_load(files, args, message):
+    path, task = files
+    base = ["deploy-check", path, "--method", "ens", "--knob", "alpha=0.2"]
+    out = runner.invoke(app, base + (args if "--task" in args else ["--task", task, *args]))
+    assert out.exit_code == 2 and message in " ".join(out.output.replace("│", " ").split()), out.output
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("recommendation: [unclosed\n", "is not YAML"), ("", "holds nothing"), ("- a\n- b\n", "holds list")],
+)
+def test_a_file_that_is_no_tuned_config_is_refused_by_name(tmp_path, files, text, message):
+    bad = tmp_path / "bad.tuned.yaml"
+    bad.write_text(text)
+    out = runner.invoke(app, ["deploy-check", str(bad), "--task", files[1]])
+    assert out.exit_code == 2 and f"refused: {bad} is not a tuned config relaxtune can read" in out.output
+    assert message in out.output

@@ -225,3 +225,15 @@ def test_a_draft_length_fly_cannot_run_at_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match=r"method 'fly' cannot run at draft length N=1: fly_window_size"):
         check_decode("fly", 0.5, 1, 0.6)
     assert check_decode("fly", 0.5, 2, 0.6) == 0.5
+
+
+def test_a_draft_length_list_fly_runs_only_part_of_tunes_at_the_lengths_it_runs(tmp_path):
+    """``--methods fly --n-drafts 2,1``: the middle draft length is 1, where FLy cannot run; its
+    grid sits at the nearest one it runs at (2) and the study completes (it failed with
+    "'1' not in (2,)" when the grid kept N = 1)."""
+    settings = _settings(tmp_path, "fly", n_drafts=[2, 1], trials=2)
+    tuner = Tuner(settings, SPEC, PROBLEMS, Pair(), 0.2, evaluate_fn=Synthetic(cliff=100.0), progress=False)
+    assert {p["n_draft"] for p in tuner.grid_points("fly")} == {2}
+    outcome = tuner.tune_method("fly")
+    trials = outcome.study.get_trials(deepcopy=False)
+    assert len(trials) == 2 and all(t.params["n_draft"] == 2 and t.state.name == "COMPLETE" for t in trials)

@@ -310,7 +310,7 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--dtype", "int4", "--runtime", "llamacpp"], ("'--dtype'", "'int4'")),
     ([*SERVE, "--python", "/nonexistent"], "--python /nonexistent"),
     ([*TUNE, "--output-dir", "afile"], "--output-dir afile"),
-    ([*TUNE, "--limit", "20", "--epsilon", "0.3"], "--limit 20, --epsilon 0.3"),
+    ([*TUNE, "--n-drafts", "3,5,10", "--limit", "20", "--epsilon", "0.3"], "--limit 20, --epsilon 0.3"),
     ([*TUNE, "--epsilon", "nan"], "--epsilon nan"),
     ([*TUNE, "--confirm", "holdout,seeds"], ("'--confirm'", "'holdout,seeds'")),
     # thirty-odd more, as a new user types them
@@ -431,6 +431,11 @@ BAD = [  # (arguments, what the message must name)
     ([*SERVE, "--timeout", "nan"], ("'--timeout'", "nan is not a finite number")),
     ([*SERVE, "--log-dir", "afile"], "--log-dir afile"),
     ([*SERVE, "--device", "gpu"], ("'--device'", "'gpu'")),
+    # draft lengths a method or the task's budget cannot hold (found by a fresh-venv trial: OOM, or a crash mid-job)
+    ([*TUNE, "--n-drafts", "4,1000000000"], "--n-drafts 4,1000000000: a draft length of 1000000000 exceeds"),
+    ([*TUNE, "--methods", "fly", "--n-drafts", "1"], "--methods fly with --n-drafts 1: method 'fly' cannot run at"),
+    ([*EVAL, "--method", "cactus", "--alpha", "1", "--n-draft", "1000000000"], "--n-draft 1000000000: a draft"),
+    ([*EVAL, "--method", "fly", "--alpha", "0.5", "--n-draft", "1"], "method 'fly' cannot run at draft length N=1"),
 ]
 
 

@@ -93,12 +93,12 @@ def deploy_check(
     config_path: str = typer.Argument(..., metavar="CONFIG", help="a tuned config (relaxtune-runs/<task>.tuned.yaml)"),
     method: str | None = typer.Option(None, "--method", help="method to check (default: the recommendation's)"),
     knob: list[str] = typer.Option([], "--knob", help="NAME=VALUE (ens: alpha=0.2); default: the confirmed point"),
-    n_draft: int | None = typer.Option(None, "--n-draft", help="draft length N (default: the point's)"),
+    n_draft: int | None = typer.Option(None, "--n-draft", min=1, help="draft length N (default: the point's)"),
     task: str | None = typer.Option(None, help="task name or YAML path (default: the config's task)"),
-    problems: int = typer.Option(40, help="problems to run"),
-    samples: int = typer.Option(1, help="responses per problem and side"),
-    min_rounds: int = typer.Option(500, help="compared rounds each side needs"),
-    alpha: float = typer.Option(0.01, help="significance level of each test"),
+    problems: int = typer.Option(40, min=1, help="problems to run"),
+    samples: int = typer.Option(1, min=1, help="responses per problem and side"),
+    min_rounds: int = typer.Option(500, min=1, help="compared rounds each side needs"),
+    alpha: float = typer.Option(0.01, help="significance level of each test, in (0, 1)"),
     control: str = typer.Option("none", help="negative control: none, mirrored (w -> 1 - w) or n+1"),
     seed: int = typer.Option(0, help="first seed"),
     device: str = typer.Option("auto", help="cpu, cuda or auto"),
@@ -122,6 +122,7 @@ def deploy_check(
     from ..report.deploy_check import compare, relaxtune_side, transformers_side
     from ..report.export import load_config
     from ..tasks.spec import build_prompt_ids, load_problems, load_task
+    from ..tune.checks import check_draft_lengths
     from ..tune.evaluation import _grade
     from ..tune.setting_groups import DTYPES
 
@@ -133,6 +134,9 @@ def deploy_check(
             f"refused: --runtime {runtime}: transformers runs its own weights, so relaxtune's side runs the same "
             "converted weights on transformers (--runtime hf)"
         )
+        raise typer.Exit(2)
+    if not 0.0 < alpha < 1.0:  # NaN too
+        out(f"refused: --alpha {alpha}: a significance level lies in (0, 1)")
         raise typer.Exit(2)
     if dtype is not None and dtype not in DTYPES:
         out(f"refused: --dtype {dtype}: give one of {', '.join(DTYPES)}")
@@ -148,7 +152,12 @@ def deploy_check(
     except ValueError as err:
         out(f"refused: {err}")
         raise typer.Exit(2)
-    spec = load_task(task or config.task)
+    try:
+        spec = load_task(task or config.task)
+        check_draft_lengths([n], spec.max_new_tokens, flag="--n-draft")
+    except (FileNotFoundError, ValueError) as err:
+        out(f"refused: {err}")
+        raise typer.Exit(2)
     backend = load_pair(config.drafter, config.verifier, dtype=dtype, device=device)
     chosen = load_problems(spec, problems)
     prompts = [build_prompt_ids(backend.tokenizer, spec, p) for p in chosen for _ in range(samples)]

@@ -38,6 +38,7 @@ def generate(
     from ..decoding.sampling import SamplingParams
     from ..engine.sequence import AR, check_decode
     from ..engine.sequence import generate as run
+    from ..tune.checks import check_draft_lengths
     from ..tune.setting_groups import PairSettings
     from .checks import check_pair
 
@@ -52,6 +53,8 @@ def generate(
         if alpha is None and grid:
             alpha = grid[len(grid) // 2]  # the middle of the paper's grid
         check_decode(method, alpha, n_draft, temperature, max_new_tokens)
+        if method != AR:
+            check_draft_lengths([n_draft], max_new_tokens, flag="--n-draft")
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     runtime = check_pair(
@@ -162,6 +165,7 @@ def eval_(
     from ..decoding.scope import check_scope
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
+    from ..tune.checks import check_draft_lengths
     from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
     from ..tune.setting_groups import PairSettings
     from .checks import check_folder, check_pair
@@ -184,6 +188,8 @@ def eval_(
     try:
         spec = load_task(task)
         check_decode(method, alpha, n_draft, spec.sampling.temperature)
+        if method != AR:
+            check_draft_lengths([n_draft], spec.max_new_tokens, flag="--n-draft")
         if relaxation_scope == "both":
             raise ValueError("--relaxation-scope both: eval runs one point; give all or thinking")
         check_scope(relaxation_scope, spec.name, spec.thinks)

@@ -18,7 +18,13 @@ from ..report.export import build_config, save_config
 from ..report.reexport import JobError, check_exportable, export_storage
 from ..report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
 from ..tasks.spec import Problem, build_prompt_ids, load_problems, load_task
-from ..tune.checks import SearchProblemsError, check_confirmable, check_methods, check_search_problems
+from ..tune.checks import (
+    SearchProblemsError,
+    check_confirmable,
+    check_draft_lengths,
+    check_methods,
+    check_search_problems,
+)
 from ..tune.confirm import confirm, holdout_split, planned_confirmations
 from ..tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from ..tune.job_identity import job_id
@@ -70,6 +76,7 @@ def prepare(
     """
     spec = load_task(settings.task)
     check_methods(settings.methods, spec.sampling.temperature, settings.n_drafts)
+    check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
     try:  # MLflow's first: nothing (not even the default storage's output folder) is made for a wrong address
         if track:
             reach_tracking(settings.mlflow_uri)

@@ -406,9 +406,16 @@ def load_config(path: str | Path) -> TunedConfig:
     """Read and validate a tuned config, schema v3 or v2 (``upgrade_config``).
 
     Raises:
-        ValueError: the file does not match the schema.
+        ValueError: the file is not YAML, not a mapping, or does not match the schema.
+        OSError: the file cannot be read.
     """
-    return TunedConfig.model_validate(upgrade_config(yaml.safe_load(Path(path).read_text())))
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__ if data is not None else 'nothing'}, not a tuned config")
+    return TunedConfig.model_validate(upgrade_config(data))
 
 
 def cautions(config: TunedConfig) -> list[str]:

@@ -44,18 +44,19 @@ def check_methods(methods: list[str], temperature: float, n_drafts: list[int] | 
                 ) from None
 
 
-def check_draft_lengths(n_drafts: list[int], max_new_tokens: int) -> None:
+def check_draft_lengths(n_drafts: list[int], max_new_tokens: int, flag: str = "--n-drafts") -> None:
     """Every draft length N fits the task's response budget: a round never drafts more
     tokens than a response may hold (``max_new_tokens``), and the models' caches are sized
     for the longest round, so a larger N only spends memory.
 
     Raises:
-        ValueError: naming ``--n-drafts``, the longest N and the budget.
+        ValueError: naming ``flag`` (``--n-drafts``; ``eval``'s ``--n-draft``), the longest N and
+            the budget.
     """
     longest = max(n_drafts)
     if longest > max_new_tokens:
         raise ValueError(
-            f"--n-drafts {','.join(map(str, n_drafts))}: a draft length of {longest} exceeds the task's "
+            f"{flag} {','.join(map(str, n_drafts))}: a draft length of {longest} exceeds the task's "
             f"{max_new_tokens}-token response budget (max_new_tokens): give draft lengths up to {max_new_tokens}"
         )
 

@@ -356,8 +356,11 @@ class Tuner:
         first (``relaxtune.tune.search.strength``), so the weaker ones that follow a feasible
         one are slower and pruned by speed after a stage. A rule's further knobs are at the
         alpha view there (``MethodSpec.alpha_view``: SGLang's thresholds tied, FLy's
-        W = min(6, N - 1) and k = 3, TensorRT-LLM's top-k 10)."""
+        W = min(6, N - 1) and k = 3, TensorRT-LLM's top-k 10). A rule that cannot run at the
+        middle draft length (FLy at N = 1) has its grid at the nearest one it runs at."""
         mid, spec = self.settings.mid_n_draft, get_method(method)
+        if not valid_n(spec, mid):  # check_methods saw to it that one of n_drafts is valid
+            mid = min((n for n in self.settings.n_drafts if valid_n(spec, n)), key=lambda n: (abs(n - mid), n))
         knobs = sorted(spec.grid, key=lambda k: -strength(spec, k)) if spec.has_knob else [None]
         return [{"n_draft": mid} | ({"knob": v} | spec.alpha_view(v, mid) if v is not None else {}) for v in knobs]
 
