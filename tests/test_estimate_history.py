@@ -141,3 +141,9 @@ def test_without_history_the_estimate_says_it_rests_on_priors_and_a_job_keeps_it
     assert keep_measures(est, TIMER) == est.history_file
     (run,) = recall(est.history_file).runs
     assert run.t_ar == 0.04 and run.samples == 20 and run.seconds_per_sample == pytest.approx(7.2)
+    # a job on a busy machine keeps nothing (a fresh-venv trial's history held a run at t_AR 933 ms,
+    # and the next first estimate, scaled x0.05 from it, said 77 s where strict and the trials took 200)
+    busy = estimate_job(readme_job(), SPEC, 4, 4, profile, device="llamacpp", load=(9.5, 2))
+    busy.history_file = tmp_path / "busy.json"
+    assert busy.busy == ["load average 9.5 on 2 cores"] and keep_measures(busy, TIMER) is None
+    assert not busy.history_file.exists()

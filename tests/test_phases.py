@@ -1,7 +1,12 @@
 """The job's phase timer (relaxtune.tune.phases): exclusive times, phases on other threads, counts."""
 
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 from relaxtune.tune import phases
 
@@ -97,6 +102,24 @@ def test_process_age_is_positive_on_linux():
     assert age is not None
     wall, cpu = age
     assert wall > 0 and cpu > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to know the process's own start")
+def test_the_imports_phase_starts_at_relaxtunes_import_not_at_a_shells_start():
+    """``sh -c 'sleep 3 && exec python ...'`` runs Python in the shell's process, whose start
+    time then holds the sleep (an install, in a fresh-venv trial: "imports 235 s"); the
+    imports phase counts from relaxtune's first import."""
+    code = (
+        "import os, relaxtune.tune.phases as p\n"
+        "stat = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\n"
+        "uptime = float(open('/proc/uptime').read().split()[0])\n"
+        "print(uptime - int(stat[19]) / os.sysconf('SC_CLK_TCK'), p.process_age()[0])"
+    )
+    run = subprocess.run(
+        ["sh", "-c", f'sleep 3 && exec "{sys.executable}" -c "{code}"'], capture_output=True, text=True, check=True
+    )
+    process, imports = map(float, run.stdout.split())
+    assert process - imports >= 2.5 and imports < process  # the sleep is not counted
 
 
 def test_the_job_revises_its_estimate_once_after_strict_at_the_middle_n():

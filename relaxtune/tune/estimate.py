@@ -568,7 +568,10 @@ def _elapsed(timer) -> float:
 def keep_measures(estimate: JobEstimate | None, timer: dict) -> Path | None:
     """After a job: what it measured (``measure_run`` of its phase table ``timer``, at the
     t_AR it priced with) added to the history its plan read (``estimate.history_file``),
-    for the next job's first estimate. Returns the file written, or None."""
-    if estimate is None:
+    for the next job's first estimate. A job whose plan found the machine busy
+    (``JobEstimate.busy``) keeps nothing: its seconds a sample measure the other work too,
+    and would mislead the next estimate (scaled by t_AR, a busy run's time is no run's).
+    Returns the file written, or None."""
+    if estimate is None or estimate.busy:
         return None
     return remember(estimate.history_file, measure_run(timer, estimate.t_ar))

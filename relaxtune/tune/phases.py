@@ -204,16 +204,11 @@ def count(name: str, n: float = 1) -> None:
 
 
 def process_age() -> tuple[float, float] | None:
-    """``(wall, cpu)`` seconds since this process started (Linux: ``/proc/self/stat``'s
-    start time against ``/proc/uptime``; cpu: ``os.times``' user + system), or None
-    where ``/proc`` is not there."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat; [0] here is field 3
+    """``(wall, cpu)`` seconds of a command's start: since relaxtune was first imported
+    (``relaxtune._started.STARTED``; the interpreter's own start-up before it, a few tens of
+    milliseconds, is not counted), and the process's CPU seconds (``os.times``' user + system);
+    None when relaxtune's clock is not there."""
+    from .. import _started
+
     t = os.times()
-    return max(uptime - start, 0.0), t.user + t.system
+    return max(time.monotonic() - _started.STARTED, 0.0), t.user + t.system
