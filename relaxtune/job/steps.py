@@ -76,7 +76,8 @@ def prepare(
     """
     spec = load_task(settings.task)
     check_methods(settings.methods, spec.sampling.temperature, settings.n_drafts)
-    check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
+    if new_trials:  # an export reads what the trials ran
+        check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
     try:  # MLflow's first: nothing (not even the default storage's output folder) is made for a wrong address
         if track:
             reach_tracking(settings.mlflow_uri)
