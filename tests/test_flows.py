@@ -139,13 +139,16 @@ def test_tune_new_tunes_what_has_no_current_config(harness, tmp_path, tiny_pair_
     missing.write_text(
         Path(task).read_text().replace("name: tiny_math", "name: no_data").replace("tiny_math.jsonl", "absent.jsonl")
     )
+    write_tiny_task(extra, max_new_tokens=8, name="short")  # shorter than a draft length (10): skipped, told why
     monkeypatch.setenv("RELAXTUNE_EVALS", str(evals))
     loaded, load = [], relaxtune.flows.tune.load_backend
     monkeypatch.setattr(relaxtune.flows.tune, "load_backend", lambda pair: loaded.append(pair.verifier) or load(pair))
     settings = _settings(tmp_path, tiny_pair_dirs)
-    kwargs = dict(folders=[str(extra)], methods=["cactus"], limit=2, trials=1, settings=settings)
+    kwargs = dict(
+        folders=[str(extra)], methods=["cactus"], limit=2, trials=1, settings=settings | {"n_drafts": [3, 10]}
+    )
     assert tune_new(**kwargs) == {"tiny_math": "strict"}  # 2 problems certify nothing: strict
-    # the pair loaded once, for tiny_math alone (no_data is skipped before any model loads)
+    # the pair loaded once, for tiny_math alone (no_data and short are skipped before any model loads)
     assert loaded == [settings["verifier"]] and (tmp_path / "runs" / "tiny_math.tuned.yaml").exists()
     assert tune_new(**kwargs) == {} and loaded == [settings["verifier"]]  # tuned: nothing left to do
 

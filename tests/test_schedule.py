@@ -56,3 +56,15 @@ def test_a_spec_whose_data_cannot_load_says_why(tmp_path):
     assert unavailable(Pending("tiny_math", good, "never tuned")) is None
     why = unavailable(Pending("tiny_math", str(bad), "never tuned"))
     assert why.startswith("its data cannot be loaded (") and "absent.jsonl" in why and "\n" not in why
+
+
+def test_a_spec_whose_budget_is_shorter_than_a_draft_length_says_why(tmp_path):
+    from relaxtune.tune.schedule import Pending, unavailable
+
+    short = Pending("tiny_math", write_tiny_task(tmp_path, max_new_tokens=10), "never tuned")
+    assert unavailable(short, [3, 10]) is None  # a draft length equal to the budget fits
+    why = unavailable(short, [3, 5, 10, 20])  # the default draft lengths: 20 does not
+    assert why == (
+        "--n-drafts 3,5,10,20: a draft length of 20 exceeds the task's 10-token response budget "
+        "(max_new_tokens): give draft lengths up to 10"
+    )

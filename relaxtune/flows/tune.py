@@ -219,8 +219,9 @@ def tune_new(
     """Tune every task spec of ``evals/`` and ``folders`` that has no tuned config
     for its version and the settings' model pair in the output folder yet, or whose
     spec changed after its config was made (``relaxtune.tune.schedule.untuned``), and
-    whose data loads: a spec whose data cannot load is skipped with a one-line reason
-    before any model loads; returns task -> recommended method.
+    that can be tuned: a spec whose data cannot load, or whose response budget is
+    shorter than a draft length, is skipped with a one-line reason before any model
+    loads; returns task -> recommended method.
 
     Args:
         folders: folders of task specs besides evals/
@@ -232,10 +233,11 @@ def tune_new(
     given = settings or {}
     output_dir = given.get("output_dir", field_info("output_dir").default)
     pair = (given.get("drafter", field_info("drafter").default), given.get("verifier", field_info("verifier").default))
+    drafts = n_drafts or given.get("n_drafts") or field_info("n_drafts").default
     logger = get_run_logger()
     pending = []
     for p in untuned(folders, output_dir, pair):
-        why = unavailable(p)
+        why = unavailable(p, drafts)
         if why is None:
             logger.info(f"{p.name} ({p.path}): {p.reason}")
             pending.append(p)

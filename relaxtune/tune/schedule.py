@@ -6,8 +6,9 @@ A spec needs tuning when its task has no tuned config in the output folder
 version of the task or another model pair, or when the spec file was modified
 after the config was made (a task edited under the same version is refused by
 the job itself, which then says so). ``unavailable`` tells, before any model
-loads, which of them cannot load their data (a missing file, a hub that cannot
-be reached): the flow skips those with a one-line reason.
+loads, which of them cannot be tuned (data that cannot load: a missing file, a
+hub that cannot be reached; a response budget shorter than a draft length): the
+flow skips those with a one-line reason.
 """
 
 from __future__ import annotations
@@ -106,14 +107,23 @@ def untuned(
     return sorted(out, key=lambda p: p.name)
 
 
-def unavailable(pending: Pending) -> str | None:
-    """Why ``pending``'s data cannot load (one line), or None when its first problem
-    loads: a missing file, a hub that cannot be reached, a field the data lacks.
-    Loads the task's data only (never a model)."""
+def unavailable(pending: Pending, n_drafts: list[int] | None = None) -> str | None:
+    """Why ``pending`` cannot be tuned (one line), or None when it can: its data cannot
+    load (a missing file, a hub that cannot be reached, a field the data lacks), or a
+    draft length of ``n_drafts`` exceeds its response budget (``max_new_tokens``, which
+    the job itself refuses: ``relaxtune.tune.checks.check_draft_lengths``). Loads the
+    task's data only (never a model)."""
     from ..tasks.spec import load_problems
+    from .checks import check_draft_lengths
 
+    spec = load_task(pending.path)  # untuned() has read it: it loads
+    if n_drafts:
+        try:
+            check_draft_lengths(n_drafts, spec.max_new_tokens)
+        except ValueError as err:
+            return str(err)
     try:
-        if not load_problems(load_task(pending.path), limit=1):
+        if not load_problems(spec, limit=1):
             return "its data holds no problems"
     except Exception as err:
         text = str(err).strip().splitlines()
