@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .claims import claim, claim_path
-from .evaluation import DecodeConfig, evaluate, records_complete, records_name, records_path, trial_scope
+from .evaluation import DecodeConfig, records_complete, records_name, records_path, trial_scope
 from .ranges import current_stage, split
 from .search import PRUNED_BY
 from .stopping import environmental
@@ -59,7 +58,7 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
     s = tuner.settings
     if tuner.run_ranges is not None or s.range_size is None:
         return False
-    fn, n = tuner.evaluate_fn or evaluate, len(tuner.problems)
+    n = len(tuner.problems)
     for method, study in studies.items():
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if "n_draft" not in t.params or PRUNED_BY in t.user_attrs:  # not drawn yet; being pruned
@@ -77,26 +76,18 @@ def help_running(tuner, studies: dict, tried: set) -> bool:
                     or records_complete(s.output_dir, tuner.spec, config, name, part)
                 ):
                     continue  # one range: the trial's worker's single piece; complete: nothing to help
-                with claim(claim_path(records, [p.id for p in part]), wait=False) as mine:
-                    if not mine:
-                        continue
+                try:
+                    if tuner.evaluate_range(config, problems, r, claimed=True) is None:
+                        continue  # another worker holds it
+                except Exception as err:
                     tried.add(key)
-                    try:
-                        fn(
-                            tuner.spec,
-                            tuner.backend,
-                            config,
-                            output_dir=s.output_dir,
-                            problems=part,
-                            progress=tuner.progress,
-                        )
-                    except Exception as err:
-                        if environmental(err):
-                            raise
-                        tuner.log(
-                            f"helping {method} trial {t.number} with problems {r.start}-{r.stop - 1} failed "
-                            f"({type(err).__name__}: {err}); its worker evaluates them"
-                        )
-                        return False
-                    return True
+                    if environmental(err):
+                        raise
+                    tuner.log(
+                        f"helping {method} trial {t.number} with problems {r.start}-{r.stop - 1} failed "
+                        f"({type(err).__name__}: {err}); its worker evaluates them"
+                    )
+                    return False
+                tried.add(key)
+                return True
     return False

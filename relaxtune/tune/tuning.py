@@ -36,6 +36,7 @@ count as violating the constraint.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -138,37 +139,48 @@ class Tuner:
 
     # ------------------------------------------------------------- evaluation
 
+    def evaluate_range(
+        self, config: DecodeConfig, problems: list[Problem], r: range, *, claimed: bool
+    ) -> EvalResult | None:
+        """``problems[r]`` evaluated under ``config`` as this tuner evaluates (its
+        evaluation function, task, backend, output folder and progress). With
+        ``claimed``, only under the range's claim (``relaxtune.tune.claims``): None,
+        without evaluating, when another worker holds it; the claim is let go once the
+        range is recorded (an evaluation's own error propagates)."""
+        part = problems[r.start : r.stop]
+        run = functools.partial(
+            self.evaluate_fn or evaluate,
+            self.spec,
+            self.backend,
+            config,
+            output_dir=self.settings.output_dir,
+            problems=part,
+            progress=self.progress,
+        )
+        if not claimed:
+            return run()
+        records = records_path(
+            Path(self.settings.output_dir), self.spec, config, records_name(self.backend, config.method)
+        )
+        with claim(claim_path(records, [p.id for p in part]), wait=False) as mine:
+            return run() if mine else None
+
     def _evaluate(self, config: DecodeConfig, problems: list[Problem]) -> EvalResult:
-        fn = self.evaluate_fn or evaluate
-
-        def one(r: range) -> EvalResult:
-            return fn(
-                self.spec,
-                self.backend,
-                config,
-                output_dir=self.settings.output_dir,
-                problems=problems[r.start : r.stop],
-                progress=self.progress,
-            )
-
         ranges = split(len(problems), self.settings.range_size)
         if self.run_ranges is not None:
             return merge(self.run_ranges(config, problems, ranges))
         if len(ranges) == 1:
-            return one(ranges[0])
+            return self.evaluate_range(config, problems, ranges[0], claimed=False)
         # the ranges no other worker holds first, then the others (by then recorded: read, not generated)
-        records = records_path(
-            Path(self.settings.output_dir), self.spec, config, records_name(self.backend, config.method)
-        )
         results, held = {}, []
         for r in worker_order(ranges, self.worker):
-            with claim(claim_path(records, [p.id for p in problems[r.start : r.stop]]), wait=False) as mine:
-                if mine:
-                    results[r.start] = one(r)
-                else:
-                    held.append(r)
+            result = self.evaluate_range(config, problems, r, claimed=True)
+            if result is None:
+                held.append(r)
+            else:
+                results[r.start] = result
         for r in held:
-            results[r.start] = one(r)
+            results[r.start] = self.evaluate_range(config, problems, r, claimed=False)
         return merge([results[r.start] for r in ranges])
 
     def evaluate_ranges(
