@@ -312,6 +312,23 @@ def test_tune_cli_refuses_bad_input_early(tmp_path):
     assert out.exit_code != 0 and "no task 'no_such_task'" in " ".join(out.output.split())
     out = runner.invoke(app, ["tune", "--task", "humaneval", "--epsilon", "2"], env={"COLUMNS": "250"})
     assert out.exit_code != 0 and "epsilon" in out.output
+    import relaxtune
+
+    greedy = tmp_path / "greedy.yaml"  # humaneval at temperature 0
+    greedy.write_text(
+        (Path(relaxtune.__file__).parent / "evals" / "humaneval.yaml")
+        .read_text()
+        .replace("temperature: 0.6", "temperature: 0")
+    )
+    for task, methods, message in [  # refused by the task alone: said before the loading line, nothing loads
+        ("humaneval", "trtllm_relaxed", "is greedy-only as its engine runs it: it ignores the temperature (here 0.6)"),
+        (str(greedy), "sglang_threshold", "method 'sglang_threshold' collapses to strict at temperature 0"),
+        ("humaneval", "fly", "--methods fly with --n-drafts 1: method 'fly' cannot run at draft length N=1"),
+    ]:
+        extra = ["--n-drafts", "1"] if methods == "fly" else []
+        out = runner.invoke(app, ["tune", "--task", task, "--methods", methods, *extra], env={"COLUMNS": "250"})
+        assert out.exit_code == 2 and message in " ".join(out.output.split()), out.output
+        assert "loading" not in out.output
 
 
 def test_serving_arguments_name_the_upstream_models():

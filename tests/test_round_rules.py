@@ -294,8 +294,13 @@ def test_trtllm_refuses_sampling_missing_state_and_missing_logits():
     q = torch.nn.functional.one_hot(x, V).float()
     st = trtllm_thinking_state([[BEGIN], [END, 1]], BEGIN, END)
     assert st.thinking.tolist() == [True, False]
-    with pytest.raises(ValueError, match="greedy-only"):
+    with pytest.raises(ValueError) as refused:
         verify_rounds(p, q, x, "trtllm_relaxed", 0.6, z_p=z_p, temperature=0.7, state=st)
+    assert str(refused.value) == (  # says what to change, and where
+        "method 'trtllm_relaxed' is greedy-only as its engine runs it: it ignores the temperature (here 0.7) "
+        "and emits the verifier's argmax; measure it at temperature 0 (a task spec with "
+        "sampling: {temperature: 0}; generate and eval: --temperature 0)"
+    )
     with pytest.raises(ValueError, match="carries state across rounds: pass state="):
         verify_rounds(p, q, x, "trtllm_relaxed", 0.6, z_p=z_p, temperature=0.0)
     with pytest.raises(ValueError, match="raw verifier logits"):

@@ -286,7 +286,7 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
 
     from ..backends.load import lazy_backend
     from ..job.run import run_tune_job
-    from ..job.steps import deployable, prepare
+    from ..job.steps import check_request, deployable, prepare
     from ..report.reexport import JobError
     from ..tune.checks import ConfirmationError
     from ..tune.job_identity import study_name
@@ -324,6 +324,7 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
             raise typer.BadParameter(str(err)) from None
     loading = f"loading {settings.task} and {settings.drafter} -> {settings.verifier}"
     try:
+        check_request(settings, new_trials)  # refused before the loading line: nothing loads for it
         with status(loading, json_output):
             # an export only reads records: the pair loads if something needs it, which nothing should
             lazy = None if new_trials else lazy_backend(**settings.backend)

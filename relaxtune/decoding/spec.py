@@ -268,8 +268,9 @@ class MethodSpec:
         """
         if self.refuses_sampling and temperature is not None and temperature > 0:
             raise ValueError(
-                f"method {self.id!r} is greedy-only as its engine runs it ({self.engine}): it ignores the "
-                "temperature and emits the verifier's argmax, so measure it at temperature 0"
+                f"method {self.id!r} is greedy-only as its engine runs it: it ignores the temperature "
+                f"(here {temperature:g}) and emits the verifier's argmax; measure it at temperature 0 "
+                "(a task spec with sampling: {temperature: 0}; generate and eval: --temperature 0)"
             )
         if temperature == 0.0 and self.refuses_greedy:
             raise ValueError(

@@ -17,7 +17,7 @@ from ..report.config_schema import TunedConfig
 from ..report.export import build_config, save_config
 from ..report.reexport import JobError, check_exportable, export_storage
 from ..report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
-from ..tasks.spec import Problem, build_prompt_ids, load_problems, load_task
+from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems, load_task
 from ..tune.checks import (
     SearchProblemsError,
     check_confirmable,
@@ -34,6 +34,7 @@ from ..tune.tuning import Tuner, choose
 
 __all__ = [
     "Job",
+    "check_request",
     "prepare",
     "deployable",
     "fit_contexts",
@@ -46,6 +47,23 @@ __all__ = [
     "job_tracker",
     "export_run",
 ]
+
+
+def check_request(settings: TuneSettings, new_trials: bool = True) -> TaskSpec:
+    """What the job's flags ask, checked against its task in milliseconds (no store, no
+    data, no model): the task loads, each method runs at the task's temperature and at
+    every draft length, and, for a tuning job, every draft length fits the task's
+    response budget (an export reads what its trials ran). Returns the task's spec.
+
+    Raises:
+        FileNotFoundError / ValueError: an unknown task, an invalid spec, a method the
+            task's temperature or a draft length refuses, a draft length beyond the budget.
+    """
+    spec = load_task(settings.task)
+    check_methods(settings.methods, spec.sampling.temperature, settings.n_drafts)
+    if new_trials:
+        check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
+    return spec
 
 
 def prepare(
@@ -74,10 +92,7 @@ def prepare(
         JobError: a store that cannot be reached (naming its flag), or an export with
             nothing to export, before any model (or, for a missing storage, any problem) loads.
     """
-    spec = load_task(settings.task)
-    check_methods(settings.methods, spec.sampling.temperature, settings.n_drafts)
-    if new_trials:  # an export reads what the trials ran
-        check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
+    spec = check_request(settings, new_trials)
     try:  # MLflow's first: nothing (not even the default storage's output folder) is made for a wrong address
         if track:
             reach_tracking(settings.mlflow_uri)
