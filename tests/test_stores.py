@@ -112,7 +112,9 @@ def test_a_half_created_store_with_no_runs_is_moved_aside_and_created_anew(tmp_p
         text=True,
         cwd=ROOT,
     )
-    assert plain.returncode != 0 and "already exists" in plain.stderr  # MLflow alone cannot open it
+    # MLflow alone cannot open it: its upgrade stops at the first migration the half state breaks ("table
+    # _alembic_tmp_experiments already exists", or, in newer releases, an earlier migration's missing column)
+    assert plain.returncode != 0 and "Traceback" in plain.stderr and "mlflow/store/db" in plain.stderr
     said = []
     prepare_mlflow(uri, said.append)
     assert mlflow_state(uri)["complete"]
