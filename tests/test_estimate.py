@@ -13,9 +13,9 @@ from relaxtune.tune.estimate import (
     estimate_job,
     figure_count,
     prefill_seconds,
-    prior_length,
     row_round,
 )
+from relaxtune.tune.progress import prior_length
 from relaxtune.tune.settings import TuneSettings
 
 SPEC = SimpleNamespace(repeats=1, max_new_tokens=384)

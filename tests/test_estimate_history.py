@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from relaxtune.decoding.speed import CostProfile
-from relaxtune.tune.estimate import MLFLOW_SECONDS, estimate_job, keep_measures
+from relaxtune.tune.estimate import MLFLOW_SECONDS, estimate_job
+from relaxtune.tune.estimate_announce import keep_measures
 from relaxtune.tune.estimate_history import KEEP, SEEDS, RunMeasure, history_path, measure_run, recall, remember
 from relaxtune.tune.settings import TuneSettings
 

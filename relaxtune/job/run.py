@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..report.config_schema import TunedConfig
 from ..report.reexport import check_outcomes, export_path, read_cost_profile, reprice, save_job, tuning_settings
-from ..tune.estimate import announce, clock, keep_measures
+from ..tune.estimate_announce import announce, keep_measures
+from ..tune.estimate_plan import clock
 from ..tune.phases import activate, phase
 from ..tune.phases import active as timer_now
 from ..tune.settings import TuneSettings

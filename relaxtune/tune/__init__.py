@@ -7,7 +7,8 @@ point's paired metrics and the loss constraint (``judge``), problem ranges (``ra
 confirmation runs (``confirm``), the speed margin (``recommend``), a job's costs and its
 best confirmed point per serving batch size (``batches``), points and Pareto
 fronts (``pareto``), which specs need tuning (``schedule``), progress lines
-(``progress``), the job's plan and time estimate (``estimate``) and how a job stops
+(``progress``), the job's time estimate (``estimate``), its plan (``estimate_plan``), how
+the job announces it and keeps its measures (``estimate_announce``) and how a job stops
 or fails (``stopping``). A finished job leaves as a frozen ``JobResult`` (``result``:
 what ``report/`` reads); every call of Optuna beyond its public API is in
 ``optuna_compat`` (with its contract test); file locks are ``filelock``'s.

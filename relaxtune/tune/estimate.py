@@ -1,11 +1,11 @@
-"""A tuning job's plan and how long it should take, said before the first generation.
+"""A tuning job's plan and how long it should take, priced before the first generation.
 
-The plan counts samples and response tokens per phase: strict at each draft length
-the search will use, every method's trials (each in stages of ``stage_size``
-problems; pruning can stop it after the first), and the confirmations (only when a
-point is chosen). The wall time prices those tokens with the forward costs just
-measured (``relaxtune.decoding.speed.CostProfile``, one sequence at a time: a serving
-profile's smallest batch size, ``one_row``):
+The plan (``JobEstimate``, ``relaxtune.tune.estimate_plan``) counts samples and
+response tokens per phase: strict at each draft length the search will use, every
+method's trials (each in stages of ``stage_size`` problems; pruning can stop it after
+the first), and the confirmations (only when a point is chosen). The wall time prices
+those tokens with the forward costs just measured (``relaxtune.decoding.speed.CostProfile``,
+one sequence at a time: a serving profile's smallest batch size, ``one_row``):
 
     seconds(phase) = tokens * round_seconds(N) / (l_accept + 1) / batch_gain(B)
 
@@ -39,45 +39,37 @@ The machine looks busy when this run's single-step cost ``t_AR`` is more than
 ``BUSY_FACTOR`` times the saved profile's, or when the 1-minute load average exceeds
 the cores this process may use; the plan then says by how much and what the job
 would take at the saved (idle) speed.
+
+The job gathers these figures from what is on disk and prints the plan with
+``relaxtune.tune.estimate_announce``, which also keeps what the job measured for the
+next estimate.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
-from .estimate_history import History, history_path, measure_run, recall, remember
-from .progress import LENGTH_PRIOR, prior_length
+from .estimate_history import History
+from .estimate_plan import BUSY_FACTOR, JobEstimate, Phase
+from .progress import LENGTH_PRIOR
 
 __all__ = [
-    "Phase",
-    "JobEstimate",
     "estimate_job",
-    "announce",
     "machine_load",
-    "prior_length",
-    "clock",
     "ACCEPT_PRIOR",
-    "LENGTH_PRIOR",
     "BATCH_EXPONENT",
-    "BUSY_FACTOR",
     "one_row",
     "FIGURE_SECONDS",
     "MLFLOW_SECONDS",
     "figure_count",
-    "keep_measures",
 ]
 
 ACCEPT_PRIOR = 0.6  # accepted drafts per round / N, before strict has run
 BATCH_EXPONENT = {"cpu": 0.66, "cuda": 0.9, "llamacpp": 0.1}  # throughput of B rows = B ** exponent x one row's
-BUSY_FACTOR = 1.25  # t_AR this many times the saved profile's: the machine is slower than when it was saved
 FIGURE_SECONDS = 1.5  # one figure drawn (matplotlib Agg, two panels) and saved to PNG on a 2-core CPU (prior)
 MLFLOW_SECONDS = 4.0  # the finish's MLflow calls on a local SQLite store: runs closed, tables, config (prior)
 
@@ -89,164 +81,6 @@ def one_row(profile) -> CostProfile | None:
     if isinstance(profile, ServingProfile):
         return profile.at(profile.batch_sizes[0])
     return profile if isinstance(profile, CostProfile) else None
-
-
-@dataclass
-class Phase:
-    """One phase of the job.
-
-    Attributes:
-        name: e.g. ``strict N=4``, ``cactus trials``, ``confirmations``.
-        samples / tokens: what it generates at most (tokens: expected response tokens).
-        seconds: expected wall seconds at that size (None without a cost profile).
-        least_samples / least_seconds: when pruning or a failed search can end it early
-            (a trial's first stage; no confirmation), else equal to the above.
-        detail: how the count comes about, one clause.
-    """
-
-    name: str
-    samples: int
-    tokens: int
-    seconds: float | None
-    least_samples: int
-    least_seconds: float | None
-    detail: str
-
-
-@dataclass
-class JobEstimate:
-    """The plan: phases, priors, the machine's state and the total.
-
-    Attributes:
-        phases: in the order the job runs them.
-        length: expected response tokens per sample, and ``length_from`` where that comes from.
-        accept: accepted drafts per round assumed, as a share of N.
-        tokens_per_second: one sequence's decoding speed at the middle N (None: no profile).
-        batch: rows decoded together.
-        slowdown: this run's t_AR over the saved profile's (None: nothing to compare).
-        load, cores: the 1-minute load average and the cores available.
-        busy: why the machine looks busy (empty: it does not).
-        elapsed: wall seconds the job spent before the plan (imports, model load, cost profiles).
-        finish: expected wall seconds of the finish (MLflow's runs and the figures).
-        revised_seconds: the job's wall seconds as revised after strict (``revised``), once said.
-        basis: what the length, acceptance and time rest on (priors, or earlier runs kept in
-            the cache: ``relaxtune.tune.estimate_history``), one clause.
-        t_ar: the one-row verifier step it priced with (seconds; None: no profile).
-        history_file: where this job's measures are kept for the next (None: nowhere).
-    """
-
-    phases: list[Phase]
-    length: float
-    length_from: str
-    accept: float
-    tokens_per_second: float | None
-    batch: int
-    slowdown: float | None
-    load: float | None
-    cores: int
-    busy: list[str] = field(default_factory=list)
-    elapsed: float = 0.0
-    finish: float = 0.0
-    revised_seconds: float | None = None
-    basis: str = ""
-    t_ar: float | None = None
-    history_file: Path | None = None
-
-    @property
-    def seconds(self) -> float | None:
-        """Expected wall seconds of strict and every trial at full size, confirmations left
-        out (they run only when a point is chosen; ``confirm_seconds``). None without a profile."""
-        search = [p for p in self.phases if p.name != "confirmations"]
-        return None if any(p.seconds is None for p in search) else sum(p.seconds for p in search)
-
-    @property
-    def least_seconds(self) -> float | None:
-        """Wall seconds when every trial is pruned after its first stage."""
-        search = [p for p in self.phases if p.name != "confirmations"]
-        return None if any(p.least_seconds is None for p in search) else sum(p.least_seconds for p in search)
-
-    @property
-    def confirm_seconds(self) -> float | None:
-        """Wall seconds of every confirmation the job allows (None without a profile)."""
-        return next((p.seconds for p in self.phases if p.name == "confirmations"), 0.0)
-
-    @property
-    def job_seconds(self) -> float | None:
-        """Expected wall seconds of the whole job: ``elapsed`` + strict and every trial at full
-        size + ``finish`` (confirmations left out, as ``seconds``). None without a profile."""
-        return None if self.seconds is None else self.elapsed + self.seconds + self.finish
-
-    @property
-    def search_samples(self) -> int:
-        """Samples of strict and every trial at full size (confirmations left out)."""
-        return sum(p.samples for p in self.phases if p.name != "confirmations")
-
-    def revised(self, elapsed: float, samples: int, seconds: float) -> tuple[float, str]:
-        """The job's wall seconds once ``samples`` samples took ``seconds`` (strict's, on the
-        job's own problems) and ``elapsed`` seconds have passed: the search's other samples
-        priced at that measured wall time a sample, plus the finish. Returns ``(seconds,
-        the line the job prints)``.
-
-        Raises:
-            ValueError: ``samples`` below 1 or a time below 0.
-        """
-        if samples < 1 or min(elapsed, seconds) < 0:
-            raise ValueError(f"revised: samples >= 1 and times >= 0 (got {samples}, {elapsed}, {seconds})")
-        per_sample = seconds / samples
-        left = max(self.search_samples - samples, 0)
-        total = elapsed + left * per_sample + self.finish
-        return total, (
-            f"estimate after strict: about {clock(total)} for the job ({clock(elapsed)} so far; strict took "
-            f"{seconds:.0f} s for {samples} samples, {per_sample:.1f} s a sample: the other {left} samples of the "
-            f"trials priced alike, plus {clock(self.finish)} for MLflow and the figures; confirmations not counted)"
-        )
-
-    def lines(self) -> list[str]:
-        """The plan as the job prints it: one line per phase, the estimate, the machine."""
-        out = [f"plan: {p.name}: {_samples(p)}, about {_num(p.tokens)} tokens ({p.detail})" for p in self.phases]
-        assumed = (
-            f"{self.length:.0f} tokens per response ({self.length_from}), {self.accept:.0%} of N drafts "
-            f"accepted, batch {self.batch}"
-        )
-        rests = f"rests on {self.basis}: " if self.basis else "assumes "
-        if self.seconds is None:
-            out.append(f"estimate: no wall time (no measured cost profile to price tokens with); {rests}{assumed}")
-        else:
-            out.append(
-                f"estimate: about {clock(self.job_seconds)} for the job ({clock(self.elapsed)} so far, "
-                f"{clock(self.finish)} for MLflow and the figures) of which {clock(self.seconds)} for strict "
-                f"and the trials ({clock(self.least_seconds)}"
-                f" if every trial is pruned after its first stage), plus up to {clock(self.confirm_seconds)} "
-                f"when points are confirmed; at {self.tokens_per_second:.1f} tokens/s per sequence measured "
-                f"now; {rests}{assumed}; the progress lines correct it from the measured throughput"
-            )
-        if self.busy:
-            idle = (
-                f"; at the saved profile's speed it would take about {clock(self.seconds / self.slowdown)}"
-                if self.seconds is not None and self.slowdown and self.slowdown > BUSY_FACTOR
-                else ""
-            )
-            out.append(
-                f"machine looks busy: {'; '.join(self.busy)}. The estimate is at the speed measured now and "
-                f"grows if the other work grows{idle}. For the README's timings run it on an idle machine."
-            )
-        return out
-
-
-def _samples(p: Phase) -> str:
-    if p.least_samples == p.samples:
-        return f"{p.samples} samples"
-    return f"{p.least_samples}-{p.samples} samples"
-
-
-def _num(n: float) -> str:
-    return f"{int(round(n)):,}"
-
-
-def clock(seconds: float) -> str:
-    """``h:mm:ss`` or ``m:ss`` of ``seconds`` (rounded)."""
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def machine_load() -> tuple[float | None, int]:
@@ -473,105 +307,3 @@ def figure_count(methods: list[str], extra_per_method: int = 0) -> int:
     Pareto figure and, for a method with a knob, its speed-vs-knob figure (``extra_per_method``:
     more per method, e.g. speed-up against batch size)."""
     return 1 + sum(1 + (1 if get_method(m).knob else 0) + extra_per_method for m in methods)
-
-
-def announce(
-    settings,
-    spec,
-    problems: list,
-    held_out: list,
-    backend,
-    profile,
-    measured: ServingProfile | CostProfile | None,
-    saved_path: Path,
-    log: Callable[[str], None],
-) -> JobEstimate:
-    """``estimate_job`` for a job about to generate, from what is on disk (the saved
-    profile at ``saved_path``, the pair's records beside it for the response length and
-    strict's samples already recorded; earlier runs of the task and pair kept in the cache,
-    ``relaxtune.tune.estimate_history``) and the backend (its batch size and device); each line of the plan goes
-    to ``log``.
-
-    Args:
-        problems / held_out: the search's problems and a confirmation's.
-        measured: this run's cost measurement (None: nothing was measured).
-    """
-    from ..tasks.spec import build_prompt_ids
-    from .evaluation import DecodeConfig, finished_samples
-    from .phases import active
-
-    saved, now = None, one_row(measured)
-    if saved_path.exists() and now is not None:
-        try:
-            saved = one_row(ServingProfile.from_dict(json.loads(saved_path.read_text())))
-        except (ValueError, KeyError, TypeError):
-            saved = None
-        if saved is not None and math.isclose(saved.t_ar, now.t_ar) and math.isclose(saved.t_draft, now.t_draft):
-            saved = None  # the profile was measured just now: nothing earlier to compare with
-    device = getattr(backend, "device", "cpu")
-    device = str(getattr(device, "type", device) or "cpu")
-    if getattr(backend, "runtime", None) == "llamacpp":
-        device = "llamacpp"  # its own batch exponent: a CPU bound by arithmetic
-    batch = int(
-        settings.batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1
-    )
-    strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)
-    done = finished_samples(Path(settings.output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
-    kept = history_path(spec.name, spec.version, saved_path.parent.name)
-    history = recall(kept)
-    length = prior_length(saved_path.parent, spec.max_new_tokens)
-    if history is not None and length[1].startswith("assumed"):
-        length = None  # no record in this folder: the earlier runs' mean
-    est = estimate_job(
-        settings,
-        spec,
-        len(problems),
-        len(held_out),
-        profile,
-        measured,
-        saved,
-        length=length,
-        batch_size=batch,
-        device=device,
-        strict_done=done,
-        prompt_tokens=_mean_prompt(backend, spec, problems, build_prompt_ids),
-        elapsed=_elapsed(active()),
-        figures=figure_count(list(settings.methods)),
-        history=history,
-    )
-    est.history_file = kept
-    for line in est.lines():
-        log(line)
-    return est
-
-
-def _mean_prompt(backend, spec, problems: list, build) -> float:
-    """Mean prompt tokens of ``problems`` (0 when the backend has no tokenizer to count them)."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None or not problems:
-        return 0.0
-    try:
-        return sum(len(build(tokenizer, spec, p)) for p in problems) / len(problems)
-    except Exception:  # a tokenizer that cannot build prompts here: the estimate leaves prefill out
-        return 0.0
-
-
-def _elapsed(timer) -> float:
-    """Wall seconds the job spent before its plan: since the active timer started, plus the
-    imports it holds (the command's start); 0 without a timer."""
-    if timer is None:
-        return 0.0
-    imports = timer.phases.get("imports")
-    return timer.wall + (imports.wall if imports is not None else 0.0)
-
-
-def keep_measures(estimate: JobEstimate | None, timer: dict) -> Path | None:
-    """After a job: what it measured (``measure_run`` of its phase table ``timer``, at the
-    t_AR it priced with) added to the history its plan read (``estimate.history_file``),
-    for the next job's first estimate. A job whose plan found the machine busy
-    (``JobEstimate.busy``) keeps nothing: its seconds a sample measure the other work too,
-    and would mislead the next estimate (scaled by t_AR, a busy run's time is no run's).
-    Returns the file written, or None."""
-    if estimate is None or estimate.busy:
-        return None
-    return remember(estimate.history_file, measure_run(timer, estimate.t_ar))
