@@ -18,7 +18,7 @@ from relaxtune.tune.job_identity import study_name
 from relaxtune.tune.outcomes import trial_line
 from relaxtune.tune.pareto import knob_text, point_label
 from relaxtune.tune.records import metrics_attr, trial_metrics
-from relaxtune.tune.studies import search_digest
+from relaxtune.tune.search_problems import search_digest
 from relaxtune.tune.tuning import Tuner
 
 from .synthetic import PROBLEMS, SPEC, Synthetic

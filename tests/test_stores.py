@@ -141,17 +141,17 @@ def test_mlflow_and_optuna_in_one_database_is_refused_with_the_fix(pg_database):
 
 
 def test_an_optuna_storage_is_made_once_in_write_ahead_log_mode_and_its_schema_checked_once(tmp_path, monkeypatch):
-    from relaxtune.tune import studies
+    from relaxtune.tune import storage, studies
 
     checks = []
-    opening = studies.RDBStorage
+    opening = storage.RDBStorage
 
     def counted(url, *args, **kwargs):  # an opening that checks the schema (Optuna's public switch)
         checks.extend([1] * (not kwargs.get("skip_compatibility_check", False)))
         return opening(url, *args, **kwargs)
 
-    monkeypatch.setattr(studies, "RDBStorage", counted)
-    monkeypatch.setattr(studies, "_CHECKED", set())
+    monkeypatch.setattr(storage, "RDBStorage", counted)
+    monkeypatch.setattr(storage, "_CHECKED", set())
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     prepare_stores(url, None, track=False, log=lambda m: None)
     with sqlite3.connect(
@@ -159,20 +159,20 @@ def test_an_optuna_storage_is_made_once_in_write_ahead_log_mode_and_its_schema_c
     ) as db:  # kept in the file: every later connection reads beside a writer
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert checks == [1]
-    studies.open_rdb(url).engine.dispose()  # the job's later openings (its checks, its trial queue) skip it
+    storage.open_rdb(url).engine.dispose()  # the job's later openings (its checks, its trial queue) skip it
     studies.TrialQueue(url, heartbeat=2, stale_after=10, worker="w").storage.get_all_studies()
     assert checks == [1]
 
 
 def test_an_optuna_storage_of_another_schema_is_refused_at_its_first_opening_naming_the_upgrade(tmp_path, monkeypatch):
-    from relaxtune.tune import studies
+    from relaxtune.tune import storage
 
-    monkeypatch.setattr(studies, "_CHECKED", set())
+    monkeypatch.setattr(storage, "_CHECKED", set())
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    studies.open_rdb(url).engine.dispose()
+    storage.open_rdb(url).engine.dispose()
     with sqlite3.connect(tmp_path / "optuna.db") as db:  # as an older Optuna would have left it
         db.execute("UPDATE alembic_version SET version_num = 'v1.2.0.a'")
-    monkeypatch.setattr(studies, "_CHECKED", set())  # a new process
+    monkeypatch.setattr(storage, "_CHECKED", set())  # a new process
     with pytest.raises(StoreError, match="optuna storage upgrade"):
         prepare_stores(url, None, track=False, log=lambda m: None)
 
@@ -182,9 +182,9 @@ def test_a_storage_deleted_after_its_first_opening_is_made_again_by_the_same_pro
     that someone deleted since: its tables are made again, not assumed."""
     import optuna
 
-    from relaxtune.tune import studies
+    from relaxtune.tune import storage, studies
 
-    monkeypatch.setattr(studies, "_CHECKED", set())
+    monkeypatch.setattr(storage, "_CHECKED", set())
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     prepare_stores(url, None, track=False, log=lambda m: None)
     (tmp_path / "optuna.db").unlink()

@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 from relaxtune.tune.ranges import merge, split, worker_order
-from relaxtune.tune.studies import StorageLock, TrialQueue, failures
+from relaxtune.tune.storage import StorageLock
+from relaxtune.tune.studies import TrialQueue, failures
 from relaxtune.tune.tuning import Tuner, TuneSettings
 
 from .synthetic import PROBLEMS, SPEC, Synthetic, SyntheticPair
@@ -373,7 +374,7 @@ def test_a_study_already_set_up_opens_without_the_lock(tmp_path):
 
 def test_a_worker_on_other_problems_starting_with_the_first_is_refused_as_it_opens_the_study(tmp_path):
     # both passed the start's check (no study yet); the second must not relabel the first's study
-    from relaxtune.tune.studies import SearchProblemsError, search_digest
+    from relaxtune.tune.search_problems import SearchProblemsError, search_digest
 
     first, second = make(tmp_path, "w0"), make(tmp_path, "w1")
     second.problems = second.problems[:-1]  # another --limit

@@ -320,7 +320,7 @@ def job_tracker(settings: TuneSettings, job: Job, log: Callable[[str], None] = p
     from ..report.background import BackgroundTracker
     from ..report.stores import DEFAULT_URI, is_database, prepare_mlflow
     from ..report.tracking import Tracker
-    from ..tune.studies import storage_lock
+    from ..tune.storage import storage_lock
 
     def make() -> Tracker:
         prepare_mlflow(settings.mlflow_uri or DEFAULT_URI, log)

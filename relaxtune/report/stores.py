@@ -6,7 +6,7 @@ first, and Optuna creates its tables in whichever storage opens them first:
 left to themselves, workers starting together run the same migration at once
 and crash ("table _alembic_tmp_experiments already exists", "duplicate column"),
 sometimes leaving the store half-migrated. ``prepare_stores`` creates both stores
-under the job's storage lock (``relaxtune.tune.studies.storage_lock``: a file lock
+under the job's storage lock (``relaxtune.tune.storage.storage_lock``: a file lock
 next to an SQLite file, a PostgreSQL advisory lock), before any MLflow client or
 Optuna storage of the job opens them; the workers that wait find them ready.
 
@@ -224,7 +224,7 @@ def prepare_optuna(url: str, log: Callable[[str], None] = print) -> None:
         StoreError: the storage cannot be opened (e.g. an older Optuna schema: the
             message names ``optuna storage upgrade``).
     """
-    from ..tune.studies import open_rdb
+    from ..tune.storage import open_rdb
 
     try:
         storage = open_rdb(url)
@@ -275,7 +275,7 @@ def prepare_mlflow(uri: str, log: Callable[[str], None] = print) -> None:
     """
     from sqlalchemy.engine import make_url
 
-    from ..tune.studies import storage_lock
+    from ..tune.storage import storage_lock
 
     if not is_database(uri):
         return  # a tracking server migrates its own store; other schemes are not databases

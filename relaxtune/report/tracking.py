@@ -28,7 +28,7 @@ id (``relaxtune.tune.job_identity.job_id``) and is found again by tags (kind, jo
 trial number), never by name: a restart or another worker of the same job finds
 the same runs, a job with other settings never writes into them. Runs are
 created, and their params and tags written, under the job's MLflow lock
-(``relaxtune.tune.studies.storage_lock(storage, "mlflow")``, not the trial
+(``relaxtune.tune.storage.storage_lock(storage, "mlflow")``, not the trial
 queues' lock: no queue waits for a tracking server), so workers starting
 together create each run once. Re-logging a table or a figure
 replaces it. An export reads the tuning job's runs and never writes to them: its
@@ -88,7 +88,7 @@ class Tracker(Runs):
         problems: the problems (logged as the dataset input).
         job_id: the tuning job's id (``relaxtune.tune.job_identity.job_id``).
         lock: a context-manager factory that serialises run creation across the
-            job's workers (``relaxtune.tune.studies.storage_lock(storage_url, "mlflow")``); default none.
+            job's workers (``relaxtune.tune.storage.storage_lock(storage_url, "mlflow")``); default none.
         finish_lock: one that serialises ``finish`` across the workers without holding
             ``lock`` while figures are drawn (``storage_lock(storage_url, "finish")``);
             default ``lock``.

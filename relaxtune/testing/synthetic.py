@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     from relaxtune.job.run import run_tune_job
     from relaxtune.report.tracking import Tracker  # noqa: F401
     from relaxtune.tune.evaluation import record_identity
-    from relaxtune.tune.studies import load_rdb_modules
+    from relaxtune.tune.storage import load_rdb_modules
 
     load_rdb_modules()  # what Optuna's RDBStorage imports on its first use in a process (its SQL models, alembic)
     record_identity()  # the code identity, computed once per process (source digests): part of starting it

@@ -10,7 +10,8 @@ from ..decoding.methods import get_method
 from .confirm import split_confidence
 from .job_identity import study_name
 from .search import valid_n
-from .studies import SearchProblemsError, check_problems, open_rdb, search_digest
+from .search_problems import SearchProblemsError, check_problems, search_digest
+from .storage import open_rdb
 
 __all__ = [
     "SearchProblemsError",

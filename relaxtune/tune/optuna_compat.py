@@ -7,7 +7,7 @@ needs more, and why:
 - ``RDB_MODULES`` / ``rdb_tables``: the SQL models of ``RDBStorage``
   (``optuna.storages._rdb.models``): the names of its tables, to tell a storage
   already made (opened without the lock) from one still to make; and the module,
-  imported before the lock is taken (``studies.load_rdb_modules``).
+  imported before the lock is taken (``storage.load_rdb_modules``).
 - ``requeue``: a RUNNING trial put back to WAITING. ``BaseStorage.set_trial_state_values``
   is public, but Optuna only documents WAITING -> RUNNING -> finished; that the RDB
   storage also accepts RUNNING -> WAITING (and that a WAITING trial is popped again,

@@ -1,5 +1,6 @@
-"""Study bookkeeping for many workers: one Optuna RDB storage (SQLite, PostgreSQL,
-MySQL) shared by every worker process and host of a tuning job.
+"""Study bookkeeping for many workers: the trial queues of the studies in one Optuna
+RDB storage (``storage``: opening it, its lock) shared by every worker process and
+host of a tuning job.
 
 - The queue. A study holds exactly the trials it should finish: the paper's grid
   first, then empty trials whose parameters the sampler draws when a worker takes
@@ -16,18 +17,19 @@ MySQL) shared by every worker process and host of a tuning job.
   RUNNING trials without our worker mark (left by a relaxtune that kept no
   heartbeats) are stale at once.
 - Top-up. Every change of the queue happens under one lock per storage
-  (``StorageLock``: a PostgreSQL advisory lock, MySQL ``GET_LOCK``, a file lock
+  (``storage.StorageLock``: a PostgreSQL advisory lock, MySQL ``GET_LOCK``, a file lock
   next to an SQLite file), and is computed from the study's state: whenever the
   study holds fewer live trials (finished, RUNNING or WAITING) than wanted, the
   grid points not tried yet and then empty trials fill the gap, while failed
   evaluations (and stale trials already retried) stay under the failure budget.
   So a failed trial is replaced exactly once, whoever notices.
+
+A study set up with a ``search_digest`` refuses to mix in trials searched on other
+problems (``search_problems.check_problems``, under the same lock).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import os
 import socket
@@ -37,98 +39,28 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from .optuna_compat import RDB_MODULES, rdb_tables
+from .search_problems import check_problems
+from .storage import open_rdb, storage_lock, write_ahead_log
 
 __all__ = [
     "Plan",
-    "StorageLock",
-    "storage_lock",
     "TrialQueue",
     "default_worker",
     "failures",
     "finished",
     "MAX_RETRY",
-    "load_rdb_modules",
-    "open_rdb",
-    "SearchProblemsError",
-    "check_problems",
 ]
 
 MAX_RETRY = 1  # a stale trial runs again once with the same parameters
 WORKER_ATTR = "worker"  # user attribute: which worker (host:pid) runs the trial
 LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-_LOCK_NAME = "relaxtune-trial-queue"
 _WATCH = 0.1  # seconds between two reads of the running trials while a worker waits (TrialQueue.wait)
-_CHECKED: set[str] = set()  # storage URLs whose tables this process has made or checked (open_rdb)
 _log = logging.getLogger(__name__)
-
-
-def load_rdb_modules() -> None:
-    """Import what Optuna's ``RDBStorage`` imports lazily on its first use in a process
-    (its SQL models, alembic: about 0.5-0.9 s of CPU), so that it happens before the
-    storage's lock is taken: workers starting together would otherwise import them
-    one after another, each holding the lock that the others wait for."""
-    import importlib
-
-    for module in (*RDB_MODULES, "alembic.command", "alembic.config", "alembic.migration", "alembic.script"):
-        importlib.import_module(module)
-
-
-def _rdb_made(url: str) -> bool:
-    """Whether Optuna's tables all exist at ``url`` with their version rows written, so
-    that opening the storage only reads (False when it cannot tell: opening it says why)."""
-    import sqlalchemy
-
-    try:
-        engine = sqlalchemy.create_engine(url)
-        try:
-            if not rdb_tables() <= set(sqlalchemy.inspect(engine).get_table_names()):
-                return False
-            with engine.connect() as conn:
-                return all(
-                    conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar()
-                    for table in ("version_info", "alembic_version")
-                )
-        finally:
-            engine.dispose()
-    except Exception:
-        return False
-
-
-def open_rdb(url: str, lock: StorageLock | None = None, **kwargs) -> RDBStorage:
-    """``RDBStorage(url, **kwargs)``, under ``lock`` (default ``storage_lock(url)``) only
-    while its tables are not all made (checked again once the lock is held): the first
-    worker creates them (an SQLite file in write-ahead-log mode), and the workers that
-    waited for it open the storage together, not one after another. Its schema is
-    checked against this Optuna once per process: opening it again, while its tables
-    are there, skips the check (each reads Optuna's migration scripts: about 0.1 s of CPU).
-
-    Raises:
-        as ``RDBStorage``: ImportError for a missing driver, RuntimeError for a schema
-        of another Optuna version, SQLAlchemy's errors for a store it cannot open.
-    """
-    if url in _CHECKED and _rdb_made(url):  # (not a store deleted since: made again below, under the lock)
-        return RDBStorage(url, skip_compatibility_check=True, skip_table_creation=True, **kwargs)
-    lock = lock or storage_lock(url)
-    load_rdb_modules()
-    rdb = None
-    if not _rdb_made(url):
-        with lock():  # concurrent creation of the tables would collide
-            if not _rdb_made(url):
-                rdb = RDBStorage(url, **kwargs)
-                if lock.kind == "sqlite":  # from its creation on (the mode is kept in the file): the
-                    with rdb.engine.connect() as conn:  # workers opening it next read while one writes
-                        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-    rdb = rdb or RDBStorage(url, **kwargs)
-    if not (lock.kind == "sqlite" and lock._file is None):  # an in-memory SQLite is a new one at each opening
-        _CHECKED.add(url)
-    return rdb
 
 
 def default_worker() -> str:
@@ -177,137 +109,6 @@ class Plan:
     optional: tuple[str, ...] = ()
 
 
-class StorageLock:
-    """A lock shared by every process and host that uses one storage URL.
-
-    Threads of this process first take a lock among themselves, then the one
-    between processes: PostgreSQL, a transaction-scoped advisory lock; MySQL or
-    MariaDB, ``GET_LOCK``; SQLite, a ``filelock.FileLock`` on ``<database>.lock`` (SQLite
-    is one host anyway); an in-memory SQLite or another database, none (with a
-    warning for the latter). Re-entrant within a thread. Released when its holder
-    dies (the connection or the file closes). ``purpose`` names one of several
-    independent locks of the storage: ``"queue"`` (the trial queues and stores;
-    ``<database>.lock``) or another (``<database>.<purpose>.lock``, e.g.
-    ``"mlflow"``: the job's MLflow runs, written without holding up the queues;
-    ``"finish"``: the job's figures, drawn without holding up the log calls).
-    """
-
-    def __init__(self, url: str, purpose: str = "queue") -> None:
-        import sqlalchemy
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        self.kind = parsed.get_backend_name()
-        self._name = _LOCK_NAME if purpose == "queue" else f"{_LOCK_NAME}-{purpose}"
-        self._held = threading.local()
-        self._thread_lock = threading.Lock()
-        self._engine = self._file = self._file_lock = None
-        if self.kind == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            import filelock
-
-            suffix = ".lock" if purpose == "queue" else f".{purpose}.lock"
-            self._file = Path(parsed.database).resolve().with_name(Path(parsed.database).name + suffix)
-            # flock(2) on Unix, released when its holder dies; the file stays (deleting it would let two
-            # holders lock two files of one name)
-            self._file_lock = filelock.FileLock(self._file, thread_local=False, preserve_lock_file=True)
-        elif self.kind in ("postgresql", "mysql", "mariadb"):
-            self._engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
-        elif self.kind != "sqlite":
-            warnings.warn(
-                f"no cross-process lock for {self.kind} storages: run one worker per study, or use "
-                "PostgreSQL, MySQL or SQLite",
-                stacklevel=2,
-            )
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        if getattr(self._held, "depth", 0):
-            self._held.depth += 1
-            try:
-                yield
-            finally:
-                self._held.depth -= 1
-            return
-        with self._thread_lock, self._acquire():  # one connection per process waits for the lock
-            self._held.depth = 1
-            try:
-                yield
-            finally:
-                self._held.depth = 0
-
-    @contextmanager
-    def _acquire(self) -> Iterator[None]:
-        from sqlalchemy import text
-
-        if self._file_lock is not None:
-            self._file.parent.mkdir(parents=True, exist_ok=True)
-            with self._file_lock:  # waits as long as it takes
-                yield
-        elif self._engine is not None and self.kind == "postgresql":
-            key = int.from_bytes(hashlib.blake2b(self._name.encode(), digest_size=8).digest(), "big", signed=True)
-            with self._engine.begin() as conn:
-                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-                yield
-        elif self._engine is not None:
-            with self._engine.connect() as conn:
-                conn.execute(text("SELECT GET_LOCK(:name, -1)"), {"name": self._name})
-                try:
-                    yield
-                finally:
-                    conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self._name})
-        else:
-            yield
-
-
-def _write_ahead_log(engine) -> None:
-    """SQLite in write-ahead-log mode with normal sync: readers never wait for the
-    writer and a commit costs no sync of the whole file (workers write often)."""
-    from sqlalchemy import event
-
-    def pragmas(dbapi_connection, _record) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    event.listen(engine, "connect", pragmas)
-    engine.dispose()  # connections opened before the listener reopen with it
-
-
-class SearchProblemsError(ValueError):
-    """A study holds trials searched on other problems than this job's (the message says what to do)."""
-
-
-def check_problems(study: optuna.Study, digest: str) -> None:
-    """Refuse a study that holds trials (any state, queued ones too) searched on other
-    problems than those of ``digest`` (``search_digest``): with ``--confirm holdout``
-    they may have seen the held-out half.
-
-    Raises:
-        SearchProblemsError: naming the study and the fix.
-    """
-    if study.get_trials(deepcopy=False) and study.user_attrs.get("search_problems") != digest:
-        raise SearchProblemsError(
-            f"study {study.study_name} holds trials searched on other problems (another --limit, --seed or --confirm), "
-            "which may include the held-out half: --confirm holdout needs a fresh study (another --output-dir / "
-            "--storage), or use --confirm seeds"
-        )
-
-
-def search_digest(problems) -> str:
-    """The digest of the problems a study searches (their ids, in order): a study's
-    user attr ``search_problems``, set before its first trial, so that ``--confirm
-    holdout`` never resumes a study that searched other problems."""
-    return hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
-
-
-@functools.cache
-def storage_lock(url: str, purpose: str = "queue") -> StorageLock:
-    """The one ``StorageLock`` of this process for ``url`` and ``purpose`` (so holding it and
-    taking it again in the same thread, e.g. the tracker inside a queue operation, never deadlocks)."""
-    return StorageLock(url, purpose)
-
-
 class TrialQueue:
     """The trial queues of one worker's studies in one RDB storage.
 
@@ -350,7 +151,7 @@ class TrialQueue:
                 heartbeat_stale_trial_callback=self._stale,
             )
         if self.lock.kind == "sqlite":
-            _write_ahead_log(rdb.engine)
+            write_ahead_log(rdb.engine)
         # Optuna's cache around it, shared by every Study object of this worker (a Trial only
         # works through a cache that has seen it), as create_study/load_study would wrap it
         self.storage = optuna.storages.get_storage(rdb)

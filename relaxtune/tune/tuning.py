@@ -64,9 +64,10 @@ from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
 from .search import PRUNED_BY, RelaxationSampler, n_draft_choices, strength, valid_n
+from .search_problems import search_digest
 from .settings import TuneSettings, make_output_dir, storage_url
 from .stopping import check_stop, environmental
-from .studies import Plan, TrialQueue, default_worker, finished, search_digest
+from .studies import Plan, TrialQueue, default_worker, finished
 
 __all__ = [
     "TuneSettings",
