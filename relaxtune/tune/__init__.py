@@ -1,6 +1,7 @@
-"""The search: evaluation records (``evaluation``), the job's settings (``settings``; their
-groups: ``setting_groups``; the serving batch sizes resolved on this machine:
-``serving_sizes``; the job's and its studies' names: ``job_identity``), Optuna studies,
+"""The search: a point and its evaluation records on disk (``point_records``), the
+evaluation that generates, grades and records them (``evaluation``), the job's settings
+(``settings``; their groups: ``setting_groups``; the serving batch sizes resolved on
+this machine: ``serving_sizes``; the job's and its studies' names: ``job_identity``), Optuna studies,
 their queues, heartbeats and lock (``studies``), where a study looks
 after the grid (``search``), trials and their stages (``tuning``, ``outcomes``), a
 point's paired metrics and the loss constraint (``judge``), problem ranges (``ranges``),
