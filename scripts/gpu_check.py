@@ -35,7 +35,8 @@ from relaxtune.certify.stats import drop_bound, paired_counts
 from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.engine.sequence import generate
 from relaxtune.tasks.spec import TaskSpec, load_problems
-from relaxtune.tune.evaluation import DecodeConfig, evaluate
+from relaxtune.tune.evaluation import evaluate
+from relaxtune.tune.point_records import DecodeConfig
 
 
 def check(failures: list[str], name: str, ok: bool, detail: str) -> None:

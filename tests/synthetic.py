@@ -9,7 +9,8 @@ from pathlib import Path
 
 from relaxtune.tasks.spec import Problem
 from relaxtune.testing.synthetic import PROBLEMS, SPEC, Synthetic, SyntheticPair, write_task
-from relaxtune.tune.evaluation import sample_seed, summarize
+from relaxtune.tune.evaluation import sample_seed
+from relaxtune.tune.point_records import summarize
 
 __all__ = ["PROBLEMS", "SPEC", "Synthetic", "SyntheticPair", "write_task", "Lucky"]
 

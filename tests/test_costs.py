@@ -15,7 +15,7 @@ from relaxtune.decoding.speed import COST_MARGIN, SPREAD_TOLERANCE, CostProfile,
 from relaxtune.job.run import run_tune_job
 from relaxtune.report.export import cautions
 from relaxtune.tasks.spec import build_prompt_ids, load_problems, load_task
-from relaxtune.tune.evaluation import DecodeConfig, records_path
+from relaxtune.tune.point_records import DecodeConfig, records_path
 from relaxtune.tune.settings import TuneSettings
 
 from .clocks import SquareClock, timed

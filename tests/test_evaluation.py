@@ -8,7 +8,8 @@ import pytest
 from relaxtune.backends.rows import RowByRow
 from relaxtune.engine.responses import generate_responses
 from relaxtune.tasks.spec import TaskSpec, load_problems
-from relaxtune.tune.evaluation import DecodeConfig, evaluate, generate_response, opens_thinking, sample_seed
+from relaxtune.tune.evaluation import evaluate, generate_response, opens_thinking, sample_seed
+from relaxtune.tune.point_records import DecodeConfig
 
 from .scripted import ScriptedBackend
 

@@ -13,10 +13,10 @@ from relaxtune.decoding.rules import _threshold_rej
 from relaxtune.report.decision import study_summary
 from relaxtune.report.export import build_config
 from relaxtune.tune.confirm import confirm
-from relaxtune.tune.evaluation import DecodeConfig, records_path
 from relaxtune.tune.job_identity import study_name
 from relaxtune.tune.outcomes import trial_line
 from relaxtune.tune.pareto import knob_text, point_label
+from relaxtune.tune.point_records import DecodeConfig, records_path
 from relaxtune.tune.records import metrics_attr, trial_metrics
 from relaxtune.tune.search_problems import search_digest
 from relaxtune.tune.tuning import Tuner

@@ -12,7 +12,7 @@ from relaxtune.cli.tune import _summary
 from relaxtune.decoding.speed import speedup
 from relaxtune.report.export import build_config
 from relaxtune.tune.confirm import confirm
-from relaxtune.tune.evaluation import DecodeConfig
+from relaxtune.tune.point_records import DecodeConfig
 from relaxtune.tune.records import RecordError, knob_of, knobs_of
 from relaxtune.tune.search import RelaxationSampler
 from relaxtune.tune.tuning import Tuner, TuneSettings

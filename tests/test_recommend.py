@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from relaxtune.decoding.speed import CostProfile
-from relaxtune.tune.evaluation import summarize
+from relaxtune.tune.point_records import summarize
 from relaxtune.tune.recommend import cost_spread, speed_margin
 
 

@@ -15,8 +15,8 @@ import yaml
 
 from relaxtune.report.config_schema import upgrade_config
 from relaxtune.report.export import load_config
-from relaxtune.tune import evaluation
-from relaxtune.tune.evaluation import DecodeConfig, _read_done
+from relaxtune.tune import evaluation, point_records
+from relaxtune.tune.point_records import DecodeConfig, finished_records
 from relaxtune.tune.records import (
     PointMetrics,
     RecordError,
@@ -50,7 +50,9 @@ def v2_copy(tmp_path, monkeypatch):
     rec = json.loads(
         (tmp_path / "run" / RUNS / "golden-v1" / "golden-pair" / "strict__N2__seed0.jsonl").read_text().splitlines()[0]
     )
-    monkeypatch.setattr(evaluation, "record_identity", lambda: {"grader": rec["grader"], "decoder": rec["decoder"]})
+    written = {"grader": rec["grader"], "decoder": rec["decoder"]}
+    monkeypatch.setattr(point_records, "record_identity", lambda: written)  # as records are read
+    monkeypatch.setattr(evaluation, "record_identity", lambda: written)  # as new ones are written
     monkeypatch.chdir(tmp_path)
     return tmp_path / "run"
 
@@ -58,7 +60,7 @@ def v2_copy(tmp_path, monkeypatch):
 def test_v2_records_load_typed_and_dump_back_byte_for_byte():
     for path in (V2 / RUNS).rglob("*.jsonl"):
         lines = path.read_text().splitlines()
-        done = _read_done(path)
+        done = finished_records(path)
         assert len(done) == len(lines) == 6
         for line in lines:
             rec = done[(json.loads(line)["problem_id"], 0)]
@@ -75,7 +77,7 @@ def test_a_file_with_v2_and_v3_lines_reads_both(tmp_path):
     lines = src.read_text().splitlines()
     v3 = SampleRecord.new(**(json.loads(lines[0]) | {"problem_id": "extra"}))
     path.write_text("\n".join(lines) + "\n" + v3.line() + '{"problem_id": "cut", "rep')
-    done = _read_done(path)
+    done = finished_records(path)
     assert sorted(k for k, _ in done) == ["0", "1", "2", "3", "4", "5", "extra"]  # the cut line waits
     assert done[("extra", 0)].schema_ == 3 and done[("extra", 0)].knobs == {"delta": 1.0}
     assert list(json.loads(v3.line()))[:1] == ["schema"] and json.loads(v3.line())["scope"] == "all"
@@ -98,7 +100,7 @@ def test_a_record_that_does_not_validate_is_generated_again(tmp_path, caplog):
     bad = json.loads(src[1]) | {"correct": "maybe"}
     path = tmp_path / "r.jsonl"
     path.write_text(src[0] + "\n" + json.dumps(bad) + "\n")
-    assert list(_read_done(path)) == [("0", 0)]
+    assert list(finished_records(path)) == [("0", 0)]
     assert "generating that sample again" in caplog.text
 
 
@@ -195,8 +197,8 @@ def test_a_tracker_logs_the_same_values_from_v2_and_v3_metrics():
 
 
 def test_judge_reads_an_evaluations_records_typed_and_names_one_that_does_not_validate():
-    from relaxtune.tune.evaluation import summarize
     from relaxtune.tune.judge import typed_records
+    from relaxtune.tune.point_records import summarize
 
     stats = {"rounds": 2, "accepted": 3, "wall_seconds": 0.5}
     good = {"problem_id": "p0", "repeat": 1, "response_tokens": 5, "correct": True, "finish_reason": "stop"}

@@ -294,7 +294,8 @@ def test_deploy_blocks_at_scope_thinking_refuse_engines_that_relax_everywhere():
 
 
 def test_evaluate_refuses_a_thinking_scope_without_a_thinking_task_or_thinking_tokens(tiny_backend, tmp_path):
-    from relaxtune.tune.evaluation import DecodeConfig, evaluate
+    from relaxtune.tune.evaluation import evaluate
+    from relaxtune.tune.point_records import DecodeConfig
 
     from .test_evaluation import tiny_task
 
@@ -311,7 +312,7 @@ def test_responses_at_scope_thinking_take_the_think_ids_from_the_tokenizer():
     """A pair whose tokenizer has <think> and </think> as tokens: the task's responses
     run at scope thinking (ids found), and the one-hot scripted pair gives strict's text."""
     from relaxtune.engine.responses import generate_responses, think_token_ids
-    from relaxtune.tune.evaluation import DecodeConfig
+    from relaxtune.tune.point_records import DecodeConfig
 
     from .scripted import ScriptedBackend
     from .test_evaluation import tiny_task

@@ -11,8 +11,8 @@ from optuna.trial import TrialState, create_trial
 
 from relaxtune.bench.simulated import SimTask
 from relaxtune.decoding.speed import speedup
-from relaxtune.tune.evaluation import summarize
 from relaxtune.tune.judge import point_metrics, speedup_upper
+from relaxtune.tune.point_records import summarize
 from relaxtune.tune.records import load_record
 from relaxtune.tune.search import (
     PRUNED_BY,

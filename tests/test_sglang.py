@@ -11,7 +11,8 @@ from relaxtune.backends.sglang import SGLangBackend, SGLangError, parse_next, pa
 from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.engine.sequence import generate
 from relaxtune.testing.sglang_standin import StandInServer
-from relaxtune.tune.evaluation import DecodeConfig, evaluate
+from relaxtune.tune.evaluation import evaluate
+from relaxtune.tune.point_records import DecodeConfig
 
 from .conftest import P_FLOOR, chi2_pvalue
 from .test_evaluation import tiny_task

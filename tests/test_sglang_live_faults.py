@@ -15,7 +15,8 @@ import pytest
 from relaxtune.backends.load import load_backend
 from relaxtune.backends.sglang import SGLangBackend, SGLangError
 from relaxtune.backends.sglang_launch import ServerSpec, launch
-from relaxtune.tune.evaluation import DecodeConfig, evaluate
+from relaxtune.tune.evaluation import evaluate
+from relaxtune.tune.point_records import DecodeConfig
 
 from .sglang_live import free_port, sglang_python
 from .test_evaluation import tiny_task

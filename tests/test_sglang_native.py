@@ -13,7 +13,8 @@ from relaxtune.backends.sglang_native import DETERMINISTIC, TELEMETRY_KEYS, nati
 from relaxtune.decoding.sampling import SamplingParams
 from relaxtune.engine.sequence import generate
 from relaxtune.testing.sglang_standin import SGLANG_DEFAULTS, StandInServer, StandInSpecServer
-from relaxtune.tune.evaluation import DecodeConfig, evaluate
+from relaxtune.tune.evaluation import evaluate
+from relaxtune.tune.point_records import DecodeConfig
 
 from .test_evaluation import tiny_task
 

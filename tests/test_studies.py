@@ -238,8 +238,8 @@ def test_an_idle_worker_generates_free_ranges_of_a_running_trials_stage_and_noth
     the trial's worker takes for that range, one per call; never the next stage before the
     trial reports the current one done. The trial's worker then generates only the rest."""
     from relaxtune.tune.claims import claim, claim_path
-    from relaxtune.tune.evaluation import DecodeConfig, records_path
     from relaxtune.tune.helping import help_running, stage_attr
+    from relaxtune.tune.point_records import DecodeConfig, records_path
 
     mine, theirs = Synthetic(cliff=20.0, delay=0.001), Synthetic(cliff=20.0, delay=0.001)
     owner = make(tmp_path, "owner", theirs, trials=1, stage_size=10, range_size=4)

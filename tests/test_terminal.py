@@ -216,7 +216,8 @@ class SlowRounds:
 def test_a_piped_evaluation_prints_lines_while_one_batch_decodes(tmp_path, tiny_backend, monkeypatch):
     """Three samples in one batch end together after about 1.5 s: lines every 0.2 s
     (the interval's stand-in for 30 s) come before any sample ends, with tokens rising."""
-    from relaxtune.tune.evaluation import DecodeConfig, evaluate
+    from relaxtune.tune.evaluation import evaluate
+    from relaxtune.tune.point_records import DecodeConfig
 
     monkeypatch.setenv("RELAXTUNE_PROGRESS_SECONDS", "0.2")
     err = io.StringIO()  # not a terminal: plain lines

@@ -7,7 +7,7 @@ import pytest
 
 from relaxtune.decoding.speed import speedup
 from relaxtune.report.export import build_config, load_config, save_config
-from relaxtune.tune.evaluation import DecodeConfig
+from relaxtune.tune.point_records import DecodeConfig
 from relaxtune.tune.tuning import Tuner, TuneSettings, constraint_values, drop_ucb_at, point_metrics, study_name
 
 from .synthetic import PROBLEMS, SPEC, Synthetic

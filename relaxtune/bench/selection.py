@@ -43,8 +43,9 @@ from relaxtune.bench.results import Recorder, add_json_option
 from relaxtune.tasks.spec import Problem
 from relaxtune.testing.synthetic import SPEC, SyntheticPair
 from relaxtune.tune.confirm import confirm, holdout_split
-from relaxtune.tune.evaluation import EvalResult, sample_seed, summarize
+from relaxtune.tune.evaluation import sample_seed
 from relaxtune.tune.outcomes import MethodOutcome, candidates
+from relaxtune.tune.point_records import EvalResult, summarize
 from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.tuning import Tuner
 

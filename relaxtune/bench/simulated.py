@@ -60,7 +60,7 @@ import numpy as np
 from relaxtune.decoding.methods import get_method
 from relaxtune.decoding.speed import speedup
 from relaxtune.tasks.spec import Problem, TaskSpec
-from relaxtune.tune.evaluation import EvalResult, summarize
+from relaxtune.tune.point_records import EvalResult, summarize
 
 __all__ = [
     "Family",

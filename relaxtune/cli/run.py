@@ -166,7 +166,8 @@ def eval_(
     from ..engine.sequence import AR, check_decode
     from ..tasks.spec import load_problems, load_task
     from ..tune.checks import check_draft_lengths
-    from ..tune.evaluation import DecodeConfig, evaluate, finished_samples, records_name
+    from ..tune.evaluation import evaluate
+    from ..tune.point_records import DecodeConfig, finished_samples, records_name
     from ..tune.setting_groups import PairSettings
     from .checks import check_folder, check_pair
 

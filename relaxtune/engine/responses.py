@@ -119,7 +119,7 @@ def generate_response(backend: Backend, spec: TaskSpec, prompt_ids: list[int], c
 
     Args:
         backend: the model pair; spec: the task; prompt_ids: the prompt's ids.
-        config: a ``relaxtune.tune.evaluation.DecodeConfig`` (method, knob, N).
+        config: a ``relaxtune.tune.point_records.DecodeConfig`` (method, knob, N).
         seed: the sample's seed (``relaxtune.tune.evaluation.sample_seed``).
 
     Raises:

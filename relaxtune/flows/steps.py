@@ -30,8 +30,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from relaxtune.tasks.spec import load_problems, load_task
-from relaxtune.tune.evaluation import DecodeConfig, EvalResult, evaluate
+from relaxtune.tune.evaluation import evaluate
 from relaxtune.tune.job_identity import spec_digest
+from relaxtune.tune.point_records import DecodeConfig, EvalResult
 from relaxtune.tune.setting_groups import PairSettings
 from relaxtune.tune.settings import TuneSettings
 

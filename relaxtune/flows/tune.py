@@ -35,7 +35,7 @@ from relaxtune.flows.steps import (
     unregister,
 )
 from relaxtune.tasks.spec import list_tasks
-from relaxtune.tune.evaluation import DecodeConfig
+from relaxtune.tune.point_records import DecodeConfig
 from relaxtune.tune.ranges import merge, split
 from relaxtune.tune.settings import TuneSettings, field_info
 from relaxtune.tune.studies import default_worker

@@ -26,9 +26,9 @@ from ..tune.checks import (
     check_search_problems,
 )
 from ..tune.confirm import confirm, holdout_split, planned_confirmations
-from ..tune.evaluation import DecodeConfig, check_spec_unchanged, records_path
 from ..tune.job_identity import job_id
 from ..tune.phases import phase
+from ..tune.point_records import DecodeConfig, check_spec_unchanged, records_path
 from ..tune.settings import TuneSettings, start
 from ..tune.tuning import Tuner, choose
 

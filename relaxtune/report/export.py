@@ -35,8 +35,8 @@ import yaml
 from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
-from ..tune.evaluation import DecodeConfig
 from ..tune.judge import feasible as within_budget
+from ..tune.point_records import DecodeConfig
 from ..tune.recommend import PLAIN
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult

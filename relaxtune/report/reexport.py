@@ -23,8 +23,8 @@ import yaml
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import c_rel_of
 from ..tune.batches import Prices, strict_speedup
-from ..tune.evaluation import DecodeConfig, records_complete, records_path
 from ..tune.job_identity import study_name
+from ..tune.point_records import DecodeConfig, records_complete, records_path
 from ..tune.records import trial_metrics
 from ..tune.settings import TuneSettings
 

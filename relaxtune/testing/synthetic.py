@@ -26,7 +26,7 @@ from pathlib import Path
 
 from relaxtune.tasks.spec import Problem, TaskSpec
 from relaxtune.tune.claims import claim, claim_path
-from relaxtune.tune.evaluation import EvalResult, record_identity, records_path, summarize
+from relaxtune.tune.point_records import EvalResult, record_identity, records_path, summarize
 
 __all__ = ["Synthetic", "SyntheticPair", "SPEC", "PROBLEMS", "write_task", "main"]
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from relaxtune.job.run import run_tune_job
     from relaxtune.report.tracking import Tracker  # noqa: F401
-    from relaxtune.tune.evaluation import record_identity
+    from relaxtune.tune.point_records import record_identity
     from relaxtune.tune.storage import load_rdb_modules
 
     load_rdb_modules()  # what Optuna's RDBStorage imports on its first use in a process (its SQL models, alembic)

@@ -42,9 +42,9 @@ from ..report.config_schema import TunedConfig
 from ..report.export import load_config
 from ..tasks.spec import Problem, TaskSpec, load_problems, load_task
 from ..tune.confirm import fresh_point, holdout_split, split_confidence
-from ..tune.evaluation import DecodeConfig
 from ..tune.judge import constraint_values
 from ..tune.pareto import point_label
+from ..tune.point_records import DecodeConfig
 from ..tune.settings import TuneSettings
 from .matrix import RULE, Cell, TransferMatrix, sections, write_sections
 

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..tasks.spec import Problem
-from .evaluation import DecodeConfig, EvalResult, evaluate, records_complete, trial_scope
+from .evaluation import evaluate
 from .judge import constraint_values, drop_ucb_at, point_metrics
+from .point_records import DecodeConfig, EvalResult, records_complete, trial_scope
 from .records import load_metrics
 from .tuning import candidates
 

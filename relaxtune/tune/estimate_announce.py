@@ -47,8 +47,8 @@ def announce(
         measured: this run's cost measurement (None: nothing was measured).
     """
     from ..tasks.spec import build_prompt_ids
-    from .evaluation import DecodeConfig, finished_samples
     from .phases import active
+    from .point_records import DecodeConfig, finished_samples
 
     saved, now = None, one_row(measured)
     if saved_path.exists() and now is not None:

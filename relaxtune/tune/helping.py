@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .evaluation import DecodeConfig, records_complete, records_name, records_path, trial_scope
+from .point_records import DecodeConfig, records_complete, records_name, records_path, trial_scope
 from .ranges import current_stage, split
 from .search import PRUNED_BY
 from .stopping import environmental

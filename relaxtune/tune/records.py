@@ -3,7 +3,7 @@
 Two records cross storage, and each is defined here once:
 
 - ``SampleRecord``: one graded (or failed) sample, one JSON line of a records file
-  (``relaxtune.tune.evaluation``: ``<output_dir>/<task>-v<version>/<pair>/<label>.jsonl``).
+  (``relaxtune.tune.point_records``: ``<output_dir>/<task>-v<version>/<pair>/<label>.jsonl``).
 - ``PointMetrics``: one evaluated point against strict at the same draft length
   (``relaxtune.tune.judge.point_metrics``), the ``metrics`` user attribute of an Optuna
   trial (``relaxtune.tune.tuning``) and what the export reads back.

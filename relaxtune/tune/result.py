@@ -18,8 +18,8 @@ from types import MappingProxyType
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile
 from ..tasks.spec import TaskSpec
-from .evaluation import EvalResult
 from .outcomes import MethodOutcome
+from .point_records import EvalResult
 from .setting_groups import PairSettings, SearchSettings, StatsSettings
 from .settings import TuneSettings
 

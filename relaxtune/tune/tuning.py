@@ -53,13 +53,14 @@ from ..decoding.speed import CostProfile, modeled_speedup
 from ..tasks.spec import Problem, TaskSpec
 from .batches import strict_speedup
 from .claims import claim, claim_path
-from .evaluation import SCOPE_PARAM, DecodeConfig, EvalResult, evaluate, records_name, records_path, trial_scope
+from .evaluation import evaluate
 from .helping import help_running, stage_attr
 from .job_identity import study_name
 from .judge import VIOLATED, constraint_values, drop_ucb_at, feasible, point_metrics
 from .judge import set_constraints as _set_constraints
 from .outcomes import MethodOutcome, TrialReport, candidates, choose, study_tokens, trial_line
 from .phases import phase
+from .point_records import SCOPE_PARAM, DecodeConfig, EvalResult, records_name, records_path, trial_scope
 from .ranges import merge, split, stage_ends, worker_order
 from .records import metrics_attr
 from .result import JobResult
