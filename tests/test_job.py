@@ -23,8 +23,8 @@ from .tiny_task import write_tiny_task
 def test_tune_cli_logs_to_mlflow_and_exports(tmp_path, tiny_pair_dirs, monkeypatch):
     import relaxtune.tune.estimate
 
-    # the job keeps its measures only on a machine that does not look busy: this one is read as idle, so a
-    # loaded CI host (load average above its cores) tests the same path (a busy job keeps nothing: test_estimate_history)
+    # the job keeps its measures only on a machine that does not look busy: this one is read as idle, so a loaded
+    # CI host (load average above its cores) tests the same path (a busy job keeps nothing: test_estimate_history)
     monkeypatch.setattr(relaxtune.tune.estimate, "machine_load", lambda: (0.0, os.cpu_count() or 1))
     drafter, verifier = tiny_pair_dirs
     task = write_tiny_task(tmp_path)
