@@ -348,6 +348,7 @@ def write(path: Path, data) -> Path:
     return path
 
 
+@pytest.mark.slow  # about 6-11 s: the default run stays under 8 minutes on 2 cores
 def test_an_export_reprices_the_confirmed_points_with_the_serving_hosts_costs(tmp_path, monkeypatch, uri):
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     s = job_settings(tmp_path, uri)

@@ -283,6 +283,7 @@ def test_a_noisy_measurement_is_flagged_in_the_yaml_the_mlflow_run_and_the_summa
     assert "remeasure_costs" not in yaml.safe_load((Path(settings.output_dir) / "tiny_math.job.yaml").read_text())
 
 
+@pytest.mark.slow  # about 6-11 s: the default run stays under 8 minutes on 2 cores
 def test_a_fast_recommendation_has_no_cautions(tmp_path):
     settings, spec, problems = _setup(tmp_path, methods=["cactus"], trials=1, limit=2, stage_size=2)
     config, _ = run_tune_job(

@@ -234,6 +234,7 @@ def test_tuner_runs_against_sglang(servers, tiny_backend, tmp_path):
     assert config.methods["cactus"].trials == 2 and path.exists()
 
 
+@pytest.mark.slow  # about 6-11 s: the default run stays under 8 minutes on 2 cores
 def test_a_job_through_sglang_measures_its_serving_profile_through_the_servers(servers, tiny_backend, tmp_path):
     """A job through SGLang servers was priced with a fixed c_rel of 0.2: it measures its costs through them now,
     at the batch sizes of the device the verifier server reports (a CPU's here: 1, 4, 16)."""

@@ -288,6 +288,7 @@ def test_serve_refuses_native_threshold_on_a_cpu_host(fake_sglang):
     )
 
 
+@pytest.mark.slow  # about 6-11 s: the default run stays under 8 minutes on 2 cores
 def test_serve_stops_its_servers_on_sigterm(fake_sglang):
     import os
     import signal

@@ -104,6 +104,7 @@ def _half_migrated(path: Path, runs: int) -> str:
     return uri
 
 
+@pytest.mark.slow  # about 6-11 s: the default run stays under 8 minutes on 2 cores
 def test_a_half_created_store_with_no_runs_is_moved_aside_and_created_anew(tmp_path):
     uri = _half_migrated(tmp_path / "mlflow.db", runs=0)
     plain = subprocess.run(
