@@ -220,7 +220,8 @@ def test_a_worker_joining_a_running_holdout_job_is_not_refused(tmp_path):
     """``--confirm holdout`` refuses a study that searched other problems. A study records
     its search problems before its first trial, so a worker that starts (or restarts) while
     the others run the job's first trials joins it; another ``--limit`` is still refused."""
-    from relaxtune.tune.checks import SearchProblemsError, check_search_problems
+    from relaxtune.tune.checks import check_search_problems
+    from relaxtune.tune.search_problems import SearchProblemsError
 
     first = make(tmp_path, "w0")
     study = first.open_study("cactus")  # the first worker's queue: grid trials waiting, none finished

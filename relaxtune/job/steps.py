@@ -19,7 +19,6 @@ from ..report.reexport import JobError, check_exportable, export_storage
 from ..report.stores import StoreError, prepare_stores, reach_storage, reach_tracking
 from ..tasks.spec import Problem, TaskSpec, build_prompt_ids, load_problems, load_task
 from ..tune.checks import (
-    SearchProblemsError,
     check_confirmable,
     check_draft_lengths,
     check_methods,
@@ -29,6 +28,7 @@ from ..tune.confirm import confirm, holdout_split, planned_confirmations
 from ..tune.job_identity import job_id
 from ..tune.phases import phase
 from ..tune.point_records import DecodeConfig, check_spec_unchanged, records_path
+from ..tune.search_problems import SearchProblemsError
 from ..tune.settings import TuneSettings, start
 from ..tune.tuning import Tuner, choose
 

@@ -10,11 +10,10 @@ from ..decoding.methods import get_method
 from .confirm import split_confidence
 from .job_identity import study_name
 from .search import valid_n
-from .search_problems import SearchProblemsError, check_problems, search_digest
+from .search_problems import check_problems, search_digest
 from .storage import open_rdb
 
 __all__ = [
-    "SearchProblemsError",
     "ConfirmationError",
     "check_methods",
     "check_draft_lengths",
