@@ -267,7 +267,8 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
     try:
         raw = yaml.safe_load(path.read_text())
         if not isinstance(raw, dict):
-            raise ValueError(f"invalid task spec {path}: it must hold a mapping of fields, got {type(raw).__name__}")
+            got = "an empty file" if raw is None else type(raw).__name__
+            raise ValueError(f"invalid task spec {path}: it must hold a mapping of fields, got {got}")
         return TaskSpec(**raw, source_file=str(path))
     except ValidationError as err:
         lines = field_errors(err)
