@@ -21,6 +21,11 @@ from relaxtune.tune.settings import TuneSettings
 SPEC = SimpleNamespace(repeats=1, max_new_tokens=384)
 
 
+def groups(settings: TuneSettings) -> tuple:
+    """What ``estimate_job`` reads of a job's settings: its search and statistics groups."""
+    return settings.search, settings.stats
+
+
 def readme_job(**over) -> TuneSettings:
     """The README's main job: humaneval, cactus and mentored, 8 problems, N = 4, 2 trials."""
     return TuneSettings(
@@ -32,7 +37,7 @@ def test_samples_tokens_and_seconds_per_phase():
     # one round at N = 4: 4 drafter steps of 50 ms and one verify pass of 200 ms = 0.4 s; at the
     # prior acceptance (0.6 N = 2.4 drafts) a round yields 3.4 tokens: 0.4 / 3.4 s per token of one row
     profile = CostProfile(t_ar=0.2, t_draft=0.05, t_verify={5: 0.2})
-    est = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8, load=(0.5, 2))
+    est = estimate_job(*groups(readme_job()), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8, load=(0.5, 2))
     per_token = 0.4 / 3.4
     rows = {p.name: (p.least_samples, p.samples, p.tokens) for p in est.phases}
     assert rows == {
@@ -64,13 +69,25 @@ def test_samples_tokens_and_seconds_per_phase():
     # llama.cpp on a CPU gains little from rows (its README table): the README job on it took 6:28 for
     # strict and the trials against 3:10 estimated with the transformers exponent, 6:53 with its own
     llama = estimate_job(
-        readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), batch_size=8, device="llamacpp", load=(0.5, 2)
+        *groups(readme_job()),
+        SPEC,
+        8,
+        8,
+        profile,
+        length=(100.0, "given"),
+        batch_size=8,
+        device="llamacpp",
+        load=(0.5, 2),
     )
     assert llama.phases[0].seconds == pytest.approx(800 * per_token / 8**0.1)
     assert llama.phases[1].seconds == pytest.approx(1600 * per_token / 4**0.1)
-    cuda = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), device="cuda:1", load=(0.5, 2))
+    cuda = estimate_job(
+        *groups(readme_job()), SPEC, 8, 8, profile, length=(100.0, "given"), device="cuda:1", load=(0.5, 2)
+    )
     assert cuda.phases[0].seconds == pytest.approx(800 * per_token / 8**0.9)  # a device index prices as its kind
-    done = estimate_job(readme_job(), SPEC, 8, 8, profile, length=(100.0, "given"), strict_done=100, load=(0.5, 2))
+    done = estimate_job(
+        *groups(readme_job()), SPEC, 8, 8, profile, length=(100.0, "given"), strict_done=100, load=(0.5, 2)
+    )
     assert done.phases[0].samples == 0 and done.phases[0].seconds == 0.0  # more recorded than needed: none left
     for bad in (
         dict(n_search=-3),
@@ -82,15 +99,15 @@ def test_samples_tokens_and_seconds_per_phase():
     ):
         args = dict(n_search=8, n_confirm=8, length=(100.0, "given"), load=(0.5, 2)) | bad
         with pytest.raises(ValueError, match="estimate_job: "):
-            estimate_job(readme_job(), SPEC, args.pop("n_search"), args.pop("n_confirm"), profile, **args)
+            estimate_job(*groups(readme_job()), SPEC, args.pop("n_search"), args.pop("n_confirm"), profile, **args)
 
 
 def test_a_busy_machine_is_named_and_the_idle_time_given():
     saved = CostProfile(t_ar=0.2, t_draft=0.05, t_verify={5: 0.2})
     now = CostProfile(t_ar=2.6, t_draft=0.65, t_verify={5: 2.6})  # 13x slower: other work shares the cores
-    est = estimate_job(readme_job(), SPEC, 8, 8, saved, now, saved, length=(100.0, "given"), load=(5.25, 2))
+    est = estimate_job(*groups(readme_job()), SPEC, 8, 8, saved, now, saved, length=(100.0, "given"), load=(5.25, 2))
     assert est.slowdown == pytest.approx(13.0)
-    idle = estimate_job(readme_job(), SPEC, 8, 8, saved, length=(100.0, "given"), load=(0.5, 2))
+    idle = estimate_job(*groups(readme_job()), SPEC, 8, 8, saved, length=(100.0, "given"), load=(0.5, 2))
     assert est.seconds == pytest.approx(13 * idle.seconds)  # priced at the speed measured now
     busy = est.lines()[-1]
     assert busy.startswith(
@@ -103,14 +120,18 @@ def test_a_busy_machine_is_named_and_the_idle_time_given():
         "README's timings run it on an idle machine."
     )
     assert (
-        estimate_job(readme_job(), SPEC, 8, 8, saved, saved.__class__(0.22, 0.05, {5: 0.2}), saved, load=(1.0, 2)).busy
+        estimate_job(
+            *groups(readme_job()), SPEC, 8, 8, saved, saved.__class__(0.22, 0.05, {5: 0.2}), saved, load=(1.0, 2)
+        ).busy
         == []
     )  # 10 % off: within the margin
 
 
 def test_more_draft_lengths_a_resumed_strict_and_no_profile():
     s = readme_job(n_drafts=[2, 4, 8], trials=6, stage_size=3)
-    est = estimate_job(s, SimpleNamespace(repeats=2, max_new_tokens=100), 8, 4, 0.3, strict_done=6, load=(None, 2))
+    est = estimate_job(
+        *groups(s), SimpleNamespace(repeats=2, max_new_tokens=100), 8, 4, 0.3, strict_done=6, load=(None, 2)
+    )
     strict, cactus, mentored, confirm = est.phases
     assert (strict.samples, strict.seconds) == (10, None) and "already recorded" in strict.detail
     assert "up to 2 other N" in strict.detail  # cactus: 6 trials, 4 on its grid: 2 sampled ones may move N
@@ -130,9 +151,9 @@ def test_the_whole_job_adds_what_was_spent_the_prefill_and_the_finish():
     # the README job on llama.cpp: 4 search problems (holdout), rows of 4, prompts of 150 tokens
     profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
     base = dict(length=(130.0, "given"), batch_size=16, device="llamacpp", load=(0.5, 2))
-    bare = estimate_job(readme_job(), SPEC, 4, 4, profile, **base)
+    bare = estimate_job(*groups(readme_job()), SPEC, 4, 4, profile, **base)
     full = estimate_job(
-        readme_job(),
+        *groups(readme_job()),
         SPEC,
         4,
         4,
@@ -159,7 +180,7 @@ def test_the_whole_job_adds_what_was_spent_the_prefill_and_the_finish():
     )
     for bad in (dict(prompt_tokens=-1.0), dict(elapsed=float("nan"))):
         with pytest.raises(ValueError, match="estimate_job: prompt_tokens and elapsed"):
-            estimate_job(readme_job(), SPEC, 4, 4, profile, **base, **bad)
+            estimate_job(*groups(readme_job()), SPEC, 4, 4, profile, **base, **bad)
 
 
 def _clock(seconds):
@@ -181,7 +202,9 @@ def test_a_serving_profile_prices_rows_at_the_measured_batch_sizes():
     with pytest.raises(ValueError, match="rows must be >= 1"):
         row_round(serving, 4, 0, 0.1)
     # the job priced with it: strict's 4 rows at batch 4's share, the prefill and the speed now at batch 1
-    est = estimate_job(readme_job(), SPEC, 4, 4, serving, length=(100.0, "given"), device="llamacpp", load=(0.5, 2))
+    est = estimate_job(
+        *groups(readme_job()), SPEC, 4, 4, serving, length=(100.0, "given"), device="llamacpp", load=(0.5, 2)
+    )
     assert est.phases[0].seconds == pytest.approx(4 * 100 * (one * 3 / 4) / (0.6 * 4 + 1))
     assert est.tokens_per_second == pytest.approx((0.6 * 4 + 1) / one)
 
@@ -189,7 +212,7 @@ def test_a_serving_profile_prices_rows_at_the_measured_batch_sizes():
 def test_the_estimate_revised_from_strict_prices_the_trials_at_its_measured_time_a_sample():
     profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
     est = estimate_job(
-        readme_job(), SPEC, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2), figures=5
+        *groups(readme_job()), SPEC, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2), figures=5
     )
     assert est.search_samples == 4 + 2 * 2 * 4  # strict, and 2 trials of 4 samples per method
     total, line = est.revised(elapsed=100.0, samples=4, seconds=48.0)

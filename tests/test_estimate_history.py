@@ -31,6 +31,11 @@ TIMER = {
 }
 
 
+def groups(settings: TuneSettings) -> tuple:
+    """What ``estimate_job`` reads of a job's settings: its search and statistics groups."""
+    return settings.search, settings.stats
+
+
 def readme_job() -> TuneSettings:
     return TuneSettings(task="humaneval", methods=["cactus", "mentored"], limit=8, n_drafts=[4], trials=2)
 
@@ -81,7 +86,7 @@ def test_the_estimate_rests_on_this_hosts_runs_scaled_by_t_ar(tmp_path):
     per = (20 * 7.0 + 10 * 10.0) / 30  # 8 s a sample here
     profile = CostProfile(t_ar=0.05, t_draft=0.02, t_verify={5: 0.15})  # t_AR now 0.05, theirs 0.04: 1.25x
     est = estimate_job(
-        readme_job(), SPEC, 4, 4, profile, history=history, elapsed=60.0, device="llamacpp", load=(0.5, 2)
+        *groups(readme_job()), SPEC, 4, 4, profile, history=history, elapsed=60.0, device="llamacpp", load=(0.5, 2)
     )
     assert [p.seconds for p in est.phases] == pytest.approx([4 * per * 1.25, 8 * per * 1.25, 8 * per * 1.25, 320.0])
     assert est.job_seconds == pytest.approx(60.0 + 20 * per * 1.25 + 4.0)  # 60 + 200 + 4 = 4:24
@@ -95,12 +100,12 @@ def test_the_estimate_rests_on_this_hosts_runs_scaled_by_t_ar(tmp_path):
     assert est.lines()[-1].startswith("estimate: about 4:24 for the job (1:00 so far, 0:04 for MLflow")
     # on another host: every run's seconds a sample, each scaled by t_AR now over its own (a verifier step as the unit)
     there = recall(path, "New CPU, 4 cores")
-    est = estimate_job(readme_job(), SPEC, 4, 4, profile, history=there, device="llamacpp", load=(0.5, 2))
+    est = estimate_job(*groups(readme_job()), SPEC, 4, 4, profile, history=there, device="llamacpp", load=(0.5, 2))
     scaled = (20 * 7.0 * 0.05 / 0.04 + 10 * 10.0 * 0.05 / 0.04 + 10 * 1.0 * 0.05 / 0.01) / 40
     assert est.phases[0].seconds == pytest.approx(4 * scaled) and est.finish == MLFLOW_SECONDS
     assert "(none on this host: other hosts' seconds a sample, in steps of the verifier; " in est.lines()[-1]
     # no t_AR now (a fixed c_rel): only the length and acceptance carry over, and no time without a profile
-    est = estimate_job(readme_job(), SPEC, 4, 4, 0.2, history=there, device="llamacpp", load=(0.5, 2))
+    est = estimate_job(*groups(readme_job()), SPEC, 4, 4, 0.2, history=there, device="llamacpp", load=(0.5, 2))
     assert est.seconds is None and est.length == pytest.approx(130.0) and est.accept == pytest.approx(0.925)
     assert (
         "rests on lengths and acceptance of 3 earlier runs of this task and pair (none on this host: the time "
@@ -117,7 +122,9 @@ def test_the_readme_job_has_a_shipped_seed_until_a_run_of_its_own_is_kept(tmp_pa
     )
     # the README job on that host, its forward step now 1.2x the seed's (a slower build, or a busier machine)
     profile = CostProfile(t_ar=0.039485 * 1.2, t_draft=0.02, t_verify={5: 0.15})
-    est = estimate_job(readme_job(), SPEC, 4, 4, profile, history=seeded, elapsed=62.0, device="llamacpp", load=(0, 2))
+    est = estimate_job(
+        *groups(readme_job()), SPEC, 4, 4, profile, history=seeded, elapsed=62.0, device="llamacpp", load=(0, 2)
+    )
     assert est.job_seconds == pytest.approx(62.0 + 20 * 7.1724 * 1.2 + 2.792)  # 3:57
     assert (
         "of 1 earlier run of this task and pair, shipped with relaxtune (its developers' run; none of yours"
@@ -131,7 +138,7 @@ def test_the_readme_job_has_a_shipped_seed_until_a_run_of_its_own_is_kept(tmp_pa
 
 def test_without_history_the_estimate_says_it_rests_on_priors_and_a_job_keeps_its_measures(tmp_path):
     profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
-    est = estimate_job(readme_job(), SPEC, 4, 4, profile, device="llamacpp", load=(0.5, 2))
+    est = estimate_job(*groups(readme_job()), SPEC, 4, 4, profile, device="llamacpp", load=(0.5, 2))
     assert est.accept == 0.6 and est.length == 192.0
     assert (
         "rests on priors (no earlier run of this task and pair in the cache): 192 tokens per response (assumed: "
@@ -144,7 +151,7 @@ def test_without_history_the_estimate_says_it_rests_on_priors_and_a_job_keeps_it
     assert run.t_ar == 0.04 and run.samples == 20 and run.seconds_per_sample == pytest.approx(7.2)
     # a job on a busy machine keeps nothing (a fresh-venv trial's history held a run at t_AR 933 ms,
     # and the next first estimate, scaled x0.05 from it, said 77 s where strict and the trials took 200)
-    busy = estimate_job(readme_job(), SPEC, 4, 4, profile, device="llamacpp", load=(9.5, 2))
+    busy = estimate_job(*groups(readme_job()), SPEC, 4, 4, profile, device="llamacpp", load=(9.5, 2))
     busy.history_file = tmp_path / "busy.json"
     assert busy.busy == ["load average 9.5 on 2 cores"] and keep_measures(busy, TIMER) is None
     assert not busy.history_file.exists()

@@ -131,7 +131,9 @@ def test_the_job_revises_its_estimate_once_after_strict_at_the_middle_n():
     settings = TuneSettings(task="humaneval", methods=["cactus", "mentored"], limit=8, n_drafts=[4], trials=2)
     profile = CostProfile(t_ar=0.04, t_draft=0.02, t_verify={5: 0.15})
     spec = type("Spec", (), {"repeats": 1, "max_new_tokens": 384})()
-    est = estimate_job(settings, spec, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2))
+    est = estimate_job(
+        settings.search, settings.stats, spec, 4, 4, profile, length=(130.0, "given"), device="llamacpp", load=(0.5, 2)
+    )
     c = Clock()
     t = timer(c)
     t.add("imports", 5.0, 4.0)

@@ -98,7 +98,10 @@ def _tune_job(settings, backend, progress, evaluate_fn, track, log, submit_trial
         tuner = make_tuner(job, tracker, evaluate_fn, progress, True, log, run_ranges, worker)
         save_job(settings.output_dir, job.spec.name, settings.model_dump())
         estimate = announce(
-            settings,
+            settings.search,
+            settings.stats,
+            Path(settings.output_dir),
+            settings.batch_size,
             job.spec,
             job.problems,
             job.held_out,

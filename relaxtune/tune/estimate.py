@@ -56,6 +56,7 @@ from ..decoding.speed import CostProfile
 from .estimate_history import History
 from .estimate_plan import BUSY_FACTOR, JobEstimate, Phase
 from .progress import LENGTH_PRIOR
+from .setting_groups import SearchSettings, StatsSettings
 
 __all__ = [
     "estimate_job",
@@ -96,7 +97,8 @@ def machine_load() -> tuple[float | None, int]:
 
 
 def estimate_job(
-    settings,
+    search: SearchSettings,
+    stats: StatsSettings,
     spec,
     n_search: int,
     n_confirm: int,
@@ -117,8 +119,8 @@ def estimate_job(
     """The job's plan and expected wall time (see the module doc for the formula).
 
     Args:
-        settings: the job's ``TuneSettings`` (methods, trials, n_drafts, stage_size,
-            confirmations).
+        search: the job's search settings (methods, trials, n_drafts, stage_size).
+        stats: its statistics settings (confirmations, confirm).
         spec: the task (repeats, max_new_tokens).
         n_search / n_confirm: problems the search and each confirmation run on.
         profile: what the job prices trials with; ``measured``: this run's own
@@ -172,8 +174,8 @@ def estimate_job(
         else "priors (no earlier run of this task and pair in the cache)"
     )
     exponent = BATCH_EXPONENT.get(str(device).split(":")[0], BATCH_EXPONENT["cpu"])  # "cuda:1" prices as cuda
-    mid = settings.mid_n_draft
-    prefill = 0.0 if speed is None else prefill_seconds(one_row(speed), max(settings.n_drafts))
+    mid = search.mid_n_draft
+    prefill = 0.0 if speed is None else prefill_seconds(one_row(speed), max(search.n_drafts))
 
     def seconds(samples: int, n_draft: int, rows: int) -> float | None:
         if timed is not None:
@@ -197,8 +199,8 @@ def estimate_job(
 
     phases = []
     strict = n_search * repeats - strict_done
-    grid_extra = max((max(0, settings.trials - len(get_method(m).grid or [None])) for m in settings.methods), default=0)
-    other_n = min(len(settings.n_drafts) - 1, grid_extra)  # sampled trials may move to other draft lengths
+    grid_extra = max((max(0, search.trials - len(get_method(m).grid or [None])) for m in search.methods), default=0)
+    other_n = min(len(search.n_drafts) - 1, grid_extra)  # sampled trials may move to other draft lengths
     phases.append(
         phase(
             f"strict N={mid}",
@@ -212,23 +214,23 @@ def estimate_job(
             + (f"; strict also runs at up to {other_n} other N the search may pick, not counted" if other_n else ""),
         )
     )
-    stage = min(settings.stage_size, n_search)
-    for method in settings.methods:
+    stage = min(search.stage_size, n_search)
+    for method in search.methods:
         per_trial, first = n_search * repeats, stage * repeats
         phases.append(
             phase(
                 f"{method} trials",
-                settings.trials * per_trial,
-                settings.trials * first,
+                search.trials * per_trial,
+                search.trials * first,
                 mid,
                 min(stage, n_search) * repeats,
                 first,
-                f"{settings.trials} trials, each {per_trial} samples in stages of {stage} problems, "
+                f"{search.trials} trials, each {per_trial} samples in stages of {stage} problems, "
                 f"{first} if pruned after the first",
             )
         )
     confirm = n_confirm * repeats
-    attempts = settings.confirmations * len(settings.methods)
+    attempts = stats.confirmations * len(search.methods)
     phases.append(
         phase(
             "confirmations",
@@ -237,8 +239,8 @@ def estimate_job(
             mid,
             confirm,
             0,
-            f"up to {settings.confirmations} per method, each {confirm} relaxed and {confirm} strict "
-            + ("samples on the held-out problems" if settings.confirm == "holdout" else "samples on fresh seeds")
+            f"up to {stats.confirmations} per method, each {confirm} relaxed and {confirm} strict "
+            + ("samples on the held-out problems" if stats.confirm == "holdout" else "samples on fresh seeds")
             + "; only when a point is chosen",
         )
     )

@@ -21,12 +21,16 @@ from .estimate import estimate_job, figure_count, one_row
 from .estimate_history import history_path, measure_run, recall, remember
 from .estimate_plan import JobEstimate
 from .progress import prior_length
+from .setting_groups import SearchSettings, StatsSettings
 
 __all__ = ["announce", "keep_measures"]
 
 
 def announce(
-    settings,
+    search: SearchSettings,
+    stats: StatsSettings,
+    output_dir: Path,
+    batch_size: int | None,
     spec,
     problems: list,
     held_out: list,
@@ -43,6 +47,9 @@ def announce(
     to ``log``.
 
     Args:
+        search / stats: the job's search and statistics settings.
+        output_dir: the job's output folder (its records); batch_size: the job's
+            ``--batch-size`` (None: the backend's own).
         problems / held_out: the search's problems and a confirmation's.
         measured: this run's cost measurement (None: nothing was measured).
     """
@@ -63,17 +70,18 @@ def announce(
     if getattr(backend, "runtime", None) == "llamacpp":
         device = "llamacpp"  # its own batch exponent: a CPU bound by arithmetic
     batch = int(
-        settings.batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1
+        batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1
     )
-    strict = DecodeConfig("strict", None, settings.mid_n_draft, settings.seed)
-    done = finished_samples(Path(settings.output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
+    strict = DecodeConfig("strict", None, search.mid_n_draft, search.seed)
+    done = finished_samples(Path(output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
     kept = history_path(spec.name, spec.version, saved_path.parent.name)
     history = recall(kept)
     length = prior_length(saved_path.parent, spec.max_new_tokens)
     if history is not None and length[1].startswith("assumed"):
         length = None  # no record in this folder: the earlier runs' mean
     est = estimate_job(
-        settings,
+        search,
+        stats,
         spec,
         len(problems),
         len(held_out),
@@ -86,7 +94,7 @@ def announce(
         strict_done=done,
         prompt_tokens=_mean_prompt(backend, spec, problems, build_prompt_ids),
         elapsed=_elapsed(active()),
-        figures=figure_count(list(settings.methods)),
+        figures=figure_count(list(search.methods)),
         history=history,
     )
     est.history_file = kept
