@@ -385,6 +385,15 @@ BAD = [  # (arguments, what the message must name)
     ([*TUNE, "--drafter", ""], "--drafter is empty"),
     ([*TUNE, "--verifier", "Qwen/Qwen2.5 0.5B"], "--verifier 'Qwen/Qwen2.5 0.5B'"),
     ([*TUNE, "--tokenizer", "./tok"], "--tokenizer ./tok"),
+    # a hub id nothing can load (HF_HUB_OFFLINE in the tests): refused before the other model converts
+    ([*TUNE, "--verifier", "Qwen/NoSuchModel-1B", "--runtime", "hf"], "--verifier Qwen/NoSuchModel-1B: not in the"),
+    ([*TUNE, "--drafter", "org/typo"], "--drafter org/typo: not in the Hugging Face cache and HF_HUB_OFFLINE is set"),
+    (
+        [*TUNE, "--tokenizer", "org/notok", "--drafter-url", "http://h:1", "--verifier-url", "http://h:2"],
+        "--tokenizer org/notok: not in the Hugging Face cache",
+    ),
+    ([*SERVE, "--verifier", "org/nomodel"], "--verifier org/nomodel: not in the Hugging Face cache"),
+    ([*TUNE, "--export", "afile/x.yaml"], ("--export afile/x.yaml: lies under the file", "give a path in a folder")),
     ([*TUNE, "--export", "m"], "--export m: a folder"),
     ([*TUNE, "--output-dir", "afile/runs"], "--output-dir afile/runs"),
     ([*TUNE, "--config", "missing.yaml"], "--config missing.yaml"),

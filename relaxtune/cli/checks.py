@@ -10,7 +10,15 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["check_model", "check_pair", "check_folder", "check_file_target", "check_python", "check_job"]
+__all__ = [
+    "check_model",
+    "check_hub_id",
+    "check_pair",
+    "check_folder",
+    "check_file_target",
+    "check_python",
+    "check_job",
+]
 
 
 def _looks_local(model: str) -> bool:
@@ -66,6 +74,42 @@ def check_model(flag: str, model: str | None, runtime: str) -> None:
     parts = model.split("/")
     if len(parts) > 2 or any(not p or p.startswith("-") or ".." in p or " " in p for p in parts):
         raise typer.BadParameter(f"{flag} {model!r}: neither a folder, a hub id (org/name) nor one of the {names}")
+    check_hub_id(flag, model)
+
+
+def check_hub_id(flag: str, repo: str, files: tuple[str, ...] = ("config.json",)) -> None:
+    """The hub model ``repo`` can be loaded: one of its ``files`` is in the Hugging Face
+    cache, or the hub answers (within 10 s) that the model exists. Asked before any
+    model loads, so a typo costs no conversion of the other model.
+
+    Raises:
+        typer.BadParameter: not cached and offline (``HF_HUB_OFFLINE``), not cached and
+            the hub cannot be reached, or no such model on the hub (or a private one
+            without a token).
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        if any(isinstance(huggingface_hub.try_to_load_from_cache(repo, file), str) for file in files):
+            return
+    except HFValidationError as err:
+        raise typer.BadParameter(f"{flag} {repo!r}: not a hub id ({err})") from None
+    fix = f"download it (`hf download {repo}`), or give a model folder"
+    if huggingface_hub.is_offline_mode():
+        raise typer.BadParameter(f"{flag} {repo}: not in the Hugging Face cache and HF_HUB_OFFLINE is set; {fix}")
+    try:
+        huggingface_hub.HfApi().model_info(repo, timeout=10)
+    except GatedRepoError:
+        return  # it exists; its download asks for the token
+    except RepositoryNotFoundError:
+        raise typer.BadParameter(
+            f"{flag} {repo}: no such model on the Hugging Face hub (a typo? a private model needs `hf auth login`)"
+        ) from None
+    except Exception as err:  # no route to the hub: its download would fail the same way, later
+        raise typer.BadParameter(
+            f"{flag} {repo}: not in the Hugging Face cache and the hub cannot be reached ({type(err).__name__}); {fix}"
+        ) from None
 
 
 def check_pair(pair, *, drafter: bool = True) -> str:
@@ -106,13 +150,15 @@ def check_pair(pair, *, drafter: bool = True) -> str:
             f"--native-url {pair.native_url}: SGLang's speculative server drafts with its own "
             f"drafter model, not --drafter {pair.drafter}"
         )
+    if pair.tokenizer and _looks_local(pair.tokenizer) and not Path(os.path.expanduser(pair.tokenizer)).exists():
+        raise typer.BadParameter(f"--tokenizer {pair.tokenizer}: no such file or folder")
+    if pair.tokenizer and not _looks_local(pair.tokenizer):
+        check_hub_id("--tokenizer", pair.tokenizer, ("tokenizer_config.json", "tokenizer.json", "config.json"))
     if pair.verifier_url or pair.drafter_url:
         return runtime
     check_model("--verifier", pair.verifier, runtime)
     if drafter:
         check_model("--drafter", pair.drafter, runtime)
-    if pair.tokenizer and _looks_local(pair.tokenizer) and not Path(os.path.expanduser(pair.tokenizer)).exists():
-        raise typer.BadParameter(f"--tokenizer {pair.tokenizer}: no such file or folder")
     return runtime
 
 
@@ -129,10 +175,11 @@ def check_folder(flag: str, folder: str, shown: str | None = None) -> None:
 
     shown = folder if shown is None else shown  # the value as given (a file's, for a file's folder)
     path = Path(os.path.expanduser(folder)).absolute()
+    own = shown == folder  # the folder was given; else a file in it was
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
-            what = "is a file" if part == path else f"lies under the file {part}"
-            raise typer.BadParameter(f"{flag} {shown}: {what}, not a folder; give a folder")
+            what = "is a file, not a folder" if part == path and own else f"lies under the file {part}"
+            raise typer.BadParameter(f"{flag} {shown}: {what}; give " + ("a folder" if own else "a path in a folder"))
     nearest = next(part for part in (path, *path.parents) if part.exists())
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".relaxtune-probe-", dir=nearest))

@@ -118,7 +118,7 @@ def prepare(
         warning = check_confirmable(len(problems), settings.stats, spec.repeats, planned)
         if warning:
             log(f"warning: {warning}")
-    check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec)
+    check_spec_unchanged(Path(settings.output_dir) / f"{spec.name}-v{spec.version}", spec, record=False)
     if not new_trials:  # the trials searched the first half with --confirm holdout
         search = holdout_split(problems, settings.seed)[0] if settings.confirm == "holdout" else problems
         check_exportable(settings, spec, search, getattr(backend, "name", None) or backend_name(**settings.backend))

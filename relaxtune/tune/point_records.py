@@ -199,9 +199,11 @@ def records_complete(
     return finished_samples(output_dir, spec, config, backend_name, problems) == len(problems) * spec.repeats
 
 
-def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
+def check_spec_unchanged(task_dir: Path, spec: TaskSpec, *, record: bool = True) -> None:
     """Record the task spec in ``<task_dir>/spec.json`` on first use; later, refuse
     a spec that differs, so records of an edited task are never silently reused.
+    ``record=False`` only checks (a job's start, before anything loads: a job
+    refused later leaves no file); the first record written records the spec.
 
     Raises:
         ValueError: naming the changed fields and the fix (bump ``version``).
@@ -209,6 +211,8 @@ def check_spec_unchanged(task_dir: Path, spec: TaskSpec) -> None:
     now = json.loads(spec.model_dump_json())
     file = Path(task_dir) / "spec.json"
     if not file.exists():
+        if not record:
+            return
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f"spec.json.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(now, indent=2))
