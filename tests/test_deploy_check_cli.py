@@ -127,7 +127,7 @@ def test_a_bad_dtype_and_a_config_the_schema_refuses_exit_2_before_any_load(file
     out = runner.invoke(app, ["deploy-check", str(bad), "--task", task])
     assert out.exit_code == 2 and f"refused: {bad} is not a tuned config relaxtune can read" in out.output
     out = runner.invoke(app, ["deploy-check", str(tmp_path / "none.yaml"), "--task", task])
-    assert out.exit_code == 2 and "is not a tuned config relaxtune can read" in out.output
+    assert out.exit_code == 2 and f"refused: {tmp_path / 'none.yaml'}: no such file (give the tuned" in out.output
 
 
 @pytest.mark.parametrize(

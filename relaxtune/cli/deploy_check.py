@@ -4,6 +4,8 @@ generation and through relaxtune's loop (``--runtime hf``), and say whether they
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from .app import app, say
@@ -140,6 +142,9 @@ def deploy_check(
         raise typer.Exit(2)
     if dtype is not None and dtype not in DTYPES:
         out(f"refused: --dtype {dtype}: give one of {', '.join(DTYPES)}")
+        raise typer.Exit(2)
+    if not Path(config_path).is_file():
+        out(f"refused: {config_path}: no such file (give the tuned config `relaxtune tune` exported)")
         raise typer.Exit(2)
     try:
         config = load_config(config_path)
