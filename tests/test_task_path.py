@@ -61,3 +61,12 @@ def test_an_unknown_name_lists_the_tasks_of_every_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("RELAXTUNE_EVALS", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"no task 'nope'; known tasks: aime24, .*, math500, zz_mine$"):
         load_task("nope")
+
+
+def test_an_unknown_name_names_the_evals_folders_that_do_not_exist(monkeypatch, tmp_path):
+    """A typo in $RELAXTUNE_EVALS left its tasks unknown with no word of why (a fresh-venv trial)."""
+    _spec(tmp_path / "mine", "zz_mine", 1)
+    monkeypatch.setenv("RELAXTUNE_EVALS", os.pathsep.join([str(tmp_path / "mnie"), str(tmp_path / "mine")]))
+    with pytest.raises(FileNotFoundError) as err:
+        load_task("zz_other")
+    assert str(err.value).endswith(f", zz_mine ($RELAXTUNE_EVALS names {tmp_path / 'mnie'}: no such folder)")

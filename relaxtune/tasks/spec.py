@@ -263,7 +263,11 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
     else:
         path = task_files().get(str(name_or_path))
         if path is None:
-            raise FileNotFoundError(f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}")
+            missing = [str(folder) for folder in evals_dirs() if not folder.is_dir()]
+            raise FileNotFoundError(
+                f"no task {str(name_or_path)!r}; known tasks: {', '.join(list_tasks()) or 'none'}"
+                + (f" ($RELAXTUNE_EVALS names {', '.join(missing)}: no such folder)" if missing else "")
+            )
     try:
         raw = yaml.safe_load(path.read_text())
         if not isinstance(raw, dict):
