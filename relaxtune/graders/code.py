@@ -44,7 +44,9 @@ Test formats (``gold``), with the official graders' semantics:
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 
 from .base import Verdict, answer_section
 from .sandbox import run_job
@@ -79,6 +81,9 @@ _SEVERAL = re.compile(
     r"(?:solutions?|answers?|outputs?)\b[^.\n]{0,80}\b(?:any|accepted)\b",
     re.I,
 )
+log = logging.getLogger(__name__)
+_failed: list[str] = []  # the first sandbox failure of this process (logged once)
+_failed_lock = threading.Lock()
 _TOLERANCE = re.compile(r"\b(?:absolute|relative)\s+(?:or\s+(?:absolute|relative)\s+)?errors?\b", re.I)
 
 
@@ -247,6 +252,7 @@ def grade_code(
     try:
         outcome = run_job(job, backstop=backstop)
     except OSError as err:  # the sandbox could not start (no interpreter, no processes left...)
+        _say_once(f"the sandbox could not start: {err}")
         return Verdict(False, "grader_error", code[:2000], f"the sandbox could not start: {err}")
     notes = "; ".join(outcome.notes)
     frame = outcome.frame
@@ -258,6 +264,7 @@ def grade_code(
         else:
             tail = outcome.stderr.strip().splitlines()[-1:] or [f"exit status {outcome.returncode}"]
             verdict, detail = "grader_error", f"the sandbox sent no verdict: {tail[0][:300]}"
+            _say_once(detail)
     else:
         verdict, detail = frame["verdict"], frame.get("detail", "")
     if outcome.oom_kills and verdict not in ("output_limit",):
@@ -266,6 +273,18 @@ def grade_code(
     if notes:
         detail = f"{detail} [{notes}]"
     return Verdict(verdict == "pass", verdict, code[:2000], detail)
+
+
+def _say_once(why: str) -> None:
+    """Log the first sandbox failure of this process as one warning line (the sandbox's
+    probe finds one that cannot start at all, ``sandbox.launcher``; this says so of one
+    that fails later); every later one is only in its verdict's detail. Raises nothing."""
+    with _failed_lock:
+        if _failed:
+            return
+        _failed.append(why)
+    line = " ".join(why.split())[:300]
+    log.warning("code grader: %s (graded grader_error; later sandbox failures only in their verdicts)", line)
 
 
 def backstop_for(n_tests: int, timeout: float = DEFAULT_TEST_TIMEOUT) -> float:

@@ -24,6 +24,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import packages
+
 __all__ = ["command", "harness_dir", "HARNESS_FILES", "PRIVATE", "SITE", "CODE_DIR"]
 
 HARNESS_FILES = ("harness.py", "child.py", "checks.py", "confine.py")
@@ -42,11 +44,12 @@ _lock = threading.Lock()
 
 
 def harness_dir() -> str:
-    """A world-readable copy of the harness's files (made once per process, removed at exit):
-    the package may live where the sandbox's user cannot read (under ``/root``)."""
+    """A world-readable copy of the harness's files (made once per process, removed at exit,
+    in ``packages.shared_tmp()``): the package may live where the sandbox's user cannot
+    read (under ``/root``)."""
     with _lock:
         if not _copied:
-            target = tempfile.mkdtemp(prefix="relaxtune-harness-")
+            target = tempfile.mkdtemp(prefix="relaxtune-harness-", dir=packages.shared_tmp())
             os.chmod(target, 0o755)
             here = Path(__file__).parent
             for name in HARNESS_FILES:
@@ -105,7 +108,7 @@ def command(
         args += ["--size", str(tmp_mb << 20), "--tmpfs", point]
     args += ["--size", str(private_mb << 20), "--tmpfs", PRIVATE]
     prefix = os.path.dirname(os.path.dirname(python))
-    if not prefix.startswith("/usr"):  # an interpreter of its own prefix (pyenv, a venv's base)
+    if prefix != "/" and os.path.commonpath([prefix, "/usr"]) != "/usr":  # its own prefix (pyenv, a venv's base)
         args += ["--ro-bind", prefix, prefix]
     args += ["--ro-bind", harness_dir(), CODE_DIR]
     for path in site:

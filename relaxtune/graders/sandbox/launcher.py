@@ -358,7 +358,7 @@ def run_job(job: dict, *, backstop: float) -> Outcome:
         bound = job["memory"] + ((HARNESS_MB + private_mb + 3 * tmp_mb) << 20)
         group = cgroup.create(bound, CGROUP_PIDS)
     nproc = CGROUP_PIDS if group else budget(job["memory"])
-    base = None if boxed else tempfile.mkdtemp(prefix="relaxtune-run-")
+    base = None if boxed else tempfile.mkdtemp(prefix="relaxtune-run-", dir=packages.shared_tmp())
     job = {
         **job,
         "nonce": nonce,

@@ -5,8 +5,9 @@ with one interpreter (``interpreter``) and, beyond its own standard library and
 site-packages, exactly one more package: numpy (LiveCodeBench's runner imports it), from
 one directory that holds nothing else (``SiteDir``): numpy and its bundled libraries
 (``numpy.libs``), found by their resolved paths (a venv reached through a symlink is
-followed to where it lies). The directory is ``relaxtune-site-<pid>-*`` in the
-temporary directory; one left by a process that is gone is removed by the next.
+followed to where it lies). The directory is ``relaxtune-site-<pid>-*`` in a temporary
+directory every user can reach (``shared_tmp``: a ``TMPDIR`` under a closed home is passed
+over); one left by a process that is gone is removed by the next.
 When solutions run as another user (root's sandbox gives
 each run a fresh uid) and that user cannot read them where they lie (a home directory
 others cannot enter), they are copied, once per process, to a world-readable directory
@@ -35,7 +36,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-__all__ = ["PACKAGES", "SiteDir", "interpreter", "readable_by_all", "site_dir", "version_of"]
+__all__ = ["PACKAGES", "SiteDir", "interpreter", "readable_by_all", "shared_tmp", "site_dir", "version_of"]
 
 PACKAGES = ("numpy", "numpy.libs")
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -62,6 +63,21 @@ def readable_by_all(path: str, tree: bool = False) -> bool:
     except OSError:
         return False
     return True
+
+
+def shared_tmp() -> str:
+    """A temporary directory every user can reach, for what a sandbox's other user reads
+    (the package directory, the harness's files, the fallback's run directories):
+    ``tempfile.gettempdir()`` when others can pass through every directory on its way and
+    we can write there, else the first of ``/tmp``, ``/var/tmp``, ``/dev/shm`` that is so
+    (a ``TMPDIR`` under a home others cannot enter would stop a sandbox run as a fresh
+    uid); ``gettempdir()`` when none is (the sandbox's probe then says why). Raises
+    nothing."""
+    own = tempfile.gettempdir()
+    for path in (own, "/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(path) and readable_by_all(path) and os.access(path, os.W_OK | os.X_OK):
+            return path
+    return own
 
 
 def _open_to_others(path: str) -> bool:
@@ -143,7 +159,7 @@ def site_dir(python: str, other_user: bool) -> SiteDir:
 def _sweep() -> None:
     """Remove the package directories of processes that are gone (killed before their exit
     handler ran: a copy of numpy is some 70 MB)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), "relaxtune-site-*-*")):
+    for path in glob.glob(os.path.join(shared_tmp(), "relaxtune-site-*-*")):
         try:
             owner = int(os.path.basename(path).split("-")[2])
         except (IndexError, ValueError):
@@ -165,7 +181,7 @@ def _make(python: str, other_user: bool) -> SiteDir:
             f"built for {sys.version_info[0]}.{sys.version_info[1]}",
         )
     _sweep()
-    target = tempfile.mkdtemp(prefix=f"relaxtune-site-{os.getpid()}-")
+    target = tempfile.mkdtemp(prefix=f"relaxtune-site-{os.getpid()}-", dir=shared_tmp())
     atexit.register(shutil.rmtree, target, True)
     os.chmod(target, 0o755)
     copy = other_user and not all(readable_by_all(d, tree=True) for d in dirs)
