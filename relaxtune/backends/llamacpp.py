@@ -276,7 +276,8 @@ class LlamaCppBackend:
 
     def join(self, batch: Batch, prompts: Sequence[Sequence[int]]) -> list[SequenceState]:
         """Append one row per prompt; each context prefills all of it but the last
-        token in one decode (``prefill_seconds``).
+        token in one decode (``prefill_seconds``), a prompt given for several rows (the
+        repeats of a problem) once, its cache copied to the others.
 
         Raises:
             ValueError: an empty prompt. RuntimeError: no free slot (nothing joins).
@@ -292,7 +293,14 @@ class LlamaCppBackend:
                 if not todo:
                     continue
                 t0 = time.perf_counter()
-                model.decode([(s.extra["slots"][key], 0, s.tokens[:-1], 0) for s in todo])
+                first: dict[tuple, SequenceState] = {}  # a prompt's first row; the others copy its cache
+                for s in todo:
+                    first.setdefault(tuple(s.tokens[:-1]), s)
+                model.decode([(s.extra["slots"][key], 0, s.tokens[:-1], 0) for s in first.values()])
+                for s in todo:
+                    source = first[tuple(s.tokens[:-1])]
+                    if source is not s:  # the same prompt (a repeat): prefilled once
+                        model.copy(source.extra["slots"][key], s.extra["slots"][key])
                 share = (time.perf_counter() - t0) / len(todo)
                 for s in todo:
                     s.extra[f"{key}_fed"].extend(s.tokens[:-1])
@@ -345,8 +353,9 @@ class LlamaCppBackend:
     ) -> ServingProfile:
         """Forward costs on this machine at each serving batch size B, as every
         in-process backend measures them (``relaxtune.backends.costs.measure_profile``):
-        B slots of each context hold the prompt plus 64 tokens; a timed forward is one
-        ``decode`` of all B slots, k tokens each, rolled back after it.
+        B slots of each context hold the prompt plus 64 tokens (prefilled in one slot and
+        copied to the others); a timed forward is one ``decode`` of all B slots, k tokens
+        each, rolled back after it.
 
         While no sequence holds a slot, it measures in contexts of its own: the largest
         B sequences of the prompt + 64 + N + 1 cells each, freed afterwards (the
@@ -372,8 +381,11 @@ class LlamaCppBackend:
             for _ in range(sizes[-1]):
                 states.append(self.start(ctx))
             models = {"verify": "v"} | ({"draft": "d"} if self.drafter is not None else {})
-            for key in models.values():  # every slot prefilled in one decode (split by n_batch)
-                self.models[key].decode([(s.extra["slots"][key], 0, ctx, 1) for s in states])
+            for key in models.values():  # one slot prefilled, its cache copied to the others
+                source = states[0].extra["slots"][key]
+                self.models[key].decode([(source, 0, ctx, 1)])
+                for s in states[1:]:
+                    self.models[key].copy(source, s.extra["slots"][key])
             base = len(ctx)
 
             def job(name: str, k: int, b: int):

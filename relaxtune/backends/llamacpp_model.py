@@ -257,6 +257,15 @@ class LlamaModel:
             if slot not in self.free:
                 self.free.append(slot)
 
+    def copy(self, source: int, slot: int) -> None:
+        """Make ``slot``'s cache a copy of ``source``'s, every position
+        (``llama_memory_seq_cp``): as if ``slot`` had been fed what ``source`` was,
+        without running the model again (a prompt prefilled once for several rows)."""
+        with self.lock:
+            self._context()
+            self.L.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            self.L.llama_memory_seq_cp(self.mem, source, slot, -1, -1)
+
     def rollback(self, slot: int, keep: int) -> None:
         """Keep only positions ``[0, keep)`` of ``slot``."""
         with self.lock:
