@@ -46,6 +46,7 @@ from relaxtune.tune.confirm import confirm, holdout_split
 from relaxtune.tune.evaluation import sample_seed
 from relaxtune.tune.outcomes import MethodOutcome, candidates
 from relaxtune.tune.point_records import EvalResult, summarize
+from relaxtune.tune.setting_groups import SearchSettings, StatsSettings, StoreSettings
 from relaxtune.tune.settings import TuneSettings
 from relaxtune.tune.tuning import Tuner
 
@@ -123,20 +124,17 @@ def one_job(
     knobs = [float(k) for k in range(1, n_candidates + 1)]
     loss = None if outcome == "greedy" else 0.5
     backend = HarmBackend(harm_sets(rng, ids, knobs, drop / (loss or 1.0), structure), loss)
+    seed = int(rng.integers(1 << 30))
+    stats = StatsSettings(c_rel=0.2, epsilon=epsilon, confidence=confidence, confirm=mode)
     settings = TuneSettings(
         task="synthetic",
-        methods=["cactus"],
-        n_drafts=[N_DRAFT],
-        trials=n_candidates,
-        stage_size=10_000,
-        output_dir=folder,
-        c_rel=0.2,
-        epsilon=epsilon,
-        confidence=confidence,
-        confirm=mode,
-        seed=int(rng.integers(1 << 30)),
+        stats=stats,
+        search=SearchSettings(
+            methods=["cactus"], n_drafts=[N_DRAFT], trials=n_candidates, stage_size=10_000, seed=seed
+        ),
+        stores=StoreSettings(output_dir=folder),
     )
-    search, held = holdout_split(task, settings.seed) if mode == "holdout" else (task, task)
+    search, held = holdout_split(task, seed) if mode == "holdout" else (task, task)
     tuner = Tuner(settings, SPEC, search, SyntheticPair(), 0.2, evaluate_fn=backend, progress=False)
     study = optuna.create_study(directions=["maximize", "maximize"])
     dists = {
@@ -153,7 +151,7 @@ def one_job(
                 user_attrs={"metrics": metrics},
             )
         )
-    ranked = candidates(study, settings, tuner.strict_points())
+    ranked = candidates(study, stats, tuner.strict_points())
     result = confirm(tuner, [MethodOutcome("cactus", study, ranked[0] if ranked else None)], held)
     return any(c.confirmed is not None for c in result.values())
 

@@ -286,13 +286,11 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
 
     from ..backends.load import lazy_backend
     from ..job.run import run_tune_job
-    from ..job.steps import check_request, deployable, prepare
+    from ..job.steps import check_request, deployable, guarded_job, prepare
     from ..report.reexport import JobError
     from ..tune.checks import ConfirmationError
-    from ..tune.job_identity import study_name
     from ..tune.phases import phase
     from ..tune.settings import start
-    from ..tune.stopping import guarded
     from .checks import check_job
 
     runtime = check_job(settings.pair, settings.stores, export=not new_trials)  # before anything loads or is written
@@ -339,20 +337,10 @@ def _run_job_timed(settings, new_trials: bool, json_output: bool = False, cost_p
         ) from None
     except (ValueError, OSError, KeyError, RuntimeError) as err:  # SGLangError is a RuntimeError; JobError a ValueError
         raise typer.BadParameter(str(err)) from None
-    pair = getattr(backend, "name", "backend")
-    studies = lambda: [  # noqa: E731
-        study_name(spec.name, m, pair, spec.version, settings.relaxation_scope) for m in settings.methods
-    ]
     resume = "relaxtune " + shlex.join(sys.argv[1:])  # a stop or a failure: the same command resumes
     try:
-        with guarded(
-            settings.stores,
-            f"{spec.name}-v{spec.version}",
-            studies,
-            resume,
-            log,
-            passthrough=(JobError,),
-            exit_now=True,
+        with guarded_job(
+            settings, spec, getattr(backend, "name", "backend"), resume, log, passthrough=(JobError,), exit_now=True
         ):
             extra = {} if cost_profile is None else {"cost_profile": cost_profile}  # export only
             config, path = run_tune_job(settings, backend, new_trials=new_trials, log=log, **extra)

@@ -7,7 +7,8 @@ tuned config written, and the MLflow runs of a tuning job (``job_tracker``) or o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,16 +26,18 @@ from ..tune.checks import (
     check_search_problems,
 )
 from ..tune.confirm import confirm, holdout_split, planned_confirmations
-from ..tune.job_identity import job_id
+from ..tune.job_identity import job_id, study_name
 from ..tune.phases import phase
 from ..tune.point_records import DecodeConfig, check_spec_unchanged, records_path
 from ..tune.search_problems import SearchProblemsError
 from ..tune.settings import TuneSettings, start
+from ..tune.stopping import guarded
 from ..tune.tuning import Tuner, choose
 
 __all__ = [
     "Job",
     "check_request",
+    "guarded_job",
     "prepare",
     "deployable",
     "fit_contexts",
@@ -64,6 +67,26 @@ def check_request(settings: TuneSettings, new_trials: bool = True) -> TaskSpec:
     if new_trials:
         check_draft_lengths(settings.n_drafts, spec.max_new_tokens)
     return spec
+
+
+@contextmanager
+def guarded_job(
+    settings: TuneSettings, spec: TaskSpec, pair: str, resume: str, log: Callable[[str], None], **kwargs
+) -> Iterator[None]:
+    """The context a tuning job of ``settings`` on ``spec`` runs in (``tune.stopping.guarded``):
+    a stop or a failure ends it with one short paragraph naming what it kept of its task
+    folder and its studies (one per method, on the pair named ``pair``, at the job's
+    relaxation scope) and the command ``resume`` that resumes it; ``kwargs`` go to ``guarded``.
+
+    Raises:
+        SystemExit: as ``guarded``.
+    """
+
+    def studies() -> list[str]:
+        return [study_name(spec.name, m, pair, spec.version, settings.relaxation_scope) for m in settings.methods]
+
+    with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, **kwargs):
+        yield
 
 
 def prepare(

@@ -172,10 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     load_rdb_modules()  # what Optuna's RDBStorage imports on its first use in a process (its SQL models, alembic)
     record_identity()  # the code identity, computed once per process (source digests): part of starting it
-    from relaxtune.tasks.spec import load_task
-    from relaxtune.tune.job_identity import study_name
+    from relaxtune.job.steps import check_request, guarded_job
     from relaxtune.tune.settings import TuneSettings
-    from relaxtune.tune.stopping import guarded
 
     settings = TuneSettings(**json.loads(Path(args.settings).read_text()))
     if args.barrier:
@@ -184,13 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.002)
     started, cpu = time.time(), time.process_time()
     log = lambda message: print(f"[{time.time() - started:6.1f} s] {message}", flush=True)  # noqa: E731
-    spec = load_task(settings.task)
-    studies = lambda: [  # noqa: E731
-        study_name(spec.name, m, SyntheticPair.name, spec.version, settings.relaxation_scope) for m in settings.methods
-    ]
+    spec = check_request(settings)
     resume = shlex.join([sys.executable, "-m", "relaxtune.testing.synthetic", *(argv or sys.argv[1:])])
     evaluate = Synthetic(args.cliff, args.drop, delay=args.delay, strict_accept=args.strict_accept)
-    with guarded(settings.stores, f"{spec.name}-v{spec.version}", studies, resume, log, exit_now=True):
+    with guarded_job(settings, spec, SyntheticPair.name, resume, log, exit_now=True):
         config, _ = run_tune_job(
             settings, SyntheticPair(), progress=False, worker=args.worker, evaluate_fn=evaluate, log=log
         )
