@@ -53,6 +53,12 @@ def test_one_label_shows_every_named_knob_under_its_engine_name():
     assert knob_text("cactus", "delta", 0.25, 4, compact=True) == "delta=0.25"
     # the paper's one-knob rules and the knob-less ones keep their labels
     assert point_label("cactus", "delta", 0.25, 4) == "cactus delta=0.25 N=4"
+    # a point relaxed only while the model thinks says so (given, or from a trial's params); scope all is not shown
+    assert point_label("cactus", "delta", 0.25, 4, scope="thinking") == "cactus delta=0.25 N=4 thinking"
+    assert point_label("cactus", "delta", 0.25, 4, {"knob": 0.25, "scope": "thinking"}) == (
+        "cactus delta=0.25 N=4 thinking"
+    )
+    assert point_label("cactus", "delta", 0.25, 4, {"scope": "all"}, "all") == "cactus delta=0.25 N=4"
     assert point_label("strict", None, None, 4) == "strict N=4" and knob_text("strict", None, None, 4) == ""
     # a trial's progress line takes its parameters as they are
     line = trial_line("sglang_threshold", 7, apart, {}, "FAIL", 3, 10)

@@ -226,6 +226,7 @@ def test_the_search_draws_scope_as_a_trial_parameter_and_records_it(tmp_path):
     """``--relaxation-scope both``: each trial carries its scope, evaluates at it (the
     records' configuration) and stores it in its metrics; the studies are named for it.
     Scope ``all`` leaves the trials' parameters and the study names as they were."""
+    from relaxtune.tune.pareto import point_label
     from relaxtune.tune.tuning import Tuner, TuneSettings
 
     from .synthetic import PROBLEMS, SPEC, Synthetic
@@ -253,6 +254,8 @@ def test_the_search_draws_scope_as_a_trial_parameter_and_records_it(tmp_path):
     for t in trials:
         assert t.user_attrs["metrics"]["scope"] == t.params["scope"]
         assert ("cactus", t.params["knob"], t.params["scope"]) in seen
+        label = point_label("cactus", None, t.params["knob"], 4, t.params)  # logs, MLflow run names, figures
+        assert label == f"cactus delta={t.params['knob']:.3g} N=4" + (" thinking" if t.params["scope"] != "all" else "")
     assert {s for m, _, s in seen if m == "strict"} == {"all"}
     fixed, seen = run("thinking")
     assert {t.params["scope"] for t in fixed.study.trials} == {"thinking"}

@@ -116,12 +116,12 @@ def _summary(config, path) -> None:
     rec = config.recommendation
     plain = rec.method == PLAIN  # the reason says "serve the verifier alone"
     knob_name = config.methods[rec.method].knob_name if rec.method in config.methods else None
-    point = point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
+    point = point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs, rec.scope)
     head = "" if plain else f"{point}, modeled {rec.modeled_speedup:.2f}x: "
     console.print(f"[bold]recommendation[/bold]: {head}{escape(rec.reason)}")
     if plain and (fast := rec.fastest_speculative) is not None:
         name = config.methods[fast.method].knob_name if fast.method in config.methods else None
-        point = point_label(fast.method, name, fast.knob, fast.n_draft, fast.knobs)
+        point = point_label(fast.method, name, fast.knob, fast.n_draft, fast.knobs, fast.scope)
         console.print(
             f"fastest speculative point (for information): {point}, modeled "
             f"{fast.modeled_speedup:.2f}x: {escape(fast.reason)}"

@@ -71,7 +71,7 @@ def decide(config) -> Decision:
     # plain decoding samples the verifier's own distribution, as strict does at any N: strict's accuracy is its estimate
     strict = config.strict_by_n_draft.get(fast.n_draft if plain and fast is not None else rec.n_draft, {})
     knob_name = chosen.knob_name if chosen is not None else None
-    label = PLAIN_LABEL if plain else point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs)
+    label = PLAIN_LABEL if plain else point_label(rec.method, knob_name, rec.knob, rec.n_draft, rec.knobs, rec.scope)
     n = chosen.n if chosen is not None else strict.get("n")
     ws = config.weights or {}
     params = {
@@ -129,7 +129,9 @@ def decide(config) -> Decision:
     }
     if plain and fast is not None:  # the point plain decoding beats, for information
         knob_name = config.methods[fast.method].knob_name if fast.method in config.methods else None
-        tags["relaxtune.fastest_speculative"] = point_label(fast.method, knob_name, fast.knob, fast.n_draft)
+        tags["relaxtune.fastest_speculative"] = point_label(
+            fast.method, knob_name, fast.knob, fast.n_draft, fast.knobs, fast.scope
+        )
         metrics["fastest_speculative_speedup"] = fast.modeled_speedup
     batches = config.by_batch_size
     if batches is not None and len(batches.best) > 1:  # the speed a deployment sees at each batch size
@@ -153,7 +155,12 @@ def _sentence(config, label: str) -> str:
     if rec.method in ("strict", PLAIN) and closest:
         method, c = min(closest, key=lambda mc: mc[1]["drop_upper_bound"])
         point = point_label(
-            method, config.methods[method].knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}
+            method,
+            config.methods[method].knob_name,
+            c.get("knob"),
+            c.get("n_draft"),
+            c.get("extra_knobs") or {},
+            c.get("scope"),
         )
         why += f"; the closest tried point, {point}, has a drop of at most {c['drop_upper_bound']:.3f}"
     samples = f"{config.problems} problems x {config.repeats}"
@@ -169,7 +176,9 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     or ``cactus study: none within eps 0.05``."""
     tried = f"{result.trials} trials ({result.pruned} pruned, {result.failed} failed)"
     if result.feasible:
-        point = point_label(result.method, result.knob_name, result.knob, result.n_draft, result.knobs or {})
+        point = point_label(
+            result.method, result.knob_name, result.knob, result.n_draft, result.knobs or {}, result.scope
+        )
         knob = point.removeprefix(result.method).strip()
         name = f"{result.method} study: {knob} chosen ({result.modeled_speedup:.2f}x)"
         search = (
@@ -186,7 +195,9 @@ def study_summary(result, epsilon: float) -> tuple[str, str]:
     c = result.closest
     if not c:
         return name, f"{tried}; no point exported{why}, and no trial finished to compare."
-    point = point_label(result.method, result.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {})
+    point = point_label(
+        result.method, result.knob_name, c.get("knob"), c.get("n_draft"), c.get("extra_knobs") or {}, c.get("scope")
+    )
     return name, (
         f"{tried}; no point exported{why}: the closest tried, {point}, has an accuracy drop vs strict of "
         f"at most {c['drop_upper_bound']:.3f} (modeled {c['modeled_speedup']:.2f}x)."

@@ -36,7 +36,7 @@ from ..decoding.methods import get_method
 from ..decoding.serving import ServingProfile
 from ..decoding.speed import CostProfile, c_rel_of, modeled_speedup
 from ..tune.judge import feasible as within_budget
-from ..tune.point_records import DecodeConfig
+from ..tune.point_records import SCOPE_PARAM, DecodeConfig
 from ..tune.recommend import PLAIN
 from ..tune.records import knobs_of, load_metrics, trial_metrics
 from ..tune.result import JobResult
@@ -112,6 +112,7 @@ def _closest(trials: list, ucb, method: str, profile) -> dict | None:
         "knob": best.params.get("knob"),
         **({"extra_knobs": dict(extra)} if (extra := _extra(method, best.params)) else {}),
         "n_draft": best.params["n_draft"],
+        **({"scope": scope} if (scope := best.params.get(SCOPE_PARAM, "all")) != "all" else {}),
         "state": best.state.name,
         "accuracy": m.accuracy,
         "strict_accuracy": m.strict_accuracy,

@@ -116,12 +116,25 @@ def knob_text(
     return ", ".join(parts)
 
 
-def point_label(method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=()) -> str:
+def point_label(
+    method: str, knob_name: str | None, knob: float | None, n_draft: int | None, extra=(), scope: str | None = None
+) -> str:
     """``"cactus delta=0.25 N=4"`` (knob-less methods: ``"always_accept N=4"``; strict: ``"strict N=4"``;
     a rule with further knobs: ``"sglang_threshold speculative_accept_threshold_acc=0.5, _single=0.275
-    N=4"``, ``knob_text``): the one label of a point in logs, MLflow run names, figures and decisions."""
+    N=4"``, ``knob_text``): the one label of a point in logs, MLflow run names, figures and decisions.
+    A point relaxed only while the model thinks says so: ``"cactus delta=0.25 N=4 thinking"``
+    (``scope``, default: ``extra``'s ``SCOPE_PARAM`` when it is a trial's params or a record's knobs;
+    ``"all"`` is not shown)."""
+    from .point_records import SCOPE_PARAM
+
+    if scope is None and isinstance(extra, dict):
+        scope = extra.get(SCOPE_PARAM)
     text = knob_text(method, knob_name, knob, n_draft, extra)
-    return f"{method}{' ' + text if text else ''}" + (f" N={n_draft}" if n_draft is not None else "")
+    return (
+        f"{method}{' ' + text if text else ''}"
+        + (f" N={n_draft}" if n_draft is not None else "")
+        + (f" {scope}" if scope not in (None, "all") else "")
+    )
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
