@@ -69,9 +69,7 @@ def announce(
     device = str(getattr(device, "type", device) or "cpu")
     if getattr(backend, "runtime", None) == "llamacpp":
         device = "llamacpp"  # its own batch exponent: a CPU bound by arithmetic
-    batch = int(
-        batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1
-    )
+    batch = int(batch_size or getattr(backend, "batch_size", None) or getattr(backend, "max_concurrency", None) or 1)
     strict = DecodeConfig("strict", None, search.mid_n_draft, search.seed)
     done = finished_samples(Path(output_dir), spec, strict, getattr(backend, "name", "backend"), problems)
     kept = history_path(spec.name, spec.version, saved_path.parent.name)
