@@ -1,5 +1,5 @@
-"""The math grader's normalisation layer (relaxtune/graders/mathnorm.py) and its truth
-checks (mathcheck.truly_equal, compare_sequences): exact rewrites and verdicts."""
+"""The math grader's normalisation layer (relaxtune/graders/mathnorm.py, numbers.py) and its
+truth checks (mathcheck.truly_equal, compare_sequences): exact rewrites and verdicts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from relaxtune.graders.math import final_boxes, scan_boxes
 from relaxtune.graders.mathnorm import normalise_latex, normalise_plain, repeating_decimal
+from relaxtune.graders.numbers import expand_prose_powers, normalise_numbers
 
 
 @pytest.mark.parametrize(
@@ -41,8 +42,6 @@ def test_normalise_latex_rewrites_exactly(text, out):
         ("exp(16)-1", r"\exp(16)-1"),
         ("sqrt(2)/2", r"\sqrt{2}/2"),
         ("arcsin(1)", r"\arcsin(1)"),
-        ("1.5e3", r"1.5\times10^{3}"),
-        ("2E-4", r"2\times10^{-4}"),
         ("spin", "spin"),
         ("epic", "epic"),
         (r"\pi/2", r"\pi/2"),
@@ -52,6 +51,65 @@ def test_normalise_latex_rewrites_exactly(text, out):
 )
 def test_normalise_plain_rewrites_answer_forms_only(text, out):
     assert normalise_plain(text) == out
+
+
+@pytest.mark.parametrize(
+    "text, out",
+    [
+        ("1.5e3", r"1.5\times10^{3}"),
+        ("2E-4", r"2\times10^{-4}"),
+        ("1.2e+05", r"1.2\times10^{5}"),
+        ("−1.2e−5", r"−1.2\times10^{-5}"),
+        (r"1.2\mathrm{e}5", r"1.2\times10^{5}"),
+        (r"1.2\text{e}-5", r"1.2\times10^{-5}"),
+        (r"\num{1.2e5}", r"1.2\times10^{5}"),
+        (r"\num[round-precision=2]{1.2e-5}", r"1.2\times10^{-5}"),
+        ("1.2x10^5", r"1.2\times10^{5}"),
+        ("1.2 X 10^{-5}", r"1.2\times10^{-5}"),
+        ("1.2 × 10^5", r"1.2\times10^{5}"),
+        ("1.2·10^5", r"1.2\times10^{5}"),
+        ("1.2⋅10^{-5}", r"1.2\times10^{-5}"),
+        ("1.2 * 10^5", r"1.2\times10^{5}"),
+        ("1.2*10^(-5)", r"1.2\times10^{-5}"),
+        ("1.2×10⁵", r"1.2\times10^{5}"),
+        (r"1.2\times10⁻⁵", r"1.2\times10^{-5}"),
+        ("10⁵", "10^{5}"),
+        (r"\text{1.2e5}", r"1.2\times10^{5}"),
+        (r"\text{1.2 × 10^5}", r"1.2\times10^{5}"),
+        (r"\mathrm{1.2\times 10^{5}}", r"1.2\times 10^{5}"),
+        ("The answer is 1.2x10^5.", r"The answer is 1.2\times10^{5}."),
+        (r"1.2 \times 10^{5}", r"1.2 \times 10^{5}"),  # math-verify reads LaTeX's own
+        ("1.5e3.5", "1.5e3.5"),
+        ("3e", "3e"),
+        ("x_1e3", "x_1e3"),
+        (r"\sqrt2e5", r"\sqrt2e5"),
+        ("2e^{x}", "2e^{x}"),
+        ("3e-2x", "3e-2x"),
+        ("0x10^2", "0x10^2"),
+        ("x10^5", "x10^5"),
+    ],
+)
+def test_normalise_numbers_reads_scientific_notation_exactly(text, out):
+    assert normalise_numbers(text) == out
+
+
+@pytest.mark.parametrize(
+    "text, out",
+    [
+        (r"The answer is 1.2 \times 10^{5}.", "The answer is 120000."),
+        (r"The answer is -1.2\times10^{-5}.", "The answer is -0.000012."),
+        (r"It is 1.2\,\cdot\,10^{-5}, or 10^{5}, or 10^5.", "It is 0.000012, or 100000, or 100000."),
+        (
+            r"So $1.2 \times 10^{5}$ and \(10^{5}\) and \[10^5\].",
+            r"So $1.2 \times 10^{5}$ and \(10^{5}\) and \[10^5\].",
+        ),
+        ("It costs $5, so 10^{5}.", "It costs $5, so 100000."),  # a $ never closed opens nothing
+        (r"It costs \$5 and $x$, so 10^{5}.", r"It costs \$5 and $x$, so 100000."),
+        (r"It is 10^{200}, or 2^{10}, or x10^{5}.", r"It is 10^{200}, or 2^{10}, or x10^{5}."),
+    ],
+)
+def test_expand_prose_powers_outside_math_mode_exactly(text, out):
+    assert expand_prose_powers(text) == out
 
 
 def test_repeating_decimal_values():

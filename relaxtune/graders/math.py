@@ -20,20 +20,25 @@ ends the box's number (``\\boxed{204.}``) is punctuation. Gold answers without
 
 Notations math-verify misreads are rewritten to equal LaTeX first
 (``mathnorm``: ``\\sqrt(2)``, repeating decimals, trigonometric functions of
-degrees everywhere; plain-text ``pi/2``, ``exp(16)-1``, ``1.5e3`` inside a box
-and in the gold), and ``mathcheck`` adds the truth checks math-verify misses
+degrees everywhere; plain-text ``pi/2``, ``exp(16)-1`` inside a box and in the
+gold), and ``mathcheck`` adds the truth checks math-verify misses
 (README "Grading policy": ``math-notation``, ``math-truth``, ``ellipsis-lists``).
 
 Number notations math-verify misparses are rewritten first, in response and
 gold alike (``numbers.normalise_numbers``): mixed numbers (``1 1/4`` = 5/4,
 ``2\\ 3/5`` = 13/5; math-verify reads 1/2 and 1), LaTeX thousands separators
-(``9{,}500``, ``9\\,500`` = 9500; math-verify reads 9 and 509) and escaped
-currency dollars (``\\$9,500``, after which math-verify reads nothing). The
-verdict itself (``mathcheck.check``) keeps every equivalence math-verify
-accepts and adds only strictness: exact numbers compared exactly, two numbers
-farther apart than the grading policy's numeric tolerance different whatever
-their notation (``policy.yaml``: ``numeric-tolerance``), and integer answers for
-integer tasks (AIME).
+(``9{,}500``, ``9\\,500`` = 9500; math-verify reads 9 and 509), escaped
+currency dollars (``\\$9,500``, after which math-verify reads nothing) and
+scientific notation (``1.2e5``, ``1.2x10^5``, ``1.2·10^5``, ``1.2×10⁵``,
+``\\num{1.2e5}``: ``1.2\\times10^{5}``); in an answer without a box, a power of ten
+outside math mode is its decimal expansion (``numbers.expand_prose_powers``:
+math-verify reads ``1.2 \\times 10^{5}`` there as 1.2). The verdict itself
+(``mathcheck.check``) keeps every equivalence math-verify accepts and adds only
+strictness: exact numbers compared exactly, numbers farther apart than the grading
+policy's numeric tolerance different whatever their notation and wherever
+math-verify compares them (alone, in a list, set, tuple, interval, matrix or
+relation; ``policy.yaml``: ``numeric-tolerance``), and integer answers for integer
+tasks (AIME).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from pathlib import Path
 
 from .base import Verdict, answer_section
 from .mathnorm import normalise_latex, normalise_plain
-from .numbers import normalise_numbers
+from .numbers import expand_prose_powers, normalise_numbers
 from .policy import numeric_tolerance
 from .workers import WorkerPool
 
@@ -159,11 +164,11 @@ def grade_math(
     if closed:
         chain = [_BOX_PERIOD.sub("", inner.strip()) for inner in final_boxes(section, closed)]
         boxed = ", ".join(chain)
-        text = ", ".join(f"\\boxed{{{normalise_plain(inner)}}}" for inner in chain)
+        text = normalise_numbers(", ".join(f"\\boxed{{{normalise_plain(inner)}}}" for inner in chain))
     else:
-        boxed, text = None, normalise_latex(section)
+        boxed, text = None, expand_prose_powers(normalise_numbers(normalise_latex(section)))
     request = {
-        "text": normalise_numbers(text),
+        "text": text,
         "gold": _gold_text(gold),
         "integer_range": list(integer_range) if integer_range is not None else None,
         "tolerance": numeric_tolerance().to_dict(),

@@ -6,7 +6,8 @@ math-verify and sympy evaluate what they parse, in C and holding the GIL:
 memory) that no thread can interrupt; a process can be killed. Run as a script,
 this module is such a worker: it serves requests on stdin, one JSON line each,
 and answers each with one JSON line (``serve``). It imports only math-verify,
-sympy and the standard library (no torch), so a worker starts in about a second.
+sympy, the standard library and its siblings ``mathtolerance`` and
+``mathverify_compat`` (no torch), so a worker starts in about a second.
 math-verify's own signal timeouts are off (``parsing_timeout=None``,
 ``timeout_seconds=None``): the worker's deadline replaces them.
 
@@ -15,7 +16,8 @@ accepts is kept (percent ``10\\%`` = ``10``, ``\\infty`` = ``\\infty``, ``n = 20
 ``204``...) except where mathematical truth says otherwise; each addition is
 documented and tested (README, "Grading policy"):
 
-- a list with an ellipsis term is compared term by term (``compare_sequences``:
+- a list with an ellipsis term is compared term by term, each pair held to the numeric
+  tolerance below (``compare_sequences``:
   math-verify reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` alike);
 - what math-verify calls different is equal when sympy proves two exact numbers
   equal with ``i`` as the imaginary unit (``\\sqrt{-4}`` = ``2i``), or a relation in
@@ -24,9 +26,9 @@ documented and tested (README, "Grading policy"):
 - two exact finite numbers (no float, no percent) that sympy proves different
   are different, although math-verify's numeric check chops ``1/2^98 - 1/2^99``
   to 0;
-- two single numbers farther apart than the policy's numeric tolerance are
-  different, although math-verify rounds floats to 6 decimal places
-  (``0.00000001`` = ``0.00000002``) (``numbers_differ``);
+- numbers farther apart than the policy's numeric tolerance are different, although
+  math-verify rounds floats to 6 decimal places (``0.00000001`` = ``0.00000002``), also
+  inside a list, set, tuple, interval, matrix or relation (``verify_within``);
 - integer tasks (AIME, ``integer_range``): besides math-verify's verdict, the
   answer's value must be an integer in the range: the right side of ``n = 204``,
   a percent's number, ``\\text{204}`` and ``{204}`` (which math-verify reads as a
@@ -43,7 +45,27 @@ import json
 import logging
 import re
 
-__all__ = ["check", "numbers_differ", "parse_gold", "serve"]
+
+def _sibling(name: str):
+    """The module ``name`` of this folder, loaded from its file: the worker runs this file as a
+    script, outside the package, and its folder is off ``sys.path``."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:
+    from .mathtolerance import values_differ
+    from .mathverify_compat import verify_refusing
+else:  # the worker script
+    values_differ = _sibling("mathtolerance").values_differ
+    verify_refusing = _sibling("mathverify_compat").verify_refusing
+
+__all__ = ["check", "parse_gold", "serve", "verify_within"]
 
 SHOWN_CHARS = 2000  # of the answer read, in a verdict
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
@@ -160,19 +182,24 @@ def _term(text: str):
     return parsed if parsed else None
 
 
-def _same(a: str, b: str) -> bool:
+def _same(a: str, b: str, tolerance: dict | None) -> bool:
+    """Two terms equal to math-verify, held to ``tolerance`` (``verify_within``) unless None."""
     from math_verify import verify
 
     pa, pb = _term(a), _term(b)
-    return pa is not None and pb is not None and bool(verify(pa, pb, timeout_seconds=None))
+    if pa is None or pb is None:
+        return False
+    if tolerance is None:
+        return bool(verify(pa, pb, timeout_seconds=None))
+    return verify_within(pa, pb, **tolerance) == (True, "")
 
 
-def _extends(short: list[str], long: list[str]) -> bool:
+def _extends(short: list[str], long: list[str], tolerance: dict | None) -> bool:
     """``long`` starts with ``short`` and its further terms continue the arithmetic
     progression of ``short``'s first two (``1, 2, 3`` extends ``1, 2``)."""
     import sympy
 
-    if len(short) < 2 or not all(_same(a, b) for a, b in zip(short, long)):
+    if len(short) < 2 or not all(_same(a, b, tolerance) for a, b in zip(short, long)):
         return False
     first, second = _term(short[0]), _term(short[1])
     if first is None or second is None or not all(isinstance(x[0], sympy.Expr) for x in (first, second)):
@@ -185,9 +212,10 @@ def _extends(short: list[str], long: list[str]) -> bool:
     return True
 
 
-def compare_sequences(text: str, gold: str):
+def compare_sequences(text: str, gold: str, tolerance: dict | None = None):
     """A list with an ellipsis (``1, 3, 5, \\ldots, 2n-1``), term by term: math-verify
-    reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` as the same number.
+    reads ``1, 2, \\ldots, n`` and ``1, 3, 5, \\ldots, 2n-1`` as the same number; each pair
+    of terms is held to ``tolerance`` (as in ``check``) unless None.
 
     Returns:
         None when neither side is a comma list with an ellipsis term (math-verify
@@ -212,15 +240,16 @@ def compare_sequences(text: str, gold: str):
         return False, detail
     if len(g_dots) > 1 or len(p_dots) > 1:
         same = g_dots == p_dots and len(g_terms) == len(p_terms)
-        return same and all(i in g_dots or _same(a, b) for i, (a, b) in enumerate(zip(g_terms, p_terms))), detail
+        pairs = enumerate(zip(g_terms, p_terms))
+        return same and all(i in g_dots or _same(a, b, tolerance) for i, (a, b) in pairs), detail
     (gi,), (pi,) = g_dots, p_dots
     g_head, g_tail, p_head, p_tail = g_terms[:gi], g_terms[gi + 1 :], p_terms[:pi], p_terms[pi + 1 :]
-    if len(g_tail) != len(p_tail) or not all(_same(a, b) for a, b in zip(g_tail, p_tail)):
+    if len(g_tail) != len(p_tail) or not all(_same(a, b, tolerance) for a, b in zip(g_tail, p_tail)):
         return False, detail
     if len(g_head) == len(p_head):
-        return all(_same(a, b) for a, b in zip(g_head, p_head)), detail
+        return all(_same(a, b, tolerance) for a, b in zip(g_head, p_head)), detail
     short, long = sorted((g_head, p_head), key=len)
-    return _extends(short, long), detail
+    return _extends(short, long, tolerance), detail
 
 
 def _as_number(x):
@@ -271,67 +300,27 @@ def truly_equal(gold, pred) -> str:
     return ""
 
 
-def _readings(x) -> tuple[list, bool] | None:
-    """The complex values (40 digits) a single finite number stands for, and whether it is a
-    percentage: ``p\\%`` (math-verify's ``p * UnevaluatedExpr(1/100)``) reads as ``p/100``
-    and ``p``; the right side of ``x = v``; None when ``x`` is no single number (a symbol
-    left, a set, an infinity)."""
-    import sympy
+def verify_within(gold, pred, relative: float, absolute: float) -> tuple[bool, str]:
+    """math-verify's verdict on ``gold`` and ``pred`` (parses), and why it is vetoed: ""
+    unless it says equal only through numbers farther apart than the tolerance
+    (``mathtolerance.values_differ``), wherever it compares them (single numbers, elements
+    of sets, tuples and matrices, ends of intervals, sides of relations:
+    ``mathverify_compat.verify_refusing``). math-verify runs once, twice only when a
+    refused pair decided its verdict."""
+    from math_verify import verify
 
-    if isinstance(x, sympy.Eq) and isinstance(x.lhs, sympy.Symbol):
-        x = x.rhs
-    if not isinstance(x, sympy.Expr) or x.free_symbols:
-        return None
-    pct = (
-        x.args[0]
-        if (
-            isinstance(x, sympy.Mul) and len(x.args) == 2 and x.args[1] == sympy.UnevaluatedExpr(sympy.Rational(1, 100))
-        )
-        else None
-    )
-    try:
-        value = complex(sympy.N(pct if pct is not None else x, 40))
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if not all(map(_finite, (value.real, value.imag))):
-        return None
-    return ([value / 100, value], True) if pct is not None else ([value], False)
-
-
-def _finite(v: float) -> bool:
-    return v == v and abs(v) != float("inf")
-
-
-def numbers_differ(gold, pred, relative: float, absolute: float) -> str:
-    """Why the first parses of ``gold`` and ``pred``, two single numbers, are different
-    (grading policy ``numeric-tolerance``), or "" (not both numbers, or close enough):
-    different when every pair of their readings (``_readings``; two percentages compare
-    ``p`` with ``q``) is farther apart than ``relative * max(|a|, |b|)`` and, when one of
-    them is zero, than ``absolute`` (no relative bound compares with zero; elsewhere none
-    is absolute: ``1.2e-20`` and ``1.2e-21`` differ).
-    Applied after math-verify says equal: its float rounding to 6 decimal places equates
-    ``0.00000001`` and ``0.00000002``, its 15-digit chop ``1.2e-20`` and ``1.2e-21``."""
-    g, p = _readings(gold[0]), _readings(pred[0])
-    if g is None or p is None:
-        return ""
-    (gv, g_pct), (pv, p_pct) = g, p
-    if g_pct and p_pct:
-        gv, pv = gv[1:], pv[1:]
-    for a in gv:
-        for b in pv:
-            if abs(a - b) <= relative * max(abs(a), abs(b)) or (a == 0 or b == 0) and abs(a - b) <= absolute:
-                return ""
-    return (
-        f"numbers differ by more than the tolerance (relative {relative:g}, absolute {absolute:g}): "
-        f"{pv[-1].real if not pv[-1].imag else pv[-1]:.6g} vs {gv[-1].real if not gv[-1].imag else gv[-1]:.6g}"
-    )
+    strict, refused = verify_refusing(gold, pred, lambda a, b: values_differ(a, b, relative, absolute))
+    if strict or not refused:
+        return strict, ""
+    official = bool(verify(gold, pred, timeout_seconds=None))
+    return official, refused[0] if official else ""
 
 
 def check(text: str, gold: str, integer_range=None, tolerance=None) -> dict:
     """Grade ``text`` (``\\boxed{answer}``, or the answer section when it has no box)
     against ``gold`` (both already normalised, the gold boxed unless it holds ``$``);
     ``tolerance`` (``{"relative", "absolute"}``, the grading policy's ``numeric``) vetoes
-    math-verify's equality of two numbers farther apart (``numbers_differ``); None: no veto.
+    math-verify's equality through numbers farther apart (``verify_within``); None: no veto.
 
     Returns:
         ``{"verdict": "correct" | "wrong" | "no_answer", "shown": answer read or None,
@@ -342,7 +331,7 @@ def check(text: str, gold: str, integer_range=None, tolerance=None) -> dict:
     """
     from math_verify import verify
 
-    from_sequences = compare_sequences(text, gold)
+    from_sequences = compare_sequences(text, gold, tolerance)
     gold_parsed = parse_gold(gold)
     pred = _parse(text)
     if not pred and from_sequences is None:
@@ -351,11 +340,15 @@ def check(text: str, gold: str, integer_range=None, tolerance=None) -> dict:
     if from_sequences is not None:
         ok, detail = from_sequences
     else:
-        ok, detail = verify(gold_parsed, pred, timeout_seconds=None), ""
+        if tolerance is not None:
+            ok, too_far = verify_within(gold_parsed, pred, **tolerance)
+        else:
+            ok, too_far = verify(gold_parsed, pred, timeout_seconds=None), ""
+        detail = ""
         if ok and _exactly_different(gold_parsed, pred):
             ok, detail = False, "exactly different (math-verify compares these only to 15 digits)"
-        elif ok and tolerance is not None and (why := numbers_differ(gold_parsed, pred, **tolerance)):
-            ok, detail = False, why
+        elif too_far:
+            ok, detail = False, too_far
         elif not ok and (why := truly_equal(gold_parsed, pred)):
             ok, detail = True, why
     if integer_range is not None:

@@ -15,9 +15,9 @@ notation into an equal expression math-verify parses, in response and gold alike
   as the sine of 30 radians.
 - Plain-text forms, only inside a box or a gold answer (where the text is an
   answer, not prose): ``pi`` is ``\\pi``; ``sqrt(``, ``exp(``, ``ln(``, ``log(``,
-  ``sin(`` and the other named functions are their LaTeX commands; ``1.5e3`` and
-  ``2E-4`` are ``1.5\\times10^{3}`` and ``2\\times10^{-4}`` (math-verify reads
-  ``p \\cdot i``, ``E \\cdot x \\cdot p`` and ``1.5 \\cdot e \\cdot 3``).
+  ``sin(`` and the other named functions are their LaTeX commands (math-verify reads
+  ``p \\cdot i`` and ``E \\cdot x \\cdot p``). Scientific notation (``1.5e3``,
+  ``1.2x10^5``...) is ``numbers``' (everywhere, response and gold).
 
 Every rewrite produces an equal value; none changes text that already parses
 as meant (a ``\\pi`` keeps its backslash, a word such as "epic" or "spin" is
@@ -44,7 +44,6 @@ _FUNCTION = re.compile(
     r"(?<![\\A-Za-z])(arcsin|arccos|arctan|sqrt|exp|ln|log|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc)"
     r"(?=\s*\()"
 )
-_SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
 
 
 def _closing(text: str, open_at: int) -> int | None:
@@ -96,8 +95,7 @@ def normalise_latex(text: str) -> str:
 
 
 def normalise_plain(answer: str) -> str:
-    """An answer's plain-text forms as LaTeX (``pi/2``, ``exp(16)-1``, ``sqrt(2)``,
-    ``1.5e3``), then ``normalise_latex``; for the content of a box or a gold answer."""
-    text = _SCIENTIFIC.sub(lambda m: f"{m.group(1)}\\times10^{{{int(m.group(2))}}}", answer)
-    text = _FUNCTION.sub(lambda m: "\\" + m.group(1), _PI.sub(r"\\pi ", text))
+    """An answer's plain-text forms as LaTeX (``pi/2``, ``exp(16)-1``, ``sqrt(2)``),
+    then ``normalise_latex``; for the content of a box or a gold answer."""
+    text = _FUNCTION.sub(lambda m: "\\" + m.group(1), _PI.sub(r"\\pi ", answer))
     return normalise_latex(text)
