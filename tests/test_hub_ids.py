@@ -18,23 +18,15 @@ from typer.testing import CliRunner
 from relaxtune.cli import app
 from relaxtune.cli.checks import check_hub_id
 
+from .hub_cache import cache_hub_model
 from .tiny_task import write_tiny_task
-
-
-def _cache(root, repo: str, file: str) -> None:
-    """A Hugging Face cache holding ``file`` of ``repo`` at revision main (the cache's own layout)."""
-    folder = root / f"models--{repo.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text("abc123")
-    (folder / "snapshots" / "abc123").mkdir(parents=True)
-    (folder / "snapshots" / "abc123" / file).write_text("{}")
 
 
 def test_a_cached_hub_model_passes_and_an_uncached_one_offline_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    _cache(tmp_path, "org/model", "config.json")
-    _cache(tmp_path, "org/tok", "tokenizer.json")
+    cache_hub_model(tmp_path, "org/model", "config.json")
+    cache_hub_model(tmp_path, "org/tok", "tokenizer.json")
     assert check_hub_id("--verifier", "org/model") is None
     assert check_hub_id("--tokenizer", "org/tok", ("tokenizer_config.json", "tokenizer.json")) is None
     with pytest.raises(typer.BadParameter) as err:

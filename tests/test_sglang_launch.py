@@ -14,6 +14,8 @@ from relaxtune.backends.sglang_launch import SGLANG_VERSION, ServerSpec, check_s
 from relaxtune.backends.sglang_native import DETERMINISTIC
 from relaxtune.cli import app
 
+from .hub_cache import cache_hub_model
+
 LAUNCH_SERVER = textwrap.dedent('''
     """A fake ``python -m sglang.launch_server``: records its argv, environment and the pid of
     a child it starts (as SGLang starts its scheduler), then serves /health (503 with
@@ -45,6 +47,14 @@ LAUNCH_SERVER = textwrap.dedent('''
 @pytest.fixture
 def fake_sglang(tmp_path, monkeypatch):
     """Put a fake ``sglang`` of a given version on the path of every child Python."""
+
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"  # the models served, d/m and v/m, are hub ids the cache holds
+    for repo in ("d/m", "v/m"):
+        cache_hub_model(hub, repo)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))  # a child `relaxtune serve` too
 
     def install(version=SGLANG_VERSION, exit_code=None, never_ready=False):
         pkg = tmp_path / "site" / "sglang"
