@@ -284,6 +284,7 @@ def sandbox(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "emptydir").mkdir()
     (tmp_path / "p.jsonl").write_text(
         "\n".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) for i in range(60))
     )
@@ -393,6 +394,11 @@ BAD = [  # (arguments, what the message must name)
         "--tokenizer org/notok: not in the Hugging Face cache",
     ),
     ([*SERVE, "--verifier", "org/nomodel"], "--verifier org/nomodel: not in the Hugging Face cache"),
+    # a fresh helper's trial: a folder that is no model or tokenizer, an empty --config
+    ([*TUNE, "--verifier", "emptydir"], "--verifier emptydir: a folder without config.json"),
+    ([*SERVE, "--verifier", "emptydir"], "--verifier emptydir: a folder without config.json"),
+    ([*TUNE, "--tokenizer", "emptydir"], "--tokenizer emptydir: a folder without tokenizer.json"),
+    ([*TUNE, "--config", ""], "--config is empty"),
     ([*TUNE, "--export", "afile/x.yaml"], ("--export afile/x.yaml: lies under the file", "give a path in a folder")),
     ([*TUNE, "--export", "m"], "--export m: a folder"),
     ([*TUNE, "--output-dir", "afile/runs"], "--output-dir afile/runs"),

@@ -70,6 +70,8 @@ def check_model(flag: str, model: str | None, runtime: str) -> None:
             raise typer.BadParameter(
                 f"{flag} {model}: a file, not a model folder (a .gguf file needs --runtime llamacpp)"
             )
+        if not (path / "config.json").is_file():
+            raise typer.BadParameter(f"{flag} {model}: a folder without config.json, not a transformers model folder")
         return
     parts = model.split("/")
     if len(parts) > 2 or any(not p or p.startswith("-") or ".." in p or " " in p for p in parts):
@@ -150,8 +152,14 @@ def check_pair(pair, *, drafter: bool = True) -> str:
             f"--native-url {pair.native_url}: SGLang's speculative server drafts with its own "
             f"drafter model, not --drafter {pair.drafter}"
         )
-    if pair.tokenizer and _looks_local(pair.tokenizer) and not Path(os.path.expanduser(pair.tokenizer)).exists():
-        raise typer.BadParameter(f"--tokenizer {pair.tokenizer}: no such file or folder")
+    if pair.tokenizer and _looks_local(pair.tokenizer):
+        folder = Path(os.path.expanduser(pair.tokenizer))
+        if not folder.exists():
+            raise typer.BadParameter(f"--tokenizer {pair.tokenizer}: no such file or folder")
+        if folder.is_dir() and not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            raise typer.BadParameter(
+                f"--tokenizer {pair.tokenizer}: a folder without tokenizer.json or tokenizer_config.json"
+            )
     if pair.tokenizer and not _looks_local(pair.tokenizer):
         check_hub_id("--tokenizer", pair.tokenizer, ("tokenizer_config.json", "tokenizer.json", "config.json"))
     if pair.verifier_url or pair.drafter_url:

@@ -138,6 +138,8 @@ def settings_from(config: str | None, flags: dict, base: dict | None = None):
     from ..tune.settings import GROUPS, TuneSettings, flat_fields
 
     merged: dict = dict(base or {})
+    if config is not None and not config.strip():
+        raise typer.BadParameter("--config is empty; give a YAML file of settings, or leave --config out")
     if config:
         try:
             loaded = yaml.safe_load(open(config)) or {}
